@@ -1,0 +1,68 @@
+// Backend: the ops a LLaMA layer needs, on one device. The model code (models/llama.cpp) is
+// written once against this interface; CpuBackend runs them in fp32 with the kernels' CPU
+// references, the CUDA backend (engine/cuda) in bf16 with fp32 accumulation.
+//
+// Every op checks shapes and dtypes and returns a Status naming the op and the shapes; device
+// errors (CUDA/cuBLAS) come back as Status with file, line and rank, never as a crash.
+// 2-D tensors are [rows, features] row-major; weights follow HF's nn.Linear layout [out, in].
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+#include "engine/tensor.h"
+#include "kernels/attention.h"
+
+namespace burst::engine {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual DeviceKind device() const = 0;
+  // The dtype of activations, weights and the KV cache on this backend.
+  virtual DType compute_dtype() const = 0;
+
+  virtual Result<Tensor> alloc(std::vector<int64_t> shape, DType dtype) = 0;
+  // Converts host data of host_dtype (fp32/bf16/fp16, dst.numel() elements) into dst.
+  virtual Status upload(const void* host, DType host_dtype, Tensor& dst) = 0;
+  // Copies src to the host as fp32.
+  virtual Status download(const Tensor& src, std::vector<float>& host) = 0;
+  // dst = src, same dtype and element count (device to device).
+  virtual Status copy(const Tensor& src, Tensor& dst) = 0;
+  // Fills t with uniform values in [-scale, scale] from a counter-based generator keyed by
+  // seed (deterministic on every backend), or with `scale` itself when constant is true.
+  virtual Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) = 0;
+
+  // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]. ids are validated.
+  virtual Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) = 0;
+  // out = rmsnorm(x) * w over the last dimension; x, out [rows, dim]; w [dim].
+  virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  // out [m, n] (+)= x [m, k] * w [n, k]^T.
+  virtual Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) = 0;
+  // Rotate-half RoPE in place on x [rows, heads * head_dim], positions absolute (one per row),
+  // inv_freq [head_dim / 2] already scaled (models/rope.h).
+  virtual Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
+                      const std::vector<float>& inv_freq) = 0;
+  // out = silu(gate) * up, all [rows, n].
+  virtual Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // x += y, same shape.
+  virtual Status add(Tensor& x, const Tensor& y) = 0;
+  // One attention call of the kernels/attention.h contract on this backend's memory.
+  virtual Status attention(const kernels::AttnParams& p) = 0;
+  // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.
+  virtual Status merge(const kernels::MergeParams& p) = 0;
+  // Waits for queued work; a no-op on CPU.
+  virtual Status synchronize() = 0;
+};
+
+// The CPU backend (fp32). Always available.
+std::unique_ptr<Backend> make_cpu_backend();
+// The CUDA backend (bf16) on the given device, or an error when CUDA is absent or fails.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
+// "cpu" or "cuda[:N]".
+Result<std::unique_ptr<Backend>> make_backend(const std::string& spec);
+
+}  // namespace burst::engine

@@ -1,0 +1,42 @@
+// A tensor is a typed, shaped view of memory that a Backend allocated (host or device). Shapes
+// are row-major; the model uses 1-D (vectors), 2-D ([tokens, features]) and 3-D views.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+
+namespace burst::engine {
+
+using kernels::DType;
+
+inline int64_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+const char* dtype_name(DType t);
+
+enum class DeviceKind { kCpu, kCuda };
+
+struct Tensor {
+  std::shared_ptr<void> storage;  // keeps the allocation alive; views share it
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  DeviceKind device = DeviceKind::kCpu;
+  std::vector<int64_t> shape;
+
+  int64_t numel() const {
+    return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  }
+  int64_t bytes() const { return numel() * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape.at(static_cast<size_t>(i)); }
+  bool empty() const { return data == nullptr; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+  // Rows [begin, begin + count) of a tensor whose first dimension is rows.
+  Tensor rows(int64_t begin, int64_t count) const;
+  std::string describe() const;
+};
+
+}  // namespace burst::engine

@@ -1,0 +1,125 @@
+// CPU reference of the attention contract in kernels/attention.h: key tiles with an online
+// softmax in fp32, exactly the recurrence the CUDA kernel and the ring use.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention.h"
+
+namespace burst::kernels {
+
+namespace {
+constexpr int kKeyTile = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
+void set_packed_strides(AttnParams& p) {
+  p.q_row_stride = p.o_row_stride = int64_t{p.heads} * p.head_dim;
+  p.q_head_stride = p.o_head_stride = p.head_dim;
+  p.k_row_stride = p.v_row_stride = int64_t{p.kv_heads} * p.head_dim;
+  p.k_head_stride = p.v_head_stride = p.head_dim;
+  p.lse_head_stride = p.n_q;
+}
+
+std::string validate(const AttnParams& p) {
+  if (p.n_q < 0 || p.n_kv < 0) return "negative n_q or n_kv";
+  if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) return "heads, kv_heads, head_dim must be > 0";
+  if (p.heads % p.kv_heads != 0) return "heads must be a multiple of kv_heads (GQA)";
+  if (p.n_q > 0 && (!p.q || !p.o || !p.lse)) return "null q, o or lse";
+  if (p.n_q > 0 && p.n_kv > 0 && (!p.k || !p.v)) return "null k or v";
+  if (!(p.scale > 0.f)) return "scale must be > 0";
+  if (p.mask != MaskKind::kNone && p.mask != MaskKind::kCausal) return "unknown mask kind";
+  return {};
+}
+
+BlockRelation block_relation(int64_t q_start, int64_t n_q, int64_t kv_start, int64_t n_kv) {
+  if (n_q <= 0 || n_kv <= 0) return BlockRelation::kSkip;
+  const int64_t q_last = q_start + n_q - 1;
+  const int64_t kv_last = kv_start + n_kv - 1;
+  if (kv_start > q_last) return BlockRelation::kSkip;   // every key after every query
+  if (kv_last <= q_start) return BlockRelation::kFull;  // every key at or before every query
+  return BlockRelation::kPartial;
+}
+
+void attention_cpu(const AttnParams& p) {
+  const auto* q = static_cast<const float*>(p.q);
+  const auto* k = static_cast<const float*>(p.k);
+  const auto* v = static_cast<const float*>(p.v);
+  auto* o = static_cast<float*>(p.o);
+  const int group = p.heads / p.kv_heads;
+  const int d = p.head_dim;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int h = 0; h < p.heads; ++h) {
+    for (int i = 0; i < p.n_q; ++i) {
+      const int g = h / group;
+      const float* qi = q + i * p.q_row_stride + h * p.q_head_stride;
+      float* oi = o + i * p.o_row_stride + h * p.o_head_stride;
+      // Keys visible to row i: all under kNone; under kCausal those with position <= q's.
+      int64_t visible = p.n_kv;
+      if (p.mask == MaskKind::kCausal) {
+        visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, p.n_kv);
+      }
+      std::vector<float> acc(d, 0.f), s(kKeyTile);
+      float m = kNegInf, l = 0.f;
+      for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
+        const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
+        float tile_max = kNegInf;
+        for (int64_t t = 0; t < jn; ++t) {
+          const float* kj = k + (j0 + t) * p.k_row_stride + g * p.k_head_stride;
+          float dot = 0.f;
+          for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          s[t] = dot * p.scale;
+          tile_max = std::max(tile_max, s[t]);
+        }
+        // Online softmax: rescale what was accumulated under the old max.
+        const float m_new = std::max(m, tile_max);
+        const float corr = std::exp(m - m_new);  // m = -inf on the first tile: corr = 0
+        l *= corr;
+        for (int c = 0; c < d; ++c) acc[c] *= corr;
+        for (int64_t t = 0; t < jn; ++t) {
+          const float pt = std::exp(s[t] - m_new);
+          l += pt;
+          const float* vj = v + (j0 + t) * p.v_row_stride + g * p.v_head_stride;
+          for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
+        }
+        m = m_new;
+      }
+      float* lse = p.lse + h * p.lse_head_stride + i;
+      if (visible == 0) {  // empty row: contributes nothing to a later merge
+        for (int c = 0; c < d; ++c) oi[c] = 0.f;
+        *lse = kNegInf;
+      } else {
+        const float inv = 1.f / l;
+        for (int c = 0; c < d; ++c) oi[c] = acc[c] * inv;
+        *lse = m + std::log(l);
+      }
+    }
+  }
+}
+
+void merge_cpu(const MergeParams& p) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int h = 0; h < p.heads; ++h) {
+    for (int r = 0; r < p.rows; ++r) {
+      float* la = p.lse_a + h * p.lse_head_stride + r;
+      const float lb = p.lse_b[h * p.lse_head_stride + r];
+      const float a = *la;
+      if (lb == kNegInf) continue;  // b saw nothing: a is already the answer
+      float* oa = p.o_a + r * p.o_row_stride + h * p.o_head_stride;
+      const float* ob = p.o_b + r * p.o_row_stride + h * p.o_head_stride;
+      if (a == kNegInf) {  // a saw nothing: take b (avoids -inf - -inf)
+        for (int c = 0; c < p.head_dim; ++c) oa[c] = ob[c];
+        *la = lb;
+        continue;
+      }
+      const float mx = std::max(a, lb);
+      const float lse = mx + std::log1p(std::exp(-std::fabs(a - lb)));
+      const float wa = std::exp(a - lse), wb = std::exp(lb - lse);
+      for (int c = 0; c < p.head_dim; ++c) oa[c] = oa[c] * wa + ob[c] * wb;
+      *la = lse;
+    }
+  }
+}
+
+}  // namespace burst::kernels

@@ -1,0 +1,76 @@
+// Attention for one ring step (LAO) and the (O, LSE) merge (GAO): the contract shared by the
+// CPU reference, the CUDA kernels, BurstAttention ring prefill and distributed decode.
+//
+// Layout (all strides in elements, so a [tokens, heads * head_dim] GEMM output is used as is):
+//   q  [n_q,  heads,    head_dim]   q[i * q_row_stride + h * q_head_stride + d]
+//   k  [n_kv, kv_heads, head_dim]   k[j * k_row_stride + g * k_head_stride + d]
+//   v  [n_kv, kv_heads, head_dim]   like k
+//   o  [n_q,  heads,    head_dim]   like q; normalised (divided by the row's softmax sum)
+//   lse[heads, n_q] fp32            lse[h * lse_head_stride + i]
+// GQA: query head h reads kv head h / (heads / kv_heads).
+// Masks come from absolute token positions, never from rank arithmetic: query i sits at position
+// q_start + i, key j at kv_start + j. kCausal lets query i see key j iff kv_start + j <=
+// q_start + i; kNone sees every key.
+// LSE is the natural log of the row's sum of exp(scale * q.k). A row that sees no key (all of
+// its keys lie after it) is "empty": its LSE is -inf and its O is 0, so merging it changes
+// nothing and produces no NaN.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace burst::kernels {
+
+enum class MaskKind : int32_t { kNone = 0, kCausal = 1 };
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct AttnParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  int64_t k_row_stride = 0, k_head_stride = 0;
+  int64_t v_row_stride = 0, v_head_stride = 0;
+  int64_t o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_head_stride = 0;
+  int32_t n_q = 0, n_kv = 0;
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t q_start = 0, kv_start = 0;  // absolute position of q row 0 / kv row 0
+  MaskKind mask = MaskKind::kCausal;
+  float scale = 0.f;                  // usually 1 / sqrt(head_dim)
+  DType dtype = DType::kF32;          // of q, k, v and o; lse is always fp32
+};
+
+// Fills the strides of a packed [n, heads, head_dim] layout for q/o and [n, kv_heads, head_dim]
+// for k/v, and lse_head_stride = n_q.
+void set_packed_strides(AttnParams& p);
+
+// Empty string when p is usable, otherwise what is wrong with it.
+std::string validate(const AttnParams& p);
+
+// The relation of a (q block, kv block) pair under kCausal, from absolute positions.
+enum class BlockRelation { kSkip, kFull, kPartial };
+BlockRelation block_relation(int64_t q_start, int64_t n_q, int64_t kv_start, int64_t n_kv);
+
+// CPU reference (fp32 only): tiled over keys with an online softmax, the same algorithm the
+// CUDA kernel runs, accumulating in fp32. Parallel over heads (OpenMP).
+void attention_cpu(const AttnParams& p);
+
+// Merges (o_b, lse_b) into (o_a, lse_a) in place, fp32: lse = max + log1p(exp(-|a - b|)),
+// o = o_a * exp(a - lse) + o_b * exp(b - lse). Both -inf: unchanged (o stays 0, lse -inf).
+// o_* are [rows, heads, head_dim] with the given row stride; lse_* are [heads, rows] with the
+// given head stride.
+struct MergeParams {
+  float* o_a = nullptr;
+  float* lse_a = nullptr;
+  const float* o_b = nullptr;
+  const float* lse_b = nullptr;
+  int64_t o_row_stride = 0, o_head_stride = 0;  // shared by o_a and o_b
+  int64_t lse_head_stride = 0;                  // shared by lse_a and lse_b
+  int32_t rows = 0, heads = 0, head_dim = 0;
+};
+void merge_cpu(const MergeParams& p);
+
+}  // namespace burst::kernels

@@ -1,0 +1,47 @@
+// LLaMA-2 model configuration: parsed from a Hugging Face config.json (untrusted bytes: every
+// field is type-checked and range-checked) or taken from a built-in preset (7b, 13b, 70b).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+#include "engine/tensor.h"
+
+namespace burst::models {
+
+struct RopeScaling {
+  enum class Kind { kNone, kLinear, kDynamic };
+  Kind kind = Kind::kNone;
+  float factor = 1.f;  // > 0; linear divides positions by it, dynamic grows the base past max
+};
+
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;             // num_hidden_layers
+  int64_t num_heads = 0;              // num_attention_heads
+  int64_t num_kv_heads = 0;           // num_key_value_heads (defaults to num_heads)
+  int64_t head_dim = 0;               // "head_dim" if given, else hidden_size / num_heads
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.f;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  int64_t vocab_size = 0;
+  bool tie_word_embeddings = false;
+  engine::DType torch_dtype = engine::DType::kF32;  // the checkpoint's declared dtype
+  int32_t bos_token_id = 1;
+  int32_t eos_token_id = 2;
+};
+
+// Parses config.json text; `source` (a file name) is quoted in every error.
+Result<LlamaConfig> parse_config_json(const std::string& text, const std::string& source);
+// Reads and parses DIR/config.json.
+Result<LlamaConfig> load_config(const std::string& model_dir);
+
+// Built-in architecture presets ("7b", "13b", "70b"; LLaMA-2 shapes, vocab 32000).
+Result<LlamaConfig> preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace burst::models

@@ -1,0 +1,69 @@
+// Reading Hugging Face safetensors checkpoints: one `model.safetensors`, or shards listed by
+// `model.safetensors.index.json`. Files are mmapped read-only; nothing is copied until the
+// engine uploads a tensor.
+//
+// The bytes are untrusted. open() validates everything before any tensor is handed out: the
+// 8-byte little-endian header length (inside the file, <= 100 MiB), the header JSON (an object
+// of objects with "dtype", "shape", "data_offsets"; optional "__metadata__" of strings), known
+// dtypes, non-negative shapes without overflow, offsets with begin <= end <= data size,
+// end - begin == numel * dtype size, and no two tensors overlapping. Every error names the file
+// and, where there is one, the tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+#include "engine/tensor.h"
+
+namespace burst::models {
+
+struct TensorView {
+  std::string name;
+  std::string file;              // path of the file that holds it
+  engine::DType dtype = engine::DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;    // inside the mmapped file
+  int64_t nbytes = 0;
+};
+
+class SafetensorsFile {
+ public:
+  static Result<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+};
+
+// All weight files of a model directory.
+class WeightFiles {
+ public:
+  // DIR/model.safetensors.index.json when present (its "weight_map" names the shard of every
+  // tensor; shard names must be plain file names inside DIR), else DIR/model.safetensors.
+  static Result<WeightFiles> open_dir(const std::string& model_dir);
+
+  // The tensor `name` with exactly `shape` (dtype F32, F16 or BF16), or an error naming the
+  // file and the tensor: missing, wrong shape, or unsupported dtype.
+  Result<TensorView> get(const std::string& name, const std::vector<int64_t>& shape) const;
+  bool contains(const std::string& name) const;
+
+ private:
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+  std::string dir_;
+};
+
+}  // namespace burst::models
