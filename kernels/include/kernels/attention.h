@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace burst::kernels {
@@ -40,8 +41,14 @@ struct AttnParams {
   int64_t q_start = 0, kv_start = 0;  // absolute position of q row 0 / kv row 0
   MaskKind mask = MaskKind::kCausal;
   float scale = 0.f;                  // usually 1 / sqrt(head_dim)
-  DType dtype = DType::kF32;          // of q, k, v and o; lse is always fp32
+  DType dtype = DType::kF32;          // of q, k, v (and o unless o_dtype says otherwise)
+  // Of o; unset means dtype. The ring asks for kF32 so partial results merge (merge_cpu,
+  // merge_cuda are fp32) without a rounding step per ring hop. lse is always fp32.
+  std::optional<DType> o_dtype;
 };
+
+// The dtype o is written in.
+inline DType output_dtype(const AttnParams& p) { return p.o_dtype.value_or(p.dtype); }
 
 // Fills the strides of a packed [n, heads, head_dim] layout for q/o and [n, kv_heads, head_dim]
 // for k/v, and lse_head_stride = n_q.

@@ -24,9 +24,12 @@ namespace burst::models {
 struct TensorView {
   std::string name;
   std::string file;              // path of the file that holds it
-  engine::DType dtype = engine::DType::kF32;
+  engine::DType dtype = engine::DType::kF32;  // meaningful only for F32, F16 and BF16
+  std::string file_dtype;        // as the file spells it: "BF16", "I64", ... (all are validated)
   std::vector<int64_t> shape;
-  const void* data = nullptr;    // inside the mmapped file
+  // Inside the mmapped file. Not necessarily aligned to the element size (writers that do not
+  // pad the header leave it odd), so read it with memcpy, not through a typed pointer.
+  const void* data = nullptr;
   int64_t nbytes = 0;
 };
 

@@ -23,22 +23,33 @@ class Tokenizer {
   // Encodes UTF-8 text; BOS (id 1) first when add_bos, EOS (id 2) last when add_eos. Bytes that
   // are not valid UTF-8 are an error (the caller reports it), not silently replaced.
   Result<std::vector<int>> encode(std::string_view text, bool add_bos, bool add_eos) const;
-  // Decodes ids to text (control tokens vanish; byte pieces join into UTF-8).
+  // Decodes ids to text (control tokens vanish; byte pieces join into UTF-8; an incomplete or
+  // invalid byte sequence becomes U+FFFD per byte). Ids outside [0, vocab_size) are skipped: the
+  // engine never samples them, and decode has no error channel.
   std::string decode(const std::vector<int>& ids) const;
   int vocab_size() const;
   int bos_id() const;
   int eos_id() const;
-  std::string piece(int id) const;
+  std::string piece(int id) const;  // empty for an id outside [0, vocab_size)
 
  private:
+  friend class StreamDecoder;
   Tokenizer() = default;
+  bool is_byte(int id) const;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  // A normal piece whose text has no leading U+2581 (e.g. "a"), or -1. StreamDecoder decodes
+  // its window after this piece: the window's first word keeps its space, and no byte piece
+  // before the window can join the window's bytes into one character.
+  int anchor_id_ = -1;
 };
 
 // Streaming detokenization for generation: feed ids one at a time, get the new text. Never
 // emits half a UTF-8 character (a byte-fallback sequence is held back until it completes), and
 // keeps the leading space of a word that continues the prompt (SentencePiece drops the space
-// of the first piece it decodes, so decoding starts from the prompt's last token).
+// of the first piece it decodes, so decoding starts from the prompt's last token). Each push
+// decodes only the ids since the last point where all text was emitted, so a long generation
+// costs O(window) per token, not O(history). context_id outside [0, vocab_size) means no prompt:
+// the output then equals decode(ids), first space dropped.
 class StreamDecoder {
  public:
   StreamDecoder(const Tokenizer& tok, int context_id);
@@ -48,10 +59,12 @@ class StreamDecoder {
   std::string flush();
 
  private:
+  std::string window_text() const;  // decode(ids_) minus the context's prefix_len_ bytes
+
   const Tokenizer& tok_;
-  std::vector<int> ids_;
+  std::vector<int> ids_;   // [context] + ids pushed since all text was last emitted
   size_t prefix_len_ = 0;  // bytes of decode(context) that are not ours
-  size_t emitted_ = 0;     // bytes of our text already returned
+  size_t emitted_ = 0;     // bytes of the window's text already returned
 };
 
 }  // namespace burst::server

@@ -1,0 +1,195 @@
+// CpuBackend: the Backend ops in fp32 on host memory, through the kernels' CPU references.
+// It is both the embedded default (tiny model, CI) and the twin every CUDA op is tested against.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "engine/backend.h"
+#include "engine/dtype_convert.h"
+#include "engine/random.h"
+#include "kernels/ops.h"
+
+namespace burst::engine {
+namespace {
+
+Status shape_error(const char* op, const std::string& what) {
+  return Status::error(std::string("cpu ") + op + ": " + what);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  DeviceKind device() const override { return DeviceKind::kCpu; }
+  DType compute_dtype() const override { return DType::kF32; }
+
+  Result<Tensor> alloc(std::vector<int64_t> shape, DType dtype) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.device = DeviceKind::kCpu;
+    t.shape = std::move(shape);
+    for (int64_t d : t.shape) {
+      if (d < 0) return shape_error("alloc", "negative dimension in " + t.describe());
+    }
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.bytes(), 64));
+    // 64-byte aligned for the vector loops; zeroed so a bug reads zeros, not old data.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) return shape_error("alloc", "out of host memory for " + t.describe());
+    std::memset(p, 0, bytes);
+    t.storage = std::shared_ptr<void>(p, std::free);
+    t.data = p;
+    return t;
+  }
+
+  Status upload(const void* host, DType host_dtype, Tensor& dst) override {
+    if (dst.dtype != DType::kF32) return shape_error("upload", "cpu tensors are f32");
+    const int64_t n = dst.numel();
+    float* out = dst.as<float>();
+    switch (host_dtype) {
+      case DType::kF32: std::memcpy(out, host, static_cast<size_t>(n) * 4); break;
+      case DType::kBF16: {
+        const auto* h = static_cast<const uint16_t*>(host);
+        for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+        break;
+      }
+      case DType::kF16: {
+        const auto* h = static_cast<const uint16_t*>(host);
+        for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
+        break;
+      }
+    }
+    return {};
+  }
+
+  Status download(const Tensor& src, std::vector<float>& host) override {
+    if (src.dtype != DType::kF32) return shape_error("download", "cpu tensors are f32");
+    host.assign(src.as<float>(), src.as<float>() + src.numel());
+    return {};
+  }
+
+  Status copy(const Tensor& src, Tensor& dst) override {
+    if (src.dtype != dst.dtype || src.numel() != dst.numel()) {
+      return shape_error("copy", src.describe() + " -> " + dst.describe());
+    }
+    std::memmove(dst.data, src.data, static_cast<size_t>(src.bytes()));
+    return {};
+  }
+
+  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) override {
+    float* p = t.as<float>();
+    const int64_t n = t.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) p[i] = constant ? scale : uniform_at(seed, i, scale);
+    return {};
+  }
+
+  Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) override {
+    const int64_t vocab = table.dim(0), dim = table.dim(1);
+    if (out.dim(0) != static_cast<int64_t>(ids.size()) || out.dim(1) != dim) {
+      return shape_error("embedding", "out " + out.describe() + " for table " + table.describe());
+    }
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab) {
+        return shape_error("embedding", "token id " + std::to_string(id) + " outside vocab " +
+                                            std::to_string(vocab));
+      }
+    }
+    kernels::embedding_cpu(table.as<float>(), ids.data(), out.as<float>(),
+                           static_cast<int64_t>(ids.size()), dim);
+    return {};
+  }
+
+  Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    const int64_t dim = w.numel();
+    if (x.numel() != out.numel() || x.numel() % dim != 0) {
+      return shape_error("rms_norm", x.describe() + " w " + w.describe() + " out " +
+                                         out.describe());
+    }
+    kernels::rms_norm_cpu(x.as<float>(), w.as<float>(), out.as<float>(), x.numel() / dim, dim,
+                          eps);
+    return {};
+  }
+
+  Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) override {
+    const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+    if (w.dim(1) != k || out.dim(0) != m || out.dim(1) != n) {
+      return shape_error("gemm", "x " + x.describe() + " w " + w.describe() + " out " +
+                                     out.describe());
+    }
+    kernels::gemm_cpu(x.as<float>(), w.as<float>(), out.as<float>(), m, n, k, accumulate);
+    return {};
+  }
+
+  Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
+              const std::vector<float>& inv_freq) override {
+    const int64_t rows = x.dim(0);
+    if (static_cast<int64_t>(positions.size()) != rows || x.dim(1) != int64_t{heads} * head_dim ||
+        static_cast<int>(inv_freq.size()) != head_dim / 2) {
+      return shape_error("rope", "x " + x.describe() + " for " + std::to_string(heads) + "x" +
+                                     std::to_string(head_dim) + ", " +
+                                     std::to_string(positions.size()) + " positions");
+    }
+    kernels::rope_cpu(x.as<float>(), rows, heads, head_dim, x.dim(1), positions.data(),
+                      inv_freq.data());
+    return {};
+  }
+
+  Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    if (gate.numel() != up.numel() || gate.numel() != out.numel()) {
+      return shape_error("silu_mul", gate.describe() + " " + up.describe() + " " +
+                                         out.describe());
+    }
+    kernels::silu_mul_cpu(gate.as<float>(), up.as<float>(), out.as<float>(), gate.numel());
+    return {};
+  }
+
+  Status add(Tensor& x, const Tensor& y) override {
+    if (x.numel() != y.numel()) return shape_error("add", x.describe() + " + " + y.describe());
+    kernels::add_cpu(x.as<float>(), y.as<float>(), x.numel());
+    return {};
+  }
+
+  Status attention(const kernels::AttnParams& p) override {
+    if (p.dtype != DType::kF32) return shape_error("attention", "cpu attention is f32");
+    const std::string err = kernels::validate(p);
+    if (!err.empty()) return shape_error("attention", err);
+    kernels::attention_cpu(p);
+    return {};
+  }
+
+  Status merge(const kernels::MergeParams& p) override {
+    kernels::merge_cpu(p);
+    return {};
+  }
+
+  Status synchronize() override { return {}; }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& spec) {
+  if (spec == "cpu") return make_cpu_backend();
+  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
+    int device = 0;
+    if (spec.size() > 5) {
+      char* end = nullptr;
+      const long d = std::strtol(spec.c_str() + 5, &end, 10);
+      if (*end != '\0' || d < 0 || d > 1024) {
+        return Status::error("bad device '" + spec + "' (expected cpu, cuda or cuda:N)");
+      }
+      device = static_cast<int>(d);
+    }
+    return make_cuda_backend(device);
+  }
+  return Status::error("unknown device '" + spec + "' (expected cpu, cuda or cuda:N)");
+}
+
+#ifndef BURST_HAVE_CUDA
+Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
+  return Status::error("this build of burst has no CUDA backend (nvcc was not found at build)");
+}
+#endif
+
+}  // namespace burst::engine

@@ -1,0 +1,517 @@
+// Flash attention forward for one ring step (LAO), the contract of kernels/attention_cuda.h.
+// Ampere-style tensor-core path (mma.sync m16n8k16, ldmatrix, cp.async); it is also what runs
+// on sm_90a until a wgmma variant exists.
+//
+// One CTA of 4 warps computes a 128-row query block of one head; each warp owns 32 rows (two
+// m16 atoms), so every K/V fragment read from shared memory feeds two MMAs. Q stays in shared
+// memory (re-read with ldmatrix each key block; keeping it in registers as well would not fit
+// beside the 128 fp32 accumulators of O at head_dim 128). K and V have one shared buffer each
+// and are loaded in a two-stage cp.async pipeline that alternates them: V[n] streams in while
+// S = Q.K[n]^T and the softmax run, K[n-1] streams in while O += P.V[n] runs.
+// Key blocks run from the last to the first, so the blocks that need masking (the causal
+// diagonal, the n_kv tail) come first and the rest run without per-element checks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/attention_cuda.h"
+
+namespace burst::kernels {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Tile shape of the kernel for one head_dim. All constants derive from these four.
+template <int kHeadDim>
+struct Tile {
+  static constexpr int kD = kHeadDim;
+  static constexpr int kBlockM = 128;  // query rows per CTA
+  static constexpr int kBlockN = 64;   // keys per pipeline stage
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpRows = kBlockM / kWarps;  // 32
+  static constexpr int kMAtoms = kWarpRows / 16;      // m16 atoms per warp
+  static constexpr int kSAtoms = kBlockN / 8;         // n8 atoms of S per m atom
+  static constexpr int kOAtoms = kD / 8;              // n8 atoms of O per m atom
+  static constexpr int kChunks = kD / 8;              // 16-byte chunks per smem row
+  static constexpr int kSmemElems = (kBlockM + 2 * kBlockN) * kD;
+
+  static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  // The XOR swizzle permutes 8 chunks of a row: rows need at least 8 chunks of 16 bytes.
+  static_assert(kChunks >= 8 && kChunks % 8 == 0, "swizzle needs rows of 8k 16-byte chunks");
+  static_assert(kWarpRows % 16 == 0, "a warp owns whole m16 atoms");
+  static_assert(kBlockN % 16 == 0 && kD % 16 == 0, "k16 slices of keys and of head_dim");
+  static_assert(kSAtoms % 2 == 0 && kOAtoms % 2 == 0, "ldmatrix.x4 loads two n8 atoms");
+  static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
+                "every thread copies the same number of chunks");
+};
+
+// What the kernel reads; built once by the launcher from AttnParams.
+template <typename T, typename OutT>
+struct KernelArgs {
+  const T* q;
+  const T* k;
+  const T* v;
+  OutT* o;
+  float* lse;
+  int64_t q_row_stride, q_head_stride;
+  int64_t k_row_stride, k_head_stride;
+  int64_t v_row_stride, v_head_stride;
+  int64_t o_row_stride, o_head_stride;
+  int64_t lse_head_stride;
+  int64_t delta;  // q_start - kv_start: query i sees key j iff j <= i + delta (causal)
+  int32_t n_q, n_kv, group;
+  int32_t causal;
+  float scale;       // natural-log units, for the LSE
+  float scale_log2;  // scale * log2(e): scores go straight into exp2
+};
+
+// ---- PTX wrappers ----------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing (tails).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A.B + D, m16n8k16, fp32 accumulators; A row-major 16x16, B column-major 16x8.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// 2^x; ex2.approx of -inf is +0, which is what masked scores must become.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <typename OutT>
+__device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = pack2<OutT>(lo, hi);
+  }
+}
+
+// ---- shared-memory tiles ---------------------------------------------------------------------
+
+// Element offset of (row, 16-byte chunk) in a [rows, kD] tile. The chunk index is XORed with
+// row % 8 so that the 8 rows one ldmatrix phase reads (rows are 128 or 256 bytes, i.e. all in
+// the same banks) land in 8 different bank groups: conflict-free without padding.
+template <int kD>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * kD + ((chunk ^ (row & 7)) << 3);
+}
+
+// ldmatrix addresses without a register per (row block, chunk) pair. Every ldmatrix of this
+// kernel reads rows whose row % 8 is lane % 8 and chunk 2j + b (+ 8m), b in {0, 1} fixed per
+// lane; since the XOR touches only the low 3 bits, the swizzled chunk is
+// 8m + (2j ^ (b ^ lane % 8)). So 4 base addresses (j = 0..3) per operand suffice, and the row
+// block and m become immediate offsets.
+template <int kD, typename T>
+struct LdmBases {
+  uint32_t base[4];
+  __device__ __forceinline__ LdmBases(const T* tile, int row, int b, int lane) {
+    const int c = b ^ (lane & 7);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      base[j] = smem_addr(tile + row * kD + (((2 * j) ^ c) << 3));
+    }
+  }
+  // Byte address of (row + row_off, chunk 2 * slice + b) for compile-time slice and row_off.
+  __device__ __forceinline__ uint32_t at(int slice, int row_off) const {
+    return base[slice & 3] + ((slice >> 2) * 8 * 8 + row_off * kD) * int(sizeof(T));
+  }
+};
+
+// Copies rows [0, kRows) of a tile starting at g into s; rows >= rows_valid are zero-filled
+// without touching global memory (g itself always points at a valid row). A thread copies the
+// same chunk column of rows r, r + kRowStep, ...: one pointer that steps, rather than a 64-bit
+// offset per row that the compiler would keep live in registers across the main loop.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid,
+                                          int tid) {
+  constexpr int kChunks = kD / 8;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "whole rows per step");
+  const int row0 = tid / kChunks, chunk = tid % kChunks;  // consecutive threads: one row
+  const T* src = g + row0 * row_stride + chunk * 8;
+  T* dst = s + swz<kD>(row0, chunk);  // row0 + i * kRowStep has the same row % 8 for all i
+  static_assert(kRowStep % 8 == 0, "the swizzle pattern repeats every kRowStep rows");
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool ok = row0 + i * kRowStep < rows_valid;
+    cp_async_16(dst + i * kRowStep * kD, ok ? src : g, ok ? 16 : 0);
+    src += kRowStep * row_stride;
+  }
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+
+template <typename T, typename OutT, int kHeadDim>
+__global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
+    attention_fwd_kernel(const KernelArgs<T, OutT> a) {
+  using Tl = Tile<kHeadDim>;
+  constexpr int kD = Tl::kD, kBlockM = Tl::kBlockM, kBlockN = Tl::kBlockN;
+  constexpr int kMA = Tl::kMAtoms, kSA = Tl::kSAtoms, kOA = Tl::kOAtoms;
+  constexpr int kThreads = Tl::kThreads;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ uint4 smem_raw[];  // uint4: 16-byte alignment for cp.async and ldmatrix
+  T* s_q = reinterpret_cast<T*>(smem_raw);
+  T* s_k = s_q + kBlockM * kD;
+  T* s_v = s_k + kBlockN * kD;
+
+  // Causal: the last query blocks see the most keys; launching them first shortens the tail.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int g = h / a.group;
+  const int m0 = m_block * kBlockM;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rows_valid = min(kBlockM, a.n_q - m0);
+
+  // Keys [0, n_end) are visible to at least one row of the block; all others are skipped.
+  int n_end = a.n_kv;
+  if (a.causal) {
+    const int64_t last_row = m0 + rows_valid - 1;
+    n_end = static_cast<int>(std::clamp<int64_t>(last_row + a.delta + 1, 0, a.n_kv));
+  }
+  // Blocks n with (n + 1) * kBlockN - 1 <= min_limit are fully visible to every row: no mask.
+  const int min_limit =
+      a.causal ? static_cast<int>(std::clamp<int64_t>(m0 + a.delta, -1, a.n_kv - 1))
+               : a.n_kv - 1;
+  const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
+
+  // This thread's rows: atom mi, half hf -> row m0 + warp*32 + mi*16 + lane/4 + hf*8. limit is
+  // the last key the row may see (-1: none); it also excludes the zero-filled n_kv tail.
+  int limit[kMA][2];
+#pragma unroll
+  for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t row = m0 + warp * Tl::kWarpRows + mi * 16 + (lane >> 2) + hf * 8;
+      limit[mi][hf] = a.causal ? static_cast<int>(std::clamp<int64_t>(row + a.delta, -1,
+                                                                      a.n_kv - 1))
+                               : a.n_kv - 1;
+    }
+  }
+
+  float acc[kMA][kOA][4];
+  float row_max[kMA][2], row_sum[kMA][2];  // row_max in raw score units (before scale)
+#pragma unroll
+  for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+    for (int na = 0; na < kOA; ++na) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][na][e] = 0.f;
+    }
+    row_max[mi][0] = row_max[mi][1] = kNegInf;
+    row_sum[mi][0] = row_sum[mi][1] = 0.f;
+  }
+
+  // Lane-fixed parts of the ldmatrix addresses (see LdmBases and the fragment comments below).
+  const LdmBases<kD, T> q_ldm(s_q, warp * Tl::kWarpRows + (lane & 15), lane >> 4, lane);
+  const LdmBases<kD, T> k_ldm(s_k, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, lane);
+  const LdmBases<kD, T> v_ldm(s_v, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, lane);
+
+  const T* q_base = a.q + int64_t{m0} * a.q_row_stride + int64_t{h} * a.q_head_stride;
+  const T* k_base = a.k + int64_t{g} * a.k_head_stride;
+  const T* v_base = a.v + int64_t{g} * a.v_head_stride;
+
+  if (n_blocks > 0) {
+    load_tile<kBlockM, kD, kThreads>(s_q, q_base, a.q_row_stride, rows_valid, tid);
+    {
+      const int n = n_blocks - 1;
+      load_tile<kBlockN, kD, kThreads>(s_k, k_base + int64_t{n} * kBlockN * a.k_row_stride,
+                                       a.k_row_stride, a.n_kv - n * kBlockN, tid);
+    }
+    cp_async_commit();
+  }
+
+  for (int n = n_blocks - 1; n >= 0; --n) {
+    cp_async_wait_all();
+    // K[n] (and Q) copied by all threads are now visible to all; and every warp has finished
+    // reading s_v in the previous P.V, so V[n] may overwrite it.
+    __syncthreads();
+    load_tile<kBlockN, kD, kThreads>(s_v, v_base + int64_t{n} * kBlockN * a.v_row_stride,
+                                     a.v_row_stride, a.n_kv - n * kBlockN, tid);
+    cp_async_commit();
+
+    // S = Q.K^T for this warp's 32 rows and the block's kBlockN keys.
+    float s[kMA][kSA][4];
+#pragma unroll
+    for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+      for (int na = 0; na < kSA; ++na) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mi][na][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      uint32_t qa[kMA][4];
+#pragma unroll
+      for (int mi = 0; mi < kMA; ++mi) {
+        // Matrices 0..3 = rows 0-7/8-15 x cols 0-7, then x cols 8-15: the A fragment order.
+        ldmatrix_x4(qa[mi], q_ldm.at(ks, mi * 16));
+      }
+#pragma unroll
+      for (int np = 0; np < kSA / 2; ++np) {
+        // Matrices: keys 0-7 x d 0-7, keys 0-7 x d 8-15, keys 8-15 x d 0-7, keys 8-15 x d 8-15
+        // = (b0, b1) of key atom 2np, then of 2np+1 (K row-major is B column-major).
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_ldm.at(ks, np * 16));
+#pragma unroll
+        for (int mi = 0; mi < kMA; ++mi) {
+          mma_16816<T>(s[mi][2 * np], qa[mi], kb[0], kb[1]);
+          mma_16816<T>(s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
+    // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
+    if ((n + 1) * kBlockN - 1 > min_limit) {
+#pragma unroll
+      for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+        for (int na = 0; na < kSA; ++na) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = n * kBlockN + na * 8 + (lane & 3) * 2 + (e & 1);
+            if (key > limit[mi][e >> 1]) s[mi][na][e] = kNegInf;
+          }
+        }
+      }
+    }
+
+    // Online softmax, per row: new max, rescale what was accumulated, P = exp2(scaled - max).
+    uint32_t pa[kMA][kSA][2];  // P as the A operand of P.V, rounded to T
+#pragma unroll
+    for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max[mi][hf];
+#pragma unroll
+        for (int na = 0; na < kSA; ++na) {
+          mx = fmaxf(mx, fmaxf(s[mi][na][2 * hf], s[mi][na][2 * hf + 1]));
+        }
+        // The 4 threads of a quad hold the same row.
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row that has seen only masked keys keeps max -inf: use 0 as the offset so that
+        // exp2(-inf - offset) = 0 instead of exp2(-inf + inf) = NaN, and leave acc (all 0).
+        const float offset = mx == kNegInf ? 0.f : mx * a.scale_log2;
+        const float corr = exp2_approx(row_max[mi][hf] * a.scale_log2 - offset);
+        row_max[mi][hf] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int na = 0; na < kSA; ++na) {
+          const float p0 = exp2_approx(fmaf(s[mi][na][2 * hf], a.scale_log2, -offset));
+          const float p1 = exp2_approx(fmaf(s[mi][na][2 * hf + 1], a.scale_log2, -offset));
+          sum += p0 + p1;
+          pa[mi][na][hf] = pack2<T>(p0, p1);
+        }
+        // The sum keeps the unrounded P (as the fp32 reference does); it stays per thread
+        // until the epilogue's quad reduction.
+        row_sum[mi][hf] = row_sum[mi][hf] * corr + sum;
+#pragma unroll
+        for (int na = 0; na < kOA; ++na) {
+          acc[mi][na][2 * hf] *= corr;
+          acc[mi][na][2 * hf + 1] *= corr;
+        }
+      }
+    }
+
+    cp_async_wait_all();
+    // V[n] is visible to all threads; and every warp has finished reading s_k for S, so
+    // K[n-1] may overwrite it.
+    __syncthreads();
+    if (n > 0) {
+      load_tile<kBlockN, kD, kThreads>(
+          s_k, k_base + int64_t{n - 1} * kBlockN * a.k_row_stride, a.k_row_stride,
+          a.n_kv - (n - 1) * kBlockN, tid);
+      cp_async_commit();
+    }
+
+    // O += P.V. The C fragment of S (rows g, g+8 x keys 2t, 2t+1 of an n8 atom) is the A
+    // fragment of a k16 slice when two key atoms are paired: no shuffles needed.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t pf[kMA][4];
+#pragma unroll
+      for (int mi = 0; mi < kMA; ++mi) {
+        pf[mi][0] = pa[mi][2 * kk][0];
+        pf[mi][1] = pa[mi][2 * kk][1];
+        pf[mi][2] = pa[mi][2 * kk + 1][0];
+        pf[mi][3] = pa[mi][2 * kk + 1][1];
+      }
+#pragma unroll
+      for (int dp = 0; dp < kOA / 2; ++dp) {
+        // Transposed: matrices keys 0-7 x d 0-7, keys 8-15 x d 0-7, keys 0-7 x d 8-15, keys
+        // 8-15 x d 8-15 = (b0, b1) of d atom 2dp, then of 2dp+1.
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_ldm.at(dp, kk * 16));
+#pragma unroll
+        for (int mi = 0; mi < kMA; ++mi) {
+          mma_16816<T>(acc[mi][2 * dp], pf[mi], vb[0], vb[1]);
+          mma_16816<T>(acc[mi][2 * dp + 1], pf[mi], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
+  // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
+  OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
+#pragma unroll
+  for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = row_sum[mi][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = m0 + warp * Tl::kWarpRows + mi * 16 + (lane >> 2) + hf * 8;
+      if (row >= a.n_q) continue;
+      const bool empty = !(sum > 0.f);
+      const float inv = empty ? 0.f : 1.f / sum;
+      OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
+#pragma unroll
+      for (int na = 0; na < kOA; ++na) {
+        store2(o_row + na * 8 + (lane & 3) * 2, acc[mi][na][2 * hf] * inv,
+               acc[mi][na][2 * hf + 1] * inv);
+      }
+      if ((lane & 3) == 0) {
+        a.lse[int64_t{h} * a.lse_head_stride + row] =
+            empty ? kNegInf : row_max[mi][hf] * a.scale + logf(sum);
+      }
+    }
+  }
+}
+
+// ---- launch ----------------------------------------------------------------------------------
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T, typename OutT, int kHeadDim>
+cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
+  using Tl = Tile<kHeadDim>;
+  KernelArgs<T, OutT> a{};
+  a.q = static_cast<const T*>(p.q);
+  a.k = static_cast<const T*>(p.k);
+  a.v = static_cast<const T*>(p.v);
+  a.o = static_cast<OutT*>(p.o);
+  a.lse = p.lse;
+  a.q_row_stride = p.q_row_stride;
+  a.q_head_stride = p.q_head_stride;
+  a.k_row_stride = p.k_row_stride;
+  a.k_head_stride = p.k_head_stride;
+  a.v_row_stride = p.v_row_stride;
+  a.v_head_stride = p.v_head_stride;
+  a.o_row_stride = p.o_row_stride;
+  a.o_head_stride = p.o_head_stride;
+  a.lse_head_stride = p.lse_head_stride;
+  a.delta = p.q_start - p.kv_start;
+  a.n_q = p.n_q;
+  a.n_kv = p.n_kv;
+  a.group = p.heads / p.kv_heads;
+  a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * kLog2e;
+
+  auto* kernel = attention_fwd_kernel<T, OutT, kHeadDim>;
+  constexpr int kSmemBytes = Tl::kSmemElems * static_cast<int>(sizeof(T));
+  // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.n_q + Tl::kBlockM - 1) / Tl::kBlockM, p.heads);
+  kernel<<<grid, Tl::kThreads, kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Every instantiation of the kernel, in one place: {bf16, fp16} x {o = input, o = fp32} x
+// head_dim {64, 128}.
+template <typename T>
+cudaError_t dispatch_out(const AttnParams& p, cudaStream_t stream) {
+  const bool o_f32 = output_dtype(p) == DType::kF32;
+  if (p.head_dim == 128) {
+    return o_f32 ? launch<T, float, 128>(p, stream) : launch<T, T, 128>(p, stream);
+  }
+  return o_f32 ? launch<T, float, 64>(p, stream) : launch<T, T, 64>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream) {
+  if (!validate(p).empty()) return cudaErrorInvalidValue;
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
+  const DType od = output_dtype(p);
+  if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
+  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
+  if (p.heads > 65535) return cudaErrorInvalidValue;
+  if (p.n_q == 0) return cudaSuccess;
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
+                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0) return cudaErrorInvalidValue;
+  }
+  if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
+  if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBF16 ? dispatch_out<__nv_bfloat16>(p, stream)
+                                 : dispatch_out<__half>(p, stream);
+}
+
+}  // namespace burst::kernels

@@ -1,0 +1,50 @@
+// CUDA attention kernels of the kernels/attention.h contract: one ring step of prefill (LAO),
+// the (O, LSE) merge (GAO) and split-KV flash-decoding. All launchers are asynchronous on
+// `stream`, never synchronise, and return the first CUDA error (cudaErrorInvalidValue for
+// parameters outside what is listed here); no exception leaves them.
+//
+// Shapes and strides (in elements) are those of AttnParams:
+//   q  [n_q,  heads,    head_dim]   q[i * q_row_stride + h * q_head_stride + d]
+//   k  [n_kv, kv_heads, head_dim]   k[j * k_row_stride + g * k_head_stride + d]   (v alike)
+//   o  [n_q,  heads,    head_dim]   like q, normalised (divided by the row's softmax sum)
+//   lse[heads, n_q] fp32            lse[h * lse_head_stride + i]
+// GQA: query head h reads kv head h / (heads / kv_heads).
+// Supported: dtype kBF16 or kF16 (q, k, v); output_dtype(p) equal to dtype or kF32; head_dim
+// 64 or 128; heads <= 65535; q, k, v, o 16-byte aligned and every stride except
+// lse_head_stride a multiple of 8 elements (16-byte vector loads); the innermost dimension
+// (head_dim) contiguous.
+// Numerics: scores and softmax in fp32 (the scale is folded into exp2 as scale * log2(e)), P
+// rounded to the input dtype for the P.V product, fp32 accumulation.
+// LSE is the natural log of the row's sum of exp(scale * q.k), fp32. Masks come from absolute
+// positions (q_start, kv_start); a row that sees no key is empty: LSE = -inf, O = 0.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+#include "kernels/attention.h"
+
+namespace burst::kernels {
+
+// One ring step of prefill: flash attention (tensor cores, mma.sync m16n8k16) of q against
+// k/v under p.mask, writing o and lse. Key blocks that the causal mask hides from a whole
+// query block are never loaded or computed. n_q = 0 is a no-op; n_kv = 0 gives empty rows.
+cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream);
+
+// Split-KV flash-decoding for a few query rows (decode: n_q = 1..a few) against a long KV:
+// the keys are cut into splits that run in parallel, each writes a partial (o, lse) into
+// `workspace`, and a second kernel merges them in split order (deterministic). Same contract
+// and constraints as attention_cuda (kNone or kCausal). The workspace must hold
+// attention_decode_workspace_bytes(p) bytes (it depends on p and on the current device's
+// multiprocessor count) and be 16-byte aligned.
+size_t attention_decode_workspace_bytes(const AttnParams& p);
+cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream);
+
+// Merges (o_b, lse_b) into (o_a, lse_a) in place, fp32, exactly as merge_cpu: lse = max +
+// log1p(exp(-|a - b|)), o = o_a * exp(a - lse) + o_b * exp(b - lse); a row whose b is -inf is
+// unchanged, a row whose a is -inf takes b (no -inf - -inf). Device pointers.
+cudaError_t merge_cuda(const MergeParams& p, cudaStream_t stream);
+
+}  // namespace burst::kernels

@@ -1,0 +1,337 @@
+// LLaMA-2 configuration from a Hugging Face config.json, and the built-in architecture presets.
+//
+// Contract: config.json is untrusted text. Every field is type-checked (integers must be JSON
+// integers, floats any JSON number, booleans booleans) and range-checked; every error names the
+// source file and the field. Nothing throws: nlohmann is used with exceptions disabled for
+// parsing and every remaining call is inside one catch-all, so no exception leaves this file.
+#include "models/config.h"
+
+#include <cerrno>
+#include <fstream>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+namespace burst::models {
+namespace {
+
+using nlohmann::json;
+
+// Far past any real LLaMA-family model, yet small enough that products of these sizes (weight
+// counts, KV-cache bytes) computed downstream in int64 cannot overflow.
+constexpr int64_t kMaxHiddenSize = 1'000'000;
+constexpr int64_t kMaxIntermediateSize = 4'000'000;
+constexpr int64_t kMaxLayers = 10'000;
+constexpr int64_t kMaxHeads = 10'000;
+constexpr int64_t kMaxHeadDim = 16'384;
+constexpr int64_t kMaxVocab = 16'000'000;
+constexpr int64_t kMaxPositions = int64_t{1} << 30;
+// A config.json is a few KiB; refuse to slurp anything that cannot be one.
+constexpr std::streamoff kMaxConfigBytes = 16 << 20;
+
+const char* type_name(const json& v) {
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "float";
+  return v.type_name();
+}
+
+class FieldReader {
+ public:
+  FieldReader(const json& root, const std::string& source) : root_(root), source_(source) {}
+
+  Status error(const std::string& field, const std::string& what) const {
+    return Status::error(source_ + ": field \"" + field + "\" " + what);
+  }
+
+  // nullptr when the field is absent or null; the caller picks the default or reports it missing.
+  const json* find(const std::string& field) const {
+    auto it = root_.find(field);
+    if (it == root_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  Status get_int(const std::string& field, bool required, int64_t lo, int64_t hi,
+                 int64_t& out) const {
+    const json* v = find(field);
+    if (v == nullptr) {
+      return required ? error(field, "is missing (required)") : Status();
+    }
+    return to_int(field, *v, lo, hi, out);
+  }
+
+  Status to_int(const std::string& field, const json& v, int64_t lo, int64_t hi,
+                int64_t& out) const {
+    // A float such as 4096.0 is refused too: a writer that emits one has a bug worth seeing.
+    if (!v.is_number_integer()) {
+      return error(field, std::string("must be an integer, got ") + type_name(v));
+    }
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(hi)) return out_of_range(field, v, lo, hi);
+      out = static_cast<int64_t>(u);
+    } else {
+      out = v.get<int64_t>();
+    }
+    if (out < lo || out > hi) return out_of_range(field, v, lo, hi);
+    return Status();
+  }
+
+  Status get_float(const std::string& field, bool required, double lo_exclusive, double hi,
+                   float& out) const {
+    const json* v = find(field);
+    if (v == nullptr) {
+      return required ? error(field, "is missing (required)") : Status();
+    }
+    if (!v->is_number()) {
+      return error(field, std::string("must be a number, got ") + type_name(*v));
+    }
+    double d = v->get<double>();
+    // NaN fails both comparisons' negations, so test the good range, not the bad one.
+    if (!(d > lo_exclusive && d <= hi)) {
+      return error(field, "must be in (" + std::to_string(lo_exclusive) + ", " +
+                              std::to_string(hi) + "], got " + v->dump());
+    }
+    out = static_cast<float>(d);
+    return Status();
+  }
+
+  Status get_bool(const std::string& field, bool& out) const {
+    const json* v = find(field);
+    if (v == nullptr) return Status();
+    if (!v->is_boolean()) {
+      return error(field, std::string("must be a boolean, got ") + type_name(*v));
+    }
+    out = v->get<bool>();
+    return Status();
+  }
+
+ private:
+  Status out_of_range(const std::string& field, const json& v, int64_t lo, int64_t hi) const {
+    return error(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "], got " + v.dump());
+  }
+
+  const json& root_;
+  const std::string& source_;
+};
+
+Status parse_rope_scaling(const FieldReader& r, const json* v, RopeScaling& out) {
+  out = RopeScaling{};
+  if (v == nullptr) return Status();
+  if (!v->is_object()) {
+    return r.error("rope_scaling", std::string("must be an object or null, got ") + type_name(*v));
+  }
+  // Newer transformers write "rope_type"; older checkpoints write "type". Prefer the new name.
+  const json* type = nullptr;
+  std::string type_field = "rope_scaling.rope_type";
+  if (auto it = v->find("rope_type"); it != v->end()) {
+    type = &*it;
+  } else if (auto it2 = v->find("type"); it2 != v->end()) {
+    type = &*it2;
+    type_field = "rope_scaling.type";
+  }
+  if (type == nullptr) return r.error("rope_scaling", "has neither \"rope_type\" nor \"type\"");
+  if (!type->is_string()) {
+    return r.error(type_field, std::string("must be a string, got ") + type_name(*type));
+  }
+  const std::string& kind = type->get_ref<const std::string&>();
+  if (kind == "default") return Status();  // transformers' spelling of "no scaling"
+  if (kind == "linear") {
+    out.kind = RopeScaling::Kind::kLinear;
+  } else if (kind == "dynamic") {
+    out.kind = RopeScaling::Kind::kDynamic;
+  } else {
+    return r.error(type_field, "is \"" + kind +
+                                   "\", which is not supported (supported: linear, dynamic, "
+                                   "default)");
+  }
+  auto f = v->find("factor");
+  if (f == v->end() || f->is_null()) return r.error("rope_scaling.factor", "is missing");
+  if (!f->is_number()) {
+    return r.error("rope_scaling.factor", std::string("must be a number, got ") + type_name(*f));
+  }
+  double factor = f->get<double>();
+  if (!(factor > 0 && factor <= 1e6)) {
+    return r.error("rope_scaling.factor", "must be in (0, 1e6], got " + f->dump());
+  }
+  out.factor = static_cast<float>(factor);
+  return Status();
+}
+
+Status parse_dtype(const FieldReader& r, engine::DType& out) {
+  // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
+  std::string field = "torch_dtype";
+  const json* v = r.find(field);
+  if (v == nullptr) {
+    field = "dtype";
+    v = r.find(field);
+  }
+  if (v == nullptr) return Status();
+  if (!v->is_string()) {
+    return r.error(field, std::string("must be a string, got ") + type_name(*v));
+  }
+  const std::string& s = v->get_ref<const std::string&>();
+  if (s == "float32") {
+    out = engine::DType::kF32;
+  } else if (s == "bfloat16") {
+    out = engine::DType::kBF16;
+  } else if (s == "float16") {
+    out = engine::DType::kF16;
+  } else {
+    return r.error(field, "is \"" + s + "\"; expected float32, bfloat16 or float16");
+  }
+  return Status();
+}
+
+Status parse_token_id(const FieldReader& r, const std::string& field, int64_t vocab,
+                      int32_t& out) {
+  const json* v = r.find(field);
+  if (v == nullptr) return Status();
+  const json* id = v;
+  std::string name = field;
+  // Some checkpoints list several end tokens; the first is the canonical one.
+  if (v->is_array()) {
+    if (v->empty()) return r.error(field, "is an empty list");
+    id = &(*v)[0];
+    name = field + "[0]";
+  }
+  int64_t value = 0;
+  BURST_RETURN_IF_ERROR(r.to_int(name, *id, 0, vocab - 1, value));
+  out = static_cast<int32_t>(value);  // vocab <= kMaxVocab < 2^31, so this fits
+  return Status();
+}
+
+Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
+  if (!root.is_object()) {
+    return Status::error(source + ": config must be a JSON object, got " + type_name(root));
+  }
+  FieldReader r(root, source);
+  LlamaConfig c;
+  BURST_RETURN_IF_ERROR(r.get_int("hidden_size", true, 1, kMaxHiddenSize, c.hidden_size));
+  BURST_RETURN_IF_ERROR(
+      r.get_int("intermediate_size", true, 1, kMaxIntermediateSize, c.intermediate_size));
+  BURST_RETURN_IF_ERROR(r.get_int("num_hidden_layers", true, 1, kMaxLayers, c.num_layers));
+  BURST_RETURN_IF_ERROR(r.get_int("num_attention_heads", true, 1, kMaxHeads, c.num_heads));
+  c.num_kv_heads = c.num_heads;
+  BURST_RETURN_IF_ERROR(
+      r.get_int("num_key_value_heads", false, 1, kMaxHeads, c.num_kv_heads));
+  BURST_RETURN_IF_ERROR(r.get_int("vocab_size", true, 1, kMaxVocab, c.vocab_size));
+  BURST_RETURN_IF_ERROR(r.get_int("max_position_embeddings", false, 1, kMaxPositions,
+                                  c.max_position_embeddings));
+  BURST_RETURN_IF_ERROR(r.get_float("rms_norm_eps", false, 0.0, 1.0, c.rms_norm_eps));
+  BURST_RETURN_IF_ERROR(r.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
+  BURST_RETURN_IF_ERROR(parse_rope_scaling(r, r.find("rope_scaling"), c.rope_scaling));
+  BURST_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", c.tie_word_embeddings));
+  BURST_RETURN_IF_ERROR(parse_dtype(r, c.torch_dtype));
+  BURST_RETURN_IF_ERROR(parse_token_id(r, "bos_token_id", c.vocab_size, c.bos_token_id));
+  BURST_RETURN_IF_ERROR(parse_token_id(r, "eos_token_id", c.vocab_size, c.eos_token_id));
+
+  // GQA: every group of num_heads / num_kv_heads query heads shares one KV head.
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return r.error("num_attention_heads",
+                   "(" + std::to_string(c.num_heads) + ") is not divisible by " +
+                       "num_key_value_heads (" + std::to_string(c.num_kv_heads) + ")");
+  }
+  if (r.find("head_dim") != nullptr) {
+    BURST_RETURN_IF_ERROR(r.get_int("head_dim", true, 1, kMaxHeadDim, c.head_dim));
+  } else {
+    if (c.hidden_size % c.num_heads != 0) {
+      return r.error("hidden_size",
+                     "(" + std::to_string(c.hidden_size) + ") is not divisible by " +
+                         "num_attention_heads (" + std::to_string(c.num_heads) +
+                         ") and no head_dim is given");
+    }
+    c.head_dim = c.hidden_size / c.num_heads;
+    if (c.head_dim > kMaxHeadDim) {
+      return r.error("hidden_size", "gives head_dim " + std::to_string(c.head_dim) +
+                                        ", more than " + std::to_string(kMaxHeadDim));
+    }
+  }
+  // RoPE rotates pairs of features, so an odd head_dim has a feature with no partner.
+  if (c.head_dim % 2 != 0) {
+    return r.error("head_dim", "(" + std::to_string(c.head_dim) + ") must be even for RoPE");
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<LlamaConfig> parse_config_json(const std::string& text, const std::string& source) {
+  try {
+    json root = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+    if (root.is_discarded()) return Status::error(source + ": not valid JSON");
+    return parse_config(root, source);
+  } catch (const std::exception& e) {
+    // Only allocation failure should get here; it must still not cross the library boundary.
+    return Status::error(source + ": " + e.what());
+  } catch (...) {
+    return Status::error(source + ": unknown error while parsing");
+  }
+}
+
+Result<LlamaConfig> load_config(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return Status::error("cannot open " + path + ": " +
+                           std::error_code(errno, std::generic_category()).message());
+    }
+    in.seekg(0, std::ios::end);
+    std::streamoff size = in.tellg();
+    if (size < 0 || size > kMaxConfigBytes) {
+      return Status::error(path + ": cannot be a config.json (size " + std::to_string(size) +
+                           " bytes)");
+    }
+    in.seekg(0, std::ios::beg);
+    std::string text(static_cast<size_t>(size), '\0');
+    if (!in.read(text.data(), size)) return Status::error("cannot read " + path);
+    return parse_config_json(text, path);
+  } catch (const std::exception& e) {
+    return Status::error(path + ": " + e.what());
+  } catch (...) {
+    return Status::error(path + ": unknown error while reading");
+  }
+}
+
+Result<LlamaConfig> preset_config(const std::string& name) {
+  // Shared by all LLaMA-2 sizes (the Meta release's config.json values).
+  LlamaConfig c;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  c.max_position_embeddings = 4096;
+  c.vocab_size = 32000;
+  c.tie_word_embeddings = false;
+  c.torch_dtype = engine::DType::kBF16;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  if (name == "7b") {
+    c.hidden_size = 4096;
+    c.intermediate_size = 11008;
+    c.num_layers = 32;
+    c.num_heads = 32;
+    c.num_kv_heads = 32;
+  } else if (name == "13b") {
+    c.hidden_size = 5120;
+    c.intermediate_size = 13824;
+    c.num_layers = 40;
+    c.num_heads = 40;
+    c.num_kv_heads = 40;
+  } else if (name == "70b") {
+    c.hidden_size = 8192;
+    c.intermediate_size = 28672;
+    c.num_layers = 80;
+    c.num_heads = 64;
+    c.num_kv_heads = 8;  // the only LLaMA-2 size with GQA
+  } else {
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    return Status::error("unknown model preset \"" + name + "\" (known: " + known + ")");
+  }
+  c.head_dim = c.hidden_size / c.num_heads;  // 128 for every LLaMA-2 size
+  return c;
+}
+
+std::vector<std::string> preset_names() { return {"7b", "13b", "70b"}; }
+
+}  // namespace burst::models

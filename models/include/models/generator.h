@@ -1,0 +1,37 @@
+// Generation on one process: prefill the prompt (positions 0..n-1), sample the first token
+// from the last position's logits, then decode one token at a time until EOS, max_tokens, the
+// KV capacity, or the callback asks to stop.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "models/llama.h"
+
+namespace burst::models {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 64;
+  engine::SamplingParams sampling;
+  bool stop_at_eos = true;
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_ms = 0;  // prompt forward + first sample: the time to first token
+  double decode_ms = 0;   // every later token
+  std::string finish_reason;  // "stop" (EOS), "length", "cancelled"
+};
+
+// Called with each sampled token; return false to stop (client gone).
+using TokenCallback = std::function<bool(int32_t token)>;
+
+// Runs one request on `model`, using and then clearing `cache`.
+Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cache,
+                               const GenerateRequest& request, const TokenCallback& on_token);
+
+}  // namespace burst::models

@@ -1,0 +1,59 @@
+// The LLaMA-2 forward, written once against engine::Backend: embedding, per layer RMSNorm ->
+// q/k/v projections -> RoPE (absolute positions) -> attention through an AttentionContext
+// (local KV cache or the BurstAttention ring) -> o projection + residual -> RMSNorm -> SwiGLU
+// MLP + residual; final RMSNorm and the LM head only for the rows whose logits are wanted.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/attention_context.h"
+#include "engine/backend.h"
+#include "models/config.h"
+
+namespace burst::models {
+
+struct LayerWeights {
+  engine::Tensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+};
+
+class LlamaModel {
+ public:
+  // Loads config.json and the safetensors weights of an HF model directory onto the backend.
+  static Result<std::unique_ptr<LlamaModel>> load(engine::Backend& backend,
+                                                  const std::string& model_dir);
+  // A model of `config` with weights drawn from a counter-based generator keyed by `seed`
+  // (uniform, scaled by 1/sqrt(fan_in); norms at 1): the benchmark presets need no files.
+  static Result<std::unique_ptr<LlamaModel>> random(engine::Backend& backend,
+                                                    const LlamaConfig& config, uint64_t seed);
+
+  const LlamaConfig& config() const { return config_; }
+  engine::Backend& backend() const { return backend_; }
+  engine::AttentionShape attention_shape() const;
+  // Rows of MLP work per chunk in long prefills (bounds activation memory).
+  void set_mlp_chunk_rows(int64_t rows) { mlp_chunk_rows_ = rows; }
+
+  // Runs `ids` at absolute `positions` through every layer. For each index r in logit_rows
+  // (an index into ids), appends vocab_size fp32 logits to `logits`.
+  Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                 engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                 std::vector<float>& logits);
+
+ private:
+  LlamaModel(engine::Backend& backend, LlamaConfig config)
+      : backend_(backend), config_(std::move(config)) {}
+  Status alloc_weights();
+  Status ensure_scratch(int64_t rows);
+
+  engine::Backend& backend_;
+  LlamaConfig config_;
+  engine::Tensor embed_, final_norm_, lm_head_;  // lm_head_ aliases embed_ when tied
+  std::vector<LayerWeights> layers_;
+  int64_t mlp_chunk_rows_ = 4096;
+  // Activation scratch, grown to the largest forward seen.
+  int64_t scratch_rows_ = 0;
+  engine::Tensor x_, h_, q_, k_, v_, attn_out_, gate_, up_;
+};
+
+}  // namespace burst::models

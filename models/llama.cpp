@@ -1,0 +1,188 @@
+// LlamaModel: weights (from safetensors or a seeded generator) and the forward pass. The layer
+// graph is written once against engine::Backend; attention goes through an AttentionContext so
+// the same code runs one process or a BurstAttention ring.
+#include "models/llama.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "models/rope.h"
+#include "models/safetensors.h"
+
+namespace burst::models {
+
+using engine::Tensor;
+
+namespace {
+
+// Every weight of the model with its HF name, shape and (for random init) fan-in.
+struct WeightSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Tensor* dst;
+  bool is_norm;
+};
+
+std::vector<WeightSpec> weight_specs(const LlamaConfig& c, Tensor& embed, Tensor& final_norm,
+                                     Tensor& lm_head, std::vector<LayerWeights>& layers) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  std::vector<WeightSpec> s;
+  s.push_back({"model.embed_tokens.weight", {c.vocab_size, d}, &embed, false});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights& L = layers[static_cast<size_t>(i)];
+    s.push_back({p + "input_layernorm.weight", {d}, &L.attn_norm, true});
+    s.push_back({p + "self_attn.q_proj.weight", {qd, d}, &L.wq, false});
+    s.push_back({p + "self_attn.k_proj.weight", {kvd, d}, &L.wk, false});
+    s.push_back({p + "self_attn.v_proj.weight", {kvd, d}, &L.wv, false});
+    s.push_back({p + "self_attn.o_proj.weight", {d, qd}, &L.wo, false});
+    s.push_back({p + "post_attention_layernorm.weight", {d}, &L.mlp_norm, true});
+    s.push_back({p + "mlp.gate_proj.weight", {f, d}, &L.w_gate, false});
+    s.push_back({p + "mlp.up_proj.weight", {f, d}, &L.w_up, false});
+    s.push_back({p + "mlp.down_proj.weight", {d, f}, &L.w_down, false});
+  }
+  s.push_back({"model.norm.weight", {d}, &final_norm, true});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, d}, &lm_head, false});
+  return s;
+}
+
+}  // namespace
+
+engine::AttentionShape LlamaModel::attention_shape() const {
+  return {static_cast<int>(config_.num_layers), static_cast<int>(config_.num_heads),
+          static_cast<int>(config_.num_kv_heads), static_cast<int>(config_.head_dim)};
+}
+
+Status LlamaModel::alloc_weights() {
+  layers_.resize(static_cast<size_t>(config_.num_layers));
+  for (auto& w : weight_specs(config_, embed_, final_norm_, lm_head_, layers_)) {
+    auto t = backend_.alloc(w.shape, backend_.compute_dtype());
+    if (!t.ok()) return Status::error("allocating " + w.name + ": " + t.message());
+    *w.dst = t.take();
+  }
+  if (config_.tie_word_embeddings) lm_head_ = embed_;
+  return {};
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(engine::Backend& backend,
+                                                     const std::string& model_dir) {
+  auto config = load_config(model_dir);
+  if (!config.ok()) return config.status();
+  auto files = WeightFiles::open_dir(model_dir);
+  if (!files.ok()) return files.status();
+  std::unique_ptr<LlamaModel> m(new LlamaModel(backend, config.take()));
+  BURST_RETURN_IF_ERROR(m->alloc_weights());
+  for (auto& w : weight_specs(m->config_, m->embed_, m->final_norm_, m->lm_head_, m->layers_)) {
+    auto view = files.value().get(w.name, w.shape);
+    if (!view.ok()) return view.status();
+    BURST_RETURN_IF_ERROR(backend.upload(view.value().data, view.value().dtype, *w.dst));
+  }
+  return m;
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::random(engine::Backend& backend,
+                                                       const LlamaConfig& config, uint64_t seed) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel(backend, config));
+  BURST_RETURN_IF_ERROR(m->alloc_weights());
+  uint64_t index = 0;
+  for (auto& w : weight_specs(m->config_, m->embed_, m->final_norm_, m->lm_head_, m->layers_)) {
+    // Uniform(-a, a) with a = 1/sqrt(fan_in) keeps activations O(1) through the layers.
+    const float a = w.is_norm ? 1.f : 1.f / std::sqrt(static_cast<float>(w.shape.back()));
+    BURST_RETURN_IF_ERROR(backend.fill_random(*w.dst, seed * 1000003ull + index++, a, w.is_norm));
+  }
+  return m;
+}
+
+Status LlamaModel::ensure_scratch(int64_t rows) {
+  if (rows <= scratch_rows_) return {};
+  const auto& c = config_;
+  const int64_t mlp_rows = std::min(rows, mlp_chunk_rows_);
+  const engine::DType dt = backend_.compute_dtype();
+  struct Want { Tensor* t; std::vector<int64_t> shape; };
+  const Want wants[] = {
+      {&x_, {rows, c.hidden_size}},
+      {&h_, {rows, c.hidden_size}},
+      {&q_, {rows, c.num_heads * c.head_dim}},
+      {&k_, {rows, c.num_kv_heads * c.head_dim}},
+      {&v_, {rows, c.num_kv_heads * c.head_dim}},
+      {&attn_out_, {rows, c.num_heads * c.head_dim}},
+      {&gate_, {mlp_rows, c.intermediate_size}},
+      {&up_, {mlp_rows, c.intermediate_size}},
+  };
+  for (const auto& w : wants) {
+    *w.t = Tensor();  // release the old buffer before asking for the larger one
+    auto t = backend_.alloc(w.shape, dt);
+    if (!t.ok()) return Status::error("activations for " + std::to_string(rows) + " tokens: " +
+                                      t.message());
+    *w.t = t.take();
+  }
+  scratch_rows_ = rows;
+  return {};
+}
+
+Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                           std::vector<float>& logits) {
+  const auto& c = config_;
+  const auto rows = static_cast<int64_t>(ids.size());
+  if (rows == 0) return Status::error("forward: no tokens");
+  if (positions.size() != ids.size()) return Status::error("forward: one position per token");
+  for (int64_t r : logit_rows) {
+    if (r < 0 || r >= rows) return Status::error("forward: logit row outside the batch");
+  }
+  BURST_RETURN_IF_ERROR(ensure_scratch(rows));
+  Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
+  Tensor k = k_.rows(0, rows), v = v_.rows(0, rows), a = attn_out_.rows(0, rows);
+  BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, x));
+  const int64_t max_pos = *std::max_element(positions.begin(), positions.end());
+  const std::vector<float> inv_freq = rope_inv_freq(c, max_pos + 1);
+  const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
+  const int hd = static_cast<int>(c.head_dim);
+  const float eps = c.rms_norm_eps;
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = layers_[static_cast<size_t>(l)];
+    BURST_RETURN_IF_ERROR(backend_.rms_norm(x, L.attn_norm, eps, h));
+    BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wq, q, false));
+    BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wk, k, false));
+    BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wv, v, false));
+    BURST_RETURN_IF_ERROR(backend_.rope(q, heads, hd, positions, inv_freq));
+    BURST_RETURN_IF_ERROR(backend_.rope(k, kv_heads, hd, positions, inv_freq));
+    BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
+    BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
+    // The MLP is token-local: chunks bound the [rows, intermediate] activations of long
+    // prefills without changing any result.
+    for (int64_t r0 = 0; r0 < rows; r0 += mlp_chunk_rows_) {
+      const int64_t n = std::min(mlp_chunk_rows_, rows - r0);
+      Tensor xc = x.rows(r0, n), hc = h.rows(r0, n);
+      Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
+      BURST_RETURN_IF_ERROR(backend_.rms_norm(xc, L.mlp_norm, eps, hc));
+      BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_gate, gate, false));
+      BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_up, up, false));
+      BURST_RETURN_IF_ERROR(backend_.silu_mul(gate, up, gate));
+      BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
+    }
+  }
+  if (logit_rows.empty()) return backend_.synchronize();
+  // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
+  const auto n = static_cast<int64_t>(logit_rows.size());
+  auto sel = backend_.alloc({n, c.hidden_size}, backend_.compute_dtype());
+  auto normed = backend_.alloc({n, c.hidden_size}, backend_.compute_dtype());
+  auto out = backend_.alloc({n, c.vocab_size}, backend_.compute_dtype());
+  for (auto* t : {&sel, &normed, &out}) {
+    if (!t->ok()) return Status::error("lm head: " + t->message());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor dst = sel.value().rows(i, 1);
+    BURST_RETURN_IF_ERROR(backend_.copy(x.rows(logit_rows[static_cast<size_t>(i)], 1), dst));
+  }
+  BURST_RETURN_IF_ERROR(backend_.rms_norm(sel.value(), final_norm_, eps, normed.value()));
+  BURST_RETURN_IF_ERROR(backend_.gemm(normed.value(), lm_head_, out.value(), false));
+  std::vector<float> host;
+  BURST_RETURN_IF_ERROR(backend_.download(out.value(), host));
+  logits.insert(logits.end(), host.begin(), host.end());
+  return {};
+}
+
+}  // namespace burst::models

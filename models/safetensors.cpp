@@ -1,0 +1,384 @@
+// Safetensors reading: mmap a file, validate every byte of its header before any tensor is
+// handed out, and resolve tensor names across the shards of a model directory.
+//
+// Contract (see safetensors.h): the file is untrusted. A file is
+//   [u64 little-endian N][N bytes of JSON header][data section]
+// and open() fails, naming the file and (where there is one) the tensor, unless: the file has
+// at least 8 bytes; 8 + N <= file size and N <= 100 MiB; the header is a JSON object whose
+// entries are "__metadata__" (an object of strings) or objects with exactly "dtype" (a known
+// dtype string), "shape" (an array of non-negative integers) and "data_offsets" (two
+// non-negative integers begin <= end <= data size); end - begin == numel * dtype size, computed
+// without overflow; and no two non-empty tensors share a byte. Nothing throws out of this file.
+#include "models/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <system_error>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace burst::models {
+namespace {
+
+using nlohmann::json;
+
+// Real headers are at most a few MiB (70B: ~800 tensors, ~100 KiB); the cap bounds the JSON
+// parser's memory on a hostile file. 100 MiB is also the limit of the reference implementation.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr std::streamoff kMaxIndexBytes = 64 << 20;
+constexpr char kIndexName[] = "model.safetensors.index.json";
+constexpr char kSingleName[] = "model.safetensors";
+
+struct DTypeInfo {
+  const char* name;
+  int64_t size;
+  bool loadable;  // the engine takes it (F32, F16, BF16)
+  engine::DType dtype;
+};
+
+// Every dtype a checkpoint may carry next to the weights, so that its entry can be validated
+// (size check, overlap check) even though the engine never loads it.
+constexpr DTypeInfo kDTypes[] = {
+    {"F64", 8, false, engine::DType::kF32},  {"F32", 4, true, engine::DType::kF32},
+    {"F16", 2, true, engine::DType::kF16},   {"BF16", 2, true, engine::DType::kBF16},
+    {"I64", 8, false, engine::DType::kF32},  {"I32", 4, false, engine::DType::kF32},
+    {"I16", 2, false, engine::DType::kF32},  {"I8", 1, false, engine::DType::kF32},
+    {"U8", 1, false, engine::DType::kF32},   {"BOOL", 1, false, engine::DType::kF32},
+};
+
+const DTypeInfo* find_dtype(const std::string& name) {
+  for (const auto& d : kDTypes) {
+    if (name == d.name) return &d;
+  }
+  return nullptr;
+}
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// True, with `out` set, when `v` is a JSON integer in [0, INT64_MAX].
+bool non_negative_int(const json& v, int64_t& out) {
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    out = v.get<int64_t>();
+    return out >= 0;
+  }
+  return false;
+}
+
+// Parses one tensor entry; `data_size` is the length of the data section; `data` its start.
+Status parse_entry(const std::string& path, const std::string& name, const json& entry,
+                   const unsigned char* data, uint64_t data_size, TensorView& view) {
+  auto fail = [&](const std::string& what) {
+    return Status::error(path + ": tensor \"" + name + "\": " + what);
+  };
+  if (!entry.is_object()) return fail(std::string("entry is a ") + entry.type_name());
+  for (const auto& [key, _] : entry.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      return fail("unexpected key \"" + key + "\"");
+    }
+  }
+  auto dt = entry.find("dtype");
+  auto sh = entry.find("shape");
+  auto off = entry.find("data_offsets");
+  if (dt == entry.end()) return fail("missing \"dtype\"");
+  if (sh == entry.end()) return fail("missing \"shape\"");
+  if (off == entry.end()) return fail("missing \"data_offsets\"");
+
+  if (!dt->is_string()) return fail("\"dtype\" is not a string");
+  const std::string& dtype_name = dt->get_ref<const std::string&>();
+  const DTypeInfo* info = find_dtype(dtype_name);
+  if (info == nullptr) return fail("unknown dtype \"" + dtype_name + "\"");
+
+  if (!sh->is_array()) return fail("\"shape\" is not an array");
+  std::vector<int64_t> shape;
+  // numel and bytes in uint64 with explicit overflow checks: a hostile shape such as
+  // [2^40, 2^40] must not wrap around to a small size that passes the offsets check.
+  uint64_t numel = 1;
+  for (const auto& d : *sh) {
+    int64_t dim = 0;
+    if (!non_negative_int(d, dim)) {
+      return fail("\"shape\" entry " + d.dump() + " is not a non-negative integer");
+    }
+    shape.push_back(dim);
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel)) {
+      return fail("shape " + shape_text(shape) + "... overflows the element count");
+    }
+  }
+  uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(info->size), &nbytes) ||
+      nbytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return fail("shape " + shape_text(shape) + " overflows the byte count");
+  }
+
+  if (!off->is_array() || off->size() != 2) {
+    return fail("\"data_offsets\" is not an array of two integers");
+  }
+  int64_t begin = 0;
+  int64_t end = 0;
+  if (!non_negative_int((*off)[0], begin) || !non_negative_int((*off)[1], end)) {
+    return fail("\"data_offsets\" " + off->dump() + " are not non-negative integers");
+  }
+  if (begin > end) return fail("\"data_offsets\" " + off->dump() + " are reversed");
+  if (static_cast<uint64_t>(end) > data_size) {
+    return fail("\"data_offsets\" " + off->dump() + " run past the data section (" +
+                std::to_string(data_size) + " bytes)");
+  }
+  if (static_cast<uint64_t>(end - begin) != nbytes) {
+    return fail("\"data_offsets\" " + off->dump() + " hold " + std::to_string(end - begin) +
+                " bytes, but " + dtype_name + " " + shape_text(shape) + " needs " +
+                std::to_string(nbytes));
+  }
+
+  view.name = name;
+  view.file = path;
+  view.dtype = info->dtype;
+  view.file_dtype = dtype_name;
+  view.shape = std::move(shape);
+  view.data = data + begin;
+  view.nbytes = end - begin;
+  return Status();
+}
+
+Status check_overlaps(const std::string& path, const std::map<std::string, TensorView>& tensors,
+                      const unsigned char* data) {
+  struct Span {
+    int64_t begin;
+    int64_t end;
+    const std::string* name;
+  };
+  std::vector<Span> spans;
+  spans.reserve(tensors.size());
+  for (const auto& [name, view] : tensors) {
+    // An empty tensor owns no byte, so it cannot overlap anything (and may share its offset).
+    if (view.nbytes == 0) continue;
+    int64_t begin = static_cast<const unsigned char*>(view.data) - data;
+    spans.push_back({begin, begin + view.nbytes, &name});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  // Sorted by begin, an overlap always shows between neighbours of the running maximum end.
+  const Span* last = nullptr;
+  for (const auto& s : spans) {
+    if (last != nullptr && s.begin < last->end) {
+      return Status::error(path + ": tensor \"" + *s.name + "\" [" + std::to_string(s.begin) +
+                           ", " + std::to_string(s.end) + ") overlaps tensor \"" + *last->name +
+                           "\" [" + std::to_string(last->begin) + ", " +
+                           std::to_string(last->end) + ")");
+    }
+    if (last == nullptr || s.end > last->end) last = &s;
+  }
+  return Status();
+}
+
+// Reads a small text file whole (the index); bounded so a hostile path cannot exhaust memory.
+Result<std::string> read_small_file(const std::string& path, std::streamoff limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error("cannot open " + path + ": " + errno_text(errno));
+  in.seekg(0, std::ios::end);
+  std::streamoff size = in.tellg();
+  if (size < 0 || size > limit) {
+    return Status::error(path + ": size " + std::to_string(size) + " bytes is out of range");
+  }
+  in.seekg(0, std::ios::beg);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!in.read(text.data(), size)) return Status::error("cannot read " + path);
+  return text;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  try {
+    std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+    file->path_ = path;
+
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::error("cannot open " + path + ": " + errno_text(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      return Status::error("cannot stat " + path + ": " + errno_text(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::error(path + ": not a regular file");
+    }
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    if (file_size < 8) {
+      ::close(fd);
+      return Status::error(path + ": file is " + std::to_string(file_size) +
+                           " bytes, too short for the 8-byte header length");
+    }
+    void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_err = errno;
+    ::close(fd);  // the mapping keeps the file alive
+    if (map == MAP_FAILED) return Status::error("cannot mmap " + path + ": " + errno_text(map_err));
+    // Owned from here on: every early return below unmaps through the destructor.
+    file->map_ = map;
+    file->map_size_ = file_size;
+    const auto* bytes = static_cast<const unsigned char*>(map);
+
+    // The length is little-endian by the format, whatever the host is.
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+    if (header_len > kMaxHeaderBytes) {
+      return Status::error(path + ": header length " + std::to_string(header_len) +
+                           " exceeds the 100 MiB limit");
+    }
+    // Written as a subtraction: 8 + header_len cannot wrap, but keep the check obviously safe.
+    if (header_len > file_size - 8) {
+      return Status::error(path + ": header length " + std::to_string(header_len) +
+                           " runs past the end of the file (" + std::to_string(file_size) +
+                           " bytes)");
+    }
+    const auto* header = reinterpret_cast<const char*>(bytes + 8);
+    json root = json::parse(header, header + header_len, /*cb=*/nullptr,
+                            /*allow_exceptions=*/false);
+    if (root.is_discarded()) return Status::error(path + ": header is not valid JSON");
+    if (!root.is_object()) {
+      return Status::error(path + ": header is a JSON " + root.type_name() + ", not an object");
+    }
+
+    const unsigned char* data = bytes + 8 + header_len;
+    const uint64_t data_size = file_size - 8 - header_len;
+    for (const auto& [name, entry] : root.items()) {
+      if (name == "__metadata__") {
+        if (!entry.is_object()) return Status::error(path + ": \"__metadata__\" is not an object");
+        for (const auto& [key, value] : entry.items()) {
+          if (!value.is_string()) {
+            return Status::error(path + ": \"__metadata__\" value \"" + key +
+                                 "\" is not a string");
+          }
+        }
+        continue;
+      }
+      TensorView view;
+      BURST_RETURN_IF_ERROR(parse_entry(path, name, entry, data, data_size, view));
+      file->tensors_.emplace(name, std::move(view));
+    }
+    BURST_RETURN_IF_ERROR(check_overlaps(path, file->tensors_, data));
+    return file;
+  } catch (const std::exception& e) {
+    return Status::error(path + ": " + e.what());
+  } catch (...) {
+    return Status::error(path + ": unknown error while opening");
+  }
+}
+
+Result<WeightFiles> WeightFiles::open_dir(const std::string& model_dir) {
+  try {
+    WeightFiles w;
+    w.dir_ = model_dir;
+    const std::string index_path = model_dir + "/" + kIndexName;
+    const std::string single_path = model_dir + "/" + kSingleName;
+
+    if (!exists(index_path)) {
+      if (!exists(single_path)) {
+        return Status::error("no " + std::string(kSingleName) + " or " + kIndexName + " in " +
+                             model_dir);
+      }
+      auto file = SafetensorsFile::open(single_path);
+      if (!file.ok()) return file.status();
+      w.files_.push_back(std::shared_ptr<SafetensorsFile>(file.take()));
+      // Node-based map: the views stay put for as long as the file object lives.
+      for (const auto& [name, view] : w.files_.back()->tensors()) w.index_[name] = &view;
+      return w;
+    }
+
+    auto text = read_small_file(index_path, kMaxIndexBytes);
+    if (!text.ok()) return text.status();
+    json root = json::parse(text.value(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+    if (root.is_discarded()) return Status::error(index_path + ": not valid JSON");
+    if (!root.is_object()) return Status::error(index_path + ": not a JSON object");
+    auto wm = root.find("weight_map");
+    if (wm == root.end()) return Status::error(index_path + ": missing \"weight_map\"");
+    if (!wm->is_object()) return Status::error(index_path + ": \"weight_map\" is not an object");
+
+    std::map<std::string, SafetensorsFile*> shards;  // each shard opened once
+    for (const auto& [name, shard_json] : wm->items()) {
+      if (!shard_json.is_string()) {
+        return Status::error(index_path + ": shard of tensor \"" + name + "\" is not a string");
+      }
+      const std::string& shard = shard_json.get_ref<const std::string&>();
+      // Shard names come from the untrusted index: only plain names inside the model directory,
+      // so an index cannot make us map "../../etc/shadow" or a path cut short by a NUL.
+      if (shard.empty() || shard == "." || shard == ".." ||
+          shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos) {
+        return Status::error(index_path + ": shard \"" + shard + "\" of tensor \"" + name +
+                             "\" is not a plain file name");
+      }
+      auto it = shards.find(shard);
+      if (it == shards.end()) {
+        auto file = SafetensorsFile::open(model_dir + "/" + shard);
+        if (!file.ok()) {
+          return Status::error(file.message() + " (shard of tensor \"" + name + "\" in " +
+                               index_path + ")");
+        }
+        w.files_.push_back(std::shared_ptr<SafetensorsFile>(file.take()));
+        it = shards.emplace(shard, w.files_.back().get()).first;
+      }
+      const auto& tensors = it->second->tensors();
+      auto t = tensors.find(name);
+      if (t == tensors.end()) {
+        return Status::error(index_path + " lists tensor \"" + name + "\" in " +
+                             it->second->path() + ", but that file does not hold it");
+      }
+      w.index_[name] = &t->second;
+    }
+    return w;
+  } catch (const std::exception& e) {
+    return Status::error(model_dir + ": " + e.what());
+  } catch (...) {
+    return Status::error(model_dir + ": unknown error while opening weights");
+  }
+}
+
+Result<TensorView> WeightFiles::get(const std::string& name,
+                                    const std::vector<int64_t>& shape) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return Status::error("missing tensor " + name + " (in " + dir_ + ")");
+  const TensorView& v = *it->second;
+  if (v.file_dtype != "F32" && v.file_dtype != "F16" && v.file_dtype != "BF16") {
+    return Status::error(v.file + ": tensor \"" + name + "\" has dtype " + v.file_dtype +
+                         "; the engine loads F32, F16 or BF16");
+  }
+  if (v.shape != shape) {
+    return Status::error(v.file + ": tensor \"" + name + "\" has shape " + shape_text(v.shape) +
+                         ", expected " + shape_text(shape));
+  }
+  return v;
+}
+
+bool WeightFiles::contains(const std::string& name) const { return index_.count(name) != 0; }
+
+}  // namespace burst::models

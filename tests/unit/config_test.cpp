@@ -1,0 +1,324 @@
+// LLaMA config parsing: real Hugging Face config.json files map onto the right fields (GQA,
+// rope_scaling, list-valued eos), every wrong type or range is refused naming the field and the
+// file, and the presets hold the published LLaMA-2 shapes.
+#include "models/config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace burst::models {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kSource[] = "ckpt/config.json";
+
+// meta-llama/Llama-2-7b-hf's config.json, verbatim.
+constexpr char kLlama7b[] = R"({
+  "_name_or_path": "meta-llama/Llama-2-7b-hf",
+  "architectures": ["LlamaForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 11008,
+  "max_position_embeddings": 4096,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16",
+  "transformers_version": "4.31.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+json llama7b() { return json::parse(kLlama7b); }
+
+Result<LlamaConfig> parse(const json& j) { return parse_config_json(j.dump(), kSource); }
+
+// Asserts the config is refused with a message naming the source and containing `parts`.
+void expect_refused(const json& j, std::initializer_list<std::string> parts) {
+  auto r = parse(j);
+  ASSERT_FALSE(r.ok()) << "accepted: " << j.dump();
+  EXPECT_NE(r.message().find(kSource), std::string::npos) << r.message();
+  for (const auto& p : parts) {
+    EXPECT_NE(r.message().find(p), std::string::npos) << "'" << p << "' in: " << r.message();
+  }
+}
+
+TEST(Config, Llama2_7bHuggingFace) {
+  auto r = parse_config_json(kLlama7b, kSource);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const LlamaConfig& c = r.value();
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.intermediate_size, 11008);
+  EXPECT_EQ(c.num_layers, 32);
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 32);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.f);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kNone);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(c.vocab_size, 32000);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.torch_dtype, engine::DType::kF16);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_id, 2);
+}
+
+TEST(Config, GqaWithLinearRopeScaling) {
+  json j = llama7b();
+  j["hidden_size"] = 8192;
+  j["intermediate_size"] = 28672;
+  j["num_hidden_layers"] = 80;
+  j["num_attention_heads"] = 64;
+  j["num_key_value_heads"] = 8;
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  j["torch_dtype"] = "bfloat16";
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().num_heads, 64);
+  EXPECT_EQ(r.value().num_kv_heads, 8);
+  EXPECT_EQ(r.value().head_dim, 128);
+  EXPECT_FLOAT_EQ(r.value().rope_theta, 500000.f);
+  EXPECT_EQ(r.value().rope_scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 2.f);
+  EXPECT_EQ(r.value().torch_dtype, engine::DType::kBF16);
+}
+
+TEST(Config, DynamicRopeScalingAndNewSpellings) {
+  json j = llama7b();
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4}};
+  j.erase("torch_dtype");
+  j["dtype"] = "float32";  // transformers >= 4.56 spelling
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().rope_scaling.kind, RopeScaling::Kind::kDynamic);
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 4.f);
+  EXPECT_EQ(r.value().torch_dtype, engine::DType::kF32);
+
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().rope_scaling.kind, RopeScaling::Kind::kNone);
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 1.f);
+}
+
+TEST(Config, DefaultsForOptionalFields) {
+  json j = {{"hidden_size", 64},     {"intermediate_size", 172}, {"num_hidden_layers", 2},
+            {"num_attention_heads", 4}, {"vocab_size", 512}};
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const LlamaConfig& c = r.value();
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.f);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-6f);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kNone);
+  EXPECT_EQ(c.torch_dtype, engine::DType::kF32);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_id, 2);
+}
+
+TEST(Config, ExplicitHeadDimEosListAndTiedEmbeddings) {
+  json j = llama7b();
+  j["hidden_size"] = 3072;
+  j["num_attention_heads"] = 24;
+  j["num_key_value_heads"] = 8;
+  j["head_dim"] = 256;  // not hidden / heads: allowed when given
+  j["vocab_size"] = 128256;
+  j["bos_token_id"] = 128000;
+  j["eos_token_id"] = {128001, 128008, 128009};
+  j["tie_word_embeddings"] = true;
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().head_dim, 256);
+  EXPECT_EQ(r.value().bos_token_id, 128000);
+  EXPECT_EQ(r.value().eos_token_id, 128001);
+  EXPECT_TRUE(r.value().tie_word_embeddings);
+}
+
+TEST(Config, WrongTypes) {
+  auto with = [](const std::string& field, const json& value) {
+    json j = llama7b();
+    j[field] = value;
+    return j;
+  };
+  expect_refused(with("hidden_size", "4096"), {"\"hidden_size\"", "integer", "string"});
+  expect_refused(with("hidden_size", 4096.0), {"\"hidden_size\"", "integer", "float"});
+  expect_refused(with("num_hidden_layers", true), {"\"num_hidden_layers\"", "integer"});
+  expect_refused(with("num_key_value_heads", json::array({8})), {"\"num_key_value_heads\""});
+  expect_refused(with("rms_norm_eps", "1e-5"), {"\"rms_norm_eps\"", "number"});
+  expect_refused(with("rope_theta", json::object()), {"\"rope_theta\""});
+  expect_refused(with("tie_word_embeddings", "false"), {"\"tie_word_embeddings\"", "boolean"});
+  expect_refused(with("torch_dtype", 16), {"\"torch_dtype\""});
+  expect_refused(with("torch_dtype", "int8"), {"\"torch_dtype\"", "int8"});
+  expect_refused(with("eos_token_id", "2"), {"\"eos_token_id\""});
+  expect_refused(with("eos_token_id", json::array()), {"\"eos_token_id\"", "empty"});
+  expect_refused(with("eos_token_id", json::array({"2"})), {"eos_token_id[0]"});
+  expect_refused(with("rope_scaling", "linear"), {"\"rope_scaling\""});
+  expect_refused(with("rope_scaling", {{"type", "linear"}, {"factor", "2"}}),
+                 {"rope_scaling.factor", "number"});
+  expect_refused(with("rope_scaling", {{"type", 1}, {"factor", 2}}), {"rope_scaling.type"});
+  expect_refused(with("head_dim", "128"), {"\"head_dim\""});
+}
+
+TEST(Config, MissingRequiredFields) {
+  for (const char* field : {"hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "vocab_size"}) {
+    json j = llama7b();
+    j.erase(field);
+    expect_refused(j, {std::string("\"") + field + "\"", "missing"});
+    j[field] = nullptr;  // null counts as absent
+    expect_refused(j, {std::string("\"") + field + "\"", "missing"});
+  }
+}
+
+TEST(Config, BadRopeScaling) {
+  json j = llama7b();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_refused(j, {"yarn", "rope_scaling.rope_type"});
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}};
+  expect_refused(j, {"llama3"});
+  j["rope_scaling"] = {{"type", "linear"}};
+  expect_refused(j, {"rope_scaling.factor", "missing"});
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 0}};
+  expect_refused(j, {"rope_scaling.factor"});
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", -2.0}};
+  expect_refused(j, {"rope_scaling.factor"});
+  j["rope_scaling"] = {{"factor", 2.0}};
+  expect_refused(j, {"rope_scaling", "type"});
+}
+
+TEST(Config, HeadsNotDivisible) {
+  json j = llama7b();
+  j["num_key_value_heads"] = 5;
+  expect_refused(j, {"num_attention_heads", "num_key_value_heads", "divisible"});
+  j = llama7b();
+  j["num_attention_heads"] = 48;  // 4096 / 48 is not an integer
+  j["num_key_value_heads"] = 48;
+  expect_refused(j, {"hidden_size", "divisible"});
+  j["head_dim"] = 86;  // an explicit head_dim lifts that requirement
+  EXPECT_TRUE(parse(j).ok()) << parse(j).message();
+  j["head_dim"] = 85;
+  expect_refused(j, {"head_dim", "even"});
+  j.erase("head_dim");
+  j["num_attention_heads"] = 4096;  // head_dim 1: odd
+  j["num_key_value_heads"] = 4096;
+  expect_refused(j, {"head_dim", "even"});
+}
+
+TEST(Config, RangeChecks) {
+  auto with = [](const std::string& field, const json& value) {
+    json j = llama7b();
+    j[field] = value;
+    return j;
+  };
+  expect_refused(with("hidden_size", 0), {"\"hidden_size\""});
+  expect_refused(with("hidden_size", -4096), {"\"hidden_size\""});
+  expect_refused(with("hidden_size", 2'000'000), {"\"hidden_size\""});
+  expect_refused(with("hidden_size", 18446744073709551615ull), {"\"hidden_size\""});
+  expect_refused(with("num_hidden_layers", 0), {"\"num_hidden_layers\""});
+  expect_refused(with("intermediate_size", int64_t{1} << 40), {"\"intermediate_size\""});
+  expect_refused(with("vocab_size", int64_t{1} << 40), {"\"vocab_size\""});
+  expect_refused(with("max_position_embeddings", 0), {"\"max_position_embeddings\""});
+  expect_refused(with("rms_norm_eps", 0), {"\"rms_norm_eps\""});
+  expect_refused(with("rms_norm_eps", -1e-5), {"\"rms_norm_eps\""});
+  expect_refused(with("rope_theta", 0), {"\"rope_theta\""});
+  expect_refused(with("rope_theta", 1e300), {"\"rope_theta\""});
+  expect_refused(with("eos_token_id", 32000), {"\"eos_token_id\""});  // == vocab_size
+  expect_refused(with("bos_token_id", -1), {"\"bos_token_id\""});
+}
+
+TEST(Config, NotJsonOrNotAnObject) {
+  auto r = parse_config_json("{\"hidden_size\": 4096,", kSource);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find(kSource), std::string::npos) << r.message();
+  r = parse_config_json("[4096]", kSource);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("object"), std::string::npos) << r.message();
+  r = parse_config_json("", kSource);
+  ASSERT_FALSE(r.ok());
+  // Every prefix of a real config must fail cleanly (none of them is a complete object).
+  std::string text = kLlama7b;
+  for (size_t n = 0; n + 1 < text.size(); ++n) {
+    EXPECT_FALSE(parse_config_json(text.substr(0, n), kSource).ok()) << n;
+  }
+}
+
+TEST(Config, LoadFromDirectory) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "burst_cfg_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  {
+    std::ofstream out(dir + "/config.json");
+    out << kLlama7b;
+  }
+  auto r = load_config(dir);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().hidden_size, 4096);
+  {
+    std::ofstream out(dir + "/config.json");
+    out << R"({"hidden_size": "big"})";
+  }
+  r = load_config(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find(dir + "/config.json"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("hidden_size"), std::string::npos) << r.message();
+  std::filesystem::remove_all(dir);
+  r = load_config(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find(dir + "/config.json"), std::string::npos) << r.message();
+}
+
+TEST(Config, Presets) {
+  EXPECT_EQ(preset_names(), (std::vector<std::string>{"7b", "13b", "70b"}));
+  struct Want {
+    const char* name;
+    int64_t hidden, inter, layers, heads, kv;
+  };
+  for (const Want& w : {Want{"7b", 4096, 11008, 32, 32, 32}, Want{"13b", 5120, 13824, 40, 40, 40},
+                        Want{"70b", 8192, 28672, 80, 64, 8}}) {
+    auto r = preset_config(w.name);
+    ASSERT_TRUE(r.ok()) << r.message();
+    const LlamaConfig& c = r.value();
+    EXPECT_EQ(c.hidden_size, w.hidden) << w.name;
+    EXPECT_EQ(c.intermediate_size, w.inter) << w.name;
+    EXPECT_EQ(c.num_layers, w.layers) << w.name;
+    EXPECT_EQ(c.num_heads, w.heads) << w.name;
+    EXPECT_EQ(c.num_kv_heads, w.kv) << w.name;
+    EXPECT_EQ(c.head_dim, 128) << w.name;
+    EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f) << w.name;
+    EXPECT_FLOAT_EQ(c.rope_theta, 10000.f) << w.name;
+    EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kNone) << w.name;
+    EXPECT_EQ(c.vocab_size, 32000) << w.name;
+    EXPECT_EQ(c.max_position_embeddings, 4096) << w.name;
+    EXPECT_EQ(c.torch_dtype, engine::DType::kBF16) << w.name;
+    EXPECT_FALSE(c.tie_word_embeddings) << w.name;
+    EXPECT_EQ(c.bos_token_id, 1) << w.name;
+    EXPECT_EQ(c.eos_token_id, 2) << w.name;
+  }
+  auto bad = preset_config("8b");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("8b"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("70b"), std::string::npos) << bad.message();
+}
+
+}  // namespace
+}  // namespace burst::models
