@@ -245,7 +245,7 @@ std::string StreamDecoder::push(int id) {
   if (emitted_ == text.size() && tok_.anchor_id_ >= 0) {
     // Everything so far is out and ends on a whole character, so later ids cannot change it:
     // restart the window after the anchor piece, which keeps the next word's leading space.
-    ids_.assign(1, tok_.anchor_id_);
+    ids_.assign(1, ids_.back());
     prefix_len_ = tok_.decode(ids_).size();
     emitted_ = 0;
   }

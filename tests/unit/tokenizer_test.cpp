@@ -198,7 +198,10 @@ TEST_F(TokenizerTest, AgreesWithSpmEncodeOnCorpus) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::vector<int> ids = enc(lines[i]);
     std::string ours;
-    for (size_t k = 0; k < ids.size(); ++k) ours += (k ? " " : "") + std::to_string(ids[k]);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (k > 0) ours += ' ';
+      ours += std::to_string(ids[k]);
+    }
     tokens += ids.size();
     for (int id : ids) byte_tokens += (id >= 3 && id <= 258);
     if (ours != expected[i]) {
