@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what burst needs and is missing; safe to run again (idempotent).
-# Debian packages for the build, the tests and the tiny-model trainer; npm for the tokenizer data.
+# Debian packages for the build and the tests; npm for the tokenizer data. `--trainer` also
+# installs what scripts/train_tiny_model.py needs (python3-torch, openblas, the KJV text).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+trainer=0
+[ "${1:-}" = "--trainer" ] && trainer=1
 
 debs=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
@@ -10,8 +13,10 @@ debs=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece libgloo-dev libcpp-httplib-dev
   python3-sentencepiece python3-grpcio python3-protobuf python3-numpy
-  nodejs npm
 )
+# Node may come from elsewhere (nodesource); Debian's only when there is none.
+command -v npm >/dev/null 2>&1 || debs+=(nodejs npm)
+[ $trainer -eq 1 ] && debs+=(python3-torch libopenblas0-pthread bible-kjv)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -36,4 +41,9 @@ if [ ! -f "$tok" ]; then
   fi
   /usr/bin/python3 "$root/scripts/make_tokenizer.py" "$pkg/package/llama-tokenizer.js" "$tok"
 fi
+# Every shipped tokenizer.model must be the one we rebuild (Meta's, byte for byte).
+for shipped in "$root"/models/*/tokenizer.model; do
+  [ -f "$shipped" ] || continue
+  cmp -s "$tok" "$shipped" || { echo "setup: $shipped differs from the rebuilt tokenizer" >&2; exit 1; }
+done
 echo "setup: ok"

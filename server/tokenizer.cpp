@@ -205,9 +205,7 @@ std::string Tokenizer::piece(int id) const {
   return sp_->IdToPiece(id);
 }
 
-bool Tokenizer::is_byte(int id) const {
-  return id >= 0 && id < vocab_size() && sp_->IsByte(id);
-}
+bool Tokenizer::is_byte(int id) const { return id >= 0 && id < vocab_size() && sp_->IsByte(id); }
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, int context_id) : tok_(tok) {
   if (context_id < 0 || context_id >= tok_.vocab_size()) return;  // no prompt
@@ -245,7 +243,7 @@ std::string StreamDecoder::push(int id) {
   if (emitted_ == text.size() && tok_.anchor_id_ >= 0) {
     // Everything so far is out and ends on a whole character, so later ids cannot change it:
     // restart the window after the anchor piece, which keeps the next word's leading space.
-    ids_.assign(1, ids_.back());
+    ids_.assign(1, tok_.anchor_id_);
     prefix_len_ = tok_.decode(ids_).size();
     emitted_ = 0;
   }

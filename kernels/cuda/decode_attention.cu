@@ -201,25 +201,38 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     // P written by every lane is read by all lanes of the warp below.
     __syncwarp();
 
-    for (int j = 0; j < nk; ++j) {
-      const T* vrow = v_head + int64_t{t0 + j} * a.v_row_stride;
-      float vf[kDL];
-      if constexpr (kDL == 4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(vrow);
-        const T* t = reinterpret_cast<const T*>(&u);
+    // V rows in groups of kVGroup, all loads of a group issued before the first use so that
+    // they are in flight together. P of keys past nk is 0 and their V is not read.
+    constexpr int kVGroup = 8;
+    for (int j0 = 0; j0 < nk; j0 += kVGroup) {
+      float vf[kVGroup][kDL];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) vf[e] = to_f32(t[e]);
-      } else {
-        const uint32_t u = *reinterpret_cast<const uint32_t*>(vrow);
-        const T* t = reinterpret_cast<const T*>(&u);
+      for (int u = 0; u < kVGroup; ++u) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) vf[e] = to_f32(t[e]);
+        for (int e = 0; e < kDL; ++e) vf[u][e] = 0.f;
+        if (j0 + u < nk) {
+          const T* vrow = v_head + int64_t{t0 + j0 + u} * a.v_row_stride;
+          if constexpr (kDL == 4) {
+            const uint2 w = *reinterpret_cast<const uint2*>(vrow);
+            const T* t = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) vf[u][e] = to_f32(t[e]);
+          } else {
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(vrow);
+            const T* t = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) vf[u][e] = to_f32(t[e]);
+          }
+        }
       }
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float p = sm.loop.p[warp][r][j];
+      for (int u = 0; u < kVGroup; ++u) {
 #pragma unroll
-        for (int e = 0; e < kDL; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
+        for (int r = 0; r < kRows; ++r) {
+          const float p = sm.loop.p[warp][r][j0 + u];
+#pragma unroll
+          for (int e = 0; e < kDL; ++e) acc[r][e] = fmaf(p, vf[u][e], acc[r][e]);
+        }
       }
     }
     // Every lane is done reading this tile's K and P before the next tile overwrites them.

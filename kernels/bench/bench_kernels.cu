@@ -1,0 +1,236 @@
+// burst-bench-kernels: times the CUDA attention kernels (kernels/attention_cuda.h) at LLaMA-2-7B
+// attention shapes and prints a table; --out PATH also writes the numbers as JSON (read by
+// scripts/gpu/bench_kernels.py, which times torch SDPA at the same shapes).
+//
+// Prefill: 32 heads x 128, bf16, q = kv = S tokens, full and causal, TFLOP/s by the
+// FlashAttention convention (4 * S * S * head_dim * heads, halved for causal). Decode: one
+// token, 32 query / 8 kv heads, against S keys, GB/s of K and V read.
+// Timing: CUDA events around each call, one warm-up call, then the median of several calls
+// (at least 3, more while they take under ~2 s in total). Inputs are random, never zero.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_cuda.h"
+
+namespace {
+
+using burst::kernels::AttnParams;
+using burst::kernels::DType;
+using burst::kernels::MaskKind;
+
+#define CUDA_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t err_ = (expr);                                                      \
+    if (err_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,           \
+                   cudaGetErrorString(err_));                                             \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+// Uniform magnitude in [0.05, 1] with a random sign, from a counter hash: never zero.
+__global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    const float mag = 0.05f + 0.95f * static_cast<float>(h >> 8) * (1.f / 16777216.f);
+    x[i] = __float2bfloat16_rn((h & 1u) ? -mag : mag);
+  }
+}
+
+struct Buffer {
+  void* ptr = nullptr;
+  explicit Buffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&ptr, bytes)); }
+  ~Buffer() { cudaFree(ptr); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+void fill(void* p, int64_t n, uint32_t seed) {
+  fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Median milliseconds of fn() over several calls, after one warm-up call.
+template <typename Fn>
+double median_ms(Fn fn, int* runs_out) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  fn();  // warm-up: module load, smem attribute, clocks
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> times;
+  double total = 0;
+  while (times.size() < 3 || (times.size() < 20 && total < 2000.0)) {
+    CUDA_CHECK(cudaEventRecord(start));
+    fn();
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+    total += ms;
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  *runs_out = static_cast<int>(times.size());
+  return times[times.size() / 2];
+}
+
+struct Row {
+  std::string op, mask;
+  int64_t s;
+  int heads, kv_heads, head_dim, runs;
+  double ms, tflops, gbps;
+};
+
+AttnParams base_params(int64_t n_q, int64_t n_kv, int heads, int kv_heads, int d, MaskKind m) {
+  AttnParams p;
+  p.n_q = static_cast<int32_t>(n_q);
+  p.n_kv = static_cast<int32_t>(n_kv);
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = d;
+  p.mask = m;
+  p.scale = 1.f / std::sqrt(static_cast<float>(d));
+  p.dtype = DType::kBF16;
+  burst::kernels::set_packed_strides(p);
+  return p;
+}
+
+Row bench_prefill(int64_t s, MaskKind mask) {
+  constexpr int kHeads = 32, kD = 128;
+  const int64_t n = s * kHeads * kD;
+  Buffer q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse(kHeads * s * 4);
+  fill(q.ptr, n, 1);
+  fill(k.ptr, n, 2);
+  fill(v.ptr, n, 3);
+  AttnParams p = base_params(s, s, kHeads, kHeads, kD, mask);
+  p.q = q.ptr;
+  p.k = k.ptr;
+  p.v = v.ptr;
+  p.o = o.ptr;
+  p.lse = static_cast<float*>(lse.ptr);
+  int runs = 0;
+  const double ms = median_ms([&] { CUDA_CHECK(burst::kernels::attention_cuda(p, nullptr)); },
+                              &runs);
+  double flops = 4.0 * double(s) * double(s) * kD * kHeads;
+  if (mask == MaskKind::kCausal) flops /= 2;
+  return {"attention", mask == MaskKind::kCausal ? "causal" : "full", s, kHeads, kHeads, kD,
+          runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
+}
+
+Row bench_decode(int64_t s) {
+  constexpr int kHeads = 32, kKvHeads = 8, kD = 128;
+  const int64_t nkv = s * kKvHeads * kD;
+  Buffer q(kHeads * kD * 2), k(nkv * 2), v(nkv * 2), o(kHeads * kD * 2), lse(kHeads * 4);
+  fill(q.ptr, kHeads * kD, 4);
+  fill(k.ptr, nkv, 5);
+  fill(v.ptr, nkv, 6);
+  AttnParams p = base_params(1, s, kHeads, kKvHeads, kD, MaskKind::kNone);
+  p.q = q.ptr;
+  p.k = k.ptr;
+  p.v = v.ptr;
+  p.o = o.ptr;
+  p.lse = static_cast<float*>(lse.ptr);
+  const size_t ws_bytes = burst::kernels::attention_decode_workspace_bytes(p);
+  Buffer ws(std::max<size_t>(ws_bytes, 16));
+  int runs = 0;
+  const double ms = median_ms(
+      [&] {
+        CUDA_CHECK(burst::kernels::attention_decode_cuda(p, ws.ptr, ws_bytes, nullptr));
+      },
+      &runs);
+  const double bytes = 2.0 * nkv * 2;  // K and V, bf16
+  return {"decode", "full", s, kHeads, kKvHeads, kD, runs, ms, 4.0 * s * kD * kHeads /
+          (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9};
+}
+
+std::vector<int64_t> parse_sizes(const char* arg) {
+  std::vector<int64_t> out;
+  for (const char* c = arg; *c;) {
+    char* end = nullptr;
+    out.push_back(std::strtoll(c, &end, 10));
+    c = (*end == ',') ? end + 1 : end;
+    if (end == c && *c) break;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path;
+  std::vector<int64_t> sizes = {4096, 16384, 65536};
+  std::vector<int64_t> decode_sizes = {32768, 131072};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc) {
+      sizes = parse_sizes(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--decode-sizes") && i + 1 < argc) {
+      decode_sizes = parse_sizes(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--out results.json] [--sizes 4096,16384,65536] "
+                   "[--decode-sizes 32768,131072]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+
+  std::vector<Row> rows;
+  for (int64_t s : sizes) {
+    for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal}) rows.push_back(bench_prefill(s, m));
+  }
+  for (int64_t s : decode_sizes) rows.push_back(bench_decode(s));
+
+  std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  std::printf("%-10s %-7s %8s %6s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "ms",
+              "TFLOP/s", "GB/s", "runs");
+  for (const Row& r : rows) {
+    std::printf("%-10s %-7s %8lld %3d/%-2d %10.3f %9.1f %8.0f %5d\n", r.op.c_str(),
+                r.mask.c_str(), static_cast<long long>(r.s), r.heads, r.kv_heads, r.ms,
+                r.tflops, r.gbps, r.runs);
+  }
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(f,
+                   "  {\"op\": \"%s\", \"mask\": \"%s\", \"S\": %lld, \"heads\": %d, "
+                   "\"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"ms\": %.4f, "
+                   "\"tflops\": %.2f, \"gbps\": %.1f, \"runs\": %d}%s\n",
+                   r.op.c_str(), r.mask.c_str(), static_cast<long long>(r.s), r.heads,
+                   r.kv_heads, r.head_dim, r.ms, r.tflops, r.gbps, r.runs,
+                   i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Side-by-side baseline for burst-bench-kernels: times torch SDPA (FLASH_ATTENTION and
+CUDNN_ATTENTION backends) at the attention shapes found in our bench's JSON and prints the
+ratio table ours / torch. Run on the GPU machine (torch 2.11 there):
+
+    python3 scripts/gpu/bench_kernels.py --ours OUT/bench_kernels.json [--out OUT/torch.json]
+
+Same conventions as ours: bf16, [1, heads, S, 128] random inputs, is_causal for the causal
+rows (q and kv both start at position 0), TFLOP/s = 4 * S^2 * d * heads (halved for causal),
+CUDA events, one warm-up call, median of at least 3 calls (up to 20 or ~2 s).
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def median_ms(fn):
+    fn()  # warm-up
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    while len(times) < 3 or (len(times) < 20 and sum(times) < 2000.0):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times), len(times)
+
+
+def time_torch(backend, s, heads, d, causal):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    with sdpa_kernel(BACKENDS[backend]):
+        try:
+            ms, runs = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        except RuntimeError as e:  # backend unavailable for this shape
+            print(f"  {backend} S={s} causal={causal}: {str(e).splitlines()[0]}")
+            return None, 0
+    return ms, runs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", required=True, help="JSON written by burst-bench-kernels --out")
+    ap.add_argument("--out", help="write the combined table as JSON here")
+    args = ap.parse_args()
+    with open(args.ours) as f:
+        ours = json.load(f)
+    rows = []
+    for r in ours["results"]:
+        if r["op"] != "attention":
+            continue
+        s, heads, d, causal = r["S"], r["heads"], r["head_dim"], r["mask"] == "causal"
+        flops = 4.0 * s * s * d * heads / (2 if causal else 1)
+        row = dict(S=s, mask=r["mask"], heads=heads, head_dim=d, ours_ms=r["ms"],
+                   ours_tflops=r["tflops"])
+        for backend in BACKENDS:
+            ms, runs = time_torch(backend, s, heads, d, causal)
+            row[f"{backend}_ms"] = ms
+            row[f"{backend}_tflops"] = flops / (ms * 1e-3) / 1e12 if ms else None
+            torch.cuda.empty_cache()
+        rows.append(row)
+
+    def fmt(x, spec):
+        return format(x, spec) if x is not None else "n/a"
+
+    print(f"\nattention, bf16, {rows[0]['heads'] if rows else 32} heads x 128, on "
+          f"{torch.cuda.get_device_name()} (torch {torch.__version__})")
+    print(f"{'S':>7} {'mask':<7} {'ours TF/s':>10} {'flash TF/s':>11} {'cudnn TF/s':>11} "
+          f"{'ours/flash':>11} {'ours/cudnn':>11}")
+    for r in rows:
+        rf = r["ours_tflops"] / r["flash_tflops"] if r["flash_tflops"] else None
+        rc = r["ours_tflops"] / r["cudnn_tflops"] if r["cudnn_tflops"] else None
+        print(f"{r['S']:>7} {r['mask']:<7} {r['ours_tflops']:>10.1f} "
+              f"{fmt(r['flash_tflops'], '>11.1f')} {fmt(r['cudnn_tflops'], '>11.1f')} "
+              f"{fmt(rf, '>11.2f')} {fmt(rc, '>11.2f')}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,647 @@
+// GPU tests of the CUDA attention kernels (kernels/attention_cuda.h) against the CPU reference
+// of the same contract (attention_cpu, fp32 on the inputs rounded to the kernel's dtype).
+//
+// Tolerance rule (FlashAttention's): our error against the fp32 reference is at most twice the
+// error of a naive implementation in the same precision (scores fp32, P rounded to the input
+// dtype before P.V, O rounded to the output dtype), plus a tiny epsilon for cases where both
+// are exact. Every test skips with a message when no CUDA device is present.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/attention_cuda.h"
+
+namespace burst::kernels {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#define CUDA_ASSERT(expr)                                                                    \
+  do {                                                                                       \
+    const cudaError_t err_ = (expr);                                                         \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << " failed at " << __FILE__ << ":" << __LINE__    \
+                                 << ": " << cudaGetErrorString(err_);                        \
+  } while (0)
+
+bool have_gpu(std::string& why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+    return false;
+  }
+  if (n == 0) {
+    why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+class GpuAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!have_gpu(why)) GTEST_SKIP() << "skipping GPU attention test: " << why;
+  }
+};
+
+// Device memory that frees itself.
+struct DevBuf {
+  void* ptr = nullptr;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// Rounds x to t and back (round to nearest even, as the device conversions do).
+float round_to(DType t, float x) {
+  if (t == DType::kBF16) return __bfloat162float(__float2bfloat16_rn(x));
+  if (t == DType::kF16) return __half2float(__float2half_rn(x));
+  return x;
+}
+
+// Host fp32 values -> bytes of dtype t.
+std::vector<uint8_t> encode(DType t, const std::vector<float>& x) {
+  std::vector<uint8_t> out(x.size() * dtype_size(t));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (t == DType::kBF16) {
+      const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else if (t == DType::kF16) {
+      const __half b = __float2half_rn(x[i]);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else {
+      std::memcpy(&out[i * 4], &x[i], 4);
+    }
+  }
+  return out;
+}
+
+std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
+  std::vector<float> out(b.size() / dtype_size(t));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t == DType::kBF16) {
+      __nv_bfloat16 v;
+      std::memcpy(&v, &b[i * 2], 2);
+      out[i] = __bfloat162float(v);
+    } else if (t == DType::kF16) {
+      __half v;
+      std::memcpy(&v, &b[i * 2], 2);
+      out[i] = __half2float(v);
+    } else {
+      std::memcpy(&out[i], &b[i * 4], 4);
+    }
+  }
+  return out;
+}
+
+// Random values never zero: magnitude in [lo, hi], random sign, already rounded to t.
+std::vector<float> random_values(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> mag(lo, hi);
+  std::bernoulli_distribution neg(0.5);
+  std::vector<float> x(n);
+  for (auto& v : x) v = round_to(t, neg(rng) ? -mag(rng) : mag(rng));
+  return x;
+}
+
+void upload(DevBuf& d, const std::vector<uint8_t>& h) {
+  ASSERT_EQ(cudaMalloc(&d.ptr, std::max<size_t>(h.size(), 16)), cudaSuccess);
+  CUDA_ASSERT(cudaMemcpy(d.ptr, h.data(), h.size(), cudaMemcpyHostToDevice));
+}
+
+// Runs fn(h, i) over all (head, row) pairs on all host threads.
+template <typename Fn>
+void parallel_rows(int heads, int rows, Fn fn) {
+  const int64_t total = int64_t{heads} * rows;
+  const int n_threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < n_threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int64_t it = t; it < total; it += n_threads) {
+        fn(static_cast<int>(it / rows), static_cast<int>(it % rows));
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+// The naive same-precision implementation: full fp32 score row, P = exp(s - max) rounded to the
+// input dtype before P.V, sum over unrounded P, O rounded to the output dtype.
+void attention_naive(const AttnParams& p, DType in_t, DType out_t) {
+  const auto* q = static_cast<const float*>(p.q);
+  const auto* k = static_cast<const float*>(p.k);
+  const auto* v = static_cast<const float*>(p.v);
+  auto* o = static_cast<float*>(p.o);
+  const int group = p.heads / p.kv_heads, d = p.head_dim;
+  parallel_rows(p.heads, p.n_q, [&](int h, int i) {
+    const int g = h / group;
+    int64_t visible = p.n_kv;
+    if (p.mask == MaskKind::kCausal) {
+      visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, p.n_kv);
+    }
+    float* oi = o + i * p.o_row_stride + h * p.o_head_stride;
+    float* lse = p.lse + h * p.lse_head_stride + i;
+    if (visible == 0) {
+      for (int c = 0; c < d; ++c) oi[c] = 0.f;
+      *lse = kNegInf;
+      return;
+    }
+    const float* qi = q + i * p.q_row_stride + h * p.q_head_stride;
+    std::vector<float> s(visible);
+    float mx = kNegInf;
+    for (int64_t j = 0; j < visible; ++j) {
+      const float* kj = k + j * p.k_row_stride + g * p.k_head_stride;
+      float dot = 0.f;
+      for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
+      s[j] = dot * p.scale;
+      mx = std::max(mx, s[j]);
+    }
+    std::vector<float> acc(d, 0.f);
+    float sum = 0.f;
+    for (int64_t j = 0; j < visible; ++j) {
+      const float pj = std::exp(s[j] - mx);
+      sum += pj;
+      const float pr = round_to(in_t, pj);
+      const float* vj = v + j * p.v_row_stride + g * p.v_head_stride;
+      for (int c = 0; c < d; ++c) acc[c] += pr * vj[c];
+    }
+    for (int c = 0; c < d; ++c) oi[c] = round_to(out_t, acc[c] / sum);
+    *lse = mx + std::log(sum);
+  });
+}
+
+struct Case {
+  std::string name;
+  int n_q, n_kv, heads, kv_heads, head_dim;
+  MaskKind mask;
+  int64_t q_start = 0, kv_start = 0;
+  DType dtype = DType::kBF16;
+  DType o_dtype = DType::kBF16;
+  bool padded = false;  // non-packed strides (head and row padding) for q, k, v and lse
+};
+
+std::string describe(const Case& c) {
+  return c.name + " n_q=" + std::to_string(c.n_q) + " n_kv=" + std::to_string(c.n_kv) +
+         " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
+         " d=" + std::to_string(c.head_dim) +
+         (c.mask == MaskKind::kCausal ? " causal" : " full") +
+         " q_start=" + std::to_string(c.q_start) + " kv_start=" + std::to_string(c.kv_start);
+}
+
+// Host inputs of one case, already rounded to the input dtype, with their strides.
+struct Inputs {
+  AttnParams p;  // strides, shapes; pointers unset
+  std::vector<float> q, k, v;
+};
+
+Inputs make_inputs(const Case& c, uint32_t seed) {
+  Inputs in;
+  AttnParams& p = in.p;
+  p.n_q = c.n_q;
+  p.n_kv = c.n_kv;
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.mask = c.mask;
+  p.q_start = c.q_start;
+  p.kv_start = c.kv_start;
+  p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  set_packed_strides(p);
+  if (c.padded) {
+    p.q_head_stride = c.head_dim + 8;
+    p.q_row_stride = c.heads * p.q_head_stride + 16;
+    p.k_head_stride = p.v_head_stride = c.head_dim + 16;
+    p.k_row_stride = p.v_row_stride = c.kv_heads * p.k_head_stride + 8;
+    p.lse_head_stride = c.n_q + 5;
+  }
+  std::mt19937 rng(seed);
+  // |q|, |k| up to 2: scores of a few units, so softmax rows are peaked, not flat.
+  in.q = random_values(size_t(std::max(c.n_q, 1)) * p.q_row_stride, 0.05f, 2.f, c.dtype, rng);
+  in.k = random_values(size_t(std::max(c.n_kv, 1)) * p.k_row_stride, 0.05f, 2.f, c.dtype, rng);
+  in.v = random_values(size_t(std::max(c.n_kv, 1)) * p.v_row_stride, 0.05f, 1.f, c.dtype, rng);
+  return in;
+}
+
+struct Outputs {
+  std::vector<float> o, lse;  // o packed [n_q, heads, d]; lse with p.lse_head_stride
+};
+
+// fp32 reference (attention_cpu) and the naive same-precision result for the same inputs.
+void references(const Inputs& in, DType in_t, DType out_t, Outputs& ref, Outputs& naive) {
+  AttnParams p = in.p;
+  p.dtype = DType::kF32;
+  p.o_dtype.reset();
+  p.o_row_stride = int64_t{p.heads} * p.head_dim;
+  p.o_head_stride = p.head_dim;
+  p.q = in.q.data();
+  p.k = in.k.data();
+  p.v = in.v.data();
+  const size_t o_elems = size_t(p.n_q) * p.heads * p.head_dim;
+  const size_t lse_elems = size_t(p.heads) * p.lse_head_stride;
+  ref.o.assign(o_elems, 0.f);
+  ref.lse.assign(lse_elems, 0.f);
+  naive.o.assign(o_elems, 0.f);
+  naive.lse.assign(lse_elems, 0.f);
+  p.o = ref.o.data();
+  p.lse = ref.lse.data();
+  attention_cpu(p);
+  p.o = naive.o.data();
+  p.lse = naive.lse.data();
+  attention_naive(p, in_t, out_t);
+}
+
+struct Errors {
+  double rel_l2 = 0, max_abs = 0, lse_max_abs = 0;
+};
+
+// Compares out against ref over the valid elements; empty rows (ref LSE -inf) must be exactly
+// O = 0 and LSE = -inf, and no value may be NaN (outputs were poisoned with NaN before).
+Errors compare(const AttnParams& p, const Outputs& out, const Outputs& ref, const char* who) {
+  Errors e;
+  double num = 0, den = 0;
+  int reported = 0;
+  for (int h = 0; h < p.heads; ++h) {
+    for (int i = 0; i < p.n_q; ++i) {
+      const float rl = ref.lse[size_t(h) * p.lse_head_stride + i];
+      const float ol = out.lse[size_t(h) * p.lse_head_stride + i];
+      const bool empty = rl == kNegInf;
+      if (empty) {
+        if (ol != kNegInf && reported++ < 5) {
+          ADD_FAILURE() << who << ": empty row h=" << h << " i=" << i << " has lse " << ol;
+        }
+      } else if (!std::isfinite(ol)) {
+        if (reported++ < 5) ADD_FAILURE() << who << ": lse h=" << h << " i=" << i << " = " << ol;
+      } else {
+        e.lse_max_abs = std::max(e.lse_max_abs, double(std::fabs(ol - rl)));
+      }
+      for (int c = 0; c < p.head_dim; ++c) {
+        const size_t idx = (size_t(i) * p.heads + h) * p.head_dim + c;
+        const float ov = out.o[idx], rv = ref.o[idx];
+        if (std::isnan(ov) || (empty && ov != 0.f)) {
+          if (reported++ < 5) {
+            ADD_FAILURE() << who << ": o h=" << h << " i=" << i << " c=" << c << " = " << ov
+                          << (empty ? " (empty row, want 0)" : "");
+          }
+          continue;
+        }
+        const double d = double(ov) - rv;
+        num += d * d;
+        den += double(rv) * rv;
+        e.max_abs = std::max(e.max_abs, std::fabs(d));
+      }
+    }
+  }
+  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+
+// Applies the 2x-naive rule. 1e-6 covers cases where both are exact (one key: O = V);
+// LSE adds 1e-4 nats: a relative error of 1e-4 in a merge weight, 40x below bf16 resolution.
+void expect_within_rule(const Errors& ours, const Errors& naive, const std::string& what) {
+  EXPECT_LE(ours.rel_l2, 2 * naive.rel_l2 + 1e-6) << what << " (naive " << naive.rel_l2 << ")";
+  EXPECT_LE(ours.max_abs, 2 * naive.max_abs + 1e-6) << what << " (naive " << naive.max_abs
+                                                     << ")";
+  EXPECT_LE(ours.lse_max_abs, 2 * naive.lse_max_abs + 1e-4)
+      << what << " (naive " << naive.lse_max_abs << ")";
+}
+
+// Device copies of the inputs and output buffers of one case.
+struct Device {
+  DevBuf q, k, v, o, lse;
+  AttnParams p;
+};
+
+void to_device(const Inputs& in, const Case& c, Device& dev) {
+  dev.p = in.p;
+  dev.p.dtype = c.dtype;
+  dev.p.o_dtype = c.o_dtype;
+  upload(dev.q, encode(c.dtype, in.q));
+  if (::testing::Test::HasFatalFailure()) return;
+  if (c.n_kv > 0) {
+    upload(dev.k, encode(c.dtype, in.k));
+    if (::testing::Test::HasFatalFailure()) return;
+    upload(dev.v, encode(c.dtype, in.v));
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * dtype_size(c.o_dtype);
+  const size_t lse_bytes = size_t(c.heads) * dev.p.lse_head_stride * sizeof(float);
+  ASSERT_EQ(cudaMalloc(&dev.o.ptr, std::max<size_t>(o_bytes, 16)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dev.lse.ptr, std::max<size_t>(lse_bytes, 16)), cudaSuccess);
+  dev.p.q = dev.q.ptr;
+  dev.p.k = dev.k.ptr;  // null when n_kv = 0: the contract allows it
+  dev.p.v = dev.v.ptr;
+  dev.p.o = dev.o.ptr;
+  dev.p.lse = static_cast<float*>(dev.lse.ptr);
+  dev.p.o_row_stride = int64_t{c.heads} * c.head_dim;
+  dev.p.o_head_stride = c.head_dim;
+}
+
+// All-ones bytes are NaN in fp32, bf16 and fp16: any element the kernel fails to write shows.
+void poison(Device& dev, const Case& c) {
+  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * dtype_size(c.o_dtype);
+  const size_t lse_bytes = size_t(c.heads) * dev.p.lse_head_stride * sizeof(float);
+  CUDA_ASSERT(cudaMemset(dev.o.ptr, 0xff, o_bytes));
+  CUDA_ASSERT(cudaMemset(dev.lse.ptr, 0xff, lse_bytes));
+}
+
+void fetch(const Device& dev, const Case& c, Outputs& out) {
+  const size_t o_elems = size_t(c.n_q) * c.heads * c.head_dim;
+  std::vector<uint8_t> ob(o_elems * dtype_size(c.o_dtype));
+  CUDA_ASSERT(cudaMemcpy(ob.data(), dev.o.ptr, ob.size(), cudaMemcpyDeviceToHost));
+  out.o = decode(c.o_dtype, ob);
+  out.lse.assign(size_t(c.heads) * dev.p.lse_head_stride, 0.f);
+  // Padding between heads of lse is never written; keep it out of the comparison's reach.
+  CUDA_ASSERT(cudaMemcpy(out.lse.data(), dev.lse.ptr, out.lse.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+}
+
+enum class Kernel { kPrefill, kDecode };
+
+void run_case(const Case& c, Kernel kernel, uint32_t seed) {
+  SCOPED_TRACE(describe(c) + (kernel == Kernel::kDecode ? " [decode]" : " [prefill]"));
+  const Inputs in = make_inputs(c, seed);
+  Outputs ref, naive, ours;
+  references(in, c.dtype, c.o_dtype, ref, naive);
+  Device dev;
+  to_device(in, c, dev);
+  if (::testing::Test::HasFatalFailure()) return;
+  poison(dev, c);
+  if (::testing::Test::HasFatalFailure()) return;
+  if (kernel == Kernel::kPrefill) {
+    CUDA_ASSERT(attention_cuda(dev.p, nullptr));
+  } else {
+    const size_t ws_bytes = attention_decode_workspace_bytes(dev.p);
+    ASSERT_GT(ws_bytes, 0u);
+    DevBuf ws;
+    CUDA_ASSERT(cudaMalloc(&ws.ptr, ws_bytes));
+    CUDA_ASSERT(attention_decode_cuda(dev.p, ws.ptr, ws_bytes, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+  }
+  CUDA_ASSERT(cudaGetLastError());
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  fetch(dev, c, ours);
+  if (::testing::Test::HasFatalFailure()) return;
+  const Errors eo = compare(in.p, ours, ref, "ours");
+  const Errors en = compare(in.p, naive, ref, "naive");
+  expect_within_rule(eo, en, describe(c));
+}
+
+constexpr int kOddSizes[] = {1, 7, 37, 127, 769, 4095};
+
+TEST_F(GpuAttention, OddSizesFullAndCausal) {
+  uint32_t seed = 1;
+  for (int n_q : kOddSizes) {
+    for (int n_kv : kOddSizes) {
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal}) {
+        // Causal with the last query aligned to the last key (chunked prefill) when there are
+        // more keys than queries, else both from 0 (some queries see every key).
+        const int64_t q_start = std::max(0, n_kv - n_q);
+        run_case({"odd", n_q, n_kv, 3, 1, 128, mask, q_start, 0}, Kernel::kPrefill, seed++);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(GpuAttention, GqaLlamaShapes) {
+  run_case({"gqa32/8", 769, 769, 32, 8, 128, MaskKind::kCausal}, Kernel::kPrefill, 11);
+  run_case({"gqa32/8", 127, 4095, 32, 8, 128, MaskKind::kNone}, Kernel::kPrefill, 12);
+  run_case({"mha32", 37, 769, 32, 32, 128, MaskKind::kCausal, 732, 0}, Kernel::kPrefill, 13);
+}
+
+TEST_F(GpuAttention, EmptyRowsAndSkippedBlocks) {
+  // Keys start at 300: rows 0..299 see nothing (the first two 128-row blocks never load a
+  // key), later blocks skip the key blocks after their last row.
+  run_case({"empty-rows", 769, 769, 3, 1, 128, MaskKind::kCausal, 0, 300}, Kernel::kPrefill, 21);
+  // Every key after every query: all rows empty.
+  run_case({"all-empty", 37, 127, 3, 1, 128, MaskKind::kCausal, 0, 100}, Kernel::kPrefill, 22);
+  // No keys at all (k, v null).
+  run_case({"no-keys", 37, 0, 3, 1, 128, MaskKind::kNone}, Kernel::kPrefill, 23);
+  // Every key before every query: causal acts as full.
+  run_case({"kv-before", 127, 769, 3, 1, 128, MaskKind::kCausal, 10000, 0}, Kernel::kPrefill,
+           24);
+  // Positions past 2^32 (int64 arithmetic), diagonal mid-block.
+  const int64_t big = 5'000'000'000;
+  run_case({"big-positions", 769, 1500, 3, 1, 128, MaskKind::kCausal, big, big - 1000},
+           Kernel::kPrefill, 25);
+}
+
+TEST_F(GpuAttention, DtypesHeadDimsAndStrides) {
+  Case c{"fp16-d64", 769, 4095, 3, 1, 64, MaskKind::kCausal, 3326, 0};
+  c.dtype = c.o_dtype = DType::kF16;
+  run_case(c, Kernel::kPrefill, 31);
+  Case c2{"bf16-d64-full", 4095, 37, 1, 1, 64, MaskKind::kNone};
+  run_case(c2, Kernel::kPrefill, 32);
+  Case c3{"bf16-o-f32", 769, 769, 32, 8, 128, MaskKind::kCausal, 0, 0};
+  c3.o_dtype = DType::kF32;
+  run_case(c3, Kernel::kPrefill, 33);
+  Case c4{"fp16-d64-o-f32", 127, 769, 3, 1, 64, MaskKind::kNone};
+  c4.dtype = DType::kF16;
+  c4.o_dtype = DType::kF32;
+  run_case(c4, Kernel::kPrefill, 34);
+  Case c5{"padded-strides", 769, 769, 6, 2, 128, MaskKind::kCausal, 100, 0};
+  c5.padded = true;
+  run_case(c5, Kernel::kPrefill, 35);
+}
+
+TEST_F(GpuAttention, RejectsUnsupportedParams) {
+  AttnParams p;
+  p.n_q = 1;
+  p.n_kv = 1;
+  p.heads = p.kv_heads = 1;
+  p.head_dim = 96;  // not instantiated
+  p.scale = 0.1f;
+  p.dtype = DType::kBF16;
+  set_packed_strides(p);
+  DevBuf buf;
+  CUDA_ASSERT(cudaMalloc(&buf.ptr, 4096));
+  p.q = p.k = p.v = p.o = buf.ptr;
+  p.lse = static_cast<float*>(buf.ptr);
+  EXPECT_EQ(attention_cuda(p, nullptr), cudaErrorInvalidValue);
+  p.head_dim = 128;
+  p.dtype = DType::kF32;  // fp32 inputs have no tensor-core path
+  EXPECT_EQ(attention_cuda(p, nullptr), cudaErrorInvalidValue);
+  p.dtype = DType::kBF16;
+  set_packed_strides(p);
+  p.q = static_cast<char*>(buf.ptr) + 2;  // misaligned for 16-byte loads
+  EXPECT_EQ(attention_cuda(p, nullptr), cudaErrorInvalidValue);
+  CUDA_ASSERT(cudaGetLastError());
+}
+
+TEST_F(GpuAttention, DecodeSplitKv) {
+  uint32_t seed = 41;
+  for (int n_q : {1, 3}) {
+    for (int n_kv : {1, 37, 4095, 70001}) {
+      run_case({"decode", n_q, n_kv, 32, 8, 128, MaskKind::kNone}, Kernel::kDecode, seed++);
+      Case c{"decode-fp16-d64", n_q, n_kv, 3, 1, 64, MaskKind::kNone};
+      c.dtype = c.o_dtype = DType::kF16;
+      run_case(c, Kernel::kDecode, seed++);
+    }
+  }
+  Case f{"decode-o-f32", 1, 4095, 32, 8, 128, MaskKind::kNone};
+  f.o_dtype = DType::kF32;
+  run_case(f, Kernel::kDecode, 51);
+  // Causal decode: query 0 sees keys up to position 1999 of 3000, query 1 none.
+  Case causal{"decode-causal", 2, 3000, 8, 2, 128, MaskKind::kCausal, 1999, 0};
+  run_case(causal, Kernel::kDecode, 52);
+  Case empty{"decode-causal-empty", 2, 3000, 8, 2, 128, MaskKind::kCausal, 0, 5000};
+  run_case(empty, Kernel::kDecode, 53);
+  run_case({"decode-no-keys", 1, 0, 8, 2, 128, MaskKind::kNone}, Kernel::kDecode, 54);
+  Case padded{"decode-padded", 2, 777, 6, 2, 128, MaskKind::kNone};
+  padded.padded = true;
+  run_case(padded, Kernel::kDecode, 55);
+}
+
+TEST_F(GpuAttention, MergeMatchesCpu) {
+  const int rows = 37, heads = 3, d = 128;
+  std::mt19937 rng(61);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t n = size_t(rows) * heads * d;
+  std::vector<float> oa(n), ob(n), la(size_t(heads) * rows), lb(la.size());
+  for (auto& x : oa) x = nd(rng);
+  for (auto& x : ob) x = nd(rng);
+  for (size_t i = 0; i < la.size(); ++i) {
+    la[i] = 3.f * nd(rng);
+    lb[i] = 3.f * nd(rng);
+    // Empty partials on either side, and on both, in every pattern.
+    if (i % 5 == 1) la[i] = kNegInf;
+    if (i % 7 == 2) lb[i] = kNegInf;
+    if (i % 11 == 3) la[i] = lb[i] = kNegInf;
+  }
+  for (int h = 0; h < heads; ++h) {  // empty rows hold O = 0 by contract
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < d; ++c) {
+        const size_t idx = (size_t(r) * heads + h) * d + c;
+        if (la[size_t(h) * rows + r] == kNegInf) oa[idx] = 0.f;
+        if (lb[size_t(h) * rows + r] == kNegInf) ob[idx] = 0.f;
+      }
+    }
+  }
+  DevBuf d_oa, d_ob, d_la, d_lb;
+  const std::pair<DevBuf*, std::vector<float>*> uploads[] = {
+      {&d_oa, &oa}, {&d_ob, &ob}, {&d_la, &la}, {&d_lb, &lb}};
+  for (const auto& [buf, host] : uploads) {
+    CUDA_ASSERT(cudaMalloc(&buf->ptr, host->size() * sizeof(float)));
+    CUDA_ASSERT(cudaMemcpy(buf->ptr, host->data(), host->size() * sizeof(float),
+                           cudaMemcpyHostToDevice));
+  }
+  MergeParams mp;
+  mp.o_row_stride = int64_t{heads} * d;
+  mp.o_head_stride = d;
+  mp.lse_head_stride = rows;
+  mp.rows = rows;
+  mp.heads = heads;
+  mp.head_dim = d;
+  MergeParams gp = mp;
+  gp.o_a = static_cast<float*>(d_oa.ptr);
+  gp.lse_a = static_cast<float*>(d_la.ptr);
+  gp.o_b = static_cast<const float*>(d_ob.ptr);
+  gp.lse_b = static_cast<const float*>(d_lb.ptr);
+  CUDA_ASSERT(merge_cuda(gp, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  mp.o_a = oa.data();
+  mp.lse_a = la.data();
+  mp.o_b = ob.data();
+  mp.lse_b = lb.data();
+  merge_cpu(mp);
+  std::vector<float> go(n), gl(la.size());
+  CUDA_ASSERT(cudaMemcpy(go.data(), d_oa.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(gl.data(), d_la.ptr, gl.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  // Same formula in fp32 on both sides; device expf/log1pf are within 2 ulp of the host's.
+  for (size_t i = 0; i < gl.size(); ++i) {
+    if (la[i] == kNegInf) {
+      EXPECT_EQ(gl[i], kNegInf) << "lse " << i;
+    } else {
+      EXPECT_NEAR(gl[i], la[i], 1e-5f * (1.f + std::fabs(la[i]))) << "lse " << i;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_FALSE(std::isnan(go[i])) << i;
+    EXPECT_NEAR(go[i], oa[i], 1e-5f * (1.f + std::fabs(oa[i]))) << "o " << i;
+  }
+}
+
+// Three KV shards attended separately (o in fp32, as the ring does) and merged in order equal
+// one monolithic call, within the same 2x-naive rule against the fp32 reference.
+TEST_F(GpuAttention, ThreeShardsMergedEqualMonolithic) {
+  Case c{"shards", 769, 1500, 6, 2, 128, MaskKind::kCausal, 1000, 0};
+  c.o_dtype = DType::kF32;
+  SCOPED_TRACE(describe(c));
+  const Inputs in = make_inputs(c, 71);
+  Outputs ref, naive;
+  references(in, c.dtype, c.o_dtype, ref, naive);
+  Device mono;
+  to_device(in, c, mono);
+  if (HasFatalFailure()) return;
+  poison(mono, c);
+  CUDA_ASSERT(attention_cuda(mono.p, nullptr));
+
+  // Shard boundaries: the third shard starts after the first 100 queries (their partial is
+  // empty there) and the first covers keys every query sees.
+  const int bounds[] = {0, 500, 1100, 1500};
+  const size_t o_elems = size_t(c.n_q) * c.heads * c.head_dim;
+  const size_t lse_elems = size_t(c.heads) * c.n_q;
+  DevBuf acc_o, acc_l, part_o, part_l;
+  for (DevBuf* b : {&acc_o, &part_o}) CUDA_ASSERT(cudaMalloc(&b->ptr, o_elems * 4));
+  for (DevBuf* b : {&acc_l, &part_l}) CUDA_ASSERT(cudaMalloc(&b->ptr, lse_elems * 4));
+  for (int s = 0; s < 3; ++s) {
+    AttnParams p = mono.p;
+    const int k0 = bounds[s];
+    p.n_kv = bounds[s + 1] - k0;
+    p.kv_start = c.kv_start + k0;
+    p.k = static_cast<const __nv_bfloat16*>(mono.p.k) + int64_t{k0} * p.k_row_stride;
+    p.v = static_cast<const __nv_bfloat16*>(mono.p.v) + int64_t{k0} * p.v_row_stride;
+    p.o = s == 0 ? acc_o.ptr : part_o.ptr;
+    p.lse = static_cast<float*>(s == 0 ? acc_l.ptr : part_l.ptr);
+    CUDA_ASSERT(attention_cuda(p, nullptr));
+    if (s > 0) {
+      MergeParams mp;
+      mp.o_a = static_cast<float*>(acc_o.ptr);
+      mp.lse_a = static_cast<float*>(acc_l.ptr);
+      mp.o_b = static_cast<const float*>(part_o.ptr);
+      mp.lse_b = static_cast<const float*>(part_l.ptr);
+      mp.o_row_stride = int64_t{c.heads} * c.head_dim;
+      mp.o_head_stride = c.head_dim;
+      mp.lse_head_stride = c.n_q;
+      mp.rows = c.n_q;
+      mp.heads = c.heads;
+      mp.head_dim = c.head_dim;
+      CUDA_ASSERT(merge_cuda(mp, nullptr));
+    }
+  }
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  Outputs merged, whole;
+  fetch(mono, c, whole);
+  merged.o.resize(o_elems);
+  merged.lse.resize(lse_elems);
+  CUDA_ASSERT(cudaMemcpy(merged.o.data(), acc_o.ptr, o_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(merged.lse.data(), acc_l.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+  const Errors en = compare(in.p, naive, ref, "naive");
+  expect_within_rule(compare(in.p, whole, ref, "monolithic"), en, "monolithic");
+  expect_within_rule(compare(in.p, merged, ref, "merged"), en, "merged");
+  // And the two agree with each other to the same precision.
+  const Errors em = compare(in.p, merged, whole, "merged vs monolithic");
+  EXPECT_LE(em.rel_l2, 2 * en.rel_l2 + 1e-6);
+  EXPECT_LE(em.lse_max_abs, 1e-4);
+}
+
+}  // namespace
+}  // namespace burst::kernels
