@@ -70,6 +70,19 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// A value for an error message. Containers are named, not dumped: dump() recurses, and a
+// hostile header nests arrays deep enough to overflow the stack.
+std::string brief(const json& v) {
+  if (v.is_structured()) return std::string("a JSON ") + v.type_name();
+  std::string s = v.dump();
+  return s.size() > 64 ? s.substr(0, 64) + "..." : s;
+}
+
+std::string brief_offsets(const json& v) {
+  if (!v.is_array() || v.size() != 2) return brief(v);
+  return "[" + brief(v[0]) + ", " + brief(v[1]) + "]";
+}
+
 // True, with `out` set, when `v` is a JSON integer in [0, INT64_MAX].
 bool non_negative_int(const json& v, int64_t& out) {
   if (v.is_number_unsigned()) {
@@ -117,7 +130,7 @@ Status parse_entry(const std::string& path, const std::string& name, const json&
   for (const auto& d : *sh) {
     int64_t dim = 0;
     if (!non_negative_int(d, dim)) {
-      return fail("\"shape\" entry " + d.dump() + " is not a non-negative integer");
+      return fail("\"shape\" entry " + brief(d) + " is not a non-negative integer");
     }
     shape.push_back(dim);
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel)) {
@@ -136,15 +149,15 @@ Status parse_entry(const std::string& path, const std::string& name, const json&
   int64_t begin = 0;
   int64_t end = 0;
   if (!non_negative_int((*off)[0], begin) || !non_negative_int((*off)[1], end)) {
-    return fail("\"data_offsets\" " + off->dump() + " are not non-negative integers");
+    return fail("\"data_offsets\" " + brief_offsets(*off) + " are not non-negative integers");
   }
-  if (begin > end) return fail("\"data_offsets\" " + off->dump() + " are reversed");
+  if (begin > end) return fail("\"data_offsets\" " + brief_offsets(*off) + " are reversed");
   if (static_cast<uint64_t>(end) > data_size) {
-    return fail("\"data_offsets\" " + off->dump() + " run past the data section (" +
+    return fail("\"data_offsets\" " + brief_offsets(*off) + " run past the data section (" +
                 std::to_string(data_size) + " bytes)");
   }
   if (static_cast<uint64_t>(end - begin) != nbytes) {
-    return fail("\"data_offsets\" " + off->dump() + " hold " + std::to_string(end - begin) +
+    return fail("\"data_offsets\" " + brief_offsets(*off) + " hold " + std::to_string(end - begin) +
                 " bytes, but " + dtype_name + " " + shape_text(shape) + " needs " +
                 std::to_string(nbytes));
   }

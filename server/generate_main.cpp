@@ -86,7 +86,11 @@ Args parse_args(int argc, char** argv) {
   if (a.max_tokens <= 0) usage_error("--max-tokens must be > 0");
   if (a.prompt_tokens < 0) usage_error("--prompt-tokens must be > 0");
   if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) usage_error(bad);
-  if (a.tokenizer.empty() && !a.model_dir.empty()) a.tokenizer = a.model_dir + "/tokenizer.model";
+  if (a.tokenizer.empty() && !a.model_dir.empty()) {
+    // The model's own tokenizer when it ships one; without it only --prompt-tokens works.
+    const std::string own = a.model_dir + "/tokenizer.model";
+    if (std::ifstream(own).good()) a.tokenizer = own;
+  }
   return a;
 }
 

@@ -255,6 +255,11 @@ TEST(Config, NotJsonOrNotAnObject) {
   EXPECT_NE(r.message().find("object"), std::string::npos) << r.message();
   r = parse_config_json("", kSource);
   ASSERT_FALSE(r.ok());
+  // Deep nesting where a number belongs: refused by type, without recursing per level.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  r = parse_config_json("{\"hidden_size\": " + deep + "}", kSource);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("hidden_size"), std::string::npos) << r.message();
   // Every prefix of a real config must fail cleanly (none of them is a complete object).
   std::string text = kLlama7b;
   for (size_t n = 0; n + 1 < text.size(); ++n) {

@@ -123,7 +123,9 @@ void expect_refused(const std::string& bytes, const std::vector<std::string>& pa
   const std::string msg = open_error(dir, "bad.safetensors", bytes);
   ASSERT_FALSE(msg.empty()) << "a malformed file was accepted";
   EXPECT_NE(msg.find(dir.file("bad.safetensors")), std::string::npos) << msg;
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' in: " << msg;
+  for (const auto& p : parts) {
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' in: " << msg;
+  }
 }
 
 std::string entry(const std::string& name, const std::string& body) {
@@ -341,6 +343,21 @@ TEST(Safetensors, BadShapes) {
   expect_refused(
       raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}"), "abcd"),
       {"\"w\"", "shape"});
+}
+
+TEST(Safetensors, DeeplyNestedHeaderDoesNotOverflowTheStack) {
+  // Neither parsing, nor the error message, nor freeing the JSON may recurse per level.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  expect_refused(
+      raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[" + deep + "],\"data_offsets\":[0,4]}"),
+               "abcd"),
+      {"\"w\"", "shape"});
+  expect_refused(
+      raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" + deep +
+                              ",4]}"),
+               "abcd"),
+      {"\"w\"", "data_offsets"});
+  expect_refused(raw_file(deep, ""), {"not an object"});
 }
 
 TEST(Safetensors, ShapeOverflow) {

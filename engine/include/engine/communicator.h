@@ -1,0 +1,61 @@
+// Communicator: how the ranks of one worker group talk to each other (never through the
+// frontend). Ring neighbours exchange KV blocks with async send/recv; decode all-gathers the
+// per-rank (o, lse) pairs; rank 0 broadcasts sampled token ids.
+//
+// Implementations: GlooCommunicator (CPU, TCP transport over loopback or the network,
+// engine/gloo_communicator.cpp) and NcclCommunicator (GPU, a dedicated communication stream;
+// the CUDA issue). Every call returns a Status naming the rank and peer; a peer that dies or
+// stops answering turns into an error after the timeout, never a hang.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "engine/status.h"
+
+namespace burst::engine {
+
+// The completion handle of a posted send or receive.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  // Blocks until the transfer is complete (the buffer may be reused / read).
+  virtual Status wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Posts a send of `bytes` from `data` to `peer`; `data` must stay valid and unchanged until
+  // the handle's wait() returns. Matching is by (peer, tag) in posting order.
+  virtual Result<std::unique_ptr<CommHandle>> isend(const void* data, size_t bytes, int peer,
+                                                    int tag) = 0;
+  // Posts a receive of exactly `bytes` into `data` from `peer`.
+  virtual Result<std::unique_ptr<CommHandle>> irecv(void* data, size_t bytes, int peer,
+                                                    int tag) = 0;
+  // out holds world_size blocks of `bytes`, block r from rank r (in rank order on every rank).
+  virtual Status all_gather(const void* in, void* out, size_t bytes) = 0;
+  // data on every rank becomes root's data.
+  virtual Status broadcast(void* data, size_t bytes, int root) = 0;
+  virtual Status barrier() = 0;
+};
+
+struct GlooOptions {
+  int rank = 0;
+  int world_size = 1;
+  // Rendezvous: a directory every rank can see (a FileStore); unique per group, so parallel
+  // groups (tests) never collide and no fixed port is needed.
+  std::string store_dir;
+  std::string hostname = "127.0.0.1";  // interface the TCP transport binds
+  std::chrono::milliseconds timeout{30000};
+};
+
+// Joins the group; returns once every rank has connected (or the timeout passed).
+Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& options);
+
+}  // namespace burst::engine

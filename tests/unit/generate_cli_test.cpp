@@ -1,0 +1,58 @@
+// burst-generate as a user runs it: bad arguments give the usage and exit code 2; a real run on
+// a fixture model exits 0 and prints its stats line.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(BURST_BINARY_DIR) + "/bin/burst-generate " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Run r{-1, {}};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kModel = std::string(BURST_SOURCE_DIR) + "/tests/fixtures/golden/odd-linear/model";
+
+TEST(GenerateCli, BadArgumentsExitTwoWithUsage) {
+  for (const std::string args :
+       {"", "--model", "--model x --preset 7b --prompt a", "--preset 7b --prompt a",
+        "--model " + kModel + " --prompt-tokens 5 --max-tokens 0",
+        "--model " + kModel + " --prompt-tokens 5 --temperature -1",
+        "--model " + kModel + " --prompt-tokens 5 --top-p 0",
+        "--model " + kModel + " --prompt-tokens 5 --max-tokens abc",
+        "--model " + kModel + " --prompt-tokens 5 --bogus 1"}) {
+    const Run r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("usage: burst-generate"), std::string::npos) << args;
+  }
+}
+
+TEST(GenerateCli, MissingModelIsAnErrorNotACrash) {
+  const Run r = run("--model /nonexistent/dir --prompt hi");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/dir"), std::string::npos) << r.out;
+}
+
+TEST(GenerateCli, RunsAFixtureModelFromTokenIds) {
+  const Run r = run("--model " + kModel + " --prompt-tokens 12 --max-tokens 5 --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("prompt 12 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generated 5 tokens"), std::string::npos) << r.out;
+}
+
+}  // namespace
