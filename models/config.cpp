@@ -8,9 +8,8 @@
 
 #include <cerrno>
 #include <fstream>
-#include <system_error>
-
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 namespace burst::models {
 namespace {
@@ -115,22 +114,25 @@ class FieldReader {
   const std::string& source_;
 };
 
-Status parse_rope_scaling(const FieldReader& r, const json* v, RopeScaling& out) {
+// `field` is "rope_scaling" (transformers 4) or "rope_parameters" (transformers 5, which also
+// moves rope_theta inside it); both hold the rope type and its factor.
+Status parse_rope_scaling(const FieldReader& r, const std::string& field, const json* v,
+                          RopeScaling& out) {
   out = RopeScaling{};
   if (v == nullptr) return Status();
   if (!v->is_object()) {
-    return r.error("rope_scaling", std::string("must be an object or null, got ") + type_name(*v));
+    return r.error(field, std::string("must be an object or null, got ") + type_name(*v));
   }
   // Newer transformers write "rope_type"; older checkpoints write "type". Prefer the new name.
   const json* type = nullptr;
-  std::string type_field = "rope_scaling.rope_type";
+  std::string type_field = field + ".rope_type";
   if (auto it = v->find("rope_type"); it != v->end()) {
     type = &*it;
   } else if (auto it2 = v->find("type"); it2 != v->end()) {
     type = &*it2;
-    type_field = "rope_scaling.type";
+    type_field = field + ".type";
   }
-  if (type == nullptr) return r.error("rope_scaling", "has neither \"rope_type\" nor \"type\"");
+  if (type == nullptr) return r.error(field, "has neither \"rope_type\" nor \"type\"");
   if (!type->is_string()) {
     return r.error(type_field, std::string("must be a string, got ") + type_name(*type));
   }
@@ -146,13 +148,13 @@ Status parse_rope_scaling(const FieldReader& r, const json* v, RopeScaling& out)
                                    "default)");
   }
   auto f = v->find("factor");
-  if (f == v->end() || f->is_null()) return r.error("rope_scaling.factor", "is missing");
+  if (f == v->end() || f->is_null()) return r.error(field + ".factor", "is missing");
   if (!f->is_number()) {
-    return r.error("rope_scaling.factor", std::string("must be a number, got ") + type_name(*f));
+    return r.error(field + ".factor", std::string("must be a number, got ") + type_name(*f));
   }
   double factor = f->get<double>();
   if (!(factor > 0 && factor <= 1e6)) {
-    return r.error("rope_scaling.factor", "must be in (0, 1e6], got " + f->dump());
+    return r.error(field + ".factor", "must be in (0, 1e6], got " + f->dump());
   }
   out.factor = static_cast<float>(factor);
   return Status();
@@ -183,8 +185,7 @@ Status parse_dtype(const FieldReader& r, engine::DType& out) {
   return Status();
 }
 
-Status parse_token_id(const FieldReader& r, const std::string& field, int64_t vocab,
-                      int32_t& out) {
+Status parse_token_id(const FieldReader& r, const std::string& field, int64_t vocab, int32_t& out) {
   const json* v = r.find(field);
   if (v == nullptr) return Status();
   const json* id = v;
@@ -213,14 +214,22 @@ Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
   BURST_RETURN_IF_ERROR(r.get_int("num_hidden_layers", true, 1, kMaxLayers, c.num_layers));
   BURST_RETURN_IF_ERROR(r.get_int("num_attention_heads", true, 1, kMaxHeads, c.num_heads));
   c.num_kv_heads = c.num_heads;
-  BURST_RETURN_IF_ERROR(
-      r.get_int("num_key_value_heads", false, 1, kMaxHeads, c.num_kv_heads));
+  BURST_RETURN_IF_ERROR(r.get_int("num_key_value_heads", false, 1, kMaxHeads, c.num_kv_heads));
   BURST_RETURN_IF_ERROR(r.get_int("vocab_size", true, 1, kMaxVocab, c.vocab_size));
-  BURST_RETURN_IF_ERROR(r.get_int("max_position_embeddings", false, 1, kMaxPositions,
-                                  c.max_position_embeddings));
+  BURST_RETURN_IF_ERROR(
+      r.get_int("max_position_embeddings", false, 1, kMaxPositions, c.max_position_embeddings));
   BURST_RETURN_IF_ERROR(r.get_float("rms_norm_eps", false, 0.0, 1.0, c.rms_norm_eps));
   BURST_RETURN_IF_ERROR(r.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
-  BURST_RETURN_IF_ERROR(parse_rope_scaling(r, r.find("rope_scaling"), c.rope_scaling));
+  if (const json* params = r.find("rope_parameters"); params != nullptr) {
+    BURST_RETURN_IF_ERROR(parse_rope_scaling(r, "rope_parameters", params, c.rope_scaling));
+    if (params->is_object()) {
+      FieldReader pr(*params, source);
+      BURST_RETURN_IF_ERROR(pr.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
+    }
+  } else {
+    BURST_RETURN_IF_ERROR(
+        parse_rope_scaling(r, "rope_scaling", r.find("rope_scaling"), c.rope_scaling));
+  }
   BURST_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", c.tie_word_embeddings));
   BURST_RETURN_IF_ERROR(parse_dtype(r, c.torch_dtype));
   BURST_RETURN_IF_ERROR(parse_token_id(r, "bos_token_id", c.vocab_size, c.bos_token_id));
@@ -228,18 +237,17 @@ Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
 
   // GQA: every group of num_heads / num_kv_heads query heads shares one KV head.
   if (c.num_heads % c.num_kv_heads != 0) {
-    return r.error("num_attention_heads",
-                   "(" + std::to_string(c.num_heads) + ") is not divisible by " +
-                       "num_key_value_heads (" + std::to_string(c.num_kv_heads) + ")");
+    return r.error("num_attention_heads", "(" + std::to_string(c.num_heads) +
+                                              ") is not divisible by " + "num_key_value_heads (" +
+                                              std::to_string(c.num_kv_heads) + ")");
   }
   if (r.find("head_dim") != nullptr) {
     BURST_RETURN_IF_ERROR(r.get_int("head_dim", true, 1, kMaxHeadDim, c.head_dim));
   } else {
     if (c.hidden_size % c.num_heads != 0) {
-      return r.error("hidden_size",
-                     "(" + std::to_string(c.hidden_size) + ") is not divisible by " +
-                         "num_attention_heads (" + std::to_string(c.num_heads) +
-                         ") and no head_dim is given");
+      return r.error("hidden_size", "(" + std::to_string(c.hidden_size) + ") is not divisible by " +
+                                        "num_attention_heads (" + std::to_string(c.num_heads) +
+                                        ") and no head_dim is given");
     }
     c.head_dim = c.hidden_size / c.num_heads;
     if (c.head_dim > kMaxHeadDim) {

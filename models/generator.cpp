@@ -63,3 +63,83 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
 }
 
 }  // namespace burst::models
+
+namespace burst::models {
+
+Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention& ring,
+                                       engine::Communicator& comm, engine::ShardLayout layout,
+                                       const GenerateRequest& request,
+                                       const TokenCallback& on_token) {
+  const auto& c = model.config();
+  const int rank = comm.rank();
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) return Status::error("the prompt is empty");
+  if (request.max_tokens <= 0) return Status::error("max_tokens must be > 0");
+  const std::string bad = engine::validate(request.sampling);
+  if (!bad.empty()) return Status::error(bad);
+  const auto plan = engine::ShardPlan::make(layout, n, comm.world_size());
+
+  // This rank's rows: its segments' tokens, padding (id 0, never attended or sampled) past n.
+  std::vector<int32_t> ids;
+  std::vector<int64_t> positions;
+  for (const auto& sg : plan.segments(rank)) {
+    for (int64_t i = 0; i < sg.len; ++i) {
+      const int64_t pos = sg.pos + i;
+      ids.push_back(pos < n ? request.prompt[static_cast<size_t>(pos)] : 0);
+      positions.push_back(pos);
+    }
+  }
+  int64_t last_row = 0;
+  const int last_owner = plan.owner(n - 1, &last_row);
+
+  GenerateStats stats;
+  stats.prompt_tokens = n;
+  engine::Sampler sampler(request.sampling);  // used on rank 0 only
+  std::vector<float> logits;
+  auto t0 = std::chrono::steady_clock::now();
+  ring.begin_prefill(plan);
+  Status st = model.forward(ids, positions, ring,
+                            rank == last_owner ? std::vector<int64_t>{last_row}
+                                               : std::vector<int64_t>{},
+                            logits);
+  if (!st.ok()) return st;
+  logits.resize(static_cast<size_t>(c.vocab_size));
+  BURST_RETURN_IF_ERROR(comm.broadcast(logits.data(), logits.size() * 4, last_owner));
+  // {token, stop}: rank 0 decides both, so a cancel on rank 0 stops every rank at once.
+  int32_t msg[2] = {0, 0};
+  if (rank == 0) msg[0] = sampler.sample(logits.data(), c.vocab_size);
+  BURST_RETURN_IF_ERROR(comm.broadcast(msg, sizeof msg, 0));
+  stats.prefill_ms = ms_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  ring.begin_decode();
+  int64_t pos = n;
+  while (true) {
+    const int32_t token = msg[0];
+    ++stats.generated_tokens;
+    if (rank == 0 && !on_token(token)) msg[1] = 1;
+    if (request.stop_at_eos && token == c.eos_token_id) {
+      stats.finish_reason = "stop";
+    } else if (stats.generated_tokens >= request.max_tokens) {
+      stats.finish_reason = "length";
+    }
+    // Every rank reaches the same decision from the same broadcast values, except a cancel,
+    // which only rank 0 sees: share it.
+    BURST_RETURN_IF_ERROR(comm.broadcast(&msg[1], sizeof msg[1], 0));
+    if (msg[1]) {
+      stats.finish_reason = "cancelled";
+      break;
+    }
+    if (!stats.finish_reason.empty()) break;
+    logits.clear();
+    st = model.forward({token}, {pos}, ring, {0}, logits);
+    if (!st.ok()) return st;
+    if (rank == 0) msg[0] = sampler.sample(logits.data(), c.vocab_size);
+    BURST_RETURN_IF_ERROR(comm.broadcast(msg, sizeof msg, 0));
+    ++pos;
+  }
+  stats.decode_ms = ms_since(t0);
+  ring.clear();
+  return stats;
+}
+
+}  // namespace burst::models

@@ -21,10 +21,9 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <system_error>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 namespace burst::models {
 namespace {
@@ -48,11 +47,11 @@ struct DTypeInfo {
 // Every dtype a checkpoint may carry next to the weights, so that its entry can be validated
 // (size check, overlap check) even though the engine never loads it.
 constexpr DTypeInfo kDTypes[] = {
-    {"F64", 8, false, engine::DType::kF32},  {"F32", 4, true, engine::DType::kF32},
-    {"F16", 2, true, engine::DType::kF16},   {"BF16", 2, true, engine::DType::kBF16},
-    {"I64", 8, false, engine::DType::kF32},  {"I32", 4, false, engine::DType::kF32},
-    {"I16", 2, false, engine::DType::kF32},  {"I8", 1, false, engine::DType::kF32},
-    {"U8", 1, false, engine::DType::kF32},   {"BOOL", 1, false, engine::DType::kF32},
+    {"F64", 8, false, engine::DType::kF32}, {"F32", 4, true, engine::DType::kF32},
+    {"F16", 2, true, engine::DType::kF16},  {"BF16", 2, true, engine::DType::kBF16},
+    {"I64", 8, false, engine::DType::kF32}, {"I32", 4, false, engine::DType::kF32},
+    {"I16", 2, false, engine::DType::kF32}, {"I8", 1, false, engine::DType::kF32},
+    {"U8", 1, false, engine::DType::kF32},  {"BOOL", 1, false, engine::DType::kF32},
 };
 
 const DTypeInfo* find_dtype(const std::string& name) {
@@ -80,7 +79,13 @@ std::string brief(const json& v) {
 
 std::string brief_offsets(const json& v) {
   if (!v.is_array() || v.size() != 2) return brief(v);
-  return "[" + brief(v[0]) + ", " + brief(v[1]) + "]";
+  // Appended piece by piece: `"[" + std::string&&` trips a GCC 12 -Wrestrict false positive.
+  std::string s = "[";
+  s += brief(v[0]);
+  s += ", ";
+  s += brief(v[1]);
+  s += "]";
+  return s;
 }
 
 // True, with `out` set, when `v` is a JSON integer in [0, INT64_MAX].
@@ -195,8 +200,8 @@ Status check_overlaps(const std::string& path, const std::map<std::string, Tenso
     if (last != nullptr && s.begin < last->end) {
       return Status::error(path + ": tensor \"" + *s.name + "\" [" + std::to_string(s.begin) +
                            ", " + std::to_string(s.end) + ") overlaps tensor \"" + *last->name +
-                           "\" [" + std::to_string(last->begin) + ", " +
-                           std::to_string(last->end) + ")");
+                           "\" [" + std::to_string(last->begin) + ", " + std::to_string(last->end) +
+                           ")");
     }
     if (last == nullptr || s.end > last->end) last = &s;
   }
@@ -289,8 +294,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
         if (!entry.is_object()) return Status::error(path + ": \"__metadata__\" is not an object");
         for (const auto& [key, value] : entry.items()) {
           if (!value.is_string()) {
-            return Status::error(path + ": \"__metadata__\" value \"" + key +
-                                 "\" is not a string");
+            return Status::error(path + ": \"__metadata__\" value \"" + key + "\" is not a string");
           }
         }
         continue;
@@ -345,8 +349,8 @@ Result<WeightFiles> WeightFiles::open_dir(const std::string& model_dir) {
       const std::string& shard = shard_json.get_ref<const std::string&>();
       // Shard names come from the untrusted index: only plain names inside the model directory,
       // so an index cannot make us map "../../etc/shadow" or a path cut short by a NUL.
-      if (shard.empty() || shard == "." || shard == ".." ||
-          shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos) {
+      if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
+          shard.find('\0') != std::string::npos) {
         return Status::error(index_path + ": shard \"" + shard + "\" of tensor \"" + name +
                              "\" is not a plain file name");
       }

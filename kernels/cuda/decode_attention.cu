@@ -332,9 +332,11 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   static_assert(kRows == DecodeTile<64>::kRows, "one plan for both head dims");
   const int64_t rows_total = int64_t{p.n_q} * (p.heads / p.kv_heads);
   plan.row_chunks = static_cast<int>((rows_total + kRows - 1) / kRows);
-  // Two CTAs per multiprocessor, never splits shorter than kMinKeysPerSplit.
+  // One full wave: at ~167 registers x 128 threads, 3 CTAs fit on a multiprocessor. Never
+  // splits shorter than kMinKeysPerSplit.
+  constexpr int kCtasPerSm = 3;
   const int64_t base = int64_t{p.kv_heads} * plan.row_chunks;
-  const int64_t want = (2 * int64_t{sms} + base - 1) / base;
+  const int64_t want = (kCtasPerSm * int64_t{sms} + base - 1) / base;
   const int64_t most = std::max<int64_t>(1, (int64_t{p.n_kv} + kMinKeysPerSplit - 1) /
                                                 kMinKeysPerSplit);
   int64_t splits = std::clamp<int64_t>(want, 1, most);

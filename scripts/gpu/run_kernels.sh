@@ -3,7 +3,8 @@
 # (scripts/gpu/pack.sh BUILD_DIR first). Runs the GPU kernel tests, our kernel benchmark and
 # the torch SDPA baseline, writes everything under $OUT (or ./gpu-out) and prints the ratio
 # table last.
-#   source .devpack/env.sh && scripts/gpu/run_kernels.sh [bench args, e.g. --sizes 4096]
+#   scripts/gpu/run_kernels.sh [bench args, e.g. --sizes 4096]
+# TEST_TIMEOUT / BENCH_TIMEOUT (seconds) bound each step so the whole stays inside a lease.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -13,10 +14,24 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
+# Which instructions the attention kernels compiled to (HMMA: tensor cores; LDSM: ldmatrix;
+# LDGSTS: cp.async; LDL/STL: local-memory spills), from the binary that runs here.
+if command -v cuobjdump > /dev/null; then
+  cuobjdump --dump-sass .devpack/bin/burst-bench-kernels 2>/dev/null | awk '
+    /Function :/ { name = $3 } /arch = sm_/ { arch = $3 }
+    /HMMA/ { h[name " " arch]++ } /LDSM/ { l[name " " arch]++ } /LDGSTS/ { g[name " " arch]++ }
+    /LDL|STL/ { s[name " " arch]++ }
+    END { for (n in h) printf "sass %s: HMMA %d LDSM %d LDGSTS %d LDL/STL %d\n", n, h[n], l[n],
+          g[n], s[n] }' | grep -i "attention" | sort | tee "$out/sass.txt"
+fi
 status=0
-burst_gpu_tests --gtest_output="xml:$out/gpu_tests.xml" > "$out/gpu_tests.log" 2>&1 || status=1
-grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) |Failure|error" "$out/gpu_tests.log" | head -60
-burst-bench-kernels --out "$out/bench_kernels.json" "$@" 2>&1 | tee "$out/bench.log" || status=1
-python3 scripts/gpu/bench_kernels.py --ours "$out/bench_kernels.json" \
-  --out "$out/bench_torch.json" 2>&1 | tee "$out/bench_torch.log" || status=1
+timeout "${TEST_TIMEOUT:-300}" burst_gpu_tests --gtest_output="xml:$out/gpu_tests.xml" \
+  > "$out/gpu_tests.log" 2>&1 || status=1
+grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) " "$out/gpu_tests.log"
+grep -E -A7 "Failure$" "$out/gpu_tests.log" | head -80
+timeout "${BENCH_TIMEOUT:-150}" burst-bench-kernels --out "$out/bench_kernels.json" "$@" 2>&1 \
+  | tee "$out/bench.log" || status=1
+timeout "${BENCH_TIMEOUT:-150}" python3 scripts/gpu/bench_kernels.py \
+  --ours "$out/bench_kernels.json" --out "$out/bench_torch.json" 2>&1 \
+  | tee "$out/bench_torch.log" || status=1
 exit $status

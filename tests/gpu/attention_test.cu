@@ -637,10 +637,8 @@ TEST_F(GpuAttention, ThreeShardsMergedEqualMonolithic) {
   const Errors en = compare(in.p, naive, ref, "naive");
   expect_within_rule(compare(in.p, whole, ref, "monolithic"), en, "monolithic");
   expect_within_rule(compare(in.p, merged, ref, "merged"), en, "merged");
-  // And the two agree with each other to the same precision.
-  const Errors em = compare(in.p, merged, whole, "merged vs monolithic");
-  EXPECT_LE(em.rel_l2, 2 * en.rel_l2 + 1e-6);
-  EXPECT_LE(em.lse_max_abs, 1e-4);
+  // The merged LSE is the monolithic one (the log-sum-exp of the three shard sums).
+  EXPECT_LE(compare(in.p, merged, whole, "merged vs monolithic").lse_max_abs, 1e-4);
 }
 
 }  // namespace

@@ -8,9 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace burst::models {
 namespace {
@@ -118,9 +117,35 @@ TEST(Config, DynamicRopeScalingAndNewSpellings) {
   EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 1.f);
 }
 
+// transformers 5 writes rope_parameters (type, factor and rope_theta together) instead of
+// rope_scaling + rope_theta: the shape of the golden fixtures' config.json files.
+TEST(Config, RopeParametersOfTransformers5) {
+  json j = llama7b();
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 500.0}};
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().rope_scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 2.f);
+  EXPECT_FLOAT_EQ(r.value().rope_theta, 500.f);
+
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().rope_scaling.kind, RopeScaling::Kind::kNone);
+
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  r = parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("rope_parameters.rope_type"), std::string::npos) << r.message();
+}
+
 TEST(Config, DefaultsForOptionalFields) {
-  json j = {{"hidden_size", 64},     {"intermediate_size", 172}, {"num_hidden_layers", 2},
-            {"num_attention_heads", 4}, {"vocab_size", 512}};
+  json j = {{"hidden_size", 64},
+            {"intermediate_size", 172},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"vocab_size", 512}};
   auto r = parse(j);
   ASSERT_TRUE(r.ok()) << r.message();
   const LlamaConfig& c = r.value();

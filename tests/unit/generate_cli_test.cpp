@@ -6,17 +6,19 @@
 #include <string>
 #include <sys/wait.h>
 
+#include <vector>
+
 namespace {
 
-struct Run {
+struct CliRun {
   int code;
   std::string out;
 };
 
-Run run(const std::string& args) {
+CliRun run(const std::string& args) {
   const std::string cmd = std::string(BURST_BINARY_DIR) + "/bin/burst-generate " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
-  Run r{-1, {}};
+  CliRun r{-1, {}};
   if (!p) return r;
   char buf[4096];
   size_t n;
@@ -29,27 +31,26 @@ Run run(const std::string& args) {
 const std::string kModel = std::string(BURST_SOURCE_DIR) + "/tests/fixtures/golden/odd-linear/model";
 
 TEST(GenerateCli, BadArgumentsExitTwoWithUsage) {
-  for (const std::string args :
-       {"", "--model", "--model x --preset 7b --prompt a", "--preset 7b --prompt a",
+  for (const std::string& args : std::vector<std::string>{"", "--model", "--model x --preset 7b --prompt a", "--preset 7b --prompt a",
         "--model " + kModel + " --prompt-tokens 5 --max-tokens 0",
         "--model " + kModel + " --prompt-tokens 5 --temperature -1",
         "--model " + kModel + " --prompt-tokens 5 --top-p 0",
         "--model " + kModel + " --prompt-tokens 5 --max-tokens abc",
         "--model " + kModel + " --prompt-tokens 5 --bogus 1"}) {
-    const Run r = run(args);
+    const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     EXPECT_NE(r.out.find("usage: burst-generate"), std::string::npos) << args;
   }
 }
 
 TEST(GenerateCli, MissingModelIsAnErrorNotACrash) {
-  const Run r = run("--model /nonexistent/dir --prompt hi");
+  const CliRun r = run("--model /nonexistent/dir --prompt hi");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("/nonexistent/dir"), std::string::npos) << r.out;
 }
 
 TEST(GenerateCli, RunsAFixtureModelFromTokenIds) {
-  const Run r = run("--model " + kModel + " --prompt-tokens 12 --max-tokens 5 --temperature 0");
+  const CliRun r = run("--model " + kModel + " --prompt-tokens 12 --max-tokens 5 --temperature 0");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("prompt 12 tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("generated 5 tokens"), std::string::npos) << r.out;

@@ -11,11 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace burst::models {
 namespace {
@@ -325,9 +324,8 @@ TEST(Safetensors, WrongDtype) {
   expect_refused(
       raw_file(entry("w", "{\"dtype\":\"float32\",\"shape\":[1],\"data_offsets\":[0,4]}"), "abcd"),
       {"\"w\"", "unknown dtype \"float32\""});
-  expect_refused(
-      raw_file(entry("w", "{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}"), "abcd"),
-      {"\"w\"", "dtype"});
+  expect_refused(raw_file(entry("w", "{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}"), "abcd"),
+                 {"\"w\"", "dtype"});
 }
 
 TEST(Safetensors, BadShapes) {
@@ -353,8 +351,7 @@ TEST(Safetensors, DeeplyNestedHeaderDoesNotOverflowTheStack) {
                "abcd"),
       {"\"w\"", "shape"});
   expect_refused(
-      raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" + deep +
-                              ",4]}"),
+      raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" + deep + ",4]}"),
                "abcd"),
       {"\"w\"", "data_offsets"});
   expect_refused(raw_file(deep, ""), {"not an object"});
@@ -362,18 +359,21 @@ TEST(Safetensors, DeeplyNestedHeaderDoesNotOverflowTheStack) {
 
 TEST(Safetensors, ShapeOverflow) {
   // 2^40 * 2^40 elements wraps a 64-bit count; it must be caught, not compared after wrapping.
-  expect_refused(raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[1099511627776,"
-                                     "1099511627776],\"data_offsets\":[0,0]}"),
+  expect_refused(raw_file(entry("w",
+                                "{\"dtype\":\"F32\",\"shape\":[1099511627776,"
+                                "1099511627776],\"data_offsets\":[0,0]}"),
                           ""),
                  {"\"w\"", "overflows"});
   // 2^62 elements fit, 2^62 * 4 bytes do not.
-  expect_refused(raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[4611686018427387904],"
-                                     "\"data_offsets\":[0,0]}"),
+  expect_refused(raw_file(entry("w",
+                                "{\"dtype\":\"F32\",\"shape\":[4611686018427387904],"
+                                "\"data_offsets\":[0,0]}"),
                           ""),
                  {"\"w\"", "overflows"});
   // A dimension past INT64_MAX is not a valid dimension at all.
-  expect_refused(raw_file(entry("w", "{\"dtype\":\"U8\",\"shape\":[18446744073709551615],"
-                                     "\"data_offsets\":[0,0]}"),
+  expect_refused(raw_file(entry("w",
+                                "{\"dtype\":\"U8\",\"shape\":[18446744073709551615],"
+                                "\"data_offsets\":[0,0]}"),
                           ""),
                  {"\"w\"", "shape"});
 }
@@ -391,9 +391,10 @@ TEST(Safetensors, BadOffsets) {
   expect_refused(
       raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}"), "abcd"),
       {"\"w\"", "data_offsets"});
-  expect_refused(raw_file(entry("w", "{\"dtype\":\"F32\",\"shape\":[1],"
-                                     "\"data_offsets\":[18446744073709551612,"
-                                     "18446744073709551616]}"),
+  expect_refused(raw_file(entry("w",
+                                "{\"dtype\":\"F32\",\"shape\":[1],"
+                                "\"data_offsets\":[18446744073709551612,"
+                                "18446744073709551616]}"),
                           "abcd"),
                  {"\"w\"", "data_offsets"});
 }
@@ -472,8 +473,7 @@ TEST(Safetensors, IndexNamesMissingShard) {
                       {"c.f32", "model-00003-of-00002.safetensors"}});
   auto w = WeightFiles::open_dir(dir.path());
   ASSERT_FALSE(w.ok());
-  EXPECT_NE(w.message().find("model-00003-of-00002.safetensors"), std::string::npos)
-      << w.message();
+  EXPECT_NE(w.message().find("model-00003-of-00002.safetensors"), std::string::npos) << w.message();
   EXPECT_NE(w.message().find("c.f32"), std::string::npos) << w.message();
 }
 
@@ -483,8 +483,7 @@ TEST(Safetensors, IndexWithEscapingShardName) {
     write_sharded(dir, {{"a.bf16", "model-00001-of-00002.safetensors"}, {"c.f32", shard}});
     auto w = WeightFiles::open_dir(dir.path());
     ASSERT_FALSE(w.ok()) << shard;
-    EXPECT_NE(w.message().find("model.safetensors.index.json"), std::string::npos)
-        << w.message();
+    EXPECT_NE(w.message().find("model.safetensors.index.json"), std::string::npos) << w.message();
     EXPECT_NE(w.message().find("\"" + shard + "\""), std::string::npos) << w.message();
     EXPECT_NE(w.message().find("c.f32"), std::string::npos) << w.message();
   }
@@ -497,8 +496,7 @@ TEST(Safetensors, IndexListsTensorAbsentFromShard) {
   auto w = WeightFiles::open_dir(dir.path());
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.message().find("c.f32"), std::string::npos) << w.message();
-  EXPECT_NE(w.message().find("model-00001-of-00002.safetensors"), std::string::npos)
-      << w.message();
+  EXPECT_NE(w.message().find("model-00001-of-00002.safetensors"), std::string::npos) << w.message();
 }
 
 TEST(Safetensors, MalformedIndex) {

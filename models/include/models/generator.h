@@ -35,3 +35,20 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
                                const GenerateRequest& request, const TokenCallback& on_token);
 
 }  // namespace burst::models
+
+#include "engine/communicator.h"
+#include "engine/ring_attention.h"
+
+namespace burst::models {
+
+// Generation on one rank of a sequence-sharded group: every rank calls this with the same
+// request. The prompt is sharded by `layout`, prefilled through the BurstAttention ring; the
+// rank holding the last prompt position broadcasts its logits, rank 0 samples and broadcasts
+// every token (so the sampler's random stream is the single-process one); decode runs the
+// replicated token through the distributed flash-decode. on_token is called on rank 0 only.
+Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention& ring,
+                                       engine::Communicator& comm, engine::ShardLayout layout,
+                                       const GenerateRequest& request,
+                                       const TokenCallback& on_token);
+
+}  // namespace burst::models

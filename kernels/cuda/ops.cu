@@ -1,0 +1,189 @@
+// CUDA twins of kernels/ops.h (contract in kernels/ops_cuda.h): RMSNorm, rotate-half RoPE,
+// SwiGLU's silu(gate) * up, and the embedding gather. All are memory-bound: each reads its
+// inputs once and writes once, converting to fp32 in registers and rounding once at the store.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/ops_cuda.h"
+
+namespace burst::kernels {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float load_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *p;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(*p);
+  } else {
+    return __half2float(*p);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_f32(T* p, float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    *p = v;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *p = __float2bfloat16_rn(v);
+  } else {
+    *p = __float2half_rn(v);
+  }
+}
+
+constexpr int kNormThreads = 256;
+static_assert(kNormThreads % 32 == 0 && kNormThreads <= 1024, "whole warps per block");
+
+// One block per row: fp32 sum of squares (per-thread partials, then warp and block tree),
+// then a second pass over the row (in L1/L2 by then) that scales and stores.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const T* x, const T* w, T* out, int64_t dim, float eps) {
+  __shared__ float warp_sums[kNormThreads / 32];
+  const T* xr = x + int64_t{blockIdx.x} * dim;
+  T* outr = out + int64_t{blockIdx.x} * dim;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) {
+    const float v = load_f32(xr + c);
+    ss = fmaf(v, v, ss);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  // The per-warp sums written above are read by every thread below.
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
+  const float inv = rsqrtf(total / static_cast<float>(dim) + eps);
+  for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) {
+    store_f32(outr + c, load_f32(w + c) * (load_f32(xr + c) * inv));
+  }
+}
+
+// One thread per rotated pair (row, head, d < half); consecutive threads take consecutive d,
+// so both halves are read and written coalesced.
+template <typename T>
+__global__ void rope_kernel(T* x, int64_t rows, int64_t heads, int64_t half, int64_t row_stride,
+                            const int64_t* positions, const float* inv_freq) {
+  const int64_t total = rows * heads * half;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = i % half, rh = i / half, h = rh % heads, r = rh / heads;
+    // As HF (and rope_cpu): the angle in fp32 from the position converted to fp32; sincosf
+    // (not __sincosf) reduces large angles (position ~1e5 rad) exactly.
+    const float ang = static_cast<float>(positions[r]) * inv_freq[d];
+    float s, c;
+    sincosf(ang, &s, &c);
+    T* xh = x + r * row_stride + h * 2 * half;
+    const float a = load_f32(xh + d), b = load_f32(xh + d + half);
+    store_f32(xh + d, a * c - b * s);
+    store_f32(xh + d + half, b * c + a * s);
+  }
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(const T* gate, const T* up, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = load_f32(gate + i);
+    // expf(-g) overflows to inf for g < -88: g / inf = -0, the right limit of silu.
+    store_f32(out + i, g / (1.f + expf(-g)) * load_f32(up + i));
+  }
+}
+
+template <typename T>
+__global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int64_t rows,
+                                 int64_t dim) {
+  const int64_t total = rows * dim;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / dim, c = i % dim;
+    out[i] = table[int64_t{ids[r]} * dim + c];
+  }
+}
+
+constexpr int kThreads = 256;
+
+// Grid-stride launches: enough blocks to fill the device several times over, capped so that
+// the grid size stays small for huge n (each thread then loops).
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+}
+
+// Calls fn with a null pointer of the element type of dtype, or returns cudaErrorInvalidValue.
+template <typename Fn>
+cudaError_t with_type(DType dtype, Fn fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return fn(static_cast<float*>(nullptr));
+    case DType::kBF16:
+      return fn(static_cast<__nv_bfloat16*>(nullptr));
+    case DType::kF16:
+      return fn(static_cast<__half*>(nullptr));
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows, int64_t dim,
+                          float eps, DType dtype, cudaStream_t stream) {
+  if (rows < 0 || dim < 0 || !(eps >= 0.f) || rows > 0x7fffffff) return cudaErrorInvalidValue;
+  if (rows == 0 || dim == 0) return cudaSuccess;
+  if (!x || !w || !out) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rms_norm_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(out), dim, eps);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride,
+                      const int64_t* positions, const float* inv_freq, DType dtype,
+                      cudaStream_t stream) {
+  if (rows < 0 || heads < 0 || head_dim < 0 || head_dim % 2 != 0) return cudaErrorInvalidValue;
+  if (row_stride < heads * head_dim) return cudaErrorInvalidValue;
+  const int64_t total = rows * heads * (head_dim / 2);
+  if (total == 0) return cudaSuccess;
+  if (!x || !positions || !inv_freq) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rope_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<T*>(x), rows, heads, head_dim / 2, row_stride, positions, inv_freq);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n, DType dtype,
+                          cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!gate || !up || !out) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_mul_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int64_t rows,
+                           int64_t dim, DType dtype, cudaStream_t stream) {
+  if (rows < 0 || dim < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || dim == 0) return cudaSuccess;
+  if (!table || !ids || !out) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    embedding_kernel<T><<<grid_for(rows * dim), kThreads, 0, stream>>>(
+        static_cast<const T*>(table), ids, static_cast<T*>(out), rows, dim);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace burst::kernels

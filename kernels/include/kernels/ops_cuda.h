@@ -1,0 +1,38 @@
+// CUDA twins of the element-wise and row-wise LLaMA ops of kernels/ops.h: same contracts and
+// layouts (contiguous row-major), activations and weights in `dtype` (kBF16, kF16 or kF32),
+// arithmetic and accumulation in fp32, one rounding to dtype at the store. All pointers are
+// device pointers; launchers are asynchronous on `stream` and return the first CUDA error
+// (cudaErrorInvalidValue for bad arguments). n = 0 / rows = 0 are no-ops.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/attention.h"  // DType
+
+namespace burst::kernels {
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; x, out [rows, dim]; w [dim]. The sum
+// of squares is an fp32 tree reduction over the row (one block per row).
+cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows, int64_t dim,
+                          float eps, DType dtype, cudaStream_t stream);
+
+// Rotate-half RoPE in place (HF LLaMA): x [rows, heads, head_dim] with row stride row_stride
+// (elements); pairs (d, d + head_dim / 2) rotate by the fp32 angle positions[r] * inv_freq[d],
+// cos/sin in fp32 with full-range argument reduction. positions [rows] (absolute, int64) and
+// inv_freq [head_dim / 2] (fp32) are device arrays. head_dim must be even.
+cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride,
+                      const int64_t* positions, const float* inv_freq, DType dtype,
+                      cudaStream_t stream);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n elements.
+cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n, DType dtype,
+                          cudaStream_t stream);
+
+// out[r, :] = table[ids[r], :]; table [vocab, dim]; ids [rows] int32 on the device, in range
+// (checked by the caller, as for embedding_cpu).
+cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int64_t rows,
+                           int64_t dim, DType dtype, cudaStream_t stream);
+
+}  // namespace burst::kernels

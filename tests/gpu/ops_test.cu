@@ -1,0 +1,278 @@
+// GPU tests of kernels/ops_cuda.h against the CPU twins of kernels/ops.h at odd sizes, in
+// bf16, fp16 and fp32. The CPU twin runs in fp32 on the inputs rounded to the dtype; the best a
+// same-precision implementation can do is that result rounded once to the dtype ("naive").
+// Rule, per element: |ours - ref| <= 2 |naive - ref| + 4e-6 |ref| + 1e-6, i.e. ours rounds the
+// right value (fp32 reassociation may flip a rounding that sits on a midpoint, nothing more).
+// Embedding is a copy and must be exact. Every test skips with a message without a GPU.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/ops_cuda.h"
+
+namespace burst::kernels {
+namespace {
+
+#define CUDA_ASSERT(expr)                                                                    \
+  do {                                                                                       \
+    const cudaError_t err_ = (expr);                                                         \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << " failed at " << __FILE__ << ":" << __LINE__    \
+                                 << ": " << cudaGetErrorString(err_);                        \
+  } while (0)
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+      GTEST_SKIP() << "skipping GPU ops test: cudaGetDeviceCount failed: "
+                   << cudaGetErrorString(err);
+    }
+    if (n == 0) GTEST_SKIP() << "skipping GPU ops test: no CUDA device";
+  }
+};
+
+struct DevBuf {
+  void* ptr = nullptr;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+constexpr DType kDtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
+
+const char* name(DType t) {
+  return t == DType::kBF16 ? "bf16" : t == DType::kF16 ? "fp16" : "fp32";
+}
+size_t dsize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+float round_to(DType t, float x) {
+  if (t == DType::kBF16) return __bfloat162float(__float2bfloat16_rn(x));
+  if (t == DType::kF16) return __half2float(__float2half_rn(x));
+  return x;
+}
+
+std::vector<uint8_t> encode(DType t, const std::vector<float>& x) {
+  std::vector<uint8_t> out(x.size() * dsize(t));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (t == DType::kBF16) {
+      const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else if (t == DType::kF16) {
+      const __half b = __float2half_rn(x[i]);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else {
+      std::memcpy(&out[i * 4], &x[i], 4);
+    }
+  }
+  return out;
+}
+
+std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
+  std::vector<float> out(b.size() / dsize(t));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t == DType::kBF16) {
+      __nv_bfloat16 v;
+      std::memcpy(&v, &b[i * 2], 2);
+      out[i] = __bfloat162float(v);
+    } else if (t == DType::kF16) {
+      __half v;
+      std::memcpy(&v, &b[i * 2], 2);
+      out[i] = __half2float(v);
+    } else {
+      std::memcpy(&out[i], &b[i * 4], 4);
+    }
+  }
+  return out;
+}
+
+// Uniform in [lo, hi] away from zero by a random sign flip when symmetric; rounded to t.
+std::vector<float> random_values(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> x(n);
+  for (auto& v : x) {
+    do {
+      v = round_to(t, u(rng));
+    } while (v == 0.f);
+  }
+  return x;
+}
+
+void upload(DevBuf& d, const void* data, size_t bytes) {
+  CUDA_ASSERT(cudaMalloc(&d.ptr, bytes > 0 ? bytes : 16));
+  CUDA_ASSERT(cudaMemcpy(d.ptr, data, bytes, cudaMemcpyHostToDevice));
+}
+
+void upload(DevBuf& d, DType t, const std::vector<float>& x) {
+  const std::vector<uint8_t> b = encode(t, x);
+  upload(d, b.data(), b.size());
+}
+
+void download(const DevBuf& d, DType t, size_t n, std::vector<float>& out) {
+  std::vector<uint8_t> b(n * dsize(t));
+  CUDA_ASSERT(cudaMemcpy(b.data(), d.ptr, b.size(), cudaMemcpyDeviceToHost));
+  out = decode(t, b);
+}
+
+// The per-element rule of the file comment; reports the first few offenders.
+void expect_rounded_right(const std::vector<float>& ours, const std::vector<float>& ref,
+                          DType t, const std::string& what) {
+  ASSERT_EQ(ours.size(), ref.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double naive_err = std::fabs(double(round_to(t, ref[i])) - ref[i]);
+    const double err = std::fabs(double(ours[i]) - ref[i]);
+    const double tol = 2 * naive_err + 4e-6 * std::fabs(ref[i]) + 1e-6;
+    if (!(err <= tol) && bad++ < 5) {
+      ADD_FAILURE() << what << " [" << i << "]: ours " << ours[i] << " ref " << ref[i]
+                    << " err " << err << " > " << tol;
+    }
+  }
+}
+
+TEST_F(GpuOps, RmsNorm) {
+  std::mt19937 rng(1);
+  for (DType t : kDtypes) {
+    for (int64_t rows : {1, 7, 37, 769}) {
+      for (int64_t dim : {1, 7, 37, 4095, 4096}) {
+        const std::string what = std::string("rms_norm ") + name(t) + " rows=" +
+                                  std::to_string(rows) + " dim=" + std::to_string(dim);
+        const auto x = random_values(size_t(rows * dim), -3.f, 3.f, t, rng);
+        const auto w = random_values(size_t(dim), 0.5f, 1.5f, t, rng);
+        std::vector<float> ref(x.size());
+        rms_norm_cpu(x.data(), w.data(), ref.data(), rows, dim, 1e-5f);
+        DevBuf dx, dw, dout;
+        upload(dx, t, x);
+        upload(dw, t, w);
+        CUDA_ASSERT(cudaMalloc(&dout.ptr, x.size() * dsize(t)));
+        CUDA_ASSERT(cudaMemset(dout.ptr, 0xff, x.size() * dsize(t)));  // NaN poison
+        CUDA_ASSERT(rms_norm_cuda(dx.ptr, dw.ptr, dout.ptr, rows, dim, 1e-5f, t, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> ours;
+        download(dout, t, x.size(), ours);
+        expect_rounded_right(ours, ref, t, what);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, RopeRotateHalf) {
+  std::mt19937 rng(2);
+  for (DType t : kDtypes) {
+    for (int64_t rows : {1, 37, 769}) {
+      for (int64_t heads : {1, 3, 32}) {
+        for (int64_t head_dim : {64, 128}) {
+          // Rows of a fused [q | k | v] projection: q's heads use the first third of each row.
+          const int64_t row_stride = 3 * heads * head_dim;
+          const std::string what = std::string("rope ") + name(t) + " rows=" +
+                                   std::to_string(rows) + " heads=" + std::to_string(heads) +
+                                   " d=" + std::to_string(head_dim);
+          auto x = random_values(size_t(rows * row_stride), -2.f, 2.f, t, rng);
+          std::vector<int64_t> pos(rows);
+          std::uniform_int_distribution<int64_t> pd(0, 200000);  // long-context positions
+          for (auto& p : pos) p = pd(rng);
+          std::vector<float> inv_freq(head_dim / 2);
+          for (int64_t d = 0; d < head_dim / 2; ++d) {
+            inv_freq[d] = 1.f / std::pow(10000.f, 2.f * d / head_dim);
+          }
+          DevBuf dx, dpos, dfreq;
+          upload(dx, t, x);
+          upload(dpos, pos.data(), pos.size() * sizeof(int64_t));
+          upload(dfreq, inv_freq.data(), inv_freq.size() * sizeof(float));
+          CUDA_ASSERT(rope_cuda(dx.ptr, rows, heads, head_dim, row_stride,
+                                static_cast<const int64_t*>(dpos.ptr),
+                                static_cast<const float*>(dfreq.ptr), t, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          std::vector<float> ours;
+          download(dx, t, x.size(), ours);
+          rope_cpu(x.data(), rows, heads, head_dim, row_stride, pos.data(), inv_freq.data());
+          // The untouched k and v parts of each row must come back bit-identical: the rule's
+          // naive error is 0 there, so any change fails it.
+          expect_rounded_right(ours, x, t, what);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, SiluMul) {
+  std::mt19937 rng(3);
+  for (DType t : kDtypes) {
+    for (int64_t n : {1, 7, 37, 127, 769, 4095, (1 << 20) + 3}) {
+      auto gate = random_values(size_t(n), -12.f, 12.f, t, rng);
+      const auto up = random_values(size_t(n), -2.f, 2.f, t, rng);
+      if (n > 2) {  // saturated ends: exp(-g) overflows to inf for g < -88 (silu -> -0)
+        gate[0] = round_to(t, -100.f);
+        gate[1] = round_to(t, 100.f);
+      }
+      std::vector<float> ref(n);
+      silu_mul_cpu(gate.data(), up.data(), ref.data(), n);
+      DevBuf dg, du, dout;
+      upload(dg, t, gate);
+      upload(du, t, up);
+      CUDA_ASSERT(cudaMalloc(&dout.ptr, n * dsize(t)));
+      CUDA_ASSERT(silu_mul_cuda(dg.ptr, du.ptr, dout.ptr, n, t, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<float> ours;
+      download(dout, t, size_t(n), ours);
+      expect_rounded_right(ours, ref, t, std::string("silu_mul ") + name(t) + " n=" +
+                                             std::to_string(n));
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST_F(GpuOps, EmbeddingIsExact) {
+  std::mt19937 rng(4);
+  const int64_t vocab = 1000;
+  for (DType t : kDtypes) {
+    for (int64_t rows : {1, 7, 769}) {
+      for (int64_t dim : {7, 64, 4095}) {
+        const auto table = random_values(size_t(vocab * dim), -1.f, 1.f, t, rng);
+        std::vector<int32_t> ids(rows);
+        std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+        for (auto& i : ids) i = id(rng);
+        ids[0] = vocab - 1;  // the last row of the table
+        std::vector<float> ref(size_t(rows * dim));
+        embedding_cpu(table.data(), ids.data(), ref.data(), rows, dim);
+        DevBuf dt, di, dout;
+        upload(dt, t, table);
+        upload(di, ids.data(), ids.size() * sizeof(int32_t));
+        CUDA_ASSERT(cudaMalloc(&dout.ptr, ref.size() * dsize(t)));
+        CUDA_ASSERT(embedding_cuda(dt.ptr, static_cast<const int32_t*>(di.ptr), dout.ptr, rows,
+                                   dim, t, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> ours;
+        download(dout, t, ref.size(), ours);
+        ASSERT_EQ(ours, ref) << "embedding " << name(t) << " rows=" << rows << " dim=" << dim;
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, RejectsBadArguments) {
+  EXPECT_EQ(rope_cuda(nullptr, 1, 1, 63, 63, nullptr, nullptr, DType::kBF16, nullptr),
+            cudaErrorInvalidValue);  // odd head_dim
+  EXPECT_EQ(rms_norm_cuda(nullptr, nullptr, nullptr, 1, 8, 1e-5f, DType::kBF16, nullptr),
+            cudaErrorInvalidValue);  // null pointers
+  EXPECT_EQ(silu_mul_cuda(nullptr, nullptr, nullptr, 0, DType::kBF16, nullptr), cudaSuccess);
+  CUDA_ASSERT(cudaGetLastError());
+}
+
+}  // namespace
+}  // namespace burst::kernels
