@@ -22,6 +22,14 @@
 // - Gloo writes with writev(2), which raises SIGPIPE on a socket whose peer died; the default
 //   action would kill the worker instead of returning an error, so joining sets SIGPIPE to
 //   SIG_IGN when it still has the default action (a process-wide setting; servers want it anyway).
+#include <gloo/allgather.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <signal.h>
 
 #include <atomic>
@@ -33,15 +41,6 @@
 #include <string>
 #include <system_error>
 #include <utility>
-
-#include <gloo/allgather.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
 
 #include "engine/communicator.h"
 
@@ -80,9 +79,13 @@ class GlooHandle final : public CommHandle {
  public:
   enum class Kind { kSend, kRecv };
 
-  GlooHandle(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, Kind kind, int rank,
-             int peer, int tag, std::chrono::milliseconds timeout)
-      : buffer_(std::move(buffer)), kind_(kind), rank_(rank), peer_(peer), tag_(tag),
+  GlooHandle(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, Kind kind, int rank, int peer,
+             int tag, std::chrono::milliseconds timeout)
+      : buffer_(std::move(buffer)),
+        kind_(kind),
+        rank_(rank),
+        peer_(peer),
+        tag_(tag),
         timeout_(timeout) {}
 
   // A handle dropped without wait() still waits (bounded by the timeout): Gloo's loop thread
@@ -141,8 +144,7 @@ class GlooCommunicator final : public Communicator {
     return post(const_cast<void*>(data), bytes, peer, tag, GlooHandle::Kind::kSend);
   }
 
-  Result<std::unique_ptr<CommHandle>> irecv(void* data, size_t bytes, int peer,
-                                            int tag) override {
+  Result<std::unique_ptr<CommHandle>> irecv(void* data, size_t bytes, int peer, int tag) override {
     return post(data, bytes, peer, tag, GlooHandle::Kind::kRecv);
   }
 
@@ -265,8 +267,8 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
   std::error_code ec;
   std::filesystem::create_directories(options.store_dir, ec);
   if (ec) {
-    return gloo_error("join", rank, "cannot create store dir " + options.store_dir + ": " +
-                                        ec.message());
+    return gloo_error("join", rank,
+                      "cannot create store dir " + options.store_dir + ": " + ec.message());
   }
   ignore_sigpipe_once();
 

@@ -5,7 +5,8 @@
 // head (GQA: the heads of a group and the n_q tokens are all rows of it, so K/V are read once
 // per group, not once per query head). Its 4 warps take 32-key tiles in turn: lane j scores key
 // j against every row (K staged through shared memory, q broadcast from shared memory), then
-// the lanes split head_dim for P.V, reading V rows straight from global memory (coalesced).
+// the lanes split head_dim for P.V. K and V of a tile are copied into shared memory together
+// with cp.async, so the V copy is in flight while the scores and the softmax run.
 // Each split writes a normalised partial (o, lse) in fp32 to the workspace; a second kernel
 // merges the splits in split order, so the result does not depend on scheduling.
 // Scores are kept in log2 units (q is pre-multiplied by scale * log2(e)); softmax and
@@ -66,6 +67,7 @@ struct DecodeSmem {
   union {
     struct {
       uint16_t k[Tl::kWarps][Tl::kKeys][Tl::kKStride];  // T bits
+      uint16_t v[Tl::kWarps][Tl::kKeys][kD];            // T bits; lanes read along a row
       float p[Tl::kWarps][Tl::kRows][Tl::kKeys];
     } loop;
     struct {
@@ -75,6 +77,22 @@ struct DecodeSmem {
     } combine;
   };
 };
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -99,12 +117,16 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   for (int e = 0; e < 8; ++e) f[e] = to_f32(t[e]);
 }
 
+// 3 CTAs per multiprocessor: the residency make_plan sizes its single wave for.
+constexpr int kCtasPerSm = 3;
+
 template <typename T, int kD>
-__global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
+__global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
     decode_split_kernel(const DecodeArgs<T> a) {
   using Tl = DecodeTile<kD>;
   constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, kDL = Tl::kDimsPerLane;
-  __shared__ DecodeSmem<kD> sm;
+  extern __shared__ uint4 smem_raw[];  // 16-byte aligned for cp.async
+  DecodeSmem<kD>& sm = *reinterpret_cast<DecodeSmem<kD>*>(smem_raw);
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rows_total = a.n_q * a.group;
@@ -145,21 +167,30 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     for (int e = 0; e < kDL; ++e) acc[r][e] = 0.f;
   }
   const T* k_head = a.k + int64_t{kvh} * a.k_head_stride;
-  const T* v_head = a.v + int64_t{kvh} * a.v_head_stride + lane * kDL;
+  const T* v_head = a.v + int64_t{kvh} * a.v_head_stride;
 
   for (int t0 = kb + warp * kKeys; t0 < ke; t0 += Tl::kWarps * kKeys) {
     const int nk = min(kKeys, ke - t0);
-    // Stage K rows t0 .. t0 + nk - 1 (rows past nk keep stale data; their scores are masked).
+    // Stage K and V rows t0 .. t0 + nk - 1 as two copy groups; rows past nk are zero-filled
+    // (their P is 0, and 0 * V must not meet stale NaN bits).
 #pragma unroll
     for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
       const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
-      if (row < nk) {
-        const uint4 u = *reinterpret_cast<const uint4*>(k_head + int64_t{t0 + row} *
-                                                                     a.k_row_stride + c * 8);
-        *reinterpret_cast<uint4*>(&sm.loop.k[warp][row][c * 8]) = u;
-      }
+      const bool ok = row < nk;
+      const T* src = k_head + int64_t{t0 + (ok ? row : 0)} * a.k_row_stride + c * 8;
+      cp_async_16(&sm.loop.k[warp][row][c * 8], src, ok ? 16 : 0);
     }
-    // The K tile written by all lanes of this warp is read row-per-lane below.
+    cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
+      const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
+      const bool ok = row < nk;
+      const T* src = v_head + int64_t{t0 + (ok ? row : 0)} * a.v_row_stride + c * 8;
+      cp_async_16(&sm.loop.v[warp][row][c * 8], src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    // This lane's K copies are complete; the warp barrier makes every lane's visible to all.
     __syncwarp();
 
     float s[kRows];
@@ -198,44 +229,36 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
       for (int e = 0; e < kDL; ++e) acc[r][e] *= corr;
       sm.loop.p[warp][r][lane] = p;
     }
-    // P written by every lane is read by all lanes of the warp below.
-    __syncwarp();
 
-    // V rows in groups of kVGroup, all loads of a group issued before the first use so that
-    // they are in flight together. P of keys past nk is 0 and their V is not read.
-    constexpr int kVGroup = 8;
-    for (int j0 = 0; j0 < nk; j0 += kVGroup) {
-      float vf[kVGroup][kDL];
+    cp_async_wait<0>();
+    // V copies complete and visible to the warp; P written above is visible too.
+    __syncwarp();
+    const T* v_lane = reinterpret_cast<const T*>(&sm.loop.v[warp][0][lane * kDL]);
 #pragma unroll
-      for (int u = 0; u < kVGroup; ++u) {
+    for (int j0 = 0; j0 < kKeys; j0 += 4) {
+      float4 p4[kRows];
 #pragma unroll
-        for (int e = 0; e < kDL; ++e) vf[u][e] = 0.f;
-        if (j0 + u < nk) {
-          const T* vrow = v_head + int64_t{t0 + j0 + u} * a.v_row_stride;
-          if constexpr (kDL == 4) {
-            const uint2 w = *reinterpret_cast<const uint2*>(vrow);
-            const T* t = reinterpret_cast<const T*>(&w);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) vf[u][e] = to_f32(t[e]);
-          } else {
-            const uint32_t w = *reinterpret_cast<const uint32_t*>(vrow);
-            const T* t = reinterpret_cast<const T*>(&w);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) vf[u][e] = to_f32(t[e]);
-          }
-        }
+      for (int r = 0; r < kRows; ++r) {
+        p4[r] = *reinterpret_cast<const float4*>(&sm.loop.p[warp][r][j0]);
       }
 #pragma unroll
-      for (int u = 0; u < kVGroup; ++u) {
+      for (int u = 0; u < 4; ++u) {
+        // kDL consecutive elements in one 8- or 4-byte load.
+        using Vec = std::conditional_t<kDL == 4, uint2, uint32_t>;
+        const Vec w = *reinterpret_cast<const Vec*>(v_lane + (j0 + u) * kD);
+        const T* wt = reinterpret_cast<const T*>(&w);
+        float vf[kDL];
+#pragma unroll
+        for (int e = 0; e < kDL; ++e) vf[e] = to_f32(wt[e]);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const float p = sm.loop.p[warp][r][j0 + u];
+          const float p = u == 0 ? p4[r].x : u == 1 ? p4[r].y : u == 2 ? p4[r].z : p4[r].w;
 #pragma unroll
-          for (int e = 0; e < kDL; ++e) acc[r][e] = fmaf(p, vf[u][e], acc[r][e]);
+          for (int e = 0; e < kDL; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
         }
       }
     }
-    // Every lane is done reading this tile's K and P before the next tile overwrites them.
+    // Every lane is done reading this tile's K, V and P before the next tile overwrites them.
     __syncwarp();
   }
 
@@ -244,7 +267,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
   }
-  // The combine area aliases the K/P tiles: every warp must be done with them first.
+  // The combine area aliases the K/V/P tiles: every warp must be done with them first.
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -332,9 +355,9 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   static_assert(kRows == DecodeTile<64>::kRows, "one plan for both head dims");
   const int64_t rows_total = int64_t{p.n_q} * (p.heads / p.kv_heads);
   plan.row_chunks = static_cast<int>((rows_total + kRows - 1) / kRows);
-  // One full wave: at ~167 registers x 128 threads, 3 CTAs fit on a multiprocessor. Never
-  // splits shorter than kMinKeysPerSplit.
-  constexpr int kCtasPerSm = 3;
+  // One full wave of kCtasPerSm CTAs per multiprocessor (the launch bounds hold registers to
+  // that; shared memory allows it on sm_90, 75 KiB a CTA). Never splits shorter than
+  // kMinKeysPerSplit.
   const int64_t base = int64_t{p.kv_heads} * plan.row_chunks;
   const int64_t want = (kCtasPerSm * int64_t{sms} + base - 1) / base;
   const int64_t most = std::max<int64_t>(1, (int64_t{p.n_kv} + kMinKeysPerSplit - 1) /
@@ -375,8 +398,14 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.keys_per_split = plan.keys_per_split;
   a.scale_log2 = p.scale * kLog2e;
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
-  decode_split_kernel<T, kD><<<grid, DecodeTile<kD>::kThreads, 0, stream>>>(a);
-  cudaError_t err = cudaGetLastError();
+  auto* kernel = decode_split_kernel<T, kD>;
+  constexpr int kSmemBytes = sizeof(DecodeSmem<kD>);
+  // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, DecodeTile<kD>::kThreads, kSmemBytes, stream>>>(a);
+  err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   decode_combine_kernel<OutT, kD><<<p.n_q * p.heads, kD, 0, stream>>>(
       a.o_part, a.lse_part, static_cast<OutT*>(p.o), p.lse, p.o_row_stride, p.o_head_stride,

@@ -5,6 +5,9 @@
 // waits over several tags, FIFO matching per (peer, tag), all_gather, broadcast from a non-zero
 // root, barrier, and the failure paths (dead peer, silent peer, send to a dead peer), which must
 // return an error naming rank and peer within the timeout, never hang or die of SIGPIPE.
+#include "engine/communicator.h"
+
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -22,10 +25,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include "engine/communicator.h"
 
 namespace burst::engine {
 namespace {
@@ -60,7 +59,8 @@ using RankBody = std::function<int(const GlooOptions& options)>;
 
 // Forks `n` ranks running `body`, waits for all of them (killing stragglers at the deadline)
 // and returns each rank's exit code; a rank killed by signal s reads as 128 + s.
-std::vector<int> run_group(int n, const RankBody& body, milliseconds timeout = milliseconds(10000)) {
+std::vector<int> run_group(int n, const RankBody& body,
+                           milliseconds timeout = milliseconds(10000)) {
   char dir_template[] = "/tmp/burst-comm-XXXXXX";
   const char* dir = mkdtemp(dir_template);
   if (!dir) {
@@ -247,8 +247,8 @@ int collectives(const GlooOptions& options) {
   // broadcast from the last rank (non-zero for every n >= 2).
   const int root = n - 1;
   constexpr size_t kBcast = 777777;
-  std::vector<uint8_t> data = rank == root ? payload(root, 600, kBcast) : std::vector<uint8_t>(
-                                                                              kBcast, 0xAB);
+  std::vector<uint8_t> data =
+      rank == root ? payload(root, 600, kBcast) : std::vector<uint8_t>(kBcast, 0xAB);
   st = comm.broadcast(data.data(), kBcast, root);
   if (!st.ok()) return fail(rank, st.message());
   if (data != payload(root, 600, kBcast)) return fail(rank, "broadcast data differs from root's");
@@ -285,7 +285,7 @@ TEST_P(CommunicatorGroupTest, AllGatherBroadcastBarrier) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CommunicatorGroupTest, ::testing::Values(2, 3, 4),
-                         [](const auto& info) { return "n" + std::to_string(info.param); });
+                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
 
 constexpr auto kShortTimeout = milliseconds(2000);
 

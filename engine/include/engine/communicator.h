@@ -32,7 +32,8 @@ class Communicator {
   virtual int world_size() const = 0;
 
   // Posts a send of `bytes` from `data` to `peer`; `data` must stay valid and unchanged until
-  // the handle's wait() returns. Matching is by (peer, tag) in posting order.
+  // the handle's wait() returns. Matching is by (peer, tag) in posting order. peer != rank(),
+  // tag >= 0. After any error the group is broken (peers' pairs are closed): rebuild it.
   virtual Result<std::unique_ptr<CommHandle>> isend(const void* data, size_t bytes, int peer,
                                                     int tag) = 0;
   // Posts a receive of exactly `bytes` into `data` from `peer`.
