@@ -101,7 +101,7 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
   Status st = model.forward(ids, positions, ring,
                             rank == last_owner ? std::vector<int64_t>{last_row}
                                                : std::vector<int64_t>{},
-                            logits);
+                            logits, /*seq_len=*/n);  // the prompt, not the padded length
   if (!st.ok()) return st;
   logits.resize(static_cast<size_t>(c.vocab_size));
   BURST_RETURN_IF_ERROR(comm.broadcast(logits.data(), logits.size() * 4, last_owner));

@@ -123,7 +123,7 @@ Status LlamaModel::ensure_scratch(int64_t rows) {
 
 Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
                            engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                           std::vector<float>& logits) {
+                           std::vector<float>& logits, int64_t seq_len) {
   const auto& c = config_;
   const auto rows = static_cast<int64_t>(ids.size());
   if (rows == 0) return Status::error("forward: no tokens");
@@ -135,8 +135,8 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
   Tensor k = k_.rows(0, rows), v = v_.rows(0, rows), a = attn_out_.rows(0, rows);
   BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, x));
-  const int64_t max_pos = *std::max_element(positions.begin(), positions.end());
-  const std::vector<float> inv_freq = rope_inv_freq(c, max_pos + 1);
+  if (seq_len <= 0) seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
+  const std::vector<float> inv_freq = rope_inv_freq(c, seq_len);
   const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
   const int hd = static_cast<int>(c.head_dim);
   const float eps = c.rms_norm_eps;

@@ -35,10 +35,12 @@ class LlamaModel {
   void set_mlp_chunk_rows(int64_t rows) { mlp_chunk_rows_ = rows; }
 
   // Runs `ids` at absolute `positions` through every layer. For each index r in logit_rows
-  // (an index into ids), appends vocab_size fp32 logits to `logits`.
+  // (an index into ids), appends vocab_size fp32 logits to `logits`. seq_len is the length of
+  // the whole sequence this forward belongs to (dynamic RoPE depends on it; a shard sees only
+  // part of the positions); 0 means max(positions) + 1.
   Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
                  engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                 std::vector<float>& logits);
+                 std::vector<float>& logits, int64_t seq_len = 0);
 
  private:
   LlamaModel(engine::Backend& backend, LlamaConfig config)
