@@ -185,4 +185,14 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   return {};
 }
 
+Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec) {
+  if (spec.dir.empty() == spec.preset.empty()) {
+    return Status::error("give exactly one of a model directory or a preset");
+  }
+  if (!spec.dir.empty()) return LlamaModel::load(backend, spec.dir);
+  auto config = preset_config(spec.preset);
+  if (!config.ok()) return config.status();
+  return LlamaModel::random(backend, config.value(), spec.random_seed);
+}
+
 }  // namespace burst::models

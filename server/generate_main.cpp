@@ -13,6 +13,7 @@
 #include "engine/random.h"
 #include "models/generator.h"
 #include "server/tokenizer.h"
+#include "server/worker_group.h"
 
 namespace {
 
@@ -20,6 +21,7 @@ constexpr const char* kUsage = R"(usage: burst-generate (--model DIR | --preset 
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
+                      [--workers N] [--layout zigzag|contiguous]
 
   --model DIR          Hugging Face LLaMA directory (config.json, *.safetensors, tokenizer.model)
   --preset NAME        architecture preset; needs --random-weights SEED (no files read)
@@ -30,6 +32,9 @@ constexpr const char* kUsage = R"(usage: burst-generate (--model DIR | --preset 
   --device D           cpu (default) or cuda[:N]
   --tokenizer FILE     tokenizer.model (default: DIR/tokenizer.model with --model)
   --kv-capacity N      KV cache tokens (default: prompt + max-tokens)
+  --workers N          shard the prompt over N burst-worker processes (BurstAttention ring);
+                       without it, one in-process engine
+  --layout L           sequence sharding across workers: zigzag (default) or contiguous
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -50,6 +55,8 @@ struct Args {
   std::optional<uint64_t> random_seed;
   int64_t prompt_tokens = 0, kv_capacity = 0;
   int max_tokens = 64;
+  int workers = 0;
+  burst::engine::ShardLayout layout = burst::engine::ShardLayout::kZigzag;
   burst::engine::SamplingParams sampling{0.8f, 40, 0.95f, 0};
 };
 
@@ -78,6 +85,12 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--device") a.device = val;
     else if (flag == "--tokenizer") a.tokenizer = val;
     else if (flag == "--kv-capacity") a.kv_capacity = parse_number<int64_t>(flag, val);
+    else if (flag == "--workers") a.workers = parse_number<int>(flag, val);
+    else if (flag == "--layout") {
+      if (val != "zigzag" && val != "contiguous") usage_error("--layout is zigzag or contiguous");
+      a.layout = val == "zigzag" ? burst::engine::ShardLayout::kZigzag
+                                 : burst::engine::ShardLayout::kContiguous;
+    }
     else usage_error("unknown flag " + flag);
   }
   if (a.model_dir.empty() == a.preset.empty()) usage_error("give exactly one of --model, --preset");
@@ -85,6 +98,7 @@ Args parse_args(int argc, char** argv) {
   if (!have_prompt) usage_error("give --prompt, --prompt-file or --prompt-tokens");
   if (a.max_tokens <= 0) usage_error("--max-tokens must be > 0");
   if (a.prompt_tokens < 0) usage_error("--prompt-tokens must be > 0");
+  if (a.workers < 0 || a.workers > 64) usage_error("--workers must be in 1..64");
   if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) usage_error(bad);
   if (a.tokenizer.empty() && !a.model_dir.empty()) {
     // The model's own tokenizer when it ships one; without it only --prompt-tokens works.
@@ -105,19 +119,9 @@ int main(int argc, char** argv) {
   using namespace burst;
   Args a = parse_args(argc, argv);
 
-  auto backend = engine::make_backend(a.device);
-  if (!backend.ok()) return fail(backend.message());
-  Result<std::unique_ptr<models::LlamaModel>> model = Status::error("unset");
-  if (!a.model_dir.empty()) {
-    model = models::LlamaModel::load(*backend.value(), a.model_dir);
-  } else {
-    auto config = models::preset_config(a.preset);
-    if (!config.ok()) return fail(config.message());
-    model = models::LlamaModel::random(*backend.value(), config.value(), *a.random_seed);
-  }
-  if (!model.ok()) return fail(model.message());
-  const auto& config = model.value()->config();
-
+  auto config = a.model_dir.empty() ? models::preset_config(a.preset)
+                                    : models::load_config(a.model_dir);
+  if (!config.ok()) return fail(config.message());
   std::unique_ptr<server::Tokenizer> tok;
   if (!a.tokenizer.empty()) {
     auto t = server::Tokenizer::load(a.tokenizer);
@@ -132,7 +136,7 @@ int main(int argc, char** argv) {
     req.prompt.push_back(1);
     for (int64_t i = 1; i < a.prompt_tokens; ++i) {
       const uint64_t r = engine::splitmix64(static_cast<uint64_t>(i));
-      req.prompt.push_back(259 + static_cast<int32_t>(r % (config.vocab_size - 259)));
+      req.prompt.push_back(259 + static_cast<int32_t>(r % (config.value().vocab_size - 259)));
     }
   } else {
     if (!tok) return fail("a text prompt needs a tokenizer (--tokenizer FILE)");
@@ -148,30 +152,61 @@ int main(int argc, char** argv) {
   }
   const int64_t capacity =
       a.kv_capacity > 0 ? a.kv_capacity : static_cast<int64_t>(req.prompt.size()) + a.max_tokens;
-  auto cache = engine::LocalKvCache::create(*backend.value(), model.value()->attention_shape(),
-                                            capacity);
-  if (!cache.ok()) return fail(cache.message());
 
   std::optional<server::StreamDecoder> stream;
   if (tok) {
     stream.emplace(*tok, req.prompt.back());
     if (a.prompt_tokens == 0) std::cout << (a.prompt_file.empty() ? a.prompt : "") << std::flush;
   }
-  auto stats = models::generate(*model.value(), *cache.value(), req, [&](int32_t id) {
-    if (id == config.eos_token_id) return true;
+  const int32_t eos = config.value().eos_token_id;
+  auto print_token = [&](int32_t id) {
+    if (id == eos) return true;
     std::cout << (stream ? stream->push(id) : std::to_string(id) + " ") << std::flush;
     return true;
-  });
+  };
+  const models::ModelSpec spec{a.model_dir, a.preset, a.random_seed.value_or(0)};
+  Result<models::GenerateStats> stats = Status::error("not run");
+  std::string where;
+  if (a.workers > 0) {
+    // N worker processes, the prompt sharded by sequence, BurstAttention ring per layer.
+    server::WorkerGroupOptions opt;
+    opt.model = spec;
+    opt.workers = a.workers;
+    opt.device = a.device;
+    opt.kv_capacity = capacity;
+    opt.layout = a.layout;
+    auto group = server::WorkerGroup::start(opt);
+    if (!group.ok()) return fail(group.message());
+    auto g = group.value()->generate(req, print_token);
+    if (g.ok()) {
+      stats = g.value().stats;
+      std::fprintf(stderr, "burst-generate: ring attention %.1f ms compute, %.1f ms exposed "
+                   "communication (rank 0)\n", g.value().ring_compute_ms, g.value().ring_wait_ms);
+    } else {
+      stats = g.status();
+    }
+    where = std::to_string(a.workers) + " workers on " + group.value()->info().device;
+  } else {
+    auto backend = engine::make_backend(a.device);
+    if (!backend.ok()) return fail(backend.message());
+    auto model = models::load_model(*backend.value(), spec);
+    if (!model.ok()) return fail(model.message());
+    auto cache = engine::LocalKvCache::create(*backend.value(),
+                                              model.value()->attention_shape(), capacity);
+    if (!cache.ok()) return fail(cache.message());
+    stats = models::generate(*model.value(), *cache.value(), req, print_token);
+    where = "device " + backend.value()->name();
+  }
   if (stream) std::cout << stream->flush();
   std::cout << std::endl;
   if (!stats.ok()) return fail(stats.message());
   const auto& s = stats.value();
   const double tps = s.generated_tokens > 1 ? (s.generated_tokens - 1) * 1000.0 / s.decode_ms : 0;
   std::fprintf(stderr,
-               "burst-generate: device %s, prompt %lld tokens, prefill (TTFT) %.1f ms "
+               "burst-generate: %s, prompt %lld tokens, prefill (TTFT) %.1f ms "
                "(%.0f tok/s), generated %lld tokens, decode %.1f tok/s, finish %s\n",
-               backend.value()->name().c_str(), static_cast<long long>(s.prompt_tokens),
-               s.prefill_ms, s.prompt_tokens * 1000.0 / s.prefill_ms,
+               where.c_str(), static_cast<long long>(s.prompt_tokens), s.prefill_ms,
+               s.prompt_tokens * 1000.0 / s.prefill_ms,
                static_cast<long long>(s.generated_tokens), tps, s.finish_reason.c_str());
   return 0;
 }

@@ -58,4 +58,12 @@ class LlamaModel {
   engine::Tensor x_, h_, q_, k_, v_, attn_out_, gate_, up_;
 };
 
+// Where a model comes from: an HF directory, or a preset with seeded random weights.
+struct ModelSpec {
+  std::string dir;
+  std::string preset;
+  uint64_t random_seed = 0;
+};
+Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec);
+
 }  // namespace burst::models

@@ -1,0 +1,700 @@
+// CudaBackend: the Backend ops on one GPU in bf16 (activations, weights, KV cache) with fp32
+// accumulation: GEMMs through cuBLAS (bf16 in and out, fp32 compute), RMSNorm / RoPE / SwiGLU /
+// embedding through kernels/ops_cuda.h, attention through kernels/attention_cuda.h (the
+// prefill kernel, or split-KV decode for one query row), merge through merge_cuda.
+//
+// Contract beyond backend.h:
+// - Tensors are plain cudaMalloc memory (never managed memory), zeroed at allocation, freed
+//   when the last view drops them. Out of memory is an error naming the tensor, what it
+//   needs and what is free; engine/cuda/cuda_backend.h offers the same check up front.
+// - Every op is queued on one compute stream in call order; only download() and
+//   synchronize() wait. Host inputs of ops (token ids, positions, RoPE frequencies) are copied
+//   to device scratch on that stream, so the caller may reuse its vectors once an op returns.
+// - Every CUDA and cuBLAS return code is checked; failures come back as Status naming the
+//   device, the op, the failing call, the error, file and line. Nothing throws or exits.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/dtype_convert.h"
+#include "engine/random.h"
+#include "kernels/attention_cuda.h"
+#include "kernels/ops_cuda.h"
+
+namespace burst::engine {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// cuBLAS's own workspace: 32 MiB is what cuBLAS itself picks on Hopper; giving it ours keeps
+// its memory inside the plan and allocated once.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// Uploads that convert (e.g. an fp32 checkpoint into bf16) go through a staging buffer of this
+// size in chunks, so loading never needs a second copy of a whole tensor on the device.
+constexpr size_t kStagingBytes = size_t{64} << 20;
+constexpr int kThreads = 256;
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", bytes / kGiB);
+  return buf;
+}
+
+// "engine/cuda/cuda_backend.cu" rather than the build machine's absolute path.
+const char* short_file(const char* file) {
+  const char* p = std::strstr(file, "engine/cuda/");
+  return p ? p : file;
+}
+
+// "cudaMemcpyAsync" out of "cudaMemcpyAsync(dst, src, ...)".
+std::string call_name(const char* call) {
+  const std::string s(call);
+  return s.substr(0, s.find('('));
+}
+
+Status device_error(int device, const char* op, const char* call, const std::string& what,
+                    const char* file, int line) {
+  return Status::error("cuda:" + std::to_string(device) + " " + op + ": " + call_name(call) +
+                       " failed: " + what + " (" + short_file(file) + ":" +
+                       std::to_string(line) + ")");
+}
+
+Status cuda_failure(int device, const char* op, const char* call, cudaError_t err,
+                    const char* file, int line) {
+  return device_error(device, op, call,
+                      std::string(cudaGetErrorString(err)) + " [" + cudaGetErrorName(err) + "]",
+                      file, line);
+}
+
+Status cublas_failure(int device, const char* op, const char* call, cublasStatus_t st,
+                      const char* file, int line) {
+  return device_error(device, op, call, cublasGetStatusString(st), file, line);
+}
+
+}  // namespace
+}  // namespace burst::engine
+
+// Return the Status of a failed CUDA / cuBLAS call from the enclosing function; dev names the
+// GPU, op the backend op, and the call's text (up to its '(') the function that failed.
+#define BURST_CUDA_TRY(dev, op, call)                                                        \
+  do {                                                                                       \
+    const cudaError_t err_ = (call);                                                         \
+    if (err_ != cudaSuccess) {                                                               \
+      return ::burst::engine::cuda_failure(dev, op, #call, err_, __FILE__, __LINE__);        \
+    }                                                                                        \
+  } while (0)
+#define BURST_CUBLAS_TRY(dev, op, call)                                                      \
+  do {                                                                                       \
+    const cublasStatus_t st_ = (call);                                                       \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+      return ::burst::engine::cublas_failure(dev, op, #call, st_, __FILE__, __LINE__);       \
+    }                                                                                        \
+  } while (0)
+
+namespace burst::engine {
+namespace {
+
+// ---- element conversion and the backend's own small kernels ----------------------------------
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// Every conversion goes through fp32, which holds bf16 and fp16 exactly: one rounding at most.
+template <typename Src, typename Dst>
+__global__ void convert_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t n) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = from_f32<Dst>(to_f32(src[i]));
+  }
+}
+
+// The same uniform_at(seed, i, scale) as the CPU backend, rounded once to T: random-weight
+// presets are the CPU's weights rounded to bf16, element for element.
+template <typename T>
+__global__ void fill_random_kernel(T* __restrict__ out, int64_t n, uint64_t seed, float scale,
+                                   bool constant) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = from_f32<T>(constant ? scale : uniform_at(seed, i, scale));
+  }
+}
+
+// x += y in fp32, one rounding to T.
+template <typename T>
+__global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    x[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
+  }
+}
+
+// Grid-stride launches: enough blocks to fill the GPU many times over, never more than needed.
+unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 1 << 16));
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with the element type of dtype.
+template <typename F>
+cudaError_t with_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32: return f(TypeTag<float>{});
+    case DType::kBF16: return f(TypeTag<__nv_bfloat16>{});
+    case DType::kF16: return f(TypeTag<__half>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n,
+                           cudaStream_t stream) {
+  return with_type(src_t, [&](auto s) {
+    using S = typename decltype(s)::type;
+    return with_type(dst_t, [&](auto d) {
+      using D = typename decltype(d)::type;
+      convert_kernel<S, D><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const S*>(src),
+                                                                   static_cast<D*>(dst), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaDataType_t cuda_data_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+// A device buffer the backend owns and grows (scratch for host inputs, staging, workspaces).
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+std::string describe(const kernels::AttnParams& p) {
+  return "n_q=" + std::to_string(p.n_q) + " n_kv=" + std::to_string(p.n_kv) + " heads=" +
+         std::to_string(p.heads) + "/" + std::to_string(p.kv_heads) + " head_dim=" +
+         std::to_string(p.head_dim) + " dtype=" + dtype_name(p.dtype) + " o_dtype=" +
+         dtype_name(kernels::output_dtype(p));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<Backend>> create(int device);
+
+  ~CudaBackend() override {
+    // Nothing here can report an error; tensors still alive keep their memory (their deleters
+    // free it), so only the backend's own objects go.
+    cudaSetDevice(device_);
+    if (compute_) cudaStreamSynchronize(compute_);
+    for (Scratch* s : {&staging_, &ids_, &positions_, &inv_freq_, &decode_ws_}) {
+      if (s->ptr) cudaFree(s->ptr);
+    }
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (comm_) cudaStreamDestroy(comm_);
+    if (compute_) cudaStreamDestroy(compute_);
+  }
+
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+  DeviceKind device() const override { return DeviceKind::kCuda; }
+  DType compute_dtype() const override { return DType::kBF16; }
+
+  CudaStreams streams() const { return {device_, compute_, comm_}; }
+
+  Result<CudaMemoryInfo> memory_info() const {
+    BURST_RETURN_IF_ERROR(use_device("memory info"));
+    size_t free = 0, total = 0;
+    BURST_CUDA_TRY(device_, "memory info", cudaMemGetInfo(&free, &total));
+    return CudaMemoryInfo{static_cast<int64_t>(free), static_cast<int64_t>(total),
+                          held_->load()};
+  }
+
+  Status check_fits(int64_t bytes, const std::string& what, int64_t reserve) const {
+    auto info = memory_info();
+    if (!info.ok()) return info.status();
+    const CudaMemoryInfo& m = info.value();
+    if (bytes + reserve <= m.free) return {};
+    return Status::error(what + " needs " + gib(double(bytes)) + " GiB" +
+                         (reserve > 0 ? " (+" + gib(double(reserve)) + " GiB kept free)" : "") +
+                         ", " + gib(double(m.free)) + " GiB free on " + name() + " (" +
+                         gpu_name_ + ", " + gib(double(m.total)) +
+                         " GiB total; this backend holds " + gib(double(m.held)) + " GiB)");
+  }
+
+  Result<Tensor> alloc(std::vector<int64_t> shape, DType dtype) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.device = DeviceKind::kCuda;
+    t.shape = std::move(shape);
+    for (int64_t d : t.shape) {
+      if (d < 0) return op_error("alloc", "negative dimension in " + t.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("alloc"));
+    // At least 256 bytes: an empty tensor still gets a distinct, aligned, non-null pointer.
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.bytes(), 256));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
+      const std::string what = name() + " alloc " + t.describe();
+      const Status fits = check_fits(static_cast<int64_t>(bytes), what, 0);
+      if (!fits.ok()) return Status::error("out of GPU memory: " + fits.message());
+      return Status::error(what + ": cudaMalloc of " + gib(double(bytes)) +
+                           " GiB failed although that much is free (fragmentation)");
+    }
+    if (err != cudaSuccess) return cuda_failure(device_, "alloc", "cudaMalloc", err, __FILE__,
+                                                __LINE__);
+    // Zeroed so that a bug reads zeros rather than an earlier request's data (as on CPU).
+    const cudaError_t zero = cudaMemsetAsync(p, 0, bytes, compute_);
+    if (zero != cudaSuccess) {
+      cudaFree(p);
+      return cuda_failure(device_, "alloc", "cudaMemsetAsync", zero, __FILE__, __LINE__);
+    }
+    held_->fetch_add(static_cast<int64_t>(bytes));
+    // cudaFree waits for the device to finish queued work first, so a tensor dropped while
+    // kernels that read it are still queued is not freed under them.
+    t.storage = std::shared_ptr<void>(p, [held = held_, bytes](void* q) {
+      cudaFree(q);
+      held->fetch_sub(static_cast<int64_t>(bytes));
+    });
+    t.data = p;
+    return t;
+  }
+
+  Status upload(const void* host, DType host_dtype, Tensor& dst) override {
+    BURST_RETURN_IF_ERROR(on_device("upload", dst));
+    BURST_RETURN_IF_ERROR(use_device("upload"));
+    const int64_t n = dst.numel();
+    if (n == 0) return {};
+    if (host_dtype == dst.dtype) {
+      BURST_CUDA_TRY(device_, "upload",
+                     cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.bytes()),
+                                     cudaMemcpyHostToDevice, compute_));
+      return {};
+    }
+    // Raw copy into staging, then convert on the device, chunk by chunk. The chunks reuse one
+    // buffer: stream order makes each copy wait for the previous chunk's conversion.
+    BURST_RETURN_IF_ERROR(ensure(staging_, kStagingBytes, "upload"));
+    const int64_t hsize = dtype_size(host_dtype), dsize = dtype_size(dst.dtype);
+    const int64_t chunk = static_cast<int64_t>(kStagingBytes) / hsize;
+    for (int64_t off = 0; off < n; off += chunk) {
+      const int64_t cnt = std::min(chunk, n - off);
+      BURST_CUDA_TRY(device_, "upload",
+                     cudaMemcpyAsync(staging_.ptr, static_cast<const char*>(host) + off * hsize,
+                                     static_cast<size_t>(cnt * hsize), cudaMemcpyHostToDevice,
+                                     compute_));
+      BURST_RETURN_IF_ERROR(launched(
+          "upload",
+          launch_convert(staging_.ptr, host_dtype, static_cast<char*>(dst.data) + off * dsize,
+                         dst.dtype, cnt, compute_),
+          dst.describe()));
+    }
+    return {};
+  }
+
+  Status download(const Tensor& src, std::vector<float>& host) override {
+    BURST_RETURN_IF_ERROR(on_device("download", src));
+    BURST_RETURN_IF_ERROR(use_device("download"));
+    const int64_t n = src.numel();
+    host.resize(static_cast<size_t>(n));
+    if (n == 0) return {};
+    if (src.dtype == DType::kF32) {
+      BURST_CUDA_TRY(device_, "download",
+                     cudaMemcpyAsync(host.data(), src.data, static_cast<size_t>(src.bytes()),
+                                     cudaMemcpyDeviceToHost, compute_));
+      BURST_CUDA_TRY(device_, "download", cudaStreamSynchronize(compute_));
+      return {};
+    }
+    std::vector<uint16_t> raw(static_cast<size_t>(n));
+    BURST_CUDA_TRY(device_, "download",
+                   cudaMemcpyAsync(raw.data(), src.data, static_cast<size_t>(src.bytes()),
+                                   cudaMemcpyDeviceToHost, compute_));
+    BURST_CUDA_TRY(device_, "download", cudaStreamSynchronize(compute_));
+    const bool bf16 = src.dtype == DType::kBF16;
+    for (int64_t i = 0; i < n; ++i) {
+      host[i] = bf16 ? bf16_to_f32(raw[i]) : f16_to_f32(raw[i]);
+    }
+    return {};
+  }
+
+  Status copy(const Tensor& src, Tensor& dst) override {
+    BURST_RETURN_IF_ERROR(on_device("copy", src, dst));
+    if (src.dtype != dst.dtype || src.numel() != dst.numel()) {
+      return op_error("copy", src.describe() + " -> " + dst.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("copy"));
+    if (src.numel() == 0) return {};
+    BURST_CUDA_TRY(device_, "copy",
+                   cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()),
+                                   cudaMemcpyDeviceToDevice, compute_));
+    return {};
+  }
+
+  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) override {
+    BURST_RETURN_IF_ERROR(on_device("fill_random", t));
+    BURST_RETURN_IF_ERROR(use_device("fill_random"));
+    const int64_t n = t.numel();
+    if (n == 0) return {};
+    const cudaError_t err = with_type(t.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      fill_random_kernel<T><<<blocks_for(n), kThreads, 0, compute_>>>(t.as<T>(), n, seed, scale,
+                                                                        constant);
+      return cudaGetLastError();
+    });
+    return launched("fill_random", err, t.describe());
+  }
+
+  Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) override {
+    BURST_RETURN_IF_ERROR(on_device("embedding", table, out));
+    if (table.shape.size() != 2 || out.shape.size() != 2 || table.dtype != out.dtype ||
+        out.dim(0) != static_cast<int64_t>(ids.size()) || out.dim(1) != table.dim(1)) {
+      return op_error("embedding", "out " + out.describe() + " for table " + table.describe() +
+                                       " and " + std::to_string(ids.size()) + " ids");
+    }
+    const int64_t vocab = table.dim(0);
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab) {
+        return op_error("embedding", "token id " + std::to_string(id) + " outside vocab " +
+                                         std::to_string(vocab));
+      }
+    }
+    if (ids.empty()) return {};
+    BURST_RETURN_IF_ERROR(use_device("embedding"));
+    const size_t bytes = ids.size() * sizeof(int32_t);
+    BURST_RETURN_IF_ERROR(ensure(ids_, bytes, "embedding"));
+    BURST_CUDA_TRY(device_, "embedding",
+                   cudaMemcpyAsync(ids_.ptr, ids.data(), bytes, cudaMemcpyHostToDevice,
+                                   compute_));
+    return launched("embedding",
+                    kernels::embedding_cuda(table.data, static_cast<const int32_t*>(ids_.ptr),
+                                            out.data, out.dim(0), out.dim(1), out.dtype,
+                                            compute_),
+                    table.describe() + " -> " + out.describe());
+  }
+
+  Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    BURST_RETURN_IF_ERROR(on_device("rms_norm", x, w, out));
+    const int64_t dim = w.numel();
+    if (dim == 0 || x.numel() != out.numel() || x.numel() % dim != 0 || x.dtype != w.dtype ||
+        x.dtype != out.dtype) {
+      return op_error("rms_norm", x.describe() + " w " + w.describe() + " out " +
+                                      out.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("rms_norm"));
+    return launched("rms_norm",
+                    kernels::rms_norm_cuda(x.data, w.data, out.data, x.numel() / dim, dim, eps,
+                                           x.dtype, compute_),
+                    x.describe());
+  }
+
+  Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) override {
+    BURST_RETURN_IF_ERROR(on_device("gemm", x, w, out));
+    if (x.shape.size() != 2 || w.shape.size() != 2 || out.shape.size() != 2 ||
+        w.dim(1) != x.dim(1) || out.dim(0) != x.dim(0) || out.dim(1) != w.dim(0) ||
+        x.dtype != w.dtype || x.dtype != out.dtype) {
+      return op_error("gemm", "x " + x.describe() + " w " + w.describe() + " out " +
+                                  out.describe());
+    }
+    const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX) {
+      return op_error("gemm", "dimensions beyond cuBLAS's int range: x " + x.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("gemm"));
+    if (m == 0 || n == 0) return {};
+    if (k == 0) {  // an empty sum: out = 0, or unchanged when accumulating
+      if (!accumulate) {
+        BURST_CUDA_TRY(device_, "gemm",
+                       cudaMemsetAsync(out.data, 0, static_cast<size_t>(out.bytes()), compute_));
+      }
+      return {};
+    }
+    // Row-major out[m, n] = x w^T read column-major is out^T[n, m] = w x^T: cuBLAS sees w's
+    // buffer as a column-major [k, n] matrix (op T makes it [n, k]) and x's as [k, m] (op N).
+    const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+    const cudaDataType_t dt = cuda_data_type(x.dtype);
+    // fp32 compute (no TF32 for fp32 tensors): the accumulation precision the contract names.
+    BURST_CUBLAS_TRY(device_, "gemm",
+                     cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                                  static_cast<int>(m), static_cast<int>(k), &alpha, w.data, dt,
+                                  static_cast<int>(k), x.data, dt, static_cast<int>(k), &beta,
+                                  out.data, dt, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    return {};
+  }
+
+  Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
+              const std::vector<float>& inv_freq) override {
+    BURST_RETURN_IF_ERROR(on_device("rope", x));
+    if (x.shape.size() != 2 || static_cast<int64_t>(positions.size()) != x.dim(0) ||
+        x.dim(1) != int64_t{heads} * head_dim || head_dim % 2 != 0 ||
+        static_cast<int>(inv_freq.size()) != head_dim / 2) {
+      return op_error("rope", "x " + x.describe() + " for " + std::to_string(heads) + "x" +
+                                  std::to_string(head_dim) + ", " +
+                                  std::to_string(positions.size()) + " positions, " +
+                                  std::to_string(inv_freq.size()) + " frequencies");
+    }
+    if (positions.empty()) return {};
+    BURST_RETURN_IF_ERROR(use_device("rope"));
+    // q and k of every layer rotate by the same positions and frequencies: upload them once.
+    BURST_RETURN_IF_ERROR(upload_cached(positions_, positions_host_, positions, "rope"));
+    BURST_RETURN_IF_ERROR(upload_cached(inv_freq_, inv_freq_host_, inv_freq, "rope"));
+    return launched("rope",
+                    kernels::rope_cuda(x.data, x.dim(0), heads, head_dim, x.dim(1),
+                                       static_cast<const int64_t*>(positions_.ptr),
+                                       static_cast<const float*>(inv_freq_.ptr), x.dtype,
+                                       compute_),
+                    x.describe());
+  }
+
+  Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    BURST_RETURN_IF_ERROR(on_device("silu_mul", gate, up, out));
+    if (gate.numel() != up.numel() || gate.numel() != out.numel() || gate.dtype != up.dtype ||
+        gate.dtype != out.dtype) {
+      return op_error("silu_mul", gate.describe() + " " + up.describe() + " " +
+                                      out.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("silu_mul"));
+    return launched("silu_mul",
+                    kernels::silu_mul_cuda(gate.data, up.data, out.data, gate.numel(),
+                                           gate.dtype, compute_),
+                    gate.describe());
+  }
+
+  Status add(Tensor& x, const Tensor& y) override {
+    BURST_RETURN_IF_ERROR(on_device("add", x, y));
+    if (x.numel() != y.numel() || x.dtype != y.dtype) {
+      return op_error("add", x.describe() + " + " + y.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("add"));
+    const int64_t n = x.numel();
+    if (n == 0) return {};
+    const cudaError_t err = with_type(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      add_kernel<T><<<blocks_for(n), kThreads, 0, compute_>>>(x.as<T>(), y.as<T>(), n);
+      return cudaGetLastError();
+    });
+    return launched("add", err, x.describe());
+  }
+
+  Status attention(const kernels::AttnParams& p) override {
+    if (p.dtype == DType::kF32) {
+      return op_error("attention", "fp32 q/k/v are not supported on CUDA (bf16 or f16)");
+    }
+    if (p.head_dim != 64 && p.head_dim != 128) {
+      return op_error("attention", "head_dim " + std::to_string(p.head_dim) +
+                                       " is not supported by the CUDA attention kernels "
+                                       "(64 or 128); run this model on the cpu backend");
+    }
+    const std::string bad = kernels::validate(p);
+    if (!bad.empty()) return op_error("attention", bad);
+    BURST_RETURN_IF_ERROR(use_device("attention"));
+    if (p.n_q == 1) {
+      // Decode: one query row against a long KV; split-KV keeps every multiprocessor busy.
+      const size_t ws = kernels::attention_decode_workspace_bytes(p);
+      if (ws == 0) return op_error("attention", "no decode plan for " + describe(p));
+      BURST_RETURN_IF_ERROR(ensure(decode_ws_, ws, "attention"));
+      return launched("attention",
+                      kernels::attention_decode_cuda(p, decode_ws_.ptr, decode_ws_.bytes,
+                                                     compute_),
+                      describe(p));
+    }
+    return launched("attention", kernels::attention_cuda(p, compute_), describe(p));
+  }
+
+  Status merge(const kernels::MergeParams& p) override {
+    if (p.rows < 0 || p.heads < 0 || p.head_dim < 0) return op_error("merge", "negative shape");
+    BURST_RETURN_IF_ERROR(use_device("merge"));
+    return launched("merge", kernels::merge_cuda(p, compute_),
+                    "rows=" + std::to_string(p.rows) + " heads=" + std::to_string(p.heads) +
+                        " head_dim=" + std::to_string(p.head_dim));
+  }
+
+  Status synchronize() override {
+    BURST_RETURN_IF_ERROR(use_device("synchronize"));
+    BURST_CUDA_TRY(device_, "synchronize", cudaStreamSynchronize(compute_));
+    return {};
+  }
+
+ private:
+  explicit CudaBackend(int device) : device_(device) {}
+
+  Status op_error(const char* op, const std::string& what) const {
+    return Status::error(name() + " " + op + ": " + what);
+  }
+
+  // The calling thread may have another device current (a server thread, a second backend).
+  Status use_device(const char* op) const {
+    BURST_CUDA_TRY(device_, op, cudaSetDevice(device_));
+    return {};
+  }
+
+  template <typename... Ts>
+  Status on_device(const char* op, const Ts&... ts) const {
+    for (const Tensor* t : {&ts...}) {
+      if (t->device != DeviceKind::kCuda || (t->data == nullptr && t->numel() > 0)) {
+        return op_error(op, "tensor " + t->describe() + " is not CUDA memory");
+      }
+    }
+    return {};
+  }
+
+  // A kernel launcher's result: cudaErrorInvalidValue means it rejected the arguments.
+  Status launched(const char* op, cudaError_t err, const std::string& what) const {
+    if (err == cudaSuccess) return {};
+    if (err == cudaErrorInvalidValue) {
+      return op_error(op, "the kernel rejected its arguments (" + what +
+                              "; see kernels/include/kernels/*_cuda.h for what it supports)");
+    }
+    return cuda_failure(device_, op, "kernel launch", err, __FILE__, __LINE__);
+  }
+
+  Status ensure(Scratch& s, size_t bytes, const char* op) {
+    if (s.bytes >= bytes) return {};
+    // Work already queued may still read the old buffer: let it finish before freeing.
+    BURST_CUDA_TRY(device_, op, cudaStreamSynchronize(compute_));
+    if (s.ptr) BURST_CUDA_TRY(device_, op, cudaFree(s.ptr));
+    s.ptr = nullptr;
+    s.bytes = 0;
+    // Grow geometrically so a prefill that lengthens step by step reallocates rarely.
+    const size_t want = std::max<size_t>(bytes + bytes / 2, 4096);
+    const cudaError_t err = cudaMalloc(&s.ptr, want);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      s.ptr = nullptr;
+      return Status::error("out of GPU memory: " +
+                           check_fits(static_cast<int64_t>(want),
+                                      name() + " " + op + " scratch", 0)
+                               .message());
+    }
+    if (err != cudaSuccess) return cuda_failure(device_, op, "cudaMalloc", err, __FILE__, __LINE__);
+    s.bytes = want;
+    return {};
+  }
+
+  // Copies host to s unless s already holds exactly these values (mirror is what it holds).
+  template <typename T>
+  Status upload_cached(Scratch& s, std::vector<T>& mirror, const std::vector<T>& host,
+                       const char* op) {
+    const size_t bytes = host.size() * sizeof(T);
+    if (s.ptr != nullptr && s.bytes >= bytes && mirror == host) return {};
+    BURST_RETURN_IF_ERROR(ensure(s, bytes, op));
+    mirror.clear();  // stale until the copy below is queued
+    BURST_CUDA_TRY(device_, op,
+                   cudaMemcpyAsync(s.ptr, host.data(), bytes, cudaMemcpyHostToDevice, compute_));
+    mirror = host;
+    return {};
+  }
+
+  int device_;
+  std::string gpu_name_;
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t comm_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
+  Scratch staging_, ids_, positions_, inv_freq_, decode_ws_;
+  std::vector<int64_t> positions_host_;
+  std::vector<float> inv_freq_host_;
+  // Shared with the deleters of the tensors this backend allocated, which may outlive it.
+  std::shared_ptr<std::atomic<int64_t>> held_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return Status::error(std::string("cuda: no usable CUDA device (cudaGetDeviceCount: ") +
+                         cudaGetErrorString(err) + ")");
+  }
+  if (device < 0 || device >= count) {
+    return Status::error("cuda:" + std::to_string(device) + ": no such device (" +
+                         std::to_string(count) + " CUDA device(s) visible)");
+  }
+  const char* op = "create";
+  std::unique_ptr<CudaBackend> b(new CudaBackend(device));
+  BURST_CUDA_TRY(device, op, cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  BURST_CUDA_TRY(device, op, cudaGetDeviceProperties(&prop, device));
+  b->gpu_name_ = prop.name;
+  if (prop.major < 8) {
+    return Status::error("cuda:" + std::to_string(device) + " (" + b->gpu_name_ + ", sm_" +
+                         std::to_string(prop.major * 10 + prop.minor) +
+                         "): the CUDA backend needs sm_80 or newer (bf16 tensor cores)");
+  }
+  int least = 0, greatest = 0;
+  BURST_CUDA_TRY(device, op, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  // Non-blocking: the legacy default stream (used by libraries we do not control) must not
+  // serialise against our work.
+  BURST_CUDA_TRY(device, op, cudaStreamCreateWithFlags(&b->compute_, cudaStreamNonBlocking));
+  BURST_CUDA_TRY(device, op,
+                 cudaStreamCreateWithPriority(&b->comm_, cudaStreamNonBlocking, greatest));
+  BURST_CUBLAS_TRY(device, op, cublasCreate(&b->cublas_));
+  BURST_CUBLAS_TRY(device, op, cublasSetStream(b->cublas_, b->compute_));
+  BURST_CUDA_TRY(device, op, cudaMalloc(&b->cublas_workspace_, kCublasWorkspaceBytes));
+  BURST_CUBLAS_TRY(device, op,
+                   cublasSetWorkspace(b->cublas_, b->cublas_workspace_, kCublasWorkspaceBytes));
+  BURST_CUBLAS_TRY(device, op, cublasSetPointerMode(b->cublas_, CUBLAS_POINTER_MODE_HOST));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+CudaBackend* as_cuda(Backend& backend) { return dynamic_cast<CudaBackend*>(&backend); }
+
+Status not_cuda(const Backend& backend) {
+  return Status::error("backend " + backend.name() + " is not a CUDA backend");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+  return CudaBackend::create(device);
+}
+
+Result<CudaStreams> cuda_streams(Backend& backend) {
+  CudaBackend* b = as_cuda(backend);
+  if (!b) return not_cuda(backend);
+  return b->streams();
+}
+
+Result<CudaMemoryInfo> cuda_memory_info(Backend& backend) {
+  CudaBackend* b = as_cuda(backend);
+  if (!b) return not_cuda(backend);
+  return b->memory_info();
+}
+
+Status cuda_check_fits(Backend& backend, int64_t bytes, const std::string& what,
+                       int64_t reserve) {
+  CudaBackend* b = as_cuda(backend);
+  if (!b) return not_cuda(backend);
+  return b->check_fits(bytes, what, reserve);
+}
+
+}  // namespace burst::engine

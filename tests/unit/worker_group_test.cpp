@@ -1,0 +1,140 @@
+// The worker group as burst-generate and burst-server use it: real burst-worker processes
+// joined over Gloo. Greedy tokens are identical for 1..4 workers (and equal to the in-process
+// engine); a worker SIGKILLed mid-prefill fails the request with a clear error within seconds
+// (no hang), the group reports unhealthy, restart() brings it back, and the next request works.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "engine/backend.h"
+#include "models/generator.h"
+#include "server/worker_group.h"
+
+namespace burst::server {
+namespace {
+
+const std::string kModel =
+    std::string(BURST_SOURCE_DIR) + "/tests/fixtures/golden/odd-linear/model";
+
+WorkerGroupOptions options(int workers, int64_t capacity) {
+  WorkerGroupOptions o;
+  o.worker_binary = std::string(BURST_BINARY_DIR) + "/bin/burst-worker";
+  o.model.dir = kModel;
+  o.workers = workers;
+  o.kv_capacity = capacity;
+  o.threads_per_worker = 1;
+  return o;
+}
+
+std::vector<int32_t> prompt_of(int n, int vocab) {
+  std::vector<int32_t> p = {1};
+  for (int i = 1; i < n; ++i) p.push_back(3 + (i * 7919) % (vocab - 3));
+  return p;
+}
+
+TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
+  models::GenerateRequest req;
+  req.prompt = prompt_of(53, 4099);
+  req.max_tokens = 16;
+  req.stop_at_eos = false;
+  // The in-process engine is the reference.
+  auto backend = engine::make_cpu_backend();
+  auto model = models::LlamaModel::load(*backend, kModel);
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto cache = engine::LocalKvCache::create(*backend, model.value()->attention_shape(), 128);
+  std::vector<int32_t> want;
+  ASSERT_TRUE(models::generate(*model.value(), *cache.value(), req, [&](int32_t t) {
+                want.push_back(t);
+                return true;
+              }).ok());
+  ASSERT_EQ(want.size(), 16u);
+  for (int n = 1; n <= 4; ++n) {
+    for (auto layout : {engine::ShardLayout::kZigzag, engine::ShardLayout::kContiguous}) {
+      if (layout == engine::ShardLayout::kContiguous && n != 3) continue;
+      auto opt = options(n, 128);
+      opt.layout = layout;
+      auto group = WorkerGroup::start(opt);
+      ASSERT_TRUE(group.ok()) << group.message();
+      std::vector<int32_t> got;
+      auto r = group.value()->generate(req, [&](int32_t t) {
+        got.push_back(t);
+        return true;
+      });
+      ASSERT_TRUE(r.ok()) << n << " workers: " << r.message();
+      EXPECT_EQ(got, want) << n << " workers";
+      EXPECT_EQ(r.value().stats.finish_reason, "length");
+      EXPECT_EQ(r.value().stats.prompt_tokens, 53);
+    }
+  }
+}
+
+TEST(WorkerGroup, CancelStopsEveryRankAndTheGroupStaysUsable) {
+  auto group = WorkerGroup::start(options(2, 256));
+  ASSERT_TRUE(group.ok()) << group.message();
+  models::GenerateRequest req;
+  req.prompt = prompt_of(20, 4099);
+  req.max_tokens = 200;
+  req.stop_at_eos = false;
+  int seen = 0;
+  auto r = group.value()->generate(req, [&](int32_t) { return ++seen < 5; });
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().stats.finish_reason, "cancelled");
+  EXPECT_LT(seen, 10);
+  seen = 0;
+  req.max_tokens = 7;
+  r = group.value()->generate(req, [&](int32_t) { return ++seen, true; });
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(seen, 7);
+  EXPECT_TRUE(group.value()->healthy());
+}
+
+TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
+  auto group = WorkerGroup::start(options(2, 9000));
+  ASSERT_TRUE(group.ok()) << group.message();
+  WorkerGroup& g = *group.value();
+  models::GenerateRequest req;
+  req.prompt = prompt_of(8000, 4099);  // seconds of CPU prefill: the kill lands inside it
+  req.max_tokens = 8;
+  const int victim = g.pids()[1];
+  std::thread killer([victim] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(victim, SIGKILL);
+  });
+  int tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  killer.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(tokens, 0) << "the kill was meant to land mid-prefill";
+  EXPECT_LT(s, 5.0) << "the coordinator must not wait for the survivors' timeouts";
+  EXPECT_NE(r.message().find("worker rank 1"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("signal 9"), std::string::npos) << r.message();
+  EXPECT_FALSE(g.healthy());
+  // Refused while unhealthy, with the reason.
+  auto refused = g.generate(req, [](int32_t) { return true; });
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("unavailable"), std::string::npos) << refused.message();
+
+  ASSERT_TRUE(g.restart().ok());
+  EXPECT_TRUE(g.healthy());
+  req.prompt = prompt_of(30, 4099);
+  tokens = 0;
+  r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(tokens, 8);
+}
+
+TEST(WorkerGroup, StartFailureNamesTheRank) {
+  auto opt = options(2, 64);
+  opt.model.dir = "/nonexistent/model";
+  auto group = WorkerGroup::start(opt);
+  ASSERT_FALSE(group.ok());
+  EXPECT_NE(group.message().find("during start-up"), std::string::npos) << group.message();
+}
+
+}  // namespace
+}  // namespace burst::server
