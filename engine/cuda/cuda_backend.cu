@@ -360,6 +360,20 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+  Status convert(const Tensor& src, Tensor& dst) override {
+    BURST_RETURN_IF_ERROR(on_device("convert", src, dst));
+    if (src.numel() != dst.numel()) {
+      return op_error("convert", src.describe() + " -> " + dst.describe());
+    }
+    if (src.dtype == dst.dtype) return copy(src, dst);
+    BURST_RETURN_IF_ERROR(use_device("convert"));
+    if (src.numel() == 0) return {};
+    return launched("convert",
+                    launch_convert(src.data, src.dtype, dst.data, dst.dtype, src.numel(),
+                                   compute_),
+                    src.describe() + " -> " + dst.describe());
+  }
+
   Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) override {
     BURST_RETURN_IF_ERROR(on_device("fill_random", t));
     BURST_RETURN_IF_ERROR(use_device("fill_random"));

@@ -182,7 +182,7 @@ TEST_F(CudaBackendTest, UploadDownloadConvertExactly) {
   }
 }
 
-TEST_F(CudaBackendTest, CopyAndFillRandomMatchCpu) {
+TEST_F(CudaBackendTest, CopyConvertAndFillRandomMatchCpu) {
   for (int64_t n : {1, 7, 37, 127, 769, 1000003}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     auto g = gpu_->alloc({n}, DType::kBF16);
@@ -200,6 +200,13 @@ TEST_F(CudaBackendTest, CopyAndFillRandomMatchCpu) {
     ASSERT_TRUE(gpu_->copy(g.value(), dst.value()).ok());
     EXPECT_EQ(fetch(*gpu_, dst.value()), fetch(*gpu_, g.value()));
   }
+  // convert: fp32 -> bf16 rounds once; bf16 -> fp32 is exact.
+  const auto f = random_vector(769, -3.f, 3.f, 9);
+  Tensor src = gpu({769}, f, DType::kF32), half = gpu({769}, f), back = gpu({769}, f, DType::kF32);
+  ASSERT_TRUE(gpu_->convert(src, half).ok());
+  EXPECT_EQ(fetch(*gpu_, half), round_bf16(f));
+  ASSERT_TRUE(gpu_->convert(half, back).ok());
+  EXPECT_EQ(fetch(*gpu_, back), round_bf16(f));
   // Views: copying one row into the middle of another tensor touches only that row.
   const auto host = random_vector(7 * 37, -1.f, 1.f, 5);
   Tensor a = gpu({7, 37}, host), b = gpu({7, 37}, std::vector<float>(7 * 37, 0.f));
@@ -305,7 +312,7 @@ TEST_F(CudaBackendTest, RopeAbsolutePositionsAndReupload) {
   }
   for (int64_t rows : kRows) {
     const int64_t width = int64_t{heads} * head_dim;
-    std::vector<int64_t> pos_a(size_t(rows)), pos_b(size_t(rows));
+    std::vector<int64_t> pos_a(static_cast<size_t>(rows)), pos_b(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       pos_a[r] = 100000 + 3 * r;  // long-context positions: angles far beyond 2 pi
       pos_b[r] = (r * 7) % 41;    // not sorted
@@ -337,7 +344,7 @@ void attention_naive(const kernels::AttnParams& p, std::vector<float>& o, std::v
       const int64_t visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, p.n_kv);
       if (visible == 0) continue;
       const float* qi = q + (int64_t{i} * p.heads + h) * d;
-      std::vector<float> s(size_t(visible));
+      std::vector<float> s(static_cast<size_t>(visible));
       float mx = kNegInf;
       for (int64_t j = 0; j < visible; ++j) {
         const float* kj = k + (j * p.kv_heads + g) * d;
@@ -346,7 +353,7 @@ void attention_naive(const kernels::AttnParams& p, std::vector<float>& o, std::v
         s[j] = dot * p.scale;
         mx = std::max(mx, s[j]);
       }
-      std::vector<float> acc(size_t(d), 0.f);
+      std::vector<float> acc(static_cast<size_t>(d), 0.f);
       float sum = 0.f;
       for (int64_t j = 0; j < visible; ++j) {
         const float pj = std::exp(s[j] - mx);

@@ -32,6 +32,13 @@ class Backend {
   virtual Status download(const Tensor& src, std::vector<float>& host) = 0;
   // dst = src, same dtype and element count (device to device).
   virtual Status copy(const Tensor& src, Tensor& dst) = 0;
+  // dst = src converted to dst's dtype (same element count); the ring's fp32 accumulators
+  // become activations through it. Backends with one dtype only need the same-dtype copy.
+  virtual Status convert(const Tensor& src, Tensor& dst) {
+    if (src.dtype == dst.dtype) return copy(src, dst);
+    return Status::error(name() + " convert: " + src.describe() + " -> " + dst.describe() +
+                         " is not supported");
+  }
   // Fills t with uniform values in [-scale, scale] from a counter-based generator keyed by
   // seed (deterministic on every backend), or with `scale` itself when constant is true.
   virtual Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) = 0;

@@ -39,6 +39,12 @@ class Communicator {
   // Posts a receive of exactly `bytes` into `data` from `peer`.
   virtual Result<std::unique_ptr<CommHandle>> irecv(void* data, size_t bytes, int peer,
                                                     int tag) = 0;
+  // The ring exchange: a send to `send_peer` and a receive from `recv_peer` posted as one
+  // operation (NCCL must group the pair or every rank's send waits on a receive queued behind
+  // it). The default posts isend + irecv and waits on both.
+  virtual Result<std::unique_ptr<CommHandle>> isendrecv(const void* send, int send_peer,
+                                                        void* recv, int recv_peer, size_t bytes,
+                                                        int tag);
   // out holds world_size blocks of `bytes`, block r from rank r (in rank order on every rank).
   virtual Status all_gather(const void* in, void* out, size_t bytes) = 0;
   // data on every rank becomes root's data.

@@ -52,7 +52,8 @@ class RingAttention final : public AttentionContext {
   Status prefill(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out);
   Status decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos,
                 Tensor& out);
-  Status ensure(Tensor& t, int64_t numel);
+  // t becomes a [shape] tensor of dtype, reusing its buffer when large enough.
+  Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype);
 
   Backend& backend_;
   Communicator& comm_;

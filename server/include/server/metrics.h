@@ -1,0 +1,54 @@
+// Server metrics in the Prometheus text exposition format (version 0.0.4), thread-safe. Names
+// follow vLLM's where one exists (burst_ prefix instead of vllm:), so existing dashboards map
+// over: time_to_first_token_seconds, time_per_output_token_seconds,
+// e2e_request_latency_seconds, request_queue_time_seconds (histograms, buckets up to 600 s:
+// long-context prefills take minutes), prompt/generation token counters, running/waiting
+// request gauges and KV-cache use.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace burst::server {
+
+class Histogram {
+ public:
+  Histogram(std::string name, std::string help);
+  void observe(double v);
+  void render(std::string* out) const;
+
+ private:
+  std::string name_, help_;
+  mutable std::mutex mu_;
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative); last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct Metrics {
+  Histogram ttft{"burst_time_to_first_token_seconds",
+                 "Time from request arrival to its first token (queue + prefill)."};
+  Histogram tpot{"burst_time_per_output_token_seconds", "Time between consecutive tokens."};
+  Histogram e2e{"burst_e2e_request_latency_seconds", "Time from arrival to the last token."};
+  Histogram queue{"burst_request_queue_time_seconds", "Time a request waited in the queue."};
+  std::atomic<uint64_t> prompt_tokens{0};
+  std::atomic<uint64_t> generation_tokens{0};
+  std::atomic<uint64_t> requests_ok{0};         // finished (stop, length)
+  std::atomic<uint64_t> requests_cancelled{0};  // client gone or cancelled
+  std::atomic<uint64_t> requests_failed{0};     // worker failure or internal error
+  std::atomic<uint64_t> requests_rejected{0};   // admission: too large, queue full, draining
+  std::atomic<uint64_t> worker_restarts{0};
+  std::atomic<int64_t> running{0};
+  std::atomic<int64_t> waiting{0};
+  std::atomic<int64_t> kv_used_tokens{0};  // tokens held in the workers' KV shards
+  std::atomic<int64_t> kv_capacity_tokens{0};
+  std::atomic<int> healthy{0};
+
+  std::string render() const;
+};
+
+}  // namespace burst::server

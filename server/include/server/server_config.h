@@ -1,0 +1,61 @@
+// burst-server's configuration: a JSON file (--config FILE; unknown keys are errors, so a typo
+// never silently falls back to a default) overridden by command-line flags. The defaults are
+// configs/cpu-tiny.json: the tiny KJV model on 2 CPU workers, bound to 127.0.0.1. Relative paths
+// in a config file resolve against the current directory, or else against the config file's
+// parent directory (the repository root for configs/*.json), so the shipped configs work from
+// any directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/status.h"
+
+namespace burst::server {
+
+struct ServerConfig {
+  std::string model;        // Hugging Face LLaMA directory
+  std::string tokenizer;    // tokenizer.model (default: MODEL/tokenizer.model)
+  std::string model_name;   // the name clients use (default: the model directory's name)
+  std::string device = "cpu";
+  int workers = 2;
+  int threads_per_worker = 0;  // 0: cores / workers
+  std::string layout = "zigzag";
+  std::string host = "127.0.0.1";
+  int grpc_port = 50051;  // 0: any free port; -1: no gRPC
+  int http_port = 8080;   // 0: any free port; -1: no HTTP
+  std::string port_file;  // written once both ports are bound: {"http_port": N, "grpc_port": M}
+  std::string api_key;    // empty: no authentication (also read from $BURST_API_KEY)
+  std::string join;       // multi-node: wait for remote workers (not implemented yet)
+  int64_t max_context = 0;   // longest prompt accepted; 0: the model's max_position_embeddings
+  int64_t kv_capacity = 0;   // prompt + generated tokens one request may hold; 0: max_context
+  int max_tokens_limit = 0;  // largest max_tokens accepted; 0: kv_capacity
+  int max_queue = 64;        // waiting requests beyond which new ones get 503
+  int64_t max_body_bytes = 8 << 20;
+  int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
+  int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
+  int start_timeout_ms = 120000;
+};
+
+constexpr const char* kServerUsage =
+    R"(usage: burst-server [--config FILE] [--model DIR] [--tokenizer FILE] [--model-name NAME]
+                    [--device cpu|cuda] [--workers N] [--threads-per-worker N]
+                    [--host ADDR] [--grpc-port P] [--http-port P] [--port-file FILE]
+                    [--api-key KEY] [--max-context N] [--kv-capacity N] [--max-queue N]
+                    [--keepalive-ms MS] [--drain-timeout-ms MS] [--join HOST:PORT]
+
+  --config FILE     JSON config (keys as the flags, with '_' for '-'); flags override it.
+                    Without it: configs/cpu-tiny.json's settings (tiny model, 2 CPU workers)
+  --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
+  --port-file FILE  write {"http_port": N, "grpc_port": M} once both are bound
+  --api-key KEY     require "Authorization: Bearer KEY" (HTTP) / authorization metadata (gRPC)
+)";
+
+// Parses argv (defaults, then --config, then the other flags). An error message means usage
+// error (exit 2); --help sets help.
+Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help);
+
+// Reads a config file over `base` (for tests and the embedded default).
+Status apply_config_file(const std::string& path, ServerConfig* config);
+
+}  // namespace burst::server

@@ -1,0 +1,178 @@
+#include "server/server_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace burst::server {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// One table drives both the JSON keys and the flags, so the two can never disagree.
+struct Field {
+  enum class Kind { kString, kInt, kInt64, kPath };
+  Kind kind;
+  void* target;
+};
+
+std::map<std::string, Field> fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
+      {"model", {K::kPath, &c->model}},
+      {"tokenizer", {K::kPath, &c->tokenizer}},
+      {"model_name", {K::kString, &c->model_name}},
+      {"device", {K::kString, &c->device}},
+      {"workers", {K::kInt, &c->workers}},
+      {"threads_per_worker", {K::kInt, &c->threads_per_worker}},
+      {"layout", {K::kString, &c->layout}},
+      {"host", {K::kString, &c->host}},
+      {"grpc_port", {K::kInt, &c->grpc_port}},
+      {"http_port", {K::kInt, &c->http_port}},
+      {"port_file", {K::kString, &c->port_file}},
+      {"api_key", {K::kString, &c->api_key}},
+      {"join", {K::kString, &c->join}},
+      {"max_context", {K::kInt64, &c->max_context}},
+      {"kv_capacity", {K::kInt64, &c->kv_capacity}},
+      {"max_tokens_limit", {K::kInt, &c->max_tokens_limit}},
+      {"max_queue", {K::kInt, &c->max_queue}},
+      {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
+      {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
+      {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
+      {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
+  };
+}
+
+// A relative path from a config file: as given if it exists from here, else from the config
+// file's parent directory (configs/x.json -> the repository root).
+std::string resolve(const std::string& p, const fs::path& config_path) {
+  if (p.empty() || fs::path(p).is_absolute() || fs::exists(p)) return p;
+  const fs::path alt = fs::absolute(config_path).parent_path().parent_path() / p;
+  return fs::exists(alt) ? alt.lexically_normal().string() : p;
+}
+
+Status set_from_string(const std::string& key, const Field& f, const std::string& text) {
+  try {
+    size_t used = 0;
+    switch (f.kind) {
+      case Field::Kind::kString:
+      case Field::Kind::kPath:
+        *static_cast<std::string*>(f.target) = text;
+        return {};
+      case Field::Kind::kInt:
+        *static_cast<int*>(f.target) = std::stoi(text, &used);
+        break;
+      case Field::Kind::kInt64:
+        *static_cast<int64_t*>(f.target) = std::stoll(text, &used);
+        break;
+    }
+    if (used != text.size()) return Status::error("bad value '" + text + "' for " + key);
+  } catch (const std::exception&) {
+    return Status::error("bad value '" + text + "' for " + key);
+  }
+  return {};
+}
+
+Status validate(const ServerConfig& c) {
+  if (c.model.empty()) return Status::error("no model (set \"model\" or --model)");
+  if (c.workers < 1 || c.workers > 64) return Status::error("workers must be in 1..64");
+  if (c.layout != "zigzag" && c.layout != "contiguous") {
+    return Status::error("layout must be zigzag or contiguous");
+  }
+  for (int p : {c.grpc_port, c.http_port}) {
+    if (p < -1 || p > 65535) return Status::error("ports must be in -1..65535");
+  }
+  if (c.grpc_port == -1 && c.http_port == -1) return Status::error("both APIs are disabled");
+  if (c.max_queue < 0) return Status::error("max_queue must be >= 0");
+  if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
+  if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
+  if (c.max_context < 0 || c.kv_capacity < 0 || c.max_tokens_limit < 0) {
+    return Status::error("max_context, kv_capacity and max_tokens_limit must be >= 0");
+  }
+  return {};
+}
+
+}  // namespace
+
+Status apply_config_file(const std::string& path, ServerConfig* config) {
+  std::ifstream f(path);
+  if (!f) return Status::error("cannot read config file " + path);
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    return Status::error(path + ": " + e.what());
+  }
+  if (!j.is_object()) return Status::error(path + ": the config must be a JSON object");
+  auto table = fields(config);
+  for (const auto& [key, value] : j.items()) {
+    auto it = table.find(key);
+    if (it == table.end()) return Status::error(path + ": unknown key \"" + key + "\"");
+    const Field& fd = it->second;
+    const bool want_string = fd.kind == Field::Kind::kString || fd.kind == Field::Kind::kPath;
+    if (want_string ? !value.is_string() : !value.is_number_integer()) {
+      return Status::error(path + ": \"" + key + "\" must be " +
+                           (want_string ? "a string" : "an integer"));
+    }
+    if (want_string) {
+      std::string s = value.get<std::string>();
+      if (fd.kind == Field::Kind::kPath) s = resolve(s, path);
+      *static_cast<std::string*>(fd.target) = s;
+    } else if (fd.kind == Field::Kind::kInt) {
+      *static_cast<int*>(fd.target) = value.get<int>();
+    } else {
+      *static_cast<int64_t*>(fd.target) = value.get<int64_t>();
+    }
+  }
+  return {};
+}
+
+Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
+  *help = false;
+  ServerConfig c;
+  // The embedded default: configs/cpu-tiny.json beside the build tree (build/bin/../../configs).
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path embedded = self.parent_path().parent_path().parent_path() / "configs/cpu-tiny.json";
+  std::string config_path;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--config") config_path = argv[i + 1];
+  }
+  if (config_path.empty() && !ec && fs::exists(embedded)) config_path = embedded.string();
+  if (!config_path.empty()) BURST_RETURN_IF_ERROR(apply_config_file(config_path, &c));
+
+  auto table = fields(&c);
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      *help = true;
+      return c;
+    }
+    if (flag.rfind("--", 0) != 0) return Status::error("unexpected argument " + flag);
+    if (i + 1 >= argc) return Status::error("missing value for " + flag);
+    const std::string val = argv[++i];
+    if (flag == "--config") continue;
+    std::string key = flag.substr(2);
+    for (char& ch : key) ch = ch == '-' ? '_' : ch;
+    auto it = table.find(key);
+    if (it == table.end()) return Status::error("unknown flag " + flag);
+    BURST_RETURN_IF_ERROR(set_from_string(flag, it->second, val));
+  }
+  if (c.api_key.empty()) {
+    if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;
+  }
+  if (c.tokenizer.empty() && !c.model.empty()) c.tokenizer = c.model + "/tokenizer.model";
+  if (c.model_name.empty()) c.model_name = fs::path(c.model).lexically_normal().filename();
+  if (c.model_name.empty()) c.model_name = fs::path(c.model).parent_path().filename();
+  BURST_RETURN_IF_ERROR(validate(c));
+  return c;
+}
+
+}  // namespace burst::server
