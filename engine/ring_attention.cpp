@@ -113,12 +113,12 @@ Status RingAttention::prefill(int layer, const Tensor& q, const Tensor& k, const
   const size_t block_bytes = static_cast<size_t>(block_[0].bytes());
 
   for (int s = 0; s < world; ++s) {
-    Tensor& cur = block_[s % 2];
+    Tensor& cur = block_[transfers_ ? s % 2 : 0];
     Tensor& nxt = block_[(s + 1) % 2];
     // Double buffer: post the transfer of the block for step s + 1 before computing step s.
     // `cur` is only read while it is being sent; `nxt` is not touched until its recv completes.
     std::unique_ptr<CommHandle> xfer;
-    if (s + 1 < world) {
+    if (s + 1 < world && transfers_) {
       auto h = comm_.isendrecv(cur.data, next, nxt.data, prev, block_bytes, kTagKv);
       if (!h.ok()) return h.status();
       xfer = h.take();

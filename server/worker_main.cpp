@@ -1,5 +1,5 @@
 // burst-worker: one rank of a worker group. Loads the model, joins the group's communicator
-// (Gloo on CPU), holds its KV-cache shard, and runs Generate commands from its coordinator over
+// (Gloo on CPU, NCCL on GPU), holds its KV-cache shard, and runs Generate commands from its coordinator over
 // the internal WorkerControl gRPC service (proto/burst/v1/worker.proto). Every rank runs the
 // same request in lockstep; rank 0 streams the tokens. After a communicator error the group is
 // broken (a peer died or hung): the worker reports the error on the call, then exits with code 3
@@ -22,6 +22,10 @@
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
 #include "models/generator.h"
+#ifdef BURST_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/nccl_communicator.h"
+#endif
 
 namespace {
 
@@ -195,8 +199,18 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return fail(a, backend.message());
   auto model = models::load_model(*backend.value(), a.model);
   if (!model.ok()) return fail(a, model.message());
-  auto comm = engine::make_gloo_communicator({a.rank, a.world, a.store, "127.0.0.1",
-                                              std::chrono::milliseconds(a.comm_timeout_ms)});
+  const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
+  Result<std::unique_ptr<engine::Communicator>> comm = Status::error("no communicator");
+  if (backend.value()->device() == engine::DeviceKind::kCuda) {
+#ifdef BURST_HAVE_CUDA
+    auto streams = engine::cuda_streams(*backend.value());
+    if (!streams.ok()) return fail(a, streams.message());
+    comm = engine::make_nccl_communicator(
+        {a.rank, a.world, streams.value().device, a.store, streams.value().compute, timeout});
+#endif
+  } else {
+    comm = engine::make_gloo_communicator({a.rank, a.world, a.store, "127.0.0.1", timeout});
+  }
   if (!comm.ok()) return fail(a, comm.message());
   auto ring = engine::RingAttention::create(*backend.value(), *comm.value(),
                                             model.value()->attention_shape(), a.kv_capacity);

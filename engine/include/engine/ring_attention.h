@@ -45,6 +45,9 @@ class RingAttention final : public AttentionContext {
   int64_t capacity() const override { return capacity_; }
   void clear() override;
   const RingStats& stats() const { return stats_; }
+  // Benchmarks only: when false, every step reuses the block in hand instead of receiving the
+  // next one (same kernels, same shapes, no transfer), which measures compute alone.
+  void set_transfers(bool on) { transfers_ = on; }
 
  private:
   RingAttention(Backend& backend, Communicator& comm, AttentionShape shape, int64_t capacity)
@@ -61,6 +64,7 @@ class RingAttention final : public AttentionContext {
   int64_t capacity_;
   ShardPlan plan_;
   bool decoding_ = false;
+  bool transfers_ = true;
   std::vector<Tensor> k_, v_;     // per layer [capacity, kv_heads * head_dim]
   std::vector<int64_t> lengths_;  // per layer, valid rows
   // Scratch: two packed KV blocks (double buffer), partial and accumulated (o, lse).

@@ -1,0 +1,185 @@
+// burst-bench-ring: the BurstAttention ring on N GPUs (one process per GPU, NCCL), one attention
+// layer at a given shape, for several total sequence lengths. For each length it reports the
+// ring's time per layer, the same kernels with transfers switched off (compute alone), one
+// hop's transfer alone, and the exposed communication (ring - compute alone).
+//
+// usage: burst-bench-ring --world N [--seq 32768,131072] [--heads 32] [--kv-heads 32]
+//                         [--head-dim 128] [--reps 5] [--out FILE.json]
+#include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/nccl_communicator.h"
+#include "engine/ring_attention.h"
+
+namespace {
+
+using namespace burst;
+using namespace burst::engine;
+
+struct Opts {
+  int world = 2, heads = 32, kv_heads = 32, head_dim = 128, reps = 5;
+  std::vector<int64_t> seqs = {32768, 131072};
+  std::string out;
+};
+
+int fail(int rank, const std::string& what) {
+  std::fprintf(stderr, "burst-bench-ring rank %d: %s\n", rank, what.c_str());
+  return 1;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run_rank(const Opts& o, int rank, const std::string& store) {
+  auto backend = make_cuda_backend(rank);
+  if (!backend.ok()) return fail(rank, backend.message());
+  auto streams = cuda_streams(*backend.value());
+  if (!streams.ok()) return fail(rank, streams.message());
+  const cudaStream_t stream = streams.value().compute;
+  auto comm = make_nccl_communicator({rank, o.world, rank, store, stream,
+                                      std::chrono::milliseconds(120000)});
+  if (!comm.ok()) return fail(rank, comm.message());
+  Backend& be = *backend.value();
+  std::ostringstream json;
+  json << "[";
+  for (size_t si = 0; si < o.seqs.size(); ++si) {
+    const int64_t seq = o.seqs[si];
+    const auto plan = ShardPlan::make(ShardLayout::kZigzag, seq, o.world);
+    const int64_t rows = plan.local_rows(rank);
+    const int64_t qw = int64_t{o.heads} * o.head_dim, kvw = int64_t{o.kv_heads} * o.head_dim;
+    auto q = be.alloc({rows, qw}, be.compute_dtype());
+    auto k = be.alloc({rows, kvw}, be.compute_dtype());
+    auto v = be.alloc({rows, kvw}, be.compute_dtype());
+    auto out = be.alloc({rows, qw}, be.compute_dtype());
+    for (auto* t : {&q, &k, &v, &out}) {
+      if (!t->ok()) return fail(rank, "seq " + std::to_string(seq) + ": " + t->message());
+    }
+    be.fill_random(q.value(), 11 + rank, 1.f, false);
+    be.fill_random(k.value(), 23 + rank, 1.f, false);
+    be.fill_random(v.value(), 37 + rank, 1.f, false);
+    auto ring = RingAttention::create(be, *comm.value(), {1, o.heads, o.kv_heads, o.head_dim},
+                                      rows + 8);
+    if (!ring.ok()) return fail(rank, ring.message());
+    std::vector<int64_t> positions;
+    for (const auto& sg : plan.segments(rank)) {
+      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
+    }
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    auto time_ring = [&](bool transfers) -> Result<double> {
+      ring.value()->set_transfers(transfers);
+      std::vector<double> ms;
+      for (int r = 0; r < o.reps + 1; ++r) {
+        BURST_RETURN_IF_ERROR(comm.value()->barrier());  // every rank starts the layer together
+        ring.value()->begin_prefill(plan);
+        cudaEventRecord(a, stream);
+        BURST_RETURN_IF_ERROR(ring.value()->attend(0, q.value(), k.value(), v.value(), positions,
+                                                   out.value()));
+        cudaEventRecord(b, stream);
+        BURST_RETURN_IF_ERROR(be.synchronize());
+        float t = 0;
+        cudaEventElapsedTime(&t, a, b);
+        if (r > 0) ms.push_back(t);  // the first is the warm-up
+      }
+      return median(ms);
+    };
+    auto with = time_ring(true);
+    if (!with.ok()) return fail(rank, with.message());
+    auto without = time_ring(false);
+    if (!without.ok()) return fail(rank, without.message());
+    // One hop alone: a packed K+V block (bytes), sent to the next rank while the previous
+    // rank's arrives in the second half of the buffer.
+    const size_t block = static_cast<size_t>(2 * rows * kvw * dtype_size(be.compute_dtype()));
+    auto buf = be.alloc({2, static_cast<int64_t>(block / 2)}, DType::kBF16);  // 2 x block bytes
+    if (!buf.ok()) return fail(rank, buf.message());
+    std::vector<double> hop;
+    for (int r = 0; r < o.reps + 1; ++r) {
+      comm.value()->barrier();
+      cudaEventRecord(a, stream);
+      auto h = comm.value()->isendrecv(buf.value().data, (rank + 1) % o.world,
+                                       static_cast<char*>(buf.value().data) + block,
+                                       (rank - 1 + o.world) % o.world, block, 7);
+      if (!h.ok()) return fail(rank, h.message());
+      h.value()->wait();
+      cudaEventRecord(b, stream);
+      be.synchronize();
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      if (r > 0) hop.push_back(t);
+    }
+    const double hop_ms = median(hop);
+    const double flops = 4.0 * seq * seq * o.head_dim * o.heads / 2 / o.world;  // causal, per GPU
+    const double exposed = std::max(0.0, with.value() - without.value());
+    if (rank == 0) {
+      std::printf("%8ld tokens  %d GPUs  ring %8.2f ms/layer  compute alone %8.2f ms "
+                  "(%5.1f TFLOP/s/GPU, %7.2f ms/step)  hop %6.2f ms (%5.1f GB/s, %.0f MiB)  "
+                  "exposed %6.2f ms = %4.1f%%\n",
+                  static_cast<long>(seq), o.world, with.value(), without.value(),
+                  flops / without.value() / 1e9, without.value() / o.world, hop_ms,
+                  block / hop_ms / 1e6, block / 1048576.0, exposed,
+                  100.0 * exposed / without.value());
+      std::fflush(stdout);
+      json << (si ? "," : "") << "{\"seq\":" << seq << ",\"world\":" << o.world
+           << ",\"ring_ms\":" << with.value() << ",\"compute_ms\":" << without.value()
+           << ",\"hop_ms\":" << hop_ms << ",\"block_bytes\":" << block
+           << ",\"exposed_ms\":" << exposed << "}";
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  json << "]\n";
+  if (rank == 0 && !o.out.empty()) std::ofstream(o.out) << json.str();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i], v = argv[i + 1];
+    if (f == "--world") o.world = std::stoi(v);
+    else if (f == "--heads") o.heads = std::stoi(v);
+    else if (f == "--kv-heads") o.kv_heads = std::stoi(v);
+    else if (f == "--head-dim") o.head_dim = std::stoi(v);
+    else if (f == "--reps") o.reps = std::stoi(v);
+    else if (f == "--out") o.out = v;
+    else if (f == "--seq") {
+      o.seqs.clear();
+      std::stringstream ss(v);
+      for (std::string x; std::getline(ss, x, ',');) o.seqs.push_back(std::stoll(x));
+    } else {
+      std::fprintf(stderr, "burst-bench-ring: unknown flag %s\n", f.c_str());
+      return 2;
+    }
+  }
+  char tmpl[] = "/tmp/burst-ring-XXXXXX";
+  const std::string store = mkdtemp(tmpl);
+  // Fork before any CUDA call: a CUDA context does not survive fork().
+  std::vector<pid_t> pids;
+  for (int r = 0; r < o.world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(run_rank(o, r, store));
+    pids.push_back(pid);
+  }
+  int worst = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    worst = std::max(worst, WIFEXITED(st) ? WEXITSTATUS(st) : 128);
+  }
+  return worst;
+}

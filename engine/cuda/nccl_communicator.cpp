@@ -1,0 +1,237 @@
+#include "engine/cuda/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+namespace burst::engine {
+
+namespace {
+
+std::string here(const char* file, int line, int rank) {
+  return std::string(file) + ":" + std::to_string(line) + " rank " + std::to_string(rank) + ": ";
+}
+
+#define NCCL_TRY(expr)                                                                    \
+  do {                                                                                    \
+    const ncclResult_t _r = (expr);                                                       \
+    if (_r != ncclSuccess && _r != ncclInProgress) {                                      \
+      return Status::error(here(__FILE__, __LINE__, rank_) + #expr + ": " +              \
+                           ncclGetErrorString(_r) + " (" + ncclGetLastError(comm_) + ")"); \
+    }                                                                                     \
+  } while (0)
+
+#define CUDA_TRY(expr)                                                                          \
+  do {                                                                                          \
+    const cudaError_t _e = (expr);                                                              \
+    if (_e != cudaSuccess) {                                                                    \
+      return Status::error(here(__FILE__, __LINE__, rank_) + #expr + ": " +                    \
+                           cudaGetErrorString(_e));                                             \
+    }                                                                                           \
+  } while (0)
+
+class NcclHandle final : public CommHandle {
+ public:
+  NcclHandle(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
+  ~NcclHandle() override { cudaEventDestroy(done_); }
+  // Stream-ordered: later compute waits for the transfer; the host does not block.
+  Status wait() override {
+    const cudaError_t e = cudaStreamWaitEvent(compute_, done_, 0);
+    if (e != cudaSuccess) return Status::error(std::string("nccl wait: ") + cudaGetErrorString(e));
+    return {};
+  }
+
+ private:
+  cudaEvent_t done_;
+  cudaStream_t compute_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const NcclOptions& o) : opt_(o), rank_(o.rank) {}
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommDestroy(comm_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+    if (staging_) cudaFree(staging_);
+  }
+
+  Status init() {
+    CUDA_TRY(cudaSetDevice(opt_.device));
+    CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    ncclUniqueId id;
+    const std::string path = opt_.store_dir + "/nccl-id";
+    if (rank_ == 0) {
+      NCCL_TRY(ncclGetUniqueId(&id));
+      const std::string tmp = path + ".tmp";
+      {
+        std::ofstream f(tmp, std::ios::binary);
+        f.write(reinterpret_cast<const char*>(&id), sizeof id);
+        if (!f) return Status::error(here(__FILE__, __LINE__, rank_) + "cannot write " + tmp);
+      }
+      std::filesystem::rename(tmp, path);  // readers never see half an id
+    } else {
+      const auto end = std::chrono::steady_clock::now() + opt_.timeout;
+      while (!std::filesystem::exists(path)) {
+        if (std::chrono::steady_clock::now() > end) {
+          return Status::error(here(__FILE__, __LINE__, rank_) + "no NCCL id from rank 0 in " +
+                               path);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::ifstream f(path, std::ios::binary);
+      f.read(reinterpret_cast<char*>(&id), sizeof id);
+    }
+    // Non-blocking init so that a peer that never joins is a timeout, not a hang.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    NCCL_TRY(ncclCommInitRankConfig(&comm_, opt_.world_size, id, rank_, &config));
+    return poll_comm("init");
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return opt_.world_size; }
+
+  Result<std::unique_ptr<CommHandle>> isend(const void* data, size_t bytes, int peer,
+                                            int tag) override {
+    return post(data, peer, nullptr, -1, bytes, tag);
+  }
+  Result<std::unique_ptr<CommHandle>> irecv(void* data, size_t bytes, int peer,
+                                            int tag) override {
+    return post(nullptr, -1, data, peer, bytes, tag);
+  }
+  Result<std::unique_ptr<CommHandle>> isendrecv(const void* send, int send_peer, void* recv,
+                                                int recv_peer, size_t bytes, int tag) override {
+    return post(send, send_peer, recv, recv_peer, bytes, tag);
+  }
+
+  Status all_gather(const void* in, void* out, size_t bytes) override {
+    const size_t total = bytes * static_cast<size_t>(opt_.world_size);
+    if (is_device(out) && is_device(in)) {
+      NCCL_TRY(ncclAllGather(in, out, bytes, ncclChar, comm_, opt_.compute_stream));
+      return poll_comm("all_gather");
+    }
+    // Host buffers: stage, gather on device, copy back (the caller reads them right away).
+    BURST_RETURN_IF_ERROR(ensure_staging(total + bytes));
+    char* dev_out = static_cast<char*>(staging_);
+    char* dev_in = dev_out + total;
+    CUDA_TRY(cudaMemcpyAsync(dev_in, in, bytes, cudaMemcpyDefault, opt_.compute_stream));
+    NCCL_TRY(ncclAllGather(dev_in, dev_out, bytes, ncclChar, comm_, opt_.compute_stream));
+    CUDA_TRY(cudaMemcpyAsync(out, dev_out, total, cudaMemcpyDefault, opt_.compute_stream));
+    return sync(opt_.compute_stream, "all_gather");
+  }
+
+  Status broadcast(void* data, size_t bytes, int root) override {
+    if (is_device(data)) {
+      NCCL_TRY(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, opt_.compute_stream));
+      return poll_comm("broadcast");
+    }
+    BURST_RETURN_IF_ERROR(ensure_staging(bytes));
+    CUDA_TRY(cudaMemcpyAsync(staging_, data, bytes, cudaMemcpyDefault, opt_.compute_stream));
+    NCCL_TRY(ncclBroadcast(staging_, staging_, bytes, ncclChar, root, comm_, opt_.compute_stream));
+    CUDA_TRY(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDefault, opt_.compute_stream));
+    return sync(opt_.compute_stream, "broadcast");
+  }
+
+  Status barrier() override {
+    int32_t token = 0;
+    return broadcast(&token, sizeof token, 0);
+  }
+
+ private:
+  Result<std::unique_ptr<CommHandle>> post(const void* send, int send_peer, void* recv,
+                                           int recv_peer, size_t bytes, int) {
+    cudaEvent_t ready, done;
+    CUDA_TRY(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    // The block to send was written by kernels on the compute stream: order the transfer after
+    // them, without blocking the host.
+    CUDA_TRY(cudaEventRecord(ready, opt_.compute_stream));
+    CUDA_TRY(cudaStreamWaitEvent(comm_stream_, ready, 0));
+    cudaEventDestroy(ready);
+    NCCL_TRY(ncclGroupStart());
+    if (send) NCCL_TRY(ncclSend(send, bytes, ncclChar, send_peer, comm_, comm_stream_));
+    if (recv) NCCL_TRY(ncclRecv(recv, bytes, ncclChar, recv_peer, comm_, comm_stream_));
+    NCCL_TRY(ncclGroupEnd());
+    BURST_RETURN_IF_ERROR(poll_comm("send/recv"));
+    CUDA_TRY(cudaEventRecord(done, comm_stream_));
+    return std::unique_ptr<CommHandle>(new NcclHandle(done, opt_.compute_stream));
+  }
+
+  // Waits until the communicator has no operation in progress (non-blocking mode), failing on
+  // an asynchronous error.
+  Status poll_comm(const char* what) {
+    const auto end = std::chrono::steady_clock::now() + opt_.timeout;
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return {};
+      if (state != ncclInProgress) return abort(what, ncclGetErrorString(state));
+      if (std::chrono::steady_clock::now() > end) return abort(what, "timed out");
+      std::this_thread::yield();
+    }
+  }
+
+  // Host-blocking wait for a stream, with the deadline and async-error checks.
+  Status sync(cudaStream_t s, const char* what) {
+    const auto end = std::chrono::steady_clock::now() + opt_.timeout;
+    while (true) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaSuccess) return {};
+      if (e != cudaErrorNotReady) return abort(what, cudaGetErrorString(e));
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return abort(what, ncclGetErrorString(state));
+      }
+      if (std::chrono::steady_clock::now() > end) return abort(what, "timed out");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // After a failure the communicator cannot be trusted: abort it so no kernel waits forever.
+  Status abort(const char* what, const std::string& why) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return Status::error("nccl " + std::string(what) + " on rank " + std::to_string(rank_) +
+                         " failed: " + why);
+  }
+
+  Status ensure_staging(size_t bytes) {
+    if (bytes <= staging_bytes_) return {};
+    if (staging_) cudaFree(staging_);
+    staging_ = nullptr;
+    CUDA_TRY(cudaMalloc(&staging_, bytes));
+    staging_bytes_ = bytes;
+    return {};
+  }
+
+  static bool is_device(const void* p) {
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error of an unknown host pointer
+      return false;
+    }
+    return attr.type == cudaMemoryTypeDevice;
+  }
+
+  NcclOptions opt_;
+  int rank_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;
+  void* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& options) {
+  auto c = std::make_unique<NcclCommunicator>(options);
+  BURST_RETURN_IF_ERROR(c->init());
+  return std::unique_ptr<Communicator>(std::move(c));
+}
+
+}  // namespace burst::engine

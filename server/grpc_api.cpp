@@ -1,0 +1,240 @@
+#include "server/grpc_api.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <random>
+
+#include "burst/v1/burst.grpc.pb.h"
+
+namespace burst::server {
+
+namespace pb = burst::v1;
+
+namespace {
+
+grpc::StatusCode grpc_code(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kInvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
+    case ErrorCode::kUnauthenticated: return grpc::StatusCode::UNAUTHENTICATED;
+    case ErrorCode::kNotFound: return grpc::StatusCode::INVALID_ARGUMENT;
+    case ErrorCode::kTooLarge: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case ErrorCode::kUnavailable: return grpc::StatusCode::UNAVAILABLE;
+    case ErrorCode::kInternal: return grpc::StatusCode::INTERNAL;
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+std::string request_id() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "req-%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+}  // namespace
+
+class GrpcApi::Service final : public pb::Burst::Service {
+ public:
+  Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
+      : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {}
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
+                        grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    try {
+      return generate(ctx, req, writer);
+    } catch (const std::exception& e) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
+    }
+  }
+
+  grpc::Status Tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
+                        pb::TokenizeResponse* resp) override {
+    if (auto st = check_auth(ctx); !st.ok()) return st;
+    auto ids = tokenizer_.encode(req->text(), req->add_bos(), false);
+    if (!ids.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text: " + ids.message());
+    }
+    resp->mutable_ids()->Add(ids.value().begin(), ids.value().end());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ModelInfo(grpc::ServerContext* ctx, const pb::ModelInfoRequest*,
+                         pb::ModelInfoResponse* resp) override {
+    if (auto st = check_auth(ctx); !st.ok()) return st;
+    resp->set_model(config_.model_name);
+    resp->set_vocab_size(scheduler_.vocab_size());
+    resp->set_max_context(scheduler_.max_context());
+    resp->set_workers(scheduler_.workers());
+    resp->set_device(scheduler_.device());
+    return grpc::Status::OK;
+  }
+
+ private:
+  grpc::Status check_auth(grpc::ServerContext* ctx) const {
+    if (config_.api_key.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it == md.end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing API key (metadata authorization: Bearer KEY)");
+    }
+    if (std::string(it->second.data(), it->second.size()) != "Bearer " + config_.api_key) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong API key");
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
+                        grpc::ServerWriter<pb::GenerateResponse>* writer) {
+    if (auto st = check_auth(ctx); !st.ok()) return st;
+    if (!req->model().empty() && req->model() != config_.model_name) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "unknown model '" + req->model() + "'; this server serves '" +
+                              config_.model_name + "'");
+    }
+    ScheduledRequest r;
+    r.id = request_id();
+    switch (req->prompt_case()) {
+      case pb::GenerateRequest::kText: {
+        if (req->text().empty()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
+        }
+        auto ids = tokenizer_.encode(req->text(), true, false);
+        if (!ids.ok()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: " + ids.message());
+        }
+        r.prompt.assign(ids.value().begin(), ids.value().end());
+        break;
+      }
+      case pb::GenerateRequest::kTokenIds:
+        r.prompt.assign(req->token_ids().ids().begin(), req->token_ids().ids().end());
+        break;
+      default:
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
+    }
+    r.max_tokens = req->max_tokens();
+    r.sampling.temperature = req->sampling().temperature();
+    r.sampling.top_k = req->sampling().top_k();
+    // proto3 cannot tell an unset top_p from 0; 0 is documented as "off".
+    r.sampling.top_p = req->sampling().top_p() == 0.f ? 1.f : req->sampling().top_p();
+    r.sampling.seed = req->sampling().seed();
+    if (r.sampling.temperature < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "temperature must be >= 0");
+    }
+    if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "top_p must be in (0, 1]");
+    }
+    r.stop.assign(req->stop().begin(), req->stop().end());
+    r.return_progress = req->return_progress();
+    const std::string id = r.id;
+    ApiError err;
+    auto stream = scheduler_.submit(std::move(r), &err);
+    if (!stream) return grpc::Status(grpc_code(err.code), err.message);
+    for (;;) {
+      // Polls the call's cancellation between events: a cancelled call (or a gone client)
+      // stops generation at the next token.
+      if (ctx->IsCancelled()) {
+        stream->cancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      }
+      auto ev = stream->next(std::chrono::milliseconds(100));
+      if (!ev) continue;
+      pb::GenerateResponse out;
+      switch (ev->kind) {
+        case Event::Kind::kStarted: {
+          auto* s = out.mutable_started();
+          s->set_request_id(id);
+          s->set_prompt_tokens(static_cast<int32_t>(ev->prompt_tokens));
+          s->set_queue_ms(ev->queue_ms);
+          break;
+        }
+        case Event::Kind::kProgress:
+          out.mutable_progress()->set_prefilled_fraction(ev->fraction);
+          break;
+        case Event::Kind::kToken: {
+          auto* t = out.mutable_token();
+          t->set_id(ev->token);
+          t->set_text(ev->text);
+          if (ev->ttft_ms >= 0) t->set_ttft_ms(ev->ttft_ms);
+          break;
+        }
+        case Event::Kind::kFinished: {
+          auto* f = out.mutable_finished();
+          const FinishInfo& fi = ev->finish;
+          f->set_finish_reason(fi.reason);
+          f->set_prompt_tokens(static_cast<int32_t>(fi.prompt_tokens));
+          f->set_completion_tokens(static_cast<int32_t>(fi.completion_tokens));
+          f->set_prefill_ms(fi.prefill_ms);
+          f->set_decode_tokens_per_s(fi.decode_tokens_per_s);
+          f->set_ttft_ms(fi.ttft_ms);
+          f->set_queue_ms(fi.queue_ms);
+          writer->Write(out);
+          return grpc::Status::OK;
+        }
+        case Event::Kind::kError:
+          return grpc::Status(grpc_code(ev->error.code), ev->error.message);
+      }
+      if (!writer->Write(out)) {
+        stream->cancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client is gone");
+      }
+    }
+  }
+
+  const ServerConfig& config_;
+  Scheduler& scheduler_;
+  const Tokenizer& tokenizer_;
+};
+
+GrpcApi::GrpcApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
+    : config_(config), scheduler_(scheduler), tokenizer_(tokenizer),
+      service_(std::make_unique<Service>(config, scheduler, tokenizer)) {}
+
+GrpcApi::~GrpcApi() { stop(); }
+
+Result<int> GrpcApi::start() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string host = config_.host.find(':') != std::string::npos
+                               ? "[" + config_.host + "]"
+                               : config_.host;
+  builder.AddListeningPort(host + ":" + std::to_string(config_.grpc_port),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_body_bytes));
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) {
+    return Status::error("cannot bind gRPC on " + config_.host + ":" +
+                         std::to_string(config_.grpc_port));
+  }
+  health_thread_ = std::thread([this] {
+    int last = -1;
+    while (!stop_) {
+      const int now = scheduler_.healthy() && !scheduler_.draining() ? 1 : 0;
+      if (now != last) {
+        server_->GetHealthCheckService()->SetServingStatus(now == 1);
+        server_->GetHealthCheckService()->SetServingStatus("burst.v1.Burst", now == 1);
+        last = now;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  return port;
+}
+
+void GrpcApi::stop() {
+  if (!server_) return;
+  stop_ = true;
+  if (health_thread_.joinable()) health_thread_.join();
+  server_->GetHealthCheckService()->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace burst::server

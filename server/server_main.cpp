@@ -1,0 +1,135 @@
+// burst-server: the frontend process. Reads the config (--config FILE, flags override; default
+// configs/cpu-tiny.json), loads the tokenizer, starts the scheduler (which spawns and supervises
+// the worker group), then serves HTTP (OpenAI-compatible) and gRPC. Binds 127.0.0.1 unless told
+// otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE, requests in flight get
+// drain_timeout_ms to finish and are then cancelled, the listeners close, the workers stop, and
+// the process exits 0. Usage errors exit 2; start-up failures exit 1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "models/config.h"
+#include "server/grpc_api.h"
+#include "server/http_api.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/server_config.h"
+#include "server/tokenizer.h"
+
+namespace {
+
+// A flag, not sigwait: blocking the signals would be inherited by the forked workers.
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+int fail(const std::string& msg) {
+  spdlog::error("{}", msg);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace burst;
+  using namespace burst::server;
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [burst-server] [%^%l%$] %v");
+  bool help = false;
+  auto parsed = parse_server_args(argc, argv, &help);
+  if (help) {
+    std::cout << kServerUsage;
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << "burst-server: " << parsed.message() << "\n" << kServerUsage;
+    return 2;
+  }
+  ServerConfig cfg = parsed.take();
+  if (!cfg.join.empty()) {
+    std::cerr << "burst-server: --join (remote workers, multi-node) is not implemented yet\n";
+    return 2;
+  }
+
+  auto model_cfg = models::load_config(cfg.model);
+  if (!model_cfg.ok()) return fail(model_cfg.message());
+  auto tok = Tokenizer::load(cfg.tokenizer);
+  if (!tok.ok()) return fail("tokenizer: " + tok.message());
+  std::unique_ptr<Tokenizer> tokenizer = tok.take();
+
+  if (cfg.max_context == 0) cfg.max_context = model_cfg.value().max_position_embeddings;
+  if (cfg.kv_capacity == 0) cfg.kv_capacity = cfg.max_context;
+  if (cfg.max_tokens_limit == 0) cfg.max_tokens_limit = static_cast<int>(cfg.kv_capacity);
+
+  SchedulerOptions so;
+  so.group.model = models::ModelSpec{cfg.model, "", 0};
+  so.group.workers = cfg.workers;
+  so.group.device = cfg.device;
+  so.group.kv_capacity = cfg.kv_capacity;
+  so.group.threads_per_worker = cfg.threads_per_worker;
+  so.group.start_timeout = std::chrono::milliseconds(cfg.start_timeout_ms);
+  so.group.layout = cfg.layout == "contiguous" ? engine::ShardLayout::kContiguous
+                                               : engine::ShardLayout::kZigzag;
+  so.max_context = cfg.max_context;
+  so.max_tokens_limit = cfg.max_tokens_limit;
+  so.max_queue = cfg.max_queue;
+  so.vocab_size = static_cast<int>(model_cfg.value().vocab_size);
+
+  struct sigaction sa = {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a process kill
+
+  Metrics metrics;
+  Scheduler scheduler(so, *tokenizer, metrics);
+  std::optional<HttpApi> http;
+  std::optional<GrpcApi> grpc_api;
+  int http_port = -1, grpc_port = -1;
+  if (cfg.http_port >= 0) {
+    http.emplace(cfg, scheduler, *tokenizer, metrics);
+    auto p = http->start();
+    if (!p.ok()) return fail(p.message());
+    http_port = p.value();
+  }
+  if (cfg.grpc_port >= 0) {
+    grpc_api.emplace(cfg, scheduler, *tokenizer);
+    auto p = grpc_api->start();
+    if (!p.ok()) return fail(p.message());
+    grpc_port = p.value();
+  }
+  spdlog::info("serving model '{}' ({}): HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, "
+               "max context {}, KV capacity {}, auth {}",
+               cfg.model_name, cfg.model, cfg.host, http_port, cfg.host, grpc_port, cfg.workers,
+               cfg.device, cfg.max_context, cfg.kv_capacity, cfg.api_key.empty() ? "off" : "on");
+  if (!cfg.port_file.empty()) {
+    // Written whole then renamed, so a reader never sees half a file.
+    const std::string tmp = cfg.port_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << "{\"http_port\": " << http_port << ", \"grpc_port\": " << grpc_port
+        << ", \"pid\": " << getpid() << "}\n";
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, cfg.port_file, ec);
+    if (ec) return fail("cannot write the port file " + cfg.port_file);
+  }
+
+  while (g_signal == 0) usleep(50 * 1000);
+  spdlog::info("signal {}: draining", static_cast<int>(g_signal));
+  scheduler.drain(std::chrono::milliseconds(cfg.drain_timeout_ms));
+  // The streams have their final events queued; give the API threads a moment to write them
+  // before the listeners close.
+  usleep(300 * 1000);
+  if (grpc_api) grpc_api->stop();
+  if (http) http->stop();
+  spdlog::info("stopped");
+  return 0;
+}
