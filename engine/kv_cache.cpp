@@ -6,18 +6,27 @@
 
 namespace burst::engine {
 
-Result<std::unique_ptr<LocalKvCache>> LocalKvCache::create(Backend& backend, AttentionShape shape,
-                                                           int64_t capacity) {
+Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t capacity,
+                       std::vector<Tensor>& k, std::vector<Tensor>& v) {
   if (capacity <= 0) return Status::error("kv cache: capacity must be > 0");
-  std::unique_ptr<LocalKvCache> c(new LocalKvCache(backend, shape, capacity));
   const int64_t width = int64_t{shape.kv_heads} * shape.head_dim;
   for (int l = 0; l < shape.layers; ++l) {
-    for (auto* list : {&c->k_, &c->v_}) {
+    for (auto* list : {&k, &v}) {
       auto t = backend.alloc({capacity, width}, backend.compute_dtype());
-      if (!t.ok()) return Status::error("kv cache: " + t.message());
+      if (!t.ok()) {
+        return Status::error("kv cache of " + std::to_string(capacity) + " tokens: " +
+                             t.message());
+      }
       list->push_back(t.take());
     }
   }
+  return {};
+}
+
+Result<std::unique_ptr<LocalKvCache>> LocalKvCache::create(Backend& backend, AttentionShape shape,
+                                                           int64_t capacity) {
+  std::unique_ptr<LocalKvCache> c(new LocalKvCache(backend, shape, capacity));
+  BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, capacity, c->k_, c->v_));
   c->lengths_.assign(static_cast<size_t>(shape.layers), 0);
   return c;
 }

@@ -28,16 +28,8 @@ T* at(const Tensor& t, int64_t i) {
 Result<std::unique_ptr<RingAttention>> RingAttention::create(Backend& backend, Communicator& comm,
                                                              AttentionShape shape,
                                                              int64_t capacity) {
-  if (capacity <= 0) return Status::error("ring attention: capacity must be > 0");
   std::unique_ptr<RingAttention> r(new RingAttention(backend, comm, shape, capacity));
-  const int64_t width = int64_t{shape.kv_heads} * shape.head_dim;
-  for (int l = 0; l < shape.layers; ++l) {
-    for (auto* list : {&r->k_, &r->v_}) {
-      auto t = backend.alloc({capacity, width}, backend.compute_dtype());
-      if (!t.ok()) return Status::error("ring kv cache: " + t.message());
-      list->push_back(t.take());
-    }
-  }
+  BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, capacity, r->k_, r->v_));
   r->lengths_.assign(static_cast<size_t>(shape.layers), 0);
   return r;
 }

@@ -31,6 +31,11 @@ struct AttentionShape {
   int head_dim = 0;
 };
 
+// Per-layer K and V buffers of `capacity` rows each, [capacity, kv_heads * head_dim] in the
+// backend's compute dtype: the storage of every attention context.
+Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t capacity,
+                       std::vector<Tensor>& k, std::vector<Tensor>& v);
+
 // A single-process KV cache of `capacity` tokens per layer. New tokens must continue the
 // sequence (positions length(), length() + 1, ...).
 class LocalKvCache final : public AttentionContext {
