@@ -56,7 +56,15 @@ engine::AttentionShape LlamaModel::attention_shape() const {
 
 Status LlamaModel::alloc_weights() {
   layers_.resize(static_cast<size_t>(config_.num_layers));
-  for (auto& w : weight_specs(config_, embed_, final_norm_, lm_head_, layers_)) {
+  const auto specs = weight_specs(config_, embed_, final_norm_, lm_head_, layers_);
+  int64_t bytes = 0;
+  for (const auto& w : specs) {
+    int64_t n = engine::dtype_size(backend_.compute_dtype());
+    for (int64_t d : w.shape) n *= d;
+    bytes += n;
+  }
+  BURST_RETURN_IF_ERROR(backend_.check_fits(bytes, "the model's weights"));
+  for (auto& w : specs) {
     auto t = backend_.alloc(w.shape, backend_.compute_dtype());
     if (!t.ok()) return Status::error("allocating " + w.name + ": " + t.message());
     *w.dst = t.take();

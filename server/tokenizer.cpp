@@ -7,7 +7,7 @@
 // decode(prompt), never splitting a UTF-8 character.
 #include "server/tokenizer.h"
 
-#include <sentencepiece_processor.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <exception>
@@ -17,6 +17,8 @@
 #include <string>
 #include <system_error>
 #include <utility>
+
+#include "server/spm_abi.h"
 
 namespace burst::server {
 namespace {
@@ -107,7 +109,72 @@ size_t complete_prefix(std::string_view text) {
 
 }  // namespace
 
-Tokenizer::~Tokenizer() = default;
+// The functions of libburst_spm.so, resolved once per process.
+struct Tokenizer::Module {
+  decltype(&burst_spm_load) load;
+  decltype(&burst_spm_free) free;
+  decltype(&burst_spm_vocab_size) vocab_size;
+  decltype(&burst_spm_bos) bos;
+  decltype(&burst_spm_eos) eos;
+  decltype(&burst_spm_piece_kind) piece_kind;
+  decltype(&burst_spm_piece) piece;
+  decltype(&burst_spm_encode) encode;
+  decltype(&burst_spm_decode) decode;
+  decltype(&burst_spm_release) release;
+};
+
+namespace {
+
+// RTLD_DEEPBIND: the module and libsentencepiece resolve their protobuf symbols to their own
+// copy, not to the process's libprotobuf (which gRPC loaded). RTLD_LOCAL keeps theirs out of
+// the global scope.
+Result<const Tokenizer::Module*> load_module() {
+  static Tokenizer::Module module;
+  static std::string error;
+  static const bool loaded = [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("BURST_SPM_MODULE")) candidates.emplace_back(env);
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) candidates.push_back((self.parent_path() / "libburst_spm.so").string());
+    candidates.emplace_back(BURST_SPM_MODULE_DEFAULT);
+    void* handle = nullptr;
+    for (const auto& path : candidates) {
+      handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      if (handle) break;
+      const char* why = dlerror();
+      error += (error.empty() ? "" : "; ") + path + ": " + (why ? why : "not loadable");
+    }
+    if (!handle) return false;
+    bool ok = true;
+    auto bind = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+      if (!fn) {
+        ok = false;
+        error = std::string("libburst_spm.so lacks ") + name;
+      }
+    };
+    bind(module.load, "burst_spm_load");
+    bind(module.free, "burst_spm_free");
+    bind(module.vocab_size, "burst_spm_vocab_size");
+    bind(module.bos, "burst_spm_bos");
+    bind(module.eos, "burst_spm_eos");
+    bind(module.piece_kind, "burst_spm_piece_kind");
+    bind(module.piece, "burst_spm_piece");
+    bind(module.encode, "burst_spm_encode");
+    bind(module.decode, "burst_spm_decode");
+    bind(module.release, "burst_spm_release");
+    return ok;
+  }();
+  if (!loaded) return Status::error("tokenizer: cannot load the SentencePiece module (" + error + ")");
+  return &module;
+}
+
+}  // namespace
+
+Tokenizer::~Tokenizer() {
+  if (spm_) module_->free(spm_);
+}
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& model_path) {
   try {
@@ -130,22 +197,20 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& model_path
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (in.bad()) return Status::error("tokenizer: error reading " + model_path);
 
+    auto module = load_module();
+    if (!module.ok()) return module.status();
     std::unique_ptr<Tokenizer> tok(new Tokenizer());
-    tok->sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
-    const auto st = tok->sp_->LoadFromSerializedProto(bytes);
-    if (!st.ok()) {
-      return Status::error("tokenizer: cannot load " + model_path + ": " + st.ToString());
-    }
-    if (tok->sp_->GetPieceSize() <= 0) {
+    tok->module_ = module.value();
+    char err[512] = {0};
+    tok->spm_ = tok->module_->load(bytes.data(), bytes.size(), err, sizeof err);
+    if (!tok->spm_) return Status::error("tokenizer: cannot load " + model_path + ": " + err);
+    if (tok->vocab_size() <= 0) {
       return Status::error("tokenizer: " + model_path + " has an empty vocabulary");
     }
     // The first normal piece that decodes to visible text with no leading space: "a" style.
-    for (int id = 0; id < tok->sp_->GetPieceSize(); ++id) {
-      if (tok->sp_->IsControl(id) || tok->sp_->IsUnknown(id) || tok->sp_->IsUnused(id) ||
-          tok->sp_->IsByte(id)) {
-        continue;
-      }
-      const std::string& p = tok->sp_->IdToPiece(id);
+    for (int id = 0; id < tok->vocab_size(); ++id) {
+      if (tok->module_->piece_kind(tok->spm_, id) != 0) continue;
+      const std::string p = tok->piece(id);
       if (!p.empty() && p.compare(0, kSpaceSymbol.size(), kSpaceSymbol) != 0) {
         tok->anchor_id_ = id;
         break;
@@ -164,19 +229,17 @@ Result<std::vector<int>> Tokenizer::encode(std::string_view text, bool add_bos,
   BURST_RETURN_IF_ERROR(validate_utf8(text));
   if (add_bos && bos_id() < 0) return Status::error("tokenizer: model has no BOS piece");
   if (add_eos && eos_id() < 0) return Status::error("tokenizer: model has no EOS piece");
-  try {
-    std::vector<int> pieces;
-    const auto st = sp_->Encode(text, &pieces);
-    if (!st.ok()) return Status::error("tokenizer: encode failed: " + st.ToString());
-    std::vector<int> ids;
-    ids.reserve(pieces.size() + 2);
-    if (add_bos) ids.push_back(bos_id());
-    ids.insert(ids.end(), pieces.begin(), pieces.end());
-    if (add_eos) ids.push_back(eos_id());
-    return ids;
-  } catch (const std::exception& e) {
-    return Status::error(std::string("tokenizer: encode failed: ") + e.what());
-  }
+  char err[512] = {0};
+  size_t count = 0;
+  int* pieces = module_->encode(spm_, text.data(), text.size(), &count, err, sizeof err);
+  if (!pieces) return Status::error(std::string("tokenizer: encode failed: ") + err);
+  std::vector<int> ids;
+  ids.reserve(count + 2);
+  if (add_bos) ids.push_back(bos_id());
+  ids.insert(ids.end(), pieces, pieces + count);
+  if (add_eos) ids.push_back(eos_id());
+  module_->release(pieces);
+  return ids;
 }
 
 std::string Tokenizer::decode(const std::vector<int>& ids) const {
@@ -186,26 +249,32 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
   for (int id : ids) {
     if (id >= 0 && id < n) valid.push_back(id);
   }
-  try {
-    std::string text;
-    // Cannot fail for in-range ids; on failure the empty string is the least surprising answer.
-    if (!sp_->Decode(valid, &text).ok()) return {};
-    return text;
-  } catch (const std::exception&) {
-    return {};
-  }
+  size_t len = 0;
+  // Cannot fail for in-range ids; on failure the empty string is the least surprising answer.
+  char* text = module_->decode(spm_, valid.data(), valid.size(), &len);
+  if (!text) return {};
+  std::string out(text, len);
+  module_->release(text);
+  return out;
 }
 
-int Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
-int Tokenizer::bos_id() const { return sp_->bos_id(); }
-int Tokenizer::eos_id() const { return sp_->eos_id(); }
+int Tokenizer::vocab_size() const { return module_->vocab_size(spm_); }
+int Tokenizer::bos_id() const { return module_->bos(spm_); }
+int Tokenizer::eos_id() const { return module_->eos(spm_); }
 
 std::string Tokenizer::piece(int id) const {
   if (id < 0 || id >= vocab_size()) return {};
-  return sp_->IdToPiece(id);
+  size_t len = 0;
+  char* p = module_->piece(spm_, id, &len);
+  if (!p) return {};
+  std::string out(p, len);
+  module_->release(p);
+  return out;
 }
 
-bool Tokenizer::is_byte(int id) const { return id >= 0 && id < vocab_size() && sp_->IsByte(id); }
+bool Tokenizer::is_byte(int id) const {
+  return id >= 0 && id < vocab_size() && (module_->piece_kind(spm_, id) & kBurstSpmByte) != 0;
+}
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, int context_id) : tok_(tok) {
   if (context_id < 0 || context_id >= tok_.vocab_size()) return;  // no prompt

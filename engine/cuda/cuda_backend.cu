@@ -553,6 +553,11 @@ class CudaBackend final : public Backend {
                         " head_dim=" + std::to_string(p.head_dim));
   }
 
+  Status check_fits(int64_t bytes, const std::string& what) override {
+    // 1 GiB stays free for cuBLAS workspaces and the per-forward scratch.
+    return cuda_check_fits(*this, bytes, what, int64_t{1} << 30);
+  }
+
   Status synchronize() override {
     BURST_RETURN_IF_ERROR(use_device("synchronize"));
     BURST_CUDA_TRY(device_, "synchronize", cudaStreamSynchronize(compute_));

@@ -15,14 +15,21 @@ export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 WORLDS=${WORLDS:-"2 $gpus"}
 SEQS=${SEQS:-32768,65536,131072}
-prompt="In the beginning God created the heaven and the earth. And the earth was without form"
+# INV_ARGS: what the invariance check generates from (default: the tiny model and a verse).
+if [ -n "${INV_ARGS:-}" ]; then
+  read -r -a inv <<< "$INV_ARGS"
+else
+  inv=(--model models/kjv-tiny --prompt
+       "In the beginning God created the heaven and the earth. And the earth was without form")
+fi
 status=0
-ref=$(timeout 120 burst-generate --model models/kjv-tiny --device cuda --prompt "$prompt" \
-      --max-tokens 24 --temperature 0 2> "$out/gen_1gpu.err")
+ref=$(timeout 120 burst-generate "${inv[@]}" --device cuda --max-tokens 24 --temperature 0 \
+      2> "$out/gen_inproc.err")
+tail -1 "$out/gen_inproc.err"
 echo "1 GPU in-process: $ref" | tee "$out/invariance.txt"
 for n in 1 $WORLDS; do
-  got=$(timeout 300 burst-generate --model models/kjv-tiny --device cuda --workers "$n" \
-        --prompt "$prompt" --max-tokens 24 --temperature 0 2> "$out/gen_${n}gpu.err")
+  got=$(timeout 300 burst-generate "${inv[@]}" --device cuda --workers "$n" \
+        --max-tokens 24 --temperature 0 2> "$out/gen_${n}gpu.err")
   if [ "$got" = "$ref" ]; then verdict=same; else verdict=DIFFERENT; status=1; fi
   echo "$n workers: $verdict: $got" | tee -a "$out/invariance.txt"
   tail -2 "$out/gen_${n}gpu.err"

@@ -61,6 +61,14 @@ class Backend {
   virtual Status attention(const kernels::AttnParams& p) = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.
   virtual Status merge(const kernels::MergeParams& p) = 0;
+  // The memory plan: OK when `bytes` more fit on the device now, else an error naming `what`,
+  // the bytes needed and the bytes free. Called before allocating weights or a KV cache so a
+  // model that cannot fit fails with one clear message. Host memory is not planned (default).
+  virtual Status check_fits(int64_t bytes, const std::string& what) {
+    (void)bytes;
+    (void)what;
+    return {};
+  }
   // Waits for queued work; a no-op on CPU.
   virtual Status synchronize() = 0;
 };

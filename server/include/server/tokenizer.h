@@ -1,5 +1,7 @@
 // The LLaMA-2 tokenizer over Debian's SentencePiece library (libsentencepiece), loaded from the
 // model directory's tokenizer.model (rebuilt from npm by scripts/make_tokenizer.py).
+// SentencePiece runs inside libburst_spm.so, loaded on first use from $BURST_SPM_MODULE, else
+// beside the running executable, else the build tree (server/include/server/spm_abi.h says why).
 #pragma once
 
 #include <memory>
@@ -9,9 +11,7 @@
 
 #include "engine/status.h"
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
+struct BurstSpm;
 
 namespace burst::server {
 
@@ -32,11 +32,14 @@ class Tokenizer {
   int eos_id() const;
   std::string piece(int id) const;  // empty for an id outside [0, vocab_size)
 
+  struct Module;  // the loaded libburst_spm.so (one per process, tokenizer.cpp)
+
  private:
   friend class StreamDecoder;
   Tokenizer() = default;
   bool is_byte(int id) const;
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  const Module* module_ = nullptr;
+  BurstSpm* spm_ = nullptr;
   // A normal piece whose text has no leading U+2581 (e.g. "a"), or -1. StreamDecoder decodes
   // its window after this piece: the window's first word keeps its space, and no byte piece
   // before the window can join the window's bytes into one character.
