@@ -292,6 +292,12 @@ void Scheduler::run(Job& job) {
   metrics_.kv_used_tokens = 0;  // generate() returned: every rank has cleared its KV shard
   const auto end = Clock::now();
   if (!result.ok()) {
+    // A surviving rank can report the broken ring before the supervisor (polling every 20 ms)
+    // has reaped the dead one: give it a moment, so a worker death is told apart from an
+    // engine error (UNAVAILABLE, retry, versus INTERNAL).
+    for (int i = 0; i < 25 && group_->healthy(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     const bool dead = !group_->healthy();
     Event e;
     e.kind = Event::Kind::kError;

@@ -112,7 +112,7 @@ class NcclCommunicator final : public Communicator {
     const size_t total = bytes * static_cast<size_t>(opt_.world_size);
     if (is_device(out) && is_device(in)) {
       NCCL_TRY(ncclAllGather(in, out, bytes, ncclChar, comm_, opt_.compute_stream));
-      return poll_comm("all_gather");
+      return poll_comm("all_gather");  // enqueued before anything else touches the comm
     }
     // Host buffers: stage, gather on device, copy back (the caller reads them right away).
     BURST_RETURN_IF_ERROR(ensure_staging(total + bytes));
@@ -120,6 +120,9 @@ class NcclCommunicator final : public Communicator {
     char* dev_in = dev_out + total;
     CUDA_TRY(cudaMemcpyAsync(dev_in, in, bytes, cudaMemcpyDefault, opt_.compute_stream));
     NCCL_TRY(ncclAllGather(dev_in, dev_out, bytes, ncclChar, comm_, opt_.compute_stream));
+    // Non-blocking communicator: the collective may still be being enqueued; the copy back
+    // must be queued after it.
+    BURST_RETURN_IF_ERROR(poll_comm("all_gather"));
     CUDA_TRY(cudaMemcpyAsync(out, dev_out, total, cudaMemcpyDefault, opt_.compute_stream));
     return sync(opt_.compute_stream, "all_gather");
   }
@@ -132,6 +135,7 @@ class NcclCommunicator final : public Communicator {
     BURST_RETURN_IF_ERROR(ensure_staging(bytes));
     CUDA_TRY(cudaMemcpyAsync(staging_, data, bytes, cudaMemcpyDefault, opt_.compute_stream));
     NCCL_TRY(ncclBroadcast(staging_, staging_, bytes, ncclChar, root, comm_, opt_.compute_stream));
+    BURST_RETURN_IF_ERROR(poll_comm("broadcast"));  // see all_gather
     CUDA_TRY(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDefault, opt_.compute_stream));
     return sync(opt_.compute_stream, "broadcast");
   }

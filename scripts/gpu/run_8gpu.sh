@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# run_8gpu.sh: the multi-GPU run of issues 3 and 6 in one call, on an 8-GPU machine (or any
+# count: N = nvidia-smi -L). From the repository root with .devpack carried. Results under $OUT.
+#   1. Invariance: the tiny model's greedy text on 1 GPU in-process and through 1, 2, 4, N
+#      workers (NCCL ring); the 7B preset's greedy tokens in-process vs N workers.
+#   2. burst-bench-ring at the 7B attention shape on 4 and N GPUs (ring, compute alone, hop,
+#      exposed communication).
+#   3. 7B preset TTFT and decode speed through N workers at $TTFT_SEQS, and through 4 workers
+#      at $TTFT4_SEQS (scaling 4 -> N).
+#   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+# shellcheck disable=SC1091
+source .devpack/env.sh
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+n=$(nvidia-smi -L | wc -l)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$out/gpu.txt"
+status=0
+verse="In the beginning God created the heaven and the earth. And the earth was without form"
+gen() { timeout "${GEN_TIMEOUT:-600}" burst-generate --device cuda --temperature 0 "$@"; }
+
+ref=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 2> "$out/tiny_inproc.err")
+echo "tiny, 1 GPU in-process: $ref" | tee "$out/invariance.txt"
+for w in 1 2 4 "$n"; do
+  got=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 --workers "$w" \
+        2> "$out/tiny_${w}.err")
+  [ "$got" = "$ref" ] && v=same || { v=DIFFERENT; status=1; }
+  echo "tiny, $w workers: $v: $got" | tee -a "$out/invariance.txt"
+done
+ref=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 2> /dev/null)
+got=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 --workers "$n" \
+      2> "$out/7b_inv.err")
+[ "$got" = "$ref" ] && v=same || { v=DIFFERENT; status=1; }
+echo "7B preset 8191 tokens: 1 GPU: $ref | $n workers ($v): $got" | tee -a "$out/invariance.txt"
+
+for w in 4 "$n"; do
+  seqs=${RING_SEQS:-65536,131072,262144,524288}
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) timeout 300 burst-bench-ring --world "$w" \
+    --seq "$seqs" --reps 3 --out "$out/ring_${w}.json" 2>&1 | tee "$out/ring_${w}.txt"
+done
+
+ttft() {  # workers, tokens
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(($1 - 1))) gen --preset 7b --random-weights 0 \
+    --workers "$1" --prompt-tokens "$2" --max-tokens 8 > /dev/null 2> "$out/ttft_${1}_${2}.err"
+  echo "7B, $1 GPUs, $2 tokens: $(grep -h 'prefill (TTFT)' "$out/ttft_${1}_${2}.err" || \
+        tail -2 "$out/ttft_${1}_${2}.err")" | tee -a "$out/ttft.txt"
+}
+for s in ${TTFT4_SEQS:-131072 262144}; do ttft 4 "$s"; done
+for s in ${TTFT_SEQS:-131072 262144 524288 1048576}; do ttft "$n" "$s"; done
+
+CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths 65536 --reps 1 \
+  --out "$out/hf_64k.jsonl" > "$out/hf.log" 2>&1
+tail -3 "$out/hf.log"; cat "$out/hf_64k.jsonl"
+exit $status

@@ -1,0 +1,132 @@
+"""End-to-end test of burst-server's gRPC API with the Python gRPC client (Debian
+python3-grpcio), stubs generated from proto/burst/v1/burst.proto by protoc and Debian's
+grpc_python_plugin: a streaming Generate (started, tokens, finished; text equal to the HTTP
+API's), Tokenize, ModelInfo, the error codes, the API key, and the grpc.health.v1 service.
+Run: /usr/bin/python3 test_grpc.py --build BUILD_DIR."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import grpc
+
+from harness import PROMPT, ROOT, Server, check, run
+
+KEY = "grpc-key"
+MD = [("authorization", "Bearer " + KEY)]
+HEALTH_PROTO = """syntax = "proto3";
+package grpc.health.v1;
+message HealthCheckRequest { string service = 1; }
+message HealthCheckResponse {
+  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
+  ServingStatus status = 1;
+}
+service Health { rpc Check(HealthCheckRequest) returns (HealthCheckResponse); }
+"""
+
+out = tempfile.mkdtemp(prefix="burst-pb-")
+with open(os.path.join(out, "health.proto"), "w") as f:
+    f.write(HEALTH_PROTO)
+for proto_path, proto in [(os.path.join(ROOT, "proto"), "burst/v1/burst.proto"),
+                          (out, "health.proto")]:
+    subprocess.run(["protoc", f"--proto_path={proto_path}", f"--python_out={out}",
+                    f"--grpc_out={out}", "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+                    proto], check=True)
+sys.path.insert(0, out)
+from burst.v1 import burst_pb2, burst_pb2_grpc  # noqa: E402
+import health_pb2, health_pb2_grpc  # noqa: E402
+
+srv = None
+stub = None
+
+
+def code_of(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+def test_generate_stream():
+    req = burst_pb2.GenerateRequest(text=PROMPT, max_tokens=10,
+                                    sampling=burst_pb2.SamplingParams(temperature=0))
+    events = list(stub.Generate(req, metadata=MD, timeout=60))
+    kinds = [e.WhichOneof("event") for e in events]
+    check(kinds[0] == "started" and kinds[-1] == "finished", f"event order {kinds}")
+    check(events[0].started.prompt_tokens > 1, "prompt token count")
+    toks = [e.token for e in events if e.WhichOneof("event") == "token"]
+    check(toks[0].ttft_ms > 0, "ttft on the first token")
+    fin = events[-1].finished
+    check(fin.finish_reason == "length" and fin.completion_tokens == 10, f"{fin}")
+    text = "".join(t.text for t in toks)
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 10,
+                                                 "temperature": 0})
+    check(text == r["choices"][0]["text"], f"gRPC {text!r} != HTTP {r['choices'][0]['text']!r}")
+
+
+def test_tokenize_and_model_info():
+    r = stub.Tokenize(burst_pb2.TokenizeRequest(text="Hello world!", add_bos=True), metadata=MD)
+    check(list(r.ids) == [1, 15043, 3186, 29991], f"{r.ids}")
+    info = stub.ModelInfo(burst_pb2.ModelInfoRequest(), metadata=MD)
+    check(info.workers == 2 and info.device == "cpu" and info.max_context > 0, f"{info}")
+
+
+def test_errors():
+    def gen(**kw):
+        return lambda: list(stub.Generate(burst_pb2.GenerateRequest(**kw), metadata=kw.pop(
+            "_md", MD), timeout=30))
+
+    c, d = code_of(gen(text=PROMPT, max_tokens=0))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "max_tokens" in d, f"{c} {d}")
+    c, d = code_of(gen(text="", max_tokens=3))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "empty" in d, f"{c} {d}")
+    c, d = code_of(gen(text=PROMPT, max_tokens=3,
+                       sampling=burst_pb2.SamplingParams(temperature=-1)))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in d, f"{c} {d}")
+    c, d = code_of(gen(text=PROMPT, max_tokens=3, sampling=burst_pb2.SamplingParams(top_p=2)))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "top_p" in d, f"{c} {d}")
+    c, d = code_of(gen(text=PROMPT, max_tokens=3, model="nope"))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "nope" in d, f"{c} {d}")
+    info = stub.ModelInfo(burst_pb2.ModelInfoRequest(), metadata=MD)
+    ids = burst_pb2.TokenIds(ids=[1] * (info.max_context - 2))
+    c, d = code_of(gen(token_ids=ids, max_tokens=10))
+    check(c == grpc.StatusCode.RESOURCE_EXHAUSTED, f"{c} {d}")
+    c, d = code_of(lambda: list(stub.Generate(burst_pb2.GenerateRequest(text=PROMPT,
+                                                                         max_tokens=2))))
+    check(c == grpc.StatusCode.UNAUTHENTICATED, f"{c} {d}")
+    c, d = code_of(lambda: stub.ModelInfo(burst_pb2.ModelInfoRequest(),
+                                          metadata=[("authorization", "Bearer x")]))
+    check(c == grpc.StatusCode.UNAUTHENTICATED, f"{c} {d}")
+
+
+def test_cancel():
+    call = stub.Generate(burst_pb2.GenerateRequest(text=PROMPT, max_tokens=200), metadata=MD)
+    next(call)
+    next(call)
+    call.cancel()
+    import time
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("burst_num_requests_running") != 0:
+        time.sleep(0.1)
+    check(srv.metric("burst_kv_cache_used_tokens") == 0, "KV freed after a gRPC cancel")
+
+
+def test_health_service():
+    h = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
+    for service in ["", "burst.v1.Burst"]:
+        r = h.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        check(r.status == health_pb2.HealthCheckResponse.SERVING, f"{service!r}: {r}")
+
+
+if __name__ == "__main__":
+    srv = Server("--api-key", KEY)
+    stub = burst_pb2_grpc.BurstStub(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
+    srv_headers = {"Authorization": "Bearer " + KEY}
+    orig = srv.json
+    srv.json = lambda m, p, b=None, h=None: orig(m, p, b, h or srv_headers)
+    try:
+        run([test_generate_stream, test_tokenize_and_model_info, test_errors, test_cancel,
+             test_health_service])
+    finally:
+        srv.stop()
