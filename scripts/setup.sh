@@ -46,4 +46,11 @@ for shipped in "$root"/models/*/tokenizer.model; do
   [ -f "$shipped" ] || continue
   cmp -s "$tok" "$shipped" || { echo "setup: $shipped differs from the rebuilt tokenizer" >&2; exit 1; }
 done
+# The official OpenAI Node SDK, for the server's end-to-end test (tests/server/test_openai_node.sh):
+# installed here so the tests run offline.
+node_dir="$root/build/node"
+if [ ! -d "$node_dir/node_modules/openai" ]; then
+  mkdir -p "$node_dir"
+  (cd "$node_dir" && npm install --silent --no-audit --no-fund --prefix "$node_dir" openai@4.95.0 >/dev/null)
+fi
 echo "setup: ok"

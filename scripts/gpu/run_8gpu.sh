@@ -8,7 +8,12 @@
 #   3. 7B preset TTFT and decode speed through N workers at $TTFT_SEQS, and through 4 workers
 #      at $TTFT4_SEQS (scaling 4 -> N).
 #   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
+# STEPS selects (default all, in this order): golden gputests invariance ring ttft hf
+#   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
+#   gputests: burst_gpu_tests on GPU 0
 set -uo pipefail
+STEPS=${STEPS:-golden gputests invariance ring ttft hf}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 # shellcheck disable=SC1091
@@ -20,6 +25,16 @@ status=0
 verse="In the beginning God created the heaven and the earth. And the earth was without form"
 gen() { timeout "${GEN_TIMEOUT:-600}" burst-generate --device cuda --temperature 0 "$@"; }
 
+if want golden; then
+  timeout 120 python3 scripts/make_golden.py /tmp/golden --only kjv-tiny > "$out/golden.log" 2>&1 \
+    && cp /tmp/golden/kjv-tiny/golden.json "$out/kjv_golden.json" || status=1
+  tail -2 "$out/golden.log"
+fi
+if want gputests; then
+  CUDA_VISIBLE_DEVICES=0 timeout 300 burst_gpu_tests > "$out/gpu_tests.log" 2>&1 || status=1
+  grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) " "$out/gpu_tests.log" | tail -40
+fi
+if want invariance; then
 ref=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 2> "$out/tiny_inproc.err")
 echo "tiny, 1 GPU in-process: $ref" | tee "$out/invariance.txt"
 for w in 1 2 4 "$n"; do
@@ -33,8 +48,9 @@ got=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 --
       2> "$out/7b_inv.err")
 [ "$got" = "$ref" ] && v=same || { v=DIFFERENT; status=1; }
 echo "7B preset 8191 tokens: 1 GPU: $ref | $n workers ($v): $got" | tee -a "$out/invariance.txt"
+fi
 
-for w in 4 "$n"; do
+want ring && for w in 4 "$n"; do
   seqs=${RING_SEQS:-65536,131072,262144,524288}
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) timeout 300 burst-bench-ring --world "$w" \
     --seq "$seqs" --reps 3 --out "$out/ring_${w}.json" 2>&1 | tee "$out/ring_${w}.txt"
@@ -46,10 +62,13 @@ ttft() {  # workers, tokens
   echo "7B, $1 GPUs, $2 tokens: $(grep -h 'prefill (TTFT)' "$out/ttft_${1}_${2}.err" || \
         tail -2 "$out/ttft_${1}_${2}.err")" | tee -a "$out/ttft.txt"
 }
-for s in ${TTFT4_SEQS:-131072 262144}; do ttft 4 "$s"; done
-for s in ${TTFT_SEQS:-131072 262144 524288 1048576}; do ttft "$n" "$s"; done
-
-CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths 65536 --reps 1 \
-  --out "$out/hf_64k.jsonl" > "$out/hf.log" 2>&1
-tail -3 "$out/hf.log"; cat "$out/hf_64k.jsonl"
+if want ttft; then
+  for s in ${TTFT4_SEQS:-131072 262144}; do ttft 4 "$s"; done
+  for s in ${TTFT_SEQS:-131072 262144 524288 1048576}; do ttft "$n" "$s"; done
+fi
+if want hf; then
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths 65536 \
+    --reps 1 --out "$out/hf_64k.jsonl" > "$out/hf.log" 2>&1
+  tail -3 "$out/hf.log"; cat "$out/hf_64k.jsonl"
+fi
 exit $status

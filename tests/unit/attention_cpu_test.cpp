@@ -141,7 +141,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{37, 127, 4, 2, 64, 0, 0, MaskKind::kNone},
                       // kv block starts inside the q block: the first rows see nothing
                       Case{127, 64, 4, 4, 16, 100, 120, MaskKind::kCausal},
-                      Case{129, 131, 8, 2, 64, 1000, 0, MaskKind::kCausal}));
+                      Case{129, 131, 8, 2, 64, 1000, 0, MaskKind::kCausal}),
+    [](const auto& info) {
+      const Case& c = info.param;
+      return "q" + std::to_string(c.n_q) + "_kv" + std::to_string(c.n_kv) + "_h" +
+             std::to_string(c.heads) + "x" + std::to_string(c.kv_heads) + "_d" +
+             std::to_string(c.head_dim) + (c.mask == MaskKind::kCausal ? "_causal" : "_full") +
+             "_at" + std::to_string(c.q_start) + "_" + std::to_string(c.kv_start);
+    });
 
 TEST(AttentionCpu, FullyMaskedBlockIsEmpty) {
   const Case c{5, 9, 2, 1, 8, 0, 10, MaskKind::kCausal};  // every key after every query

@@ -196,7 +196,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RingCase{4, {127, 8, 2, 16}, ShardLayout::kZigzag},
                       RingCase{4, {5, 2, 1, 16}, ShardLayout::kZigzag},  // ranks hold only padding
                       RingCase{3, {50, 4, 4, 16}, ShardLayout::kContiguous},
-                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous}));
+                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous}),
+    [](const auto& info) {
+      const RingCase& c = info.param;
+      return std::to_string(c.world) + "ranks_" + std::to_string(c.shape.n) + "tokens_" +
+             std::to_string(c.shape.heads) + "q" + std::to_string(c.shape.kv_heads) + "kv_" +
+             (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous");
+    });
 
 // A communicator whose transfers take at least `delay` each (a slow link), delegating to Gloo.
 class SlowComm final : public Communicator {
