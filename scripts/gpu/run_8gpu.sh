@@ -8,11 +8,11 @@
 #   3. 7B preset TTFT and decode speed through N workers at $TTFT_SEQS, and through 4 workers
 #      at $TTFT4_SEQS (scaling 4 -> N).
 #   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
-# STEPS selects (default all, in this order): golden gputests invariance ring ttft hf
+# STEPS selects (default all, in this order): golden gputests invtiny inv7b ring ttft hf
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
 set -uo pipefail
-STEPS=${STEPS:-golden gputests invariance ring ttft hf}
+STEPS=${STEPS:-golden gputests invtiny inv7b ring ttft hf}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -34,7 +34,7 @@ if want gputests; then
   CUDA_VISIBLE_DEVICES=0 timeout 300 burst_gpu_tests > "$out/gpu_tests.log" 2>&1 || status=1
   grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) " "$out/gpu_tests.log" | tail -40
 fi
-if want invariance; then
+if want invtiny; then
 ref=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 2> "$out/tiny_inproc.err")
 echo "tiny, 1 GPU in-process: $ref" | tee "$out/invariance.txt"
 for w in 1 2 4 "$n"; do
@@ -43,6 +43,8 @@ for w in 1 2 4 "$n"; do
   [ "$got" = "$ref" ] && v=same || { v=DIFFERENT; status=1; }
   echo "tiny, $w workers: $v: $got" | tee -a "$out/invariance.txt"
 done
+fi
+if want inv7b; then
 ref=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 2> /dev/null)
 got=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 --workers "$n" \
       2> "$out/7b_inv.err")
