@@ -27,6 +27,8 @@ std::map<std::string, Field> fields(ServerConfig* c) {
   using K = Field::Kind;
   return {
       {"model", {K::kPath, &c->model}},
+      {"preset", {K::kString, &c->preset}},
+      {"random_weights", {K::kInt64, &c->random_weights}},
       {"tokenizer", {K::kPath, &c->tokenizer}},
       {"model_name", {K::kString, &c->model_name}},
       {"device", {K::kString, &c->device}},
@@ -169,6 +171,7 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
     if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;
   }
   if (c.tokenizer.empty() && !c.model.empty()) c.tokenizer = c.model + "/tokenizer.model";
+  if (c.model_name.empty() && !c.preset.empty()) c.model_name = "llama-2-" + c.preset + "-random";
   if (c.model_name.empty()) c.model_name = fs::path(c.model).lexically_normal().filename();
   if (c.model_name.empty()) c.model_name = fs::path(c.model).parent_path().filename();
   BURST_RETURN_IF_ERROR(validate(c));

@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  auto model_cfg = models::load_config(cfg.model);
+  // A preset (random weights, for benchmarks) takes the place of the model directory.
+  auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
+                                      : models::preset_config(cfg.preset);
   if (!model_cfg.ok()) return fail(model_cfg.message());
   auto tok = Tokenizer::load(cfg.tokenizer);
   if (!tok.ok()) return fail("tokenizer: " + tok.message());
@@ -68,7 +70,10 @@ int main(int argc, char** argv) {
   if (cfg.max_tokens_limit == 0) cfg.max_tokens_limit = static_cast<int>(cfg.kv_capacity);
 
   SchedulerOptions so;
-  so.group.model = models::ModelSpec{cfg.model, "", 0};
+  so.group.model = cfg.preset.empty()
+                       ? models::ModelSpec{cfg.model, "", 0}
+                       : models::ModelSpec{"", cfg.preset,
+                                           static_cast<uint64_t>(cfg.random_weights)};
   so.group.workers = cfg.workers;
   so.group.device = cfg.device;
   so.group.kv_capacity = cfg.kv_capacity;

@@ -8,11 +8,12 @@
 #   3. 7B preset TTFT and decode speed through N workers at $TTFT_SEQS, and through 4 workers
 #      at $TTFT4_SEQS (scaling 4 -> N).
 #   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
-# STEPS selects (default all, in this order): golden gputests invtiny inv7b ring ttft hf
+# STEPS selects (default all, in this order): golden gputests invtiny inv7b ring ttft server hf
+#   server: burst-server (7B preset, N GPUs) timed by an HTTP client (scripts/gpu/server_ttft.py)
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
 set -uo pipefail
-STEPS=${STEPS:-golden gputests invtiny inv7b ring ttft hf}
+STEPS=${STEPS:-golden gputests invtiny inv7b ring ttft server hf}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -67,6 +68,17 @@ ttft() {  # workers, tokens
 if want ttft; then
   for s in ${TTFT4_SEQS:-131072 262144}; do ttft 4 "$s"; done
   for s in ${TTFT_SEQS:-131072 262144 524288 1048576}; do ttft "$n" "$s"; done
+fi
+if want server; then
+  rm -f /tmp/burst-ports.json
+  burst-server --preset 7b --random-weights 0 --device cuda --workers "$n" \
+    --tokenizer models/kjv-tiny/tokenizer.model --max-context 262200 --kv-capacity 262200 \
+    --http-port 0 --grpc-port -1 --port-file /tmp/burst-ports.json > "$out/server.log" 2>&1 &
+  spid=$!
+  timeout 400 python3 scripts/gpu/server_ttft.py /tmp/burst-ports.json ${SERVER_SEQS:-131072} \
+    | tee "$out/server_ttft.txt" || status=1
+  kill -TERM "$spid"; wait "$spid"
+  tail -5 "$out/server.log"
 fi
 if want hf; then
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths 65536 \

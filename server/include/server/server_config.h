@@ -15,6 +15,8 @@ namespace burst::server {
 
 struct ServerConfig {
   std::string model;        // Hugging Face LLaMA directory
+  std::string preset;       // or an architecture preset (7b, 13b, 70b) with random weights:
+  int64_t random_weights = 0;  // their seed (benchmarks; the tokenizer still comes from a file)
   std::string tokenizer;    // tokenizer.model (default: MODEL/tokenizer.model)
   std::string model_name;   // the name clients use (default: the model directory's name)
   std::string device = "cpu";
@@ -38,7 +40,8 @@ struct ServerConfig {
 };
 
 constexpr const char* kServerUsage =
-    R"(usage: burst-server [--config FILE] [--model DIR] [--tokenizer FILE] [--model-name NAME]
+    R"(usage: burst-server [--config FILE] [--model DIR | --preset 7b|13b|70b --random-weights SEED]
+                    [--tokenizer FILE] [--model-name NAME]
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
                     [--host ADDR] [--grpc-port P] [--http-port P] [--port-file FILE]
                     [--api-key KEY] [--max-context N] [--kv-capacity N] [--max-queue N]
