@@ -569,8 +569,9 @@ TEST_F(CudaBackendTest, OutOfMemoryIsAClearError) {
   // A KV cache that cannot fit fails with the cache named and the sizes in the message.
   auto cache = engine::LocalKvCache::create(*gpu_, {2, 32, 32, 128}, 10 * 1000 * 1000);
   ASSERT_FALSE(cache.ok());
-  EXPECT_NE(cache.message().find("kv cache: out of GPU memory"), std::string::npos)
+  EXPECT_NE(cache.message().find("KV cache of 10000000 tokens needs"), std::string::npos)
       << cache.message();
+  EXPECT_NE(cache.message().find("GiB free on cuda:0"), std::string::npos) << cache.message();
   std::printf("[ info     ] %s\n", cache.message().c_str());
 }
 
@@ -634,6 +635,33 @@ Status greedy(models::LlamaModel& m, const std::vector<int32_t>& prompt, int ste
   return {};
 }
 
+// Logits of every step when `tokens` are fed one at a time after the prompt (teacher forcing).
+Status forced(models::LlamaModel& m, const std::vector<int32_t>& prompt,
+              const std::vector<int32_t>& tokens, std::vector<std::vector<float>>& step_logits) {
+  auto cache = engine::LocalKvCache::create(m.backend(), m.attention_shape(),
+                                            static_cast<int64_t>(prompt.size() + tokens.size()));
+  if (!cache.ok()) return cache.status();
+  std::vector<int64_t> pos(prompt.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<int32_t> ids = prompt;
+  for (size_t s = 0; s < tokens.size(); ++s) {
+    std::vector<float> logits;
+    BURST_RETURN_IF_ERROR(m.forward(ids, pos, *cache.value(),
+                                    {static_cast<int64_t>(ids.size()) - 1}, logits));
+    step_logits.push_back(std::move(logits));
+    const int64_t next = pos.back() + 1;
+    ids = {tokens[s]};
+    pos = {next};
+  }
+  return {};
+}
+
+// The tiny model on CUDA (bf16 activations) against the CPU engine (fp32), teacher-forced on
+// the CPU's greedy continuation so that one flip cannot hide later errors. At every step the
+// logits must agree within the bf16 bound (2 % of max |logit|; the 7B-shape test measures
+// 0.8 %), and CUDA's argmax must be the CPU's unless the CPU's own margin between the two
+// tokens is within twice the difference observed at that step: a near-tie that bf16 rounding
+// legitimately flips (seen once at step 6 of this prompt on an H200), not an engine error.
 TEST_F(CudaBackendTest, KjvTinyGreedyMatchesCpu) {
   const std::string dir = kRoot + "/models/kjv-tiny";
   if (!fs::exists(dir + "/config.json")) {
@@ -649,16 +677,36 @@ TEST_F(CudaBackendTest, KjvTinyGreedyMatchesCpu) {
   auto on_gpu = models::LlamaModel::load(*gpu_, dir);
   ASSERT_TRUE(on_cpu.ok() && on_gpu.ok()) << on_cpu.message() << on_gpu.message();
   constexpr int kSteps = 24;
-  std::vector<int32_t> want, got;
-  std::vector<std::vector<float>> want_logits, got_logits;
-  ASSERT_TRUE(greedy(*on_cpu.value(), prompt, kSteps, want, want_logits).ok());
-  const Status st = greedy(*on_gpu.value(), prompt, kSteps, got, got_logits);
+  std::vector<int32_t> want;
+  std::vector<std::vector<float>> cpu_logits, gpu_logits;
+  ASSERT_TRUE(greedy(*on_cpu.value(), prompt, kSteps, want, cpu_logits).ok());
+  const Status st = forced(*on_gpu.value(), prompt, want, gpu_logits);
   ASSERT_TRUE(st.ok()) << st.message();
-  std::ostringstream os;
-  for (size_t i = 0; i < want.size(); ++i) os << want[i] << (got[i] == want[i] ? " " : "* ");
-  std::printf("[ info     ] cpu %s\n[ info     ] cuda \"%s\"\n", os.str().c_str(),
+  int flips = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    const auto& c = cpu_logits[s];
+    const auto& g = gpu_logits[s];
+    double diff = 0, mx = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      diff = std::max(diff, std::fabs(double(g[i]) - c[i]));
+      mx = std::max(mx, std::fabs(double(c[i])));
+    }
+    EXPECT_LE(diff, 0.02 * mx) << "step " << s << ": logits beyond the bf16 bound";
+    const auto g_best = std::max_element(g.begin(), g.end()) - g.begin();
+    if (g_best == want[s]) continue;
+    ++flips;
+    const double margin = double(c[want[s]]) - c[g_best];
+    std::printf("[ info     ] step %d: cuda picks %ld, cpu %d; cpu margin %.4f, |diff| %.4f\n", s,
+                static_cast<long>(g_best), want[s], margin, diff);
+    EXPECT_LE(margin, 2 * diff) << "step " << s << ": a flip the numerics do not explain";
+  }
+  EXPECT_LE(flips, 2) << "more near-ties than a 24-token continuation should have";
+  std::vector<int32_t> got;
+  std::vector<std::vector<float>> unused;
+  ASSERT_TRUE(greedy(*on_gpu.value(), prompt, kSteps, got, unused).ok());
+  std::printf("[ info     ] cpu  \"%s\"\n[ info     ] cuda \"%s\"\n",
+              tok.value()->decode(std::vector<int>(want.begin(), want.end())).c_str(),
               tok.value()->decode(std::vector<int>(got.begin(), got.end())).c_str());
-  EXPECT_EQ(got, want) << "greedy tokens differ (cpu tokens, * where cuda differs): " << os.str();
 }
 
 // ---- the 2-layer 7B-shape model: CUDA vs CPU (and the dump for hf_compare.py) ---------------

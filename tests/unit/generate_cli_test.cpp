@@ -57,3 +57,34 @@ TEST(GenerateCli, RunsAFixtureModelFromTokenIds) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string stdout_of(const std::string& args) {
+  const std::string cmd =
+      std::string(BURST_BINARY_DIR) + "/bin/burst-generate " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// The "done when": the tiny model's greedy text is the same in-process and over 1..4
+// worker processes (BurstAttention ring over Gloo).
+TEST(GenerateCli, TinyModelTextIdenticalForOneToFourWorkers) {
+  const std::string base = "--model " + std::string(BURST_SOURCE_DIR) +
+                           "/models/kjv-tiny --prompt 'And God said' --max-tokens 24 "
+                           "--temperature 0";
+  const std::string want = stdout_of(base);
+  ASSERT_GT(want.size(), std::string("And God said").size() + 20) << want;
+  EXPECT_EQ(want.rfind("And God said", 0), 0u) << want;
+  for (int n = 1; n <= 4; ++n) {
+    EXPECT_EQ(stdout_of(base + " --workers " + std::to_string(n)), want) << n << " workers";
+  }
+}
+
+}  // namespace

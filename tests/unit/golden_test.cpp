@@ -97,7 +97,8 @@ TEST_P(Golden, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, Golden,
-    ::testing::Values(Fixture{"odd-linear", "tests/fixtures/golden/odd-linear/model"},
+    ::testing::Values(Fixture{"kjv-tiny", "models/kjv-tiny"},
+                      Fixture{"odd-linear", "tests/fixtures/golden/odd-linear/model"},
                       Fixture{"odd-dynamic", "tests/fixtures/golden/odd-dynamic/model"}),
     [](const auto& info) {
       std::string s = info.param.name;

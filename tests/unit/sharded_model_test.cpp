@@ -21,6 +21,7 @@ using burst::testing::run_ranks;
 
 struct Case {
   const char* fixture;
+  const char* model_dir;  // relative to the repo root
   int world;
   engine::ShardLayout layout;
 };
@@ -39,7 +40,7 @@ int rank_main(const Case& c, int rank, const std::string& store) {
                                               std::chrono::milliseconds(30000)});
   if (!comm.ok()) return 31;
   auto backend = engine::make_cpu_backend();
-  auto model = LlamaModel::load(*backend, dir + "/model");
+  auto model = LlamaModel::load(*backend, root + "/" + c.model_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.message().c_str());
     return 32;
@@ -109,6 +110,8 @@ int rank_main(const Case& c, int rank, const std::string& store) {
 
 class ShardedModel : public ::testing::TestWithParam<Case> {};
 
+constexpr const char* kOddLinear = "tests/fixtures/golden/odd-linear/model";
+
 TEST_P(ShardedModel, MatchesTransformersOnEveryWorldSize) {
   const Case c = GetParam();
   const std::string store = make_temp_dir();
@@ -119,12 +122,18 @@ TEST_P(ShardedModel, MatchesTransformersOnEveryWorldSize) {
 
 INSTANTIATE_TEST_SUITE_P(
     Worlds, ShardedModel,
-    ::testing::Values(Case{"odd-linear", 1, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", 2, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", 3, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", 4, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", 3, engine::ShardLayout::kContiguous},
-                      Case{"odd-dynamic", 4, engine::ShardLayout::kZigzag}),
+    ::testing::Values(Case{"kjv-tiny", "models/kjv-tiny", 1, engine::ShardLayout::kZigzag},
+                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kZigzag},
+                      Case{"kjv-tiny", "models/kjv-tiny", 3, engine::ShardLayout::kZigzag},
+                      Case{"kjv-tiny", "models/kjv-tiny", 4, engine::ShardLayout::kZigzag},
+                      Case{"kjv-tiny", "models/kjv-tiny", 3, engine::ShardLayout::kContiguous},
+                      Case{"odd-linear", kOddLinear, 1, engine::ShardLayout::kZigzag},
+                      Case{"odd-linear", kOddLinear, 2, engine::ShardLayout::kZigzag},
+                      Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kZigzag},
+                      Case{"odd-linear", kOddLinear, 4, engine::ShardLayout::kZigzag},
+                      Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kContiguous},
+                      Case{"odd-dynamic", "tests/fixtures/golden/odd-dynamic/model", 4,
+                           engine::ShardLayout::kZigzag}),
     [](const auto& info) {
       std::string s = std::string(info.param.fixture) + "_" + std::to_string(info.param.world) +
                       (info.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig");
