@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -199,9 +200,10 @@ INSTANTIATE_TEST_SUITE_P(
                       RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous}),
     [](const auto& info) {
       const RingCase& c = info.param;
-      return std::to_string(c.world) + "ranks_" + std::to_string(c.shape.n) + "tokens_" +
-             std::to_string(c.shape.heads) + "q" + std::to_string(c.shape.kv_heads) + "kv_" +
-             (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous");
+      std::ostringstream os;  // not string +: see attention_cpu_test.cpp
+      os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
+         << c.shape.kv_heads << "kv_" << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous");
+      return os.str();
     });
 
 // A communicator whose transfers take at least `delay` each (a slow link), delegating to Gloo.
