@@ -9,10 +9,20 @@ namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// The stats of a request cancelled before its first token.
+GenerateStats cancelled_in_prefill(int64_t prompt_tokens, double prefill_ms) {
+  GenerateStats s;
+  s.prompt_tokens = prompt_tokens;
+  s.prefill_ms = prefill_ms;
+  s.finish_reason = "cancelled";
+  return s;
+}
 }  // namespace
 
 Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cache,
-                               const GenerateRequest& request, const TokenCallback& on_token) {
+                               const GenerateRequest& request, const TokenCallback& on_token,
+                               const ProgressCallback& on_progress) {
   const auto& c = model.config();
   const auto n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) return Status::error("the prompt is empty");
@@ -31,7 +41,20 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
   std::iota(positions.begin(), positions.end(), 0);
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
-  Status st = model.forward(request.prompt, positions, cache, {n - 1}, logits);
+  bool cancelled = false;
+  LayerHook hook;
+  if (on_progress) {
+    hook = [&](int64_t done) -> Status {
+      if (on_progress(static_cast<double>(done) / c.num_layers)) return {};
+      cancelled = true;
+      return Status::error("cancelled during the prefill");
+    };
+  }
+  Status st = model.forward(request.prompt, positions, cache, {n - 1}, logits, 0, hook);
+  if (cancelled) {
+    cache.clear();
+    return cancelled_in_prefill(n, ms_since(t0));
+  }
   if (!st.ok()) return st;
   int32_t token = sampler.sample(logits.data(), c.vocab_size);
   stats.prefill_ms = ms_since(t0);
@@ -69,7 +92,8 @@ namespace burst::models {
 Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention& ring,
                                        engine::Communicator& comm, engine::ShardLayout layout,
                                        const GenerateRequest& request,
-                                       const TokenCallback& on_token) {
+                                       const TokenCallback& on_token,
+                                       const ProgressCallback& on_progress) {
   const auto& c = model.config();
   const int rank = comm.rank();
   const auto n = static_cast<int64_t>(request.prompt.size());
@@ -98,10 +122,25 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
   ring.begin_prefill(plan);
+  // After every layer rank 0 says whether to go on (its client may be gone); every rank takes
+  // part in the broadcast, so all stop at the same layer and the ring never half-runs.
+  bool cancelled = false;
+  const LayerHook hook = [&](int64_t done) -> Status {
+    int32_t go_on = 1;
+    if (rank == 0 && on_progress) go_on = on_progress(double(done) / c.num_layers) ? 1 : 0;
+    BURST_RETURN_IF_ERROR(comm.broadcast(&go_on, sizeof go_on, 0));
+    if (go_on) return {};
+    cancelled = true;
+    return Status::error("cancelled during the prefill");
+  };
   Status st = model.forward(ids, positions, ring,
                             rank == last_owner ? std::vector<int64_t>{last_row}
                                                : std::vector<int64_t>{},
-                            logits, /*seq_len=*/n);  // the prompt, not the padded length
+                            logits, /*seq_len=*/n, hook);  // the prompt, not the padded length
+  if (cancelled) {
+    ring.clear();
+    return cancelled_in_prefill(n, ms_since(t0));
+  }
   if (!st.ok()) return st;
   logits.resize(static_cast<size_t>(c.vocab_size));
   BURST_RETURN_IF_ERROR(comm.broadcast(logits.data(), logits.size() * 4, last_owner));

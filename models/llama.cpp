@@ -131,7 +131,8 @@ Status LlamaModel::ensure_scratch(int64_t rows) {
 
 Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
                            engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                           std::vector<float>& logits, int64_t seq_len) {
+                           std::vector<float>& logits, int64_t seq_len,
+                           const LayerHook& after_layer) {
   const auto& c = config_;
   const auto rows = static_cast<int64_t>(ids.size());
   if (rows == 0) return Status::error("forward: no tokens");
@@ -171,6 +172,7 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
       BURST_RETURN_IF_ERROR(backend_.silu_mul(gate, up, gate));
       BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
     }
+    if (after_layer) BURST_RETURN_IF_ERROR(after_layer(l + 1));
   }
   if (logit_rows.empty()) return backend_.synchronize();
   // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).

@@ -256,12 +256,6 @@ void Scheduler::run(Job& job) {
     if (completion == 1) {
       first = now;
       metrics_.ttft.observe(ms_between(job.arrival, now) / 1000.0);
-      if (r.return_progress) {
-        Event e;
-        e.kind = Event::Kind::kProgress;
-        e.fraction = 1;
-        out.push(std::move(e));
-      }
     } else {
       metrics_.tpot.observe(ms_between(last, now) / 1000.0);
     }
@@ -287,7 +281,18 @@ void Scheduler::run(Job& job) {
     }
     return true;
   };
-  auto result = group_->generate(greq, on_token);
+  // After every prefill layer: the fraction done for clients that asked, and the chance to
+  // cancel a long prefill whose client is gone (the workers stop at the next layer).
+  auto on_progress = [&](double fraction) -> bool {
+    if (r.return_progress) {
+      Event e;
+      e.kind = Event::Kind::kProgress;
+      e.fraction = fraction;
+      out.push(std::move(e));
+    }
+    return !out.cancelled();
+  };
+  auto result = group_->generate(greq, on_token, on_progress);
   metrics_.running = 0;
   metrics_.kv_used_tokens = 0;  // generate() returned: every rank has cleared its KV shard
   const auto end = Clock::now();

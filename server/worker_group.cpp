@@ -220,7 +220,8 @@ Status WorkerGroup::restart() {
 }
 
 Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
-                                         const models::TokenCallback& on_token) {
+                                         const models::TokenCallback& on_token,
+                                         const models::ProgressCallback& on_progress) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
   pb::WorkerGenerateRequest req;
   req.mutable_prompt()->Add(request.prompt.begin(), request.prompt.end());
@@ -230,6 +231,7 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
   req.set_top_p(request.sampling.top_p);
   req.set_seed(request.sampling.seed);
   req.set_stop_at_eos(request.stop_at_eos);
+  req.set_report_progress(static_cast<bool>(on_progress));
   req.set_layout(options_.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS
                                                                      : pb::ZIGZAG);
   const size_t n = ranks_.size();
@@ -265,6 +267,11 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
         if (!cancelled && !on_token(ev.token().id())) {
           cancelled = true;
           ctx[0]->TryCancel();  // rank 0 sees it at the next token and stops every rank
+        }
+      } else if (ev.has_progress()) {
+        if (!cancelled && !on_progress(ev.progress().fraction())) {
+          cancelled = true;
+          ctx[0]->TryCancel();  // rank 0 sees it after the current layer
         }
       } else if (ev.has_done()) {
         const auto& d = ev.done();

@@ -107,13 +107,25 @@ class WorkerService final : public pb::WorkerControl::Service {
     const auto layout = req->layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
                                                         : engine::ShardLayout::kZigzag;
     bool client_gone = false;
-    auto stats = models::generate_sharded(model_, ring_, comm_, layout, r, [&](int32_t id) {
+    auto on_token = [&](int32_t id) {
       // Only rank 0 streams; a cancelled call or a failed write stops every rank.
       pb::WorkerEvent ev;
       ev.mutable_token()->set_id(id);
       if (ctx->IsCancelled() || !writer->Write(ev)) client_gone = true;
       return !client_gone;
-    });
+    };
+    auto on_progress = [&](double fraction) {
+      // Checked after every prefill layer: a coordinator that cancels the call mid-prefill
+      // stops every rank at the next layer instead of after the whole prompt.
+      if (req->report_progress()) {
+        pb::WorkerEvent ev;
+        ev.mutable_progress()->set_fraction(fraction);
+        if (!writer->Write(ev)) client_gone = true;
+      }
+      if (ctx->IsCancelled()) client_gone = true;
+      return !client_gone;
+    };
+    auto stats = models::generate_sharded(model_, ring_, comm_, layout, r, on_token, on_progress);
     if (!stats.ok()) {
       // A failed collective leaves the communicator unusable (see communicator.h).
       broken_ = true;

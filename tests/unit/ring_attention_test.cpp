@@ -277,29 +277,40 @@ TEST(RingAttentionOverlap, DoubleBufferHidesTheTransfer) {
       auto ring = RingAttention::create(*backend, comm, {1, s.heads, s.kv_heads, s.head_dim},
                                         rows).take();
       ring->begin_prefill(plan);
+      // Start together: a rank that starts late looks like a slow link to its neighbour.
+      if (!comm.barrier().ok()) return std::make_pair(-1.0, RingStats{});
       const auto t0 = std::chrono::steady_clock::now();
       if (!ring->attend(0, q, k, v, positions, o).ok()) return std::make_pair(-1.0, RingStats{});
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return std::make_pair(ms, ring->stats());
     };
-    // Measure compute alone (fast loopback), then give the link a delay of 0.6 step.
+    // Measure compute alone (fast loopback), then give the link a delay of 0.6 step. Timing
+    // on a loaded machine (CI runs two tests at once on 2 cores) can stall one rank for a while;
+    // overlap is shown if one of three attempts shows it, while a ring that serialises the
+    // transfer fails every attempt (its wait is the whole delay each time).
     run(*gloo.value());
-    const auto [fast_ms, fast] = run(*gloo.value());
-    const double step_ms = fast.compute_ms / fast.steps;
-    const auto delay = std::chrono::milliseconds(static_cast<int>(0.6 * step_ms) + 1);
-    SlowComm slow(*gloo.value(), delay);
-    const auto [slow_ms, stats] = run(slow);
-    // Posted before the compute, the transfer is exposed only by what the compute did not
-    // cover: max(0, delay - step). Serialised, it would be exposed in full: the delay itself.
-    const double slow_step = stats.compute_ms / stats.steps;
-    const double allowed = std::max(0.0, delay.count() - slow_step) + 0.3 * delay.count();
-    std::fprintf(stderr,
-                 "rank %d: compute %.1f ms/step (%.1f in the slow run), link delay %ld ms, "
-                 "ring %.1f ms (fast link %.1f); exposed wait %.1f ms, allowed %.1f\n",
-                 rank, step_ms, slow_step, static_cast<long>(delay.count()), slow_ms, fast_ms,
-                 stats.wait_ms, allowed);
-    return stats.wait_ms <= allowed ? 0 : 20;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const auto [fast_ms, fast] = run(*gloo.value());
+      const double step_ms = fast.compute_ms / fast.steps;
+      const auto delay = std::chrono::milliseconds(static_cast<int>(0.6 * step_ms) + 1);
+      SlowComm slow(*gloo.value(), delay);
+      const auto [slow_ms, stats] = run(slow);
+      // Posted before the compute, the transfer is exposed only by what the compute did not
+      // cover: max(0, delay - step). Serialised, it would be exposed in full: the delay itself.
+      const double slow_step = stats.compute_ms / stats.steps;
+      const double allowed = std::max(0.0, delay.count() - slow_step) + 0.3 * delay.count();
+      std::fprintf(stderr,
+                   "rank %d attempt %d: compute %.1f ms/step (%.1f in the slow run), link delay "
+                   "%ld ms, ring %.1f ms (fast link %.1f); exposed wait %.1f ms, allowed %.1f\n",
+                   rank, attempt, step_ms, slow_step, static_cast<long>(delay.count()), slow_ms,
+                   fast_ms, stats.wait_ms, allowed);
+      // Every rank must agree on the verdict, or one would exit while the other runs again.
+      int32_t ok = stats.wait_ms <= allowed ? 1 : 0, all[2] = {0, 0};
+      if (!gloo.value()->all_gather(&ok, all, sizeof ok).ok()) return 21;
+      if (all[0] && all[1]) return 0;
+    }
+    return 20;
   }, std::chrono::seconds(120));
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }

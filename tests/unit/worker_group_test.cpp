@@ -91,6 +91,51 @@ TEST(WorkerGroup, CancelStopsEveryRankAndTheGroupStaysUsable) {
   EXPECT_TRUE(group.value()->healthy());
 }
 
+// Progress arrives after every prefill layer (odd-linear has 3), before any token; a cancel
+// from the progress callback stops a long prefill at the next layer on every rank, and the
+// group serves the next request.
+TEST(WorkerGroup, PrefillProgressPerLayerAndCancelMidPrefill) {
+  auto group = WorkerGroup::start(options(2, 9000));
+  ASSERT_TRUE(group.ok()) << group.message();
+  models::GenerateRequest req;
+  req.prompt = prompt_of(40, 4099);
+  req.max_tokens = 3;
+  req.stop_at_eos = false;
+  std::vector<double> seen;
+  int tokens = 0;
+  auto r = group.value()->generate(
+      req, [&](int32_t) { return ++tokens, true; },
+      [&](double f) {
+        EXPECT_EQ(tokens, 0) << "progress comes before the first token";
+        seen.push_back(f);
+        return true;
+      });
+  ASSERT_TRUE(r.ok()) << r.message();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_NEAR(seen[0], 1.0 / 3, 1e-9);
+  EXPECT_NEAR(seen[1], 2.0 / 3, 1e-9);
+  EXPECT_EQ(seen[2], 1.0);
+  EXPECT_EQ(tokens, 3);
+
+  req.prompt = prompt_of(8000, 4099);  // seconds of CPU prefill
+  tokens = 0;
+  int calls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  r = group.value()->generate(req, [&](int32_t) { return ++tokens, true; },
+                              [&](double) { return ++calls < 1; });  // cancel at layer 1
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().stats.finish_reason, "cancelled");
+  EXPECT_EQ(tokens, 0);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(group.value()->healthy());
+  std::printf("[ info     ] cancelled after layer 1 of 3 in %.2f s\n", s);
+  req.prompt = prompt_of(30, 4099);
+  r = group.value()->generate(req, [&](int32_t) { return ++tokens, true; });
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(tokens, 3);
+}
+
 TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   auto group = WorkerGroup::start(options(2, 9000));
   ASSERT_TRUE(group.ok()) << group.message();

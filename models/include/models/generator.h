@@ -29,10 +29,14 @@ struct GenerateStats {
 
 // Called with each sampled token; return false to stop (client gone).
 using TokenCallback = std::function<bool(int32_t token)>;
+// Called during the prefill after every layer with the fraction done (layers / all layers);
+// return false to cancel the request before its first token (a long prompt takes minutes).
+using ProgressCallback = std::function<bool(double fraction)>;
 
 // Runs one request on `model`, using and then clearing `cache`.
 Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cache,
-                               const GenerateRequest& request, const TokenCallback& on_token);
+                               const GenerateRequest& request, const TokenCallback& on_token,
+                               const ProgressCallback& on_progress = nullptr);
 
 }  // namespace burst::models
 
@@ -45,10 +49,13 @@ namespace burst::models {
 // request. The prompt is sharded by `layout`, prefilled through the BurstAttention ring; the
 // rank holding the last prompt position broadcasts its logits, rank 0 samples and broadcasts
 // every token (so the sampler's random stream is the single-process one); decode runs the
-// replicated token through the distributed flash-decode. on_token is called on rank 0 only.
+// replicated token through the distributed flash-decode. on_token and on_progress are called on
+// rank 0 only; after every prefill layer rank 0 broadcasts whether to go on, so a cancel during
+// a long prefill stops every rank at the next layer.
 Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention& ring,
                                        engine::Communicator& comm, engine::ShardLayout layout,
                                        const GenerateRequest& request,
-                                       const TokenCallback& on_token);
+                                       const TokenCallback& on_token,
+                                       const ProgressCallback& on_progress = nullptr);
 
 }  // namespace burst::models

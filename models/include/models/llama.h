@@ -4,6 +4,7 @@
 // MLP + residual; final RMSNorm and the LM head only for the rows whose logits are wanted.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,10 @@ namespace burst::models {
 struct LayerWeights {
   engine::Tensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
 };
+
+// Called after each layer of a forward with the number of layers done; an error stops the
+// forward and is returned by it (how a prefill is cancelled between layers).
+using LayerHook = std::function<Status(int64_t layers_done)>;
 
 class LlamaModel {
  public:
@@ -37,10 +42,12 @@ class LlamaModel {
   // Runs `ids` at absolute `positions` through every layer. For each index r in logit_rows
   // (an index into ids), appends vocab_size fp32 logits to `logits`. seq_len is the length of
   // the whole sequence this forward belongs to (dynamic RoPE depends on it; a shard sees only
-  // part of the positions); 0 means max(positions) + 1.
+  // part of the positions); 0 means max(positions) + 1. after_layer, when set, runs after every
+  // layer.
   Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
                  engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                 std::vector<float>& logits, int64_t seq_len = 0);
+                 std::vector<float>& logits, int64_t seq_len = 0,
+                 const LayerHook& after_layer = nullptr);
 
  private:
   LlamaModel(engine::Backend& backend, LlamaConfig config)

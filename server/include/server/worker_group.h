@@ -58,9 +58,11 @@ class WorkerGroup {
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   // Runs one request on every rank (requests are serialised). on_token runs on this thread for
-  // each token; returning false cancels the request on every rank.
+  // each token, on_progress (optional) after every prefill layer; either returning false
+  // cancels the request on every rank (during the prefill: at the next layer).
   Result<GroupStats> generate(const models::GenerateRequest& request,
-                              const models::TokenCallback& on_token);
+                              const models::TokenCallback& on_token,
+                              const models::ProgressCallback& on_progress = nullptr);
   bool healthy() const { return healthy_.load(); }
   // Stops whatever is left of the group and starts a fresh one.
   Status restart();
