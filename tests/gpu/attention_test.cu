@@ -22,32 +22,17 @@
 
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
+#include "gpu_test_util.h"
 
 namespace burst::kernels {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-#define CUDA_ASSERT(expr)                                                                    \
-  do {                                                                                       \
-    const cudaError_t err_ = (expr);                                                         \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << " failed at " << __FILE__ << ":" << __LINE__    \
-                                 << ": " << cudaGetErrorString(err_);                        \
-  } while (0)
-
-bool have_gpu(std::string& why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
-    return false;
-  }
-  if (n == 0) {
-    why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
+using testing::decode;
+using testing::DevBuf;
+using testing::encode;
+using testing::have_gpu;
+using testing::round_to;
 
 class GpuAttention : public ::testing::Test {
  protected:
@@ -56,61 +41,6 @@ class GpuAttention : public ::testing::Test {
     if (!have_gpu(why)) GTEST_SKIP() << "skipping GPU attention test: " << why;
   }
 };
-
-// Device memory that frees itself.
-struct DevBuf {
-  void* ptr = nullptr;
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (ptr) cudaFree(ptr);
-  }
-};
-
-size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
-
-// Rounds x to t and back (round to nearest even, as the device conversions do).
-float round_to(DType t, float x) {
-  if (t == DType::kBF16) return __bfloat162float(__float2bfloat16_rn(x));
-  if (t == DType::kF16) return __half2float(__float2half_rn(x));
-  return x;
-}
-
-// Host fp32 values -> bytes of dtype t.
-std::vector<uint8_t> encode(DType t, const std::vector<float>& x) {
-  std::vector<uint8_t> out(x.size() * dtype_size(t));
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (t == DType::kBF16) {
-      const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else if (t == DType::kF16) {
-      const __half b = __float2half_rn(x[i]);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else {
-      std::memcpy(&out[i * 4], &x[i], 4);
-    }
-  }
-  return out;
-}
-
-std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
-  std::vector<float> out(b.size() / dtype_size(t));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t == DType::kBF16) {
-      __nv_bfloat16 v;
-      std::memcpy(&v, &b[i * 2], 2);
-      out[i] = __bfloat162float(v);
-    } else if (t == DType::kF16) {
-      __half v;
-      std::memcpy(&v, &b[i * 2], 2);
-      out[i] = __half2float(v);
-    } else {
-      std::memcpy(&out[i], &b[i * 4], 4);
-    }
-  }
-  return out;
-}
 
 // Random values never zero: magnitude in [lo, hi], random sign, already rounded to t.
 std::vector<float> random_values(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
@@ -340,7 +270,7 @@ void to_device(const Inputs& in, const Case& c, Device& dev) {
     upload(dev.v, encode(c.dtype, in.v));
     if (::testing::Test::HasFatalFailure()) return;
   }
-  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * dtype_size(c.o_dtype);
+  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * testing::dtype_bytes(c.o_dtype);
   const size_t lse_bytes = size_t(c.heads) * dev.p.lse_head_stride * sizeof(float);
   ASSERT_EQ(cudaMalloc(&dev.o.ptr, std::max<size_t>(o_bytes, 16)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dev.lse.ptr, std::max<size_t>(lse_bytes, 16)), cudaSuccess);
@@ -355,7 +285,7 @@ void to_device(const Inputs& in, const Case& c, Device& dev) {
 
 // All-ones bytes are NaN in fp32, bf16 and fp16: any element the kernel fails to write shows.
 void poison(Device& dev, const Case& c) {
-  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * dtype_size(c.o_dtype);
+  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * testing::dtype_bytes(c.o_dtype);
   const size_t lse_bytes = size_t(c.heads) * dev.p.lse_head_stride * sizeof(float);
   CUDA_ASSERT(cudaMemset(dev.o.ptr, 0xff, o_bytes));
   CUDA_ASSERT(cudaMemset(dev.lse.ptr, 0xff, lse_bytes));
@@ -363,7 +293,7 @@ void poison(Device& dev, const Case& c) {
 
 void fetch(const Device& dev, const Case& c, Outputs& out) {
   const size_t o_elems = size_t(c.n_q) * c.heads * c.head_dim;
-  std::vector<uint8_t> ob(o_elems * dtype_size(c.o_dtype));
+  std::vector<uint8_t> ob(o_elems * testing::dtype_bytes(c.o_dtype));
   CUDA_ASSERT(cudaMemcpy(ob.data(), dev.o.ptr, ob.size(), cudaMemcpyDeviceToHost));
   out.o = decode(c.o_dtype, ob);
   out.lse.assign(size_t(c.heads) * dev.p.lse_head_stride, 0.f);

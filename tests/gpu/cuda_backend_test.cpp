@@ -44,6 +44,7 @@
 #include "models/generator.h"
 #include "models/llama.h"
 #include "server/tokenizer.h"
+#include "gpu_test_util.h"
 
 namespace burst {
 namespace {
@@ -56,19 +57,7 @@ namespace fs = std::filesystem;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 const std::string kRoot = BURST_SOURCE_DIR;
 
-bool have_gpu(std::string& why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
-    return false;
-  }
-  if (n == 0) {
-    why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
+using testing::have_gpu;
 
 float round_bf16(float x) { return engine::bf16_to_f32(engine::f32_to_bf16(x)); }
 std::vector<float> round_bf16(std::vector<float> v) {

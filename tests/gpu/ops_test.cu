@@ -18,87 +18,29 @@
 
 #include "kernels/ops.h"
 #include "kernels/ops_cuda.h"
+#include "gpu_test_util.h"
 
 namespace burst::kernels {
 namespace {
 
-#define CUDA_ASSERT(expr)                                                                    \
-  do {                                                                                       \
-    const cudaError_t err_ = (expr);                                                         \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << " failed at " << __FILE__ << ":" << __LINE__    \
-                                 << ": " << cudaGetErrorString(err_);                        \
-  } while (0)
-
 class GpuOps : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    const cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-      GTEST_SKIP() << "skipping GPU ops test: cudaGetDeviceCount failed: "
-                   << cudaGetErrorString(err);
-    }
-    if (n == 0) GTEST_SKIP() << "skipping GPU ops test: no CUDA device";
+    std::string why;
+    if (!testing::have_gpu(why)) GTEST_SKIP() << "skipping GPU ops test: " << why;
   }
 };
 
-struct DevBuf {
-  void* ptr = nullptr;
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (ptr) cudaFree(ptr);
-  }
-};
+using testing::decode;
+using testing::DevBuf;
+using testing::encode;
+using testing::round_to;
 
 constexpr DType kDtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
 
 const char* name(DType t) {
   return t == DType::kBF16 ? "bf16" : t == DType::kF16 ? "fp16" : "fp32";
 }
-size_t dsize(DType t) { return t == DType::kF32 ? 4 : 2; }
-
-float round_to(DType t, float x) {
-  if (t == DType::kBF16) return __bfloat162float(__float2bfloat16_rn(x));
-  if (t == DType::kF16) return __half2float(__float2half_rn(x));
-  return x;
-}
-
-std::vector<uint8_t> encode(DType t, const std::vector<float>& x) {
-  std::vector<uint8_t> out(x.size() * dsize(t));
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (t == DType::kBF16) {
-      const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else if (t == DType::kF16) {
-      const __half b = __float2half_rn(x[i]);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else {
-      std::memcpy(&out[i * 4], &x[i], 4);
-    }
-  }
-  return out;
-}
-
-std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
-  std::vector<float> out(b.size() / dsize(t));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t == DType::kBF16) {
-      __nv_bfloat16 v;
-      std::memcpy(&v, &b[i * 2], 2);
-      out[i] = __bfloat162float(v);
-    } else if (t == DType::kF16) {
-      __half v;
-      std::memcpy(&v, &b[i * 2], 2);
-      out[i] = __half2float(v);
-    } else {
-      std::memcpy(&out[i], &b[i * 4], 4);
-    }
-  }
-  return out;
-}
-
 // Uniform in [lo, hi] away from zero by a random sign flip when symmetric; rounded to t.
 std::vector<float> random_values(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(lo, hi);
@@ -122,7 +64,7 @@ void upload(DevBuf& d, DType t, const std::vector<float>& x) {
 }
 
 void download(const DevBuf& d, DType t, size_t n, std::vector<float>& out) {
-  std::vector<uint8_t> b(n * dsize(t));
+  std::vector<uint8_t> b(n * testing::dtype_bytes(t));
   CUDA_ASSERT(cudaMemcpy(b.data(), d.ptr, b.size(), cudaMemcpyDeviceToHost));
   out = decode(t, b);
 }
@@ -157,8 +99,8 @@ TEST_F(GpuOps, RmsNorm) {
         DevBuf dx, dw, dout;
         upload(dx, t, x);
         upload(dw, t, w);
-        CUDA_ASSERT(cudaMalloc(&dout.ptr, x.size() * dsize(t)));
-        CUDA_ASSERT(cudaMemset(dout.ptr, 0xff, x.size() * dsize(t)));  // NaN poison
+        CUDA_ASSERT(cudaMalloc(&dout.ptr, x.size() * testing::dtype_bytes(t)));
+        CUDA_ASSERT(cudaMemset(dout.ptr, 0xff, x.size() * testing::dtype_bytes(t)));  // NaN poison
         CUDA_ASSERT(rms_norm_cuda(dx.ptr, dw.ptr, dout.ptr, rows, dim, 1e-5f, t, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
         std::vector<float> ours;
@@ -225,7 +167,7 @@ TEST_F(GpuOps, SiluMul) {
       DevBuf dg, du, dout;
       upload(dg, t, gate);
       upload(du, t, up);
-      CUDA_ASSERT(cudaMalloc(&dout.ptr, n * dsize(t)));
+      CUDA_ASSERT(cudaMalloc(&dout.ptr, n * testing::dtype_bytes(t)));
       CUDA_ASSERT(silu_mul_cuda(dg.ptr, du.ptr, dout.ptr, n, t, nullptr));
       CUDA_ASSERT(cudaDeviceSynchronize());
       std::vector<float> ours;
@@ -253,7 +195,7 @@ TEST_F(GpuOps, EmbeddingIsExact) {
         DevBuf dt, di, dout;
         upload(dt, t, table);
         upload(di, ids.data(), ids.size() * sizeof(int32_t));
-        CUDA_ASSERT(cudaMalloc(&dout.ptr, ref.size() * dsize(t)));
+        CUDA_ASSERT(cudaMalloc(&dout.ptr, ref.size() * testing::dtype_bytes(t)));
         CUDA_ASSERT(embedding_cuda(dt.ptr, static_cast<const int32_t*>(di.ptr), dout.ptr, rows,
                                    dim, t, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
