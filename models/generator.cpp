@@ -10,6 +10,14 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+Status validate(const GenerateRequest& request) {
+  if (request.prompt.empty()) return Status::error("the prompt is empty");
+  if (request.max_tokens <= 0) return Status::error("max_tokens must be > 0");
+  const std::string bad = engine::validate(request.sampling);
+  if (!bad.empty()) return Status::error(bad);
+  return {};
+}
+
 // The stats of a request cancelled before its first token.
 GenerateStats cancelled_in_prefill(int64_t prompt_tokens, double prefill_ms) {
   GenerateStats s;
@@ -25,10 +33,7 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
                                const ProgressCallback& on_progress) {
   const auto& c = model.config();
   const auto n = static_cast<int64_t>(request.prompt.size());
-  if (n == 0) return Status::error("the prompt is empty");
-  if (request.max_tokens <= 0) return Status::error("max_tokens must be > 0");
-  const std::string bad = engine::validate(request.sampling);
-  if (!bad.empty()) return Status::error(bad);
+  BURST_RETURN_IF_ERROR(validate(request));
   if (n > cache.capacity()) {
     return Status::error("the prompt has " + std::to_string(n) + " tokens; the KV cache holds " +
                          std::to_string(cache.capacity()));
@@ -85,10 +90,6 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
   return stats;
 }
 
-}  // namespace burst::models
-
-namespace burst::models {
-
 Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention& ring,
                                        engine::Communicator& comm, engine::ShardLayout layout,
                                        const GenerateRequest& request,
@@ -97,10 +98,7 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
   const auto& c = model.config();
   const int rank = comm.rank();
   const auto n = static_cast<int64_t>(request.prompt.size());
-  if (n == 0) return Status::error("the prompt is empty");
-  if (request.max_tokens <= 0) return Status::error("max_tokens must be > 0");
-  const std::string bad = engine::validate(request.sampling);
-  if (!bad.empty()) return Status::error(bad);
+  BURST_RETURN_IF_ERROR(validate(request));
   const auto plan = engine::ShardPlan::make(layout, n, comm.world_size());
 
   // This rank's rows: its segments' tokens, padding (id 0, never attended or sampled) past n.

@@ -1,0 +1,58 @@
+// Token sampling on the GPU with the contract of the host sampler (engine/sampler.h,
+// burst::engine::sample_with_uniform), so a server samples without copying logits to the host.
+// One token per row of logits:
+//   temperature 0: argmax of the raw logits, ties to the lowest id (no uniform is read);
+//   temperature > 0: s = logit / T (fp32, correctly rounded as on the host); keep the top_k
+//   largest s (0: all) in the order (s descending, id ascending); p = exp(s - s_max) in fp64;
+//   if top_p < 1 keep the shortest prefix of that order whose normalised mass reaches top_p;
+//   return the first kept id whose cumulative mass exceeds u * (kept mass), the last kept id
+//   if none does (rounding).
+// The only difference from the host is the association order of the fp64 sums (a tree here, a
+// running sum there): the two agree except when u * mass or top_p lands within a few fp64 ulps
+// of a cumulative sum. Logits must be finite except for -inf masks (at least one finite per row
+// when T > 0); NaN logits give an unspecified id.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/attention.h"  // DType
+
+namespace burst::kernels {
+
+// The kernel ABI: one flat struct. All pointers are device pointers.
+struct SampleParams {
+  const void* logits = nullptr;  // [rows, vocab], row r at logits + r * row_stride elements
+  DType dtype = DType::kF32;     // kF32 or kBF16 (kF16 is rejected)
+  int64_t rows = 0;              // >= 1; one token per row
+  int64_t vocab = 0;             // >= 1; rows * vocab <= INT32_MAX
+  int64_t row_stride = 0;        // elements, >= vocab
+  float temperature = 0.f;       // finite, >= 0; 0: greedy
+  int top_k = 0;                 // >= 0; 0: off
+  float top_p = 1.f;             // in (0, 1]; 1: off
+  // [rows] fp64 uniforms in [0, 1), one per row, drawn by the host from its seeded generator
+  // (Sampler::next_uniform) so that a seed replays and host and GPU consume the same stream.
+  // Read only when temperature > 0 (the host draws none for greedy either). u >= 1 gives the
+  // last kept id, u <= 0 the first.
+  const double* uniforms = nullptr;
+  int32_t* out_ids = nullptr;    // [rows] int32
+  // Scratch of at least sample_cuda_workspace_bytes(vocab, rows) bytes, 256-byte aligned (as
+  // from cudaMalloc); unused (may be null) when temperature == 0. Not shared between calls in
+  // flight on different streams.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Bytes of workspace sample_cuda needs for `rows` rows of `vocab` logits (keys and ids, sorted
+// copies, segment offsets and CUB's radix-sort scratch); 0 for invalid sizes or when CUB cannot
+// size its scratch (no device).
+size_t sample_cuda_workspace_bytes(int64_t vocab, int64_t rows);
+
+// Writes p.out_ids[r] for every row, asynchronously on `stream`. Returns the first CUDA error,
+// cudaErrorInvalidValue for bad params (sizes, null pointers, dtype, temperature, top_k, top_p,
+// a workspace smaller than sample_cuda_workspace_bytes).
+cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream);
+
+}  // namespace burst::kernels
