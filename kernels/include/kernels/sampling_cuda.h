@@ -3,13 +3,13 @@
 // One token per row of logits:
 //   temperature 0: argmax of the raw logits, ties to the lowest id (no uniform is read);
 //   temperature > 0: s = logit / T (fp32, correctly rounded as on the host); keep the top_k
-//   largest s (0: all) in the order (s descending, id ascending); p = exp(s - s_max) in fp64;
-//   if top_p < 1 keep the shortest prefix of that order whose normalised mass reaches top_p;
-//   return the first kept id whose cumulative mass exceeds u * (kept mass), the last kept id
-//   if none does (rounding).
-// The only difference from the host is the association order of the fp64 sums (a tree here, a
-// running sum there): the two agree except when u * mass or top_p lands within a few fp64 ulps
-// of a cumulative sum. Logits must be finite except for -inf masks (at least one finite per row
+//   largest s (0: all) in the order (s descending, id ascending); masses p = exp(s - s_max) in
+//   fp64, truncated to 2^-96 fixed point and summed exactly in 128 bits; if top_p < 1 keep the
+//   shortest prefix whose share of the total (in fp64) reaches top_p; return the first kept id
+//   whose cumulative mass (in fp64) exceeds u * (kept mass), the last kept id if none does.
+// Exact prefix sums make the GPU's summation order irrelevant: host and GPU agree bit for bit
+// except where the host's and CUDA's fp64 exp differ by an ulp and u * mass falls within that
+// ulp of a prefix. Logits must be finite except for -inf masks (at least one finite per row
 // when T > 0); NaN logits give an unspecified id.
 #pragma once
 
