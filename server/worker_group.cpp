@@ -223,6 +223,12 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
                                          const models::TokenCallback& on_token,
                                          const models::ProgressCallback& on_progress) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
+  const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (need > options_.kv_capacity) {
+    return Status::error("the request needs " + std::to_string(need) +
+                         " KV tokens (prompt + max_tokens); the group holds " +
+                         std::to_string(options_.kv_capacity));
+  }
   pb::WorkerGenerateRequest req;
   req.mutable_prompt()->Add(request.prompt.begin(), request.prompt.end());
   req.set_max_tokens(request.max_tokens);

@@ -106,6 +106,23 @@ class WorkerService final : public pb::WorkerControl::Service {
     }
     const auto layout = req->layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
                                                         : engine::ShardLayout::kZigzag;
+    // Refuse what cannot run before any collective: every rank sees the same request and the
+    // same capacity, so all refuse together and the ring stays usable. Only failures inside
+    // the run (a peer gone, a device error) break the group.
+    const std::string bad = engine::validate(r.sampling);
+    if (r.prompt.empty() || r.max_tokens <= 0 || !bad.empty()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              where() + (!bad.empty() ? bad : "empty prompt or max_tokens <= 0")};
+    }
+    const auto plan = engine::ShardPlan::make(layout, static_cast<int64_t>(r.prompt.size()),
+                                              comm_.world_size());
+    const int64_t decode_share = (r.max_tokens + comm_.world_size() - 1) / comm_.world_size();
+    if (plan.local_rows(comm_.rank()) + decode_share > ring_.capacity()) {
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              where() + std::to_string(r.prompt.size()) + " prompt tokens + " +
+                  std::to_string(r.max_tokens) + " new ones exceed the KV capacity of " +
+                  std::to_string(ring_.capacity()) + " tokens per rank"};
+    }
     bool client_gone = false;
     auto on_token = [&](int32_t id) {
       // Only rank 0 streams; a cancelled call or a failed write stops every rank.

@@ -173,6 +173,32 @@ TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   EXPECT_EQ(tokens, 8);
 }
 
+// Requests that cannot run are refused before any collective: the group stays healthy and
+// serves the next request (a refused request must never look like a broken ring).
+TEST(WorkerGroup, RefusedRequestsLeaveTheGroupHealthy) {
+  auto group = WorkerGroup::start(options(2, 64));
+  ASSERT_TRUE(group.ok()) << group.message();
+  WorkerGroup& g = *group.value();
+  models::GenerateRequest req;
+  req.prompt = prompt_of(60, 4099);
+  req.max_tokens = 10;  // 70 > 64
+  auto r = g.generate(req, [](int32_t) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("KV tokens"), std::string::npos) << r.message();
+  req.prompt = prompt_of(10, 4099);
+  req.max_tokens = 0;  // reaches the workers, which refuse it
+  r = g.generate(req, [](int32_t) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("max_tokens"), std::string::npos) << r.message();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a dying worker would show
+  EXPECT_TRUE(g.healthy());
+  req.max_tokens = 4;
+  int tokens = 0;
+  r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(tokens, 4);
+}
+
 TEST(WorkerGroup, StartFailureNamesTheRank) {
   auto opt = options(2, 64);
   opt.model.dir = "/nonexistent/model";
