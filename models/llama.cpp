@@ -177,20 +177,31 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   if (logit_rows.empty()) return backend_.synchronize();
   // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
   const auto n = static_cast<int64_t>(logit_rows.size());
-  auto sel = backend_.alloc({n, c.hidden_size}, backend_.compute_dtype());
-  auto normed = backend_.alloc({n, c.hidden_size}, backend_.compute_dtype());
-  auto out = backend_.alloc({n, c.vocab_size}, backend_.compute_dtype());
-  for (auto* t : {&sel, &normed, &out}) {
-    if (!t->ok()) return Status::error("lm head: " + t->message());
+  // Kept between forwards: every decode step needs them, and a device allocation per token
+  // would sit on the hot path (cudaMalloc synchronises).
+  if (head_rows_ < n) {
+    const engine::DType dt = backend_.compute_dtype();
+    for (auto* t : {&head_in_, &head_normed_, &head_out_}) *t = Tensor();
+    auto sel = backend_.alloc({n, c.hidden_size}, dt);
+    auto normed = backend_.alloc({n, c.hidden_size}, dt);
+    auto out = backend_.alloc({n, c.vocab_size}, dt);
+    for (auto* t : {&sel, &normed, &out}) {
+      if (!t->ok()) return Status::error("lm head: " + t->message());
+    }
+    head_in_ = sel.take();
+    head_normed_ = normed.take();
+    head_out_ = out.take();
+    head_rows_ = n;
   }
+  Tensor sel = head_in_.rows(0, n), normed = head_normed_.rows(0, n), out = head_out_.rows(0, n);
   for (int64_t i = 0; i < n; ++i) {
-    Tensor dst = sel.value().rows(i, 1);
+    Tensor dst = sel.rows(i, 1);
     BURST_RETURN_IF_ERROR(backend_.copy(x.rows(logit_rows[static_cast<size_t>(i)], 1), dst));
   }
-  BURST_RETURN_IF_ERROR(backend_.rms_norm(sel.value(), final_norm_, eps, normed.value()));
-  BURST_RETURN_IF_ERROR(backend_.gemm(normed.value(), lm_head_, out.value(), false));
+  BURST_RETURN_IF_ERROR(backend_.rms_norm(sel, final_norm_, eps, normed));
+  BURST_RETURN_IF_ERROR(backend_.gemm(normed, lm_head_, out, false));
   std::vector<float> host;
-  BURST_RETURN_IF_ERROR(backend_.download(out.value(), host));
+  BURST_RETURN_IF_ERROR(backend_.download(out, host));
   logits.insert(logits.end(), host.begin(), host.end());
   return {};
 }

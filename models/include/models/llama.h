@@ -63,6 +63,9 @@ class LlamaModel {
   // Activation scratch, grown to the largest forward seen.
   int64_t scratch_rows_ = 0;
   engine::Tensor x_, h_, q_, k_, v_, attn_out_, gate_, up_;
+  // LM-head scratch for the selected rows, grown to the most rows asked for.
+  int64_t head_rows_ = 0;
+  engine::Tensor head_in_, head_normed_, head_out_;
 };
 
 // Where a model comes from: an HF directory, or a preset with seeded random weights.
