@@ -1,8 +1,10 @@
-# Placeholder until the serving issue: a Debian 12 build image with burst's dependencies.
+# Placeholder (the deployment issue owns the real images and docker-compose.yml): a Debian 12
+# image that builds burst with scripts/setup.sh + scripts/build.sh and serves the embedded
+# default. Without /usr/local/cuda in the image the CUDA parts are skipped. Not built here: this
+# machine has no Docker engine.
 FROM debian:12
-COPY scripts/setup.sh /opt/burst/scripts/setup.sh
-RUN apt-get update && apt-get install -y --no-install-recommends sudo && true
 WORKDIR /opt/burst
 COPY . /opt/burst
 RUN scripts/setup.sh && scripts/build.sh
-CMD ["build/bin/burst-generate", "--model", "models/kjv-tiny", "--prompt", "And God said"]
+EXPOSE 8080 50051
+CMD ["build/bin/burst-server", "--config", "configs/cpu-tiny.json", "--host", "0.0.0.0"]
