@@ -105,7 +105,10 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return refuse(ErrorCode::kUnavailable, "the server is shutting down");
-    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+    // max_queue counts requests that must wait: with an idle ring (nothing running, nothing
+    // queued) a request is admitted even when max_queue is 0.
+    const bool must_wait = running_ != nullptr || !queue_.empty();
+    if (must_wait && static_cast<int>(queue_.size()) >= options_.max_queue) {
       return refuse(ErrorCode::kUnavailable,
                     "the queue is full (" + std::to_string(queue_.size()) + " waiting)");
     }

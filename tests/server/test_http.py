@@ -263,6 +263,49 @@ def test_cancelled_streams_free_kv():
     check(st == 200, "serves after 200 cancellations")
 
 
+def test_queue_full_gets_503():
+    # A server whose queue holds nobody: while one request runs, the next is refused at once
+    # with 503 and Retry-After (it does not wait), and the server keeps serving afterwards.
+    small = Server("--max-queue", 0)
+    try:
+        started = threading.Event()
+
+        def long_request():
+            c = http.client.HTTPConnection("127.0.0.1", small.http_port, timeout=60)
+            c.request("POST", "/v1/completions", body=json.dumps(
+                {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}),
+                headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            check(r.status == 200, f"the first request runs on an idle server: HTTP {r.status}")
+            r.readline()  # the request is running once its stream has begun
+            started.set()
+            r.read()
+            c.close()
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        check(started.wait(30), "the first request started")
+        c = http.client.HTTPConnection("127.0.0.1", small.http_port, timeout=30)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": PROMPT, "max_tokens": 2}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = json.loads(r.read())
+        check(r.status == 503, f"queue full: HTTP {r.status} {body}")
+        check(r.getheader("Retry-After") is not None, "Retry-After on 503")
+        check("error" in body, f"OpenAI-style error object: {body}")
+        t.join()
+        # The client sees [DONE] a moment before the scheduler has let go of the finished
+        # request; with a zero-length queue a request in that moment is still refused.
+        for _ in range(50):
+            status, _ = small.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+            if status == 200:
+                break
+            time.sleep(0.1)
+        check(status == 200, f"served after the queue drained: HTTP {status}")
+    finally:
+        small.stop()
+
+
 def test_sigterm_drains():
     c, resp = stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 60, "stream": True,
                                          "temperature": 0})
@@ -282,6 +325,6 @@ if __name__ == "__main__":
         run([test_health_models_tokenize, test_completion_matches_burst_generate,
              test_curl_sse_and_progress, test_keepalive_while_queued, test_chat, test_stop_string,
              test_bad_inputs, test_metrics, test_concurrent_clients,
-             test_cancelled_streams_free_kv, test_sigterm_drains])
+             test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])
     finally:
         srv.stop()
