@@ -31,6 +31,7 @@
 #include "engine/dtype_convert.h"
 #include "engine/random.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
 #include "kernels/ops_cuda.h"
 
 namespace burst::engine {
@@ -43,7 +44,7 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Uploads that convert (e.g. an fp32 checkpoint into bf16) go through a staging buffer of this
 // size in chunks, so loading never needs a second copy of a whole tensor on the device.
 constexpr size_t kStagingBytes = size_t{64} << 20;
-constexpr int kThreads = 256;
+constexpr int kThreads = kernels::kGridStrideThreads;  // grid_for assumes it
 
 std::string gib(double bytes) {
   char buf[32];
@@ -152,25 +153,8 @@ __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n
 }
 
 // Grid-stride launches: enough blocks to fill the GPU many times over, never more than needed.
-unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 1 << 16));
-}
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls f(TypeTag<T>{}) with the element type of dtype.
-template <typename F>
-cudaError_t with_type(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kF32: return f(TypeTag<float>{});
-    case DType::kBF16: return f(TypeTag<__nv_bfloat16>{});
-    case DType::kF16: return f(TypeTag<__half>{});
-  }
-  return cudaErrorInvalidValue;
-}
+using kernels::grid_for;
+using kernels::with_type;
 
 cudaError_t launch_convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n,
                            cudaStream_t stream) {
@@ -178,7 +162,7 @@ cudaError_t launch_convert(const void* src, DType src_t, void* dst, DType dst_t,
     using S = typename decltype(s)::type;
     return with_type(dst_t, [&](auto d) {
       using D = typename decltype(d)::type;
-      convert_kernel<S, D><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const S*>(src),
+      convert_kernel<S, D><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const S*>(src),
                                                                    static_cast<D*>(dst), n);
       return cudaGetLastError();
     });
@@ -381,7 +365,7 @@ class CudaBackend final : public Backend {
     if (n == 0) return {};
     const cudaError_t err = with_type(t.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      fill_random_kernel<T><<<blocks_for(n), kThreads, 0, compute_>>>(t.as<T>(), n, seed, scale,
+      fill_random_kernel<T><<<grid_for(n), kThreads, 0, compute_>>>(t.as<T>(), n, seed, scale,
                                                                         constant);
       return cudaGetLastError();
     });
@@ -514,7 +498,7 @@ class CudaBackend final : public Backend {
     if (n == 0) return {};
     const cudaError_t err = with_type(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      add_kernel<T><<<blocks_for(n), kThreads, 0, compute_>>>(x.as<T>(), y.as<T>(), n);
+      add_kernel<T><<<grid_for(n), kThreads, 0, compute_>>>(x.as<T>(), y.as<T>(), n);
       return cudaGetLastError();
     });
     return launched("add", err, x.describe());

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda_dispatch.cuh"
 #include "kernels/ops_cuda.h"
 
 namespace burst::kernels {
@@ -106,28 +107,7 @@ __global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int
   }
 }
 
-constexpr int kThreads = 256;
-
-// Grid-stride launches: enough blocks to fill the device several times over, capped so that
-// the grid size stays small for huge n (each thread then loops).
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
-}
-
-// Calls fn with a null pointer of the element type of dtype, or returns cudaErrorInvalidValue.
-template <typename Fn>
-cudaError_t with_type(DType dtype, Fn fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(static_cast<float*>(nullptr));
-    case DType::kBF16:
-      return fn(static_cast<__nv_bfloat16*>(nullptr));
-    case DType::kF16:
-      return fn(static_cast<__half*>(nullptr));
-  }
-  return cudaErrorInvalidValue;
-}
+constexpr int kThreads = kGridStrideThreads;
 
 }  // namespace
 
@@ -136,8 +116,8 @@ cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows,
   if (rows < 0 || dim < 0 || !(eps >= 0.f) || rows > 0x7fffffff) return cudaErrorInvalidValue;
   if (rows == 0 || dim == 0) return cudaSuccess;
   if (!x || !w || !out) return cudaErrorInvalidValue;
-  return with_type(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
     rms_norm_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(out), dim, eps);
     return cudaGetLastError();
@@ -152,8 +132,8 @@ cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, in
   const int64_t total = rows * heads * (head_dim / 2);
   if (total == 0) return cudaSuccess;
   if (!x || !positions || !inv_freq) return cudaErrorInvalidValue;
-  return with_type(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
     rope_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
         static_cast<T*>(x), rows, heads, head_dim / 2, row_stride, positions, inv_freq);
     return cudaGetLastError();
@@ -165,8 +145,8 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!gate || !up || !out) return cudaErrorInvalidValue;
-  return with_type(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
     silu_mul_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(
         static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
     return cudaGetLastError();
@@ -178,8 +158,8 @@ cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int
   if (rows < 0 || dim < 0) return cudaErrorInvalidValue;
   if (rows == 0 || dim == 0) return cudaSuccess;
   if (!table || !ids || !out) return cudaErrorInvalidValue;
-  return with_type(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
     embedding_kernel<T><<<grid_for(rows * dim), kThreads, 0, stream>>>(
         static_cast<const T*>(table), ids, static_cast<T*>(out), rows, dim);
     return cudaGetLastError();

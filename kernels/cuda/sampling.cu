@@ -17,6 +17,7 @@
 
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include "kernels/cuda_dispatch.cuh"
 #include "kernels/sampling_cuda.h"
 
 namespace burst::kernels {
@@ -24,8 +25,11 @@ namespace {
 
 template <typename T>
 __device__ __forceinline__ float load_f32(const T* p) {
+  // fp16 is refused by sample_cuda; it is spelled out so every dtype instantiates.
   if constexpr (std::is_same_v<T, float>) {
     return *p;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(*p);
   } else {
     return __bfloat162float(*p);
   }
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // ---------------------------------------------------------------------------------------------
 // Sampling step 1: keys of logit / T and ids, plus the segment offsets of the sort.
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kGridStrideThreads;  // grid_for assumes it
 
 template <typename T>
 __global__ void keys_kernel(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride,
@@ -276,11 +280,6 @@ __global__ void __launch_bounds__(kPickThreads)
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
-}
-
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -317,18 +316,6 @@ cudaError_t layout_for(int64_t vocab, int64_t rows, Layout& l) {
   return cudaSuccess;
 }
 
-template <typename Fn>
-cudaError_t with_type(DType dtype, Fn fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(static_cast<float*>(nullptr));
-    case DType::kBF16:
-      return fn(static_cast<__nv_bfloat16*>(nullptr));
-    case DType::kF16:
-      break;
-  }
-  return cudaErrorInvalidValue;
-}
 
 }  // namespace
 
@@ -346,8 +333,8 @@ cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
   if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) return cudaErrorInvalidValue;
   const unsigned rows = static_cast<unsigned>(p.rows);
   if (p.temperature == 0.f) {
-    return with_type(p.dtype, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    return with_type(p.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
       argmax_kernel<T><<<rows, kArgmaxThreads, 0, stream>>>(static_cast<const T*>(p.logits),
                                                              p.vocab, p.row_stride, p.out_ids);
       return cudaGetLastError();
@@ -365,8 +352,8 @@ cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
   auto* ids_out = reinterpret_cast<int32_t*>(ws + l.ids_out);
   auto* offsets = reinterpret_cast<int32_t*>(ws + l.offsets);
   const int64_t n = p.rows * p.vocab;
-  err = with_type(p.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  err = with_type(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
     keys_kernel<T><<<grid_for(n + 1), kThreads, 0, stream>>>(
         static_cast<const T*>(p.logits), p.rows, p.vocab, p.row_stride, p.temperature, keys_in,
         ids_in, offsets);
