@@ -7,8 +7,10 @@
 // peer turns into an error within options.timeout, never a hang.
 //
 // Gloo behaviour this file leans on (checked against the installed library):
-// - Rendezvous is a FileStore in options.store_dir (under a PrefixStore namespace); Gloo waits
-//   for every peer's address with the context timeout, so a rank that never joins is an error.
+// - Rendezvous is a FileStore in options.store_dir, or options.store (a RendezvousStore, e.g.
+//   the coordinator's network store) behind an adapter, under a PrefixStore namespace; Gloo
+//   waits for every peer's address with the context timeout, so a rank that never joins is an
+//   error. The adapter turns store errors into gloo::IoException, which join() reports.
 // - Unbound buffers match by (peer, slot) FIFO per pair. Point-to-point slots live in their own
 //   prefix (kP2pSlotPrefix << 56), far above the slots Gloo's collectives use, so a tag can never
 //   collide with a collective.
@@ -25,6 +27,7 @@
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -244,6 +247,35 @@ class GlooCommunicator final : public Communicator {
   uint32_t collective_tag_ = 0;
 };
 
+// Gloo's view of a RendezvousStore. Gloo calls these from connectFullMesh only; errors become
+// exceptions there because Gloo's Store interface has no other way to fail.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(RendezvousStore& store, std::chrono::milliseconds timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    check(store_.set(key, data));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = store_.get(key, timeout_);
+    check(v.status());
+    return v.take();
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    check(store_.wait(keys, timeout));
+  }
+
+ private:
+  static void check(const Status& st) {
+    if (!st.ok()) throw gloo::IoException("rendezvous store: " + st.message());
+  }
+  RendezvousStore& store_;
+  std::chrono::milliseconds timeout_;
+};
+
 void ignore_sigpipe_once() {
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
@@ -261,14 +293,18 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
     return gloo_error("join", rank,
                       "rank out of range for world size " + std::to_string(options.world_size));
   }
-  if (options.store_dir.empty()) return gloo_error("join", rank, "store_dir is empty");
+  if (!options.store && options.store_dir.empty()) {
+    return gloo_error("join", rank, "neither a store nor a store_dir was given");
+  }
   if (options.timeout.count() <= 0) return gloo_error("join", rank, "timeout must be positive");
 
-  std::error_code ec;
-  std::filesystem::create_directories(options.store_dir, ec);
-  if (ec) {
-    return gloo_error("join", rank,
-                      "cannot create store dir " + options.store_dir + ": " + ec.message());
+  if (!options.store) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.store_dir, ec);
+    if (ec) {
+      return gloo_error("join", rank,
+                        "cannot create store dir " + options.store_dir + ": " + ec.message());
+    }
   }
   ignore_sigpipe_once();
 
@@ -280,14 +316,20 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
     // Set before connecting: Gloo bounds the wait for peers' addresses and the TCP handshakes
     // with the context timeout, and copies it into every pair.
     context->setTimeout(options.timeout);
-    gloo::rendezvous::FileStore file_store(options.store_dir);
-    gloo::rendezvous::PrefixStore store(kStorePrefix, file_store);
+    std::unique_ptr<gloo::rendezvous::Store> base;
+    if (options.store) {
+      base = std::make_unique<StoreAdapter>(*options.store, options.timeout);
+    } else {
+      base = std::make_unique<gloo::rendezvous::FileStore>(options.store_dir);
+    }
+    gloo::rendezvous::PrefixStore store(kStorePrefix, *base);
     context->connectFullMesh(store, device);
     return std::unique_ptr<Communicator>(
         std::make_unique<GlooCommunicator>(std::move(context), options.timeout));
   } catch (...) {
-    return gloo_error("join (world size " + std::to_string(options.world_size) + ", store " +
-                          options.store_dir + ")",
+    const std::string where = options.store ? "network store" : "store " + options.store_dir;
+    return gloo_error("join (world size " + std::to_string(options.world_size) + ", " + where +
+                          ", address " + options.hostname + ")",
                       rank, current_exception_text());
   }
 }

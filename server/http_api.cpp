@@ -406,11 +406,15 @@ void HttpApi::install_routes() {
   };
 
   s.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
+    const std::string waiting = scheduler_.waiting_status();
     const char* state = scheduler_.draining() ? "draining"
                         : scheduler_.healthy() ? "ok"
+                        : !waiting.empty() ? "waiting"
                         : metrics_.worker_restarts > 0 ? "unhealthy"
                                                        : "loading";
-    send_json(res, std::string(state) == "ok" ? 200 : 503, {{"status", state}});
+    json body = {{"status", state}};
+    if (!waiting.empty() && !scheduler_.draining()) body["message"] = waiting;
+    send_json(res, std::string(state) == "ok" ? 200 : 503, body);
   }));
   s.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "server/worker_registry.h"
+
 namespace burst::server {
 
 namespace {
@@ -62,6 +64,11 @@ std::vector<int> Scheduler::worker_pids() const {
   return group_ ? group_->pids() : std::vector<int>{};
 }
 
+std::string Scheduler::waiting_status() const {
+  if (!options_.group.registry || healthy_) return "";
+  return options_.group.registry->waiting_status();
+}
+
 std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* error) {
   auto refuse = [&](ErrorCode code, std::string msg) -> std::shared_ptr<RequestStream> {
     *error = {code, std::move(msg)};
@@ -105,6 +112,9 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return refuse(ErrorCode::kUnavailable, "the server is shutting down");
+    if (options_.group.registry && !healthy_) {
+      return refuse(ErrorCode::kUnavailable, waiting_status());
+    }
     // max_queue counts requests that must wait: with an idle ring (nothing running, nothing
     // queued) a request is admitted even when max_queue is 0.
     const bool must_wait = running_ != nullptr || !queue_.empty();
@@ -135,46 +145,63 @@ void Scheduler::fail_queued(const std::string& why) {
   }
 }
 
-bool Scheduler::ensure_group() {
-  if (group_ && group_->healthy()) return true;
+Scheduler::GroupState Scheduler::ensure_group() {
+  if (group_ && group_->healthy()) return GroupState::kReady;
   healthy_ = false;
   metrics_.healthy = 0;
-  if (stop_) return false;
+  if (stop_) return GroupState::kFailed;
   if (!group_) {
-    spdlog::info("starting {} worker(s) on {} for {}", options_.group.workers,
-                 options_.group.device,
-                 options_.group.model.dir.empty() ? options_.group.model.preset
-                                                  : options_.group.model.dir);
+    if (options_.group.registry) {
+      spdlog::info("waiting for {} remote worker(s) (burst-worker --join) on {}",
+                   options_.group.workers, options_.group.registry->options().listen);
+    } else {
+      spdlog::info("starting {} worker(s) on {} for {}", options_.group.workers,
+                   options_.group.device,
+                   options_.group.model.dir.empty() ? options_.group.model.preset
+                                                    : options_.group.model.dir);
+    }
     auto g = WorkerGroup::start(options_.group);
     if (!g.ok()) {
       spdlog::error("worker group failed to start: {}", g.message());
       fail_queued("the worker group failed to start: " + g.message());
-      return false;
+      return GroupState::kFailed;
     }
     std::lock_guard<std::mutex> lock(group_mu_);
     group_ = g.take();
-  } else {
+  } else if (!group_->awaiting_workers()) {
     spdlog::warn("worker group unhealthy; restarting it");
     ++metrics_.worker_restarts;
     const Status st = group_->restart();
     if (!st.ok()) {
       spdlog::error("worker group restart failed: {}", st.message());
       fail_queued("the worker group failed to restart: " + st.message());
-      return false;
+      return GroupState::kFailed;
     }
+  }
+  if (group_->remote()) {
+    // Nobody knows when the missing workers come: refuse what waits rather than queue it.
+    fail_queued(group_->waiting_status());
+    auto formed = group_->await_remote(std::chrono::milliseconds(200));
+    if (!formed.ok()) {
+      spdlog::error("remote worker group: {}", formed.message());
+      return GroupState::kWaiting;
+    }
+    if (!formed.value()) return GroupState::kWaiting;
   }
   spdlog::info("worker group ready: {} worker(s), device {}, vocab {}",
                options_.group.workers, group_->info().device, group_->info().vocab_size);
   healthy_ = true;
   metrics_.healthy = 1;
   started_once_ = true;
-  return true;
+  return GroupState::kReady;
 }
 
 void Scheduler::loop() {
   auto backoff = std::chrono::milliseconds(200);
   while (!stop_) {
-    if (!ensure_group()) {
+    const GroupState state = ensure_group();
+    if (state == GroupState::kWaiting) continue;  // await_remote() waited already
+    if (state == GroupState::kFailed) {
       // Failed start: back off (up to 10 s) so a broken model does not spin the CPU.
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, backoff, [&] { return stop_.load(); });

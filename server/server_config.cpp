@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/worker_registry.h"
+
 namespace burst::server {
 
 namespace fs = std::filesystem;
@@ -40,7 +42,8 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"http_port", {K::kInt, &c->http_port}},
       {"port_file", {K::kString, &c->port_file}},
       {"api_key", {K::kString, &c->api_key}},
-      {"join", {K::kString, &c->join}},
+      {"remote_workers", {K::kInt, &c->remote_workers}},
+      {"worker_listen", {K::kString, &c->worker_listen}},
       {"max_context", {K::kInt64, &c->max_context}},
       {"kv_capacity", {K::kInt64, &c->kv_capacity}},
       {"max_tokens_limit", {K::kInt, &c->max_tokens_limit}},
@@ -95,6 +98,13 @@ Status validate(const ServerConfig& c) {
   if (c.max_queue < 0) return Status::error("max_queue must be >= 0");
   if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
   if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
+  if (c.remote_workers < 0 || c.remote_workers > 64) {
+    return Status::error("remote_workers must be in 0..64");
+  }
+  if (c.remote_workers > 0) {
+    auto hp = split_host_port(c.worker_listen);
+    if (!hp.ok()) return Status::error("worker_listen: " + hp.message());
+  }
   if (c.max_context < 0 || c.kv_capacity < 0 || c.max_tokens_limit < 0) {
     return Status::error("max_context, kv_capacity and max_tokens_limit must be >= 0");
   }
@@ -164,6 +174,11 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
     std::string key = flag.substr(2);
     for (char& ch : key) ch = ch == '-' ? '_' : ch;
     auto it = table.find(key);
+    if (it == table.end() && flag == "--join") {
+      return Status::error("unknown flag --join: it is burst-worker's (burst-worker --join "
+                           "HOST:PORT); the server waits for such workers with "
+                           "--remote-workers N --worker-listen HOST:PORT");
+    }
     if (it == table.end()) return Status::error("unknown flag " + flag);
     BURST_RETURN_IF_ERROR(set_from_string(flag, it->second, val));
   }

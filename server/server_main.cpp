@@ -1,6 +1,7 @@
 // burst-server: the frontend process. Reads the config (--config FILE, flags override; default
 // configs/cpu-tiny.json), loads the tokenizer, starts the scheduler (which spawns and supervises
-// the worker group), then serves HTTP (OpenAI-compatible) and gRPC. Binds 127.0.0.1 unless told
+// the worker group, or with --remote-workers N waits for N `burst-worker --join` to register
+// with the WorkerRegistry started here), then serves HTTP (OpenAI-compatible) and gRPC. Binds 127.0.0.1 unless told
 // otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE, requests in flight get
 // drain_timeout_ms to finish and are then cancelled, the listeners close, the workers stop, and
 // the process exits 0. Usage errors exit 2; start-up failures exit 1.
@@ -23,6 +24,7 @@
 #include "server/scheduler.h"
 #include "server/server_config.h"
 #include "server/tokenizer.h"
+#include "server/worker_registry.h"
 
 namespace {
 
@@ -52,10 +54,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   ServerConfig cfg = parsed.take();
-  if (!cfg.join.empty()) {
-    std::cerr << "burst-server: --join (remote workers, multi-node) is not implemented yet\n";
-    return 2;
-  }
 
   // A preset (random weights, for benchmarks) takes the place of the model directory.
   auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
@@ -85,6 +83,23 @@ int main(int argc, char** argv) {
   so.max_tokens_limit = cfg.max_tokens_limit;
   so.max_queue = cfg.max_queue;
   so.vocab_size = static_cast<int>(model_cfg.value().vocab_size);
+  std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
+  if (cfg.remote_workers > 0) {
+    RegistryOptions ro;
+    ro.listen = cfg.worker_listen;
+    ro.world_size = cfg.remote_workers;
+    ro.fingerprint = model_fingerprint(model_cfg.value(), so.group.model);
+    ro.device_kind = cfg.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+    ro.kv_capacity_per_rank = kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers);
+    ro.comm_timeout = so.group.comm_timeout;
+    auto r = WorkerRegistry::start(ro);
+    if (!r.ok()) return fail(r.message());
+    registry = r.take();
+    so.group.workers = cfg.remote_workers;
+    so.group.registry = registry;
+    spdlog::info("multi-node: waiting for {} `burst-worker --join` on {} (port {}); model [{}]",
+                 cfg.remote_workers, cfg.worker_listen, registry->port(), ro.fingerprint);
+  }
 
   struct sigaction sa = {};
   sa.sa_handler = on_signal;
@@ -112,7 +127,8 @@ int main(int argc, char** argv) {
   }
   spdlog::info("serving model '{}' ({}): HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, "
                "max context {}, KV capacity {}, auth {}",
-               cfg.model_name, cfg.model, cfg.host, http_port, cfg.host, grpc_port, cfg.workers,
+               cfg.model_name, cfg.model, cfg.host, http_port, cfg.host, grpc_port,
+               registry ? cfg.remote_workers : cfg.workers,
                cfg.device, cfg.max_context, cfg.kv_capacity, cfg.api_key.empty() ? "off" : "on");
   if (!cfg.port_file.empty()) {
     // Written whole then renamed, so a reader never sees half a file.
@@ -120,6 +136,7 @@ int main(int argc, char** argv) {
     {
       std::ofstream f(tmp);
       f << "{\"http_port\": " << http_port << ", \"grpc_port\": " << grpc_port
+        << ", \"worker_port\": " << (registry ? registry->port() : -1)
         << ", \"pid\": " << getpid() << "}\n";
     }
     std::error_code ec;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "burst/v1/worker.grpc.pb.h"
+#include "server/worker_registry.h"
 
 namespace burst::server {
 
@@ -17,8 +18,9 @@ namespace fs = std::filesystem;
 
 struct WorkerGroup::Rank {
   int rank = 0;
-  pid_t pid = 0;  // 0 once reaped
-  std::string port_file;
+  pid_t pid = 0;  // local: 0 once reaped; remote: 0
+  std::string port_file;  // local
+  std::string address;    // of its control service
   std::unique_ptr<pb::WorkerControl::Stub> stub;
 };
 
@@ -33,7 +35,8 @@ std::string describe_exit(int status) {
 }
 
 std::string rank_name(const WorkerGroup::Rank& r) {
-  return "worker rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ")";
+  return "worker rank " + std::to_string(r.rank) +
+         (r.pid ? " (pid " + std::to_string(r.pid) + ")" : " (" + r.address + ")");
 }
 
 }  // namespace
@@ -44,10 +47,27 @@ std::string default_worker_binary() {
   return ec ? "burst-worker" : (self.parent_path() / "burst-worker").string();
 }
 
+int64_t kv_capacity_per_rank(int64_t total, int ranks) {
+  return (total + ranks - 1) / ranks + 4;
+}
+
 WorkerGroup::WorkerGroup(WorkerGroupOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions options) {
   if (options.workers < 1) return Status::error("workers must be >= 1");
+  if (options.registry) {
+    if (options.registry->options().world_size != options.workers) {
+      return Status::error("the worker registry expects " +
+                           std::to_string(options.registry->options().world_size) +
+                           " workers, the group " + std::to_string(options.workers));
+    }
+    std::unique_ptr<WorkerGroup> g(new WorkerGroup(std::move(options)));
+    WorkerGroup* self = g.get();
+    g->options_.registry->set_on_member_lost([self](uint64_t generation, const std::string& why) {
+      if (generation == self->generation_.load()) self->mark_dead(why);
+    });
+    return g;
+  }
   if (options.worker_binary.empty()) options.worker_binary = default_worker_binary();
   if (access(options.worker_binary.c_str(), X_OK) != 0) {
     return Status::error("worker binary " + options.worker_binary + " is not executable");
@@ -57,11 +77,15 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions optio
   return g;
 }
 
-WorkerGroup::~WorkerGroup() { stop_all(); }
+WorkerGroup::~WorkerGroup() {
+  if (options_.registry) options_.registry->set_on_member_lost(nullptr);
+  stop_all();
+}
 
 std::vector<int> WorkerGroup::pids() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int> out;
+  if (remote()) return out;  // not our processes (other hosts, perhaps)
   for (const auto& r : ranks_) out.push_back(r->pid);
   return out;
 }
@@ -73,9 +97,7 @@ Status WorkerGroup::spawn() {
   const std::string store = run_dir_ + "/store";
   fs::create_directories(store);
   const int n = options_.workers;
-  // Each rank caches its share of the prompt (zigzag: at most n/N + 2 rows) and of the
-  // generated tokens (round robin): ceil(capacity / N) plus a few rows of slack.
-  const int64_t per_rank = (options_.kv_capacity + n - 1) / n + 4;
+  const int64_t per_rank = kv_capacity_per_rank(options_.kv_capacity, n);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options_.threads_per_worker > 0 ? options_.threads_per_worker
                                                       : std::max(1, cores / n);
@@ -111,6 +133,7 @@ Status WorkerGroup::spawn() {
   }
 
   // Wait for every rank's port file, failing early if a rank dies during start-up.
+  std::vector<std::string> addresses;
   const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
   for (auto& rk : ranks_) {
     while (!fs::exists(rk->port_file)) {
@@ -133,11 +156,32 @@ Status WorkerGroup::spawn() {
     }
     int port = 0;
     std::ifstream(rk->port_file) >> port;
+    addresses.push_back("127.0.0.1:" + std::to_string(port));
+  }
+  if (Status st = connect(addresses); !st.ok()) {
+    stop_all();
+    return st;
+  }
+  stopping_ = false;
+  supervisor_ = std::thread([this] { supervise(); });
+  return {};
+}
+
+Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
+  const int n = static_cast<int>(addresses.size());
+  if (ranks_.empty()) {
+    for (int r = 0; r < n; ++r) {
+      ranks_.push_back(std::make_unique<Rank>());
+      ranks_.back()->rank = r;
+    }
+  }
+  for (auto& rk : ranks_) {
+    rk->address = addresses[static_cast<size_t>(rk->rank)];
     grpc::ChannelArguments ch_args;
     ch_args.SetMaxSendMessageSize(256 << 20);
     ch_args.SetMaxReceiveMessageSize(256 << 20);
-    rk->stub = pb::WorkerControl::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), ch_args));
+    rk->stub = pb::WorkerControl::NewStub(
+        grpc::CreateCustomChannel(rk->address, grpc::InsecureChannelCredentials(), ch_args));
   }
   for (auto& rk : ranks_) {
     grpc::ClientContext ctx;
@@ -145,8 +189,12 @@ Status WorkerGroup::spawn() {
     pb::PingResponse pong;
     const grpc::Status st = rk->stub->Ping(&ctx, pb::PingRequest(), &pong);
     if (!st.ok()) {
-      stop_all();
       return Status::error(rank_name(*rk) + " does not answer: " + st.error_message());
+    }
+    if (pong.rank() != rk->rank || pong.world_size() != n) {
+      return Status::error(rank_name(*rk) + " answers as rank " + std::to_string(pong.rank()) +
+                           " of " + std::to_string(pong.world_size()) + ", expected rank " +
+                           std::to_string(rk->rank) + " of " + std::to_string(n));
     }
     if (rk->rank == 0) info_ = {pong.vocab_size(), pong.eos_token_id(), pong.device()};
   }
@@ -154,10 +202,62 @@ Status WorkerGroup::spawn() {
     std::lock_guard<std::mutex> lock(mu_);
     death_.clear();
   }
-  stopping_ = false;
   healthy_ = true;
-  supervisor_ = std::thread([this] { supervise(); });
   return {};
+}
+
+void WorkerGroup::mark_dead(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (death_.empty()) death_ = why;
+  healthy_ = false;
+  // Unblock the request in flight at once instead of waiting on the survivors, which only
+  // notice the dead peer at their communicator timeout.
+  for (auto* ctx : in_flight_) ctx->TryCancel();
+}
+
+Result<bool> WorkerGroup::await_remote(std::chrono::milliseconds max_wait) {
+  if (!remote()) return Status::error("await_remote: this worker group spawns its workers");
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  if (healthy_) return true;
+  WorkerRegistry& reg = *options_.registry;
+  const auto generation = reg.wait_formed(max_wait);
+  if (!generation) return false;
+  // Each rank publishes its control address once its communicator is up (every rank has
+  // connected to every other): wait for all of them, as long as a communicator may take.
+  auto store = reg.store_view(*generation);
+  std::vector<std::string> addresses;
+  for (int r = 0; r < options_.workers; ++r) {
+    auto a = store->get("control/" + std::to_string(r), options_.comm_timeout);
+    if (!a.ok()) {
+      const std::string why = "worker rank " + std::to_string(r) + " of generation " +
+                              std::to_string(*generation) +
+                              " did not publish its control address: " + a.message();
+      reg.dissolve(why);
+      return Status::error(why);
+    }
+    addresses.emplace_back(a.value().begin(), a.value().end());
+  }
+  ranks_.clear();
+  generation_ = *generation;
+  if (Status st = connect(addresses); !st.ok()) {
+    reg.dissolve(st.message());
+    ranks_.clear();
+    return st;
+  }
+  // A member may have left between forming and our pings: the registry dissolved the group
+  // then, before generation_ was ours to compare. Do not serve a dissolved group.
+  if (reg.store().epoch() != *generation) {
+    healthy_ = false;
+    ranks_.clear();
+    return Status::error("worker group generation " + std::to_string(*generation) +
+                         " was dissolved while connecting");
+  }
+  return true;
+}
+
+std::string WorkerGroup::waiting_status() const {
+  if (!remote() || healthy_) return "";
+  return options_.registry->waiting_status();
 }
 
 void WorkerGroup::supervise() {
@@ -165,13 +265,9 @@ void WorkerGroup::supervise() {
     for (auto& rk : ranks_) {
       int status = 0;
       if (rk->pid == 0 || waitpid(rk->pid, &status, WNOHANG) != rk->pid) continue;
-      std::lock_guard<std::mutex> lock(mu_);
-      if (death_.empty()) death_ = rank_name(*rk) + " " + describe_exit(status);
+      const std::string why = rank_name(*rk) + " " + describe_exit(status);
       rk->pid = 0;
-      healthy_ = false;
-      // Unblock the request in flight at once instead of waiting on the survivors, which
-      // only notice the dead peer at their communicator timeout.
-      for (auto* ctx : in_flight_) ctx->TryCancel();
+      mark_dead(why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -181,6 +277,13 @@ void WorkerGroup::stop_all() {
   stopping_ = true;
   if (supervisor_.joinable()) supervisor_.join();
   healthy_ = false;
+  if (remote()) {
+    // The workers are not ours to stop: they leave the group and wait to join the next one.
+    options_.registry->dissolve("the coordinator stopped the group");
+    ranks_.clear();
+    generation_ = 0;
+    return;
+  }
   for (auto& rk : ranks_) {
     if (rk->pid && rk->stub) {
       grpc::ClientContext ctx;
@@ -216,6 +319,7 @@ void WorkerGroup::stop_all() {
 Status WorkerGroup::restart() {
   std::lock_guard<std::mutex> lock(run_mu_);
   stop_all();
+  if (remote()) return {};
   return spawn();
 }
 
@@ -294,6 +398,19 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
     finish[0] = reader->Finish();
   }
   for (auto& t : readers) t.join();
+  if (remote()) {
+    // A remote rank's control channel that breaks is a lost rank, like a dead local process
+    // (its Join stream may still look alive, e.g. one port cut off by a firewall).
+    for (size_t r = 0; r < n; ++r) {
+      if (finish[r].error_code() != grpc::StatusCode::UNAVAILABLE) continue;
+      const std::string why = rank_name(*ranks_[r]) +
+                              " cannot be reached over its control channel: " +
+                              finish[r].error_message();
+      mark_dead(why);
+      options_.registry->dissolve(why);
+      break;
+    }
+  }
   std::string death;
   {
     std::lock_guard<std::mutex> lock(mu_);

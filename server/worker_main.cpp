@@ -1,17 +1,37 @@
 // burst-worker: one rank of a worker group. Loads the model, joins the group's communicator
-// (Gloo on CPU, NCCL on GPU), holds its KV-cache shard, and runs Generate commands from its coordinator over
-// the internal WorkerControl gRPC service (proto/burst/v1/worker.proto). Every rank runs the
-// same request in lockstep; rank 0 streams the tokens. After a communicator error the group is
-// broken (a peer died or hung): the worker reports the error on the call, then exits with code 3
-// so the coordinator restarts the group instead of reusing a half-dead ring.
+// (Gloo on CPU, NCCL on GPU), holds its KV-cache shard, and runs Generate commands from its
+// coordinator over the internal WorkerControl gRPC service (proto/burst/v1/worker.proto). Every
+// rank runs the same request in lockstep; rank 0 streams the tokens.
+//
+// Two ways to start:
+// - spawned by a local coordinator (--rank --world --store --port-file): rendezvous through a
+//   directory, control service on loopback, port written to the port file; dies with its parent.
+//   After a communicator error the group is broken (a peer died or hung): the worker reports the
+//   error on the call, then exits with code 3 so the coordinator restarts the group instead of
+//   reusing a half-dead ring.
+// - --join HOST:PORT (multi-node): registers with burst-server's WorkerRegistry, which checks
+//   the model and hands out rank and world size once the group is complete; the communicator
+//   meets through the coordinator's store, the control service listens on the advertised
+//   address and is published through the same store. When the group breaks or is dissolved (a
+//   peer died, the coordinator restarted it or went away), the worker re-executes itself and
+//   registers again: a fresh process, because a communicator that saw a failure (Gloo pairs
+//   closed, NCCL kernels stuck on a dead peer) cannot be reused or even safely destroyed.
+//   Refusals (another model, one worker too many) end the process with code 4.
 #include <grpcpp/grpcpp.h>
 #include <omp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+
+#include <atomic>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -22,6 +42,7 @@
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
 #include "models/generator.h"
+#include "server/worker_registry.h"
 #ifdef BURST_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/nccl_communicator.h"
@@ -33,6 +54,10 @@ namespace pb = burst::v1::internal;
 using namespace burst;
 
 constexpr int kExitBroken = 3;
+constexpr int kExitRefused = 4;  // --join: the coordinator refused this worker
+constexpr int kRejoin = 100;     // --join: leave the group and register again (not an exit code)
+// Set in the environment of a re-executed --join worker: it comes back from a broken group.
+constexpr const char* kRejoinEnv = "BURST_WORKER_REJOIN";
 
 struct Args {
   models::ModelSpec model;
@@ -40,6 +65,8 @@ struct Args {
   std::string store, port_file, device = "cpu";
   int64_t kv_capacity = 4096;
   int comm_timeout_ms = 30000;
+  std::string join, advertise_host;
+  bool local_flags = false;  // any of --rank --world --store --port-file --kv-capacity ...
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -47,9 +74,37 @@ struct Args {
             << "usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R "
                "--world N --store DIR --port-file FILE [--device cpu] [--kv-capacity TOKENS] "
                "[--threads T] [--comm-timeout-ms MS]\n"
-               "Started by burst-server / burst-generate --workers N, not by hand.\n";
+               "   or: burst-worker (--model DIR | --preset NAME --random-weights SEED) "
+               "--join HOST:PORT [--advertise-host H] [--device cpu|cuda:N] [--threads T]\n"
+               "The first form is started by burst-server / burst-generate --workers N. The "
+               "second joins `burst-server --remote-workers N --worker-listen HOST:PORT` "
+               "(multi-node); rank, world size and KV capacity come from the server; "
+               "--advertise-host (default: this host's address on the route to the server) is "
+               "where the other workers and the server reach this one.\n";
   std::exit(2);
 }
+
+// How the process ends: Shutdown, SIGTERM, a broken group, or (--join) the group dissolved.
+class ExitSignal {
+ public:
+  void request(int code) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (code_ < 0) code_ = code;
+    cv_.notify_all();
+  }
+  int wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return code_ >= 0; });
+    return code_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int code_ = -1;
+};
+ExitSignal g_exit;
+std::atomic<bool> g_in_group{false};
 
 int64_t to_int(const std::string& flag, const std::string& v) {
   std::istringstream is(v);
@@ -64,6 +119,9 @@ Args parse(int argc, char** argv) {
     const std::string f = argv[i];
     if (i + 1 >= argc) usage("missing value for " + f);
     const std::string v = argv[++i];
+    const bool local = f == "--rank" || f == "--world" || f == "--store" ||
+                       f == "--port-file" || f == "--kv-capacity" || f == "--comm-timeout-ms";
+    a.local_flags = a.local_flags || local;
     if (f == "--model") a.model.dir = v;
     else if (f == "--preset") a.model.preset = v;
     else if (f == "--random-weights") a.model.random_seed = static_cast<uint64_t>(to_int(f, v));
@@ -75,8 +133,22 @@ Args parse(int argc, char** argv) {
     else if (f == "--kv-capacity") a.kv_capacity = to_int(f, v);
     else if (f == "--threads") a.threads = static_cast<int>(to_int(f, v));
     else if (f == "--comm-timeout-ms") a.comm_timeout_ms = static_cast<int>(to_int(f, v));
+    else if (f == "--join") a.join = v;
+    else if (f == "--advertise-host") a.advertise_host = v;
     else usage("unknown flag " + f);
   }
+  if (a.threads < 0) usage("--threads must be >= 0");
+  if (!a.join.empty()) {
+    if (a.local_flags) {
+      usage("--rank, --world, --store, --port-file, --kv-capacity and --comm-timeout-ms come "
+            "from the server with --join; drop them");
+    }
+    if (auto hp = burst::server::split_host_port(a.join); !hp.ok()) {
+      usage("--join: " + hp.message());
+    }
+    return a;
+  }
+  if (!a.advertise_host.empty()) usage("--advertise-host needs --join");
   if (a.world < 1 || a.rank < 0 || a.rank >= a.world) usage("need 0 <= --rank < --world");
   if (a.store.empty() || a.port_file.empty()) usage("need --store and --port-file");
   if (a.kv_capacity < 1) usage("--kv-capacity must be > 0");
@@ -85,9 +157,9 @@ Args parse(int argc, char** argv) {
 
 class WorkerService final : public pb::WorkerControl::Service {
  public:
-  WorkerService(const Args& args, models::LlamaModel& model, engine::Communicator& comm,
+  WorkerService(models::LlamaModel& model, engine::Communicator& comm,
                 engine::RingAttention& ring)
-      : args_(args), model_(model), comm_(comm), ring_(ring) {}
+      : model_(model), comm_(comm), ring_(ring) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::WorkerGenerateRequest* req,
                         grpc::ServerWriter<pb::WorkerEvent>* writer) override {
@@ -146,7 +218,7 @@ class WorkerService final : public pb::WorkerControl::Service {
     if (!stats.ok()) {
       // A failed collective leaves the communicator unusable (see communicator.h).
       broken_ = true;
-      request_exit(kExitBroken);
+      g_exit.request(kExitBroken);
       return {grpc::StatusCode::INTERNAL, where() + stats.message()};
     }
     const auto& s = stats.value();
@@ -176,99 +248,267 @@ class WorkerService final : public pb::WorkerControl::Service {
 
   grpc::Status Shutdown(grpc::ServerContext*, const pb::ShutdownRequest*,
                         pb::ShutdownResponse*) override {
-    request_exit(0);
+    g_exit.request(0);
     return grpc::Status::OK;
   }
 
-  // Blocks until Shutdown or a broken group asks the worker to exit; returns the exit code.
-  int wait_for_exit() {
-    std::unique_lock<std::mutex> lock(exit_mu_);
-    exit_cv_.wait(lock, [&] { return exit_code_ >= 0; });
-    return exit_code_;
-  }
-  void request_exit(int code) {
-    std::lock_guard<std::mutex> lock(exit_mu_);
-    if (exit_code_ < 0) exit_code_ = code;
-    exit_cv_.notify_all();
-  }
-
  private:
-  std::string where() const { return "burst-worker rank " + std::to_string(args_.rank) + ": "; }
+  std::string where() const { return "burst-worker rank " + std::to_string(comm_.rank()) + ": "; }
 
-  const Args& args_;
   models::LlamaModel& model_;
   engine::Communicator& comm_;
   engine::RingAttention& ring_;
   std::mutex run_mu_;
   bool broken_ = false;
-  std::mutex exit_mu_;
-  std::condition_variable exit_cv_;
-  int exit_code_ = -1;
 };
 
-int fail(const Args& a, const std::string& msg) {
-  std::cerr << "burst-worker rank " << a.rank << ": error: " << msg << std::endl;
+std::string g_who = "burst-worker";  // how messages name this process
+
+int fail(const std::string& msg) {
+  std::cerr << g_who << ": error: " << msg << std::endl;
   return 1;
+}
+
+void say(const std::string& msg) { std::cerr << g_who << ": " << msg << std::endl; }
+
+// Joins the communicator: NCCL for a CUDA backend, Gloo otherwise. `store` (multi-node) or
+// `store_dir` (one host) is the rendezvous; `host` is what Gloo binds and advertises.
+Result<std::unique_ptr<engine::Communicator>> make_communicator(
+    engine::Backend& backend, int rank, int world, const std::string& store_dir,
+    std::shared_ptr<engine::RendezvousStore> store, const std::string& host,
+    std::chrono::milliseconds timeout) {
+  if (backend.device() == engine::DeviceKind::kCuda) {
+#ifdef BURST_HAVE_CUDA
+    auto streams = engine::cuda_streams(backend);
+    if (!streams.ok()) return streams.status();
+    engine::NcclOptions o;
+    o.rank = rank;
+    o.world_size = world;
+    o.device = streams.value().device;
+    o.store_dir = store_dir;
+    o.store = std::move(store);
+    o.compute_stream = streams.value().compute;
+    o.timeout = timeout;
+    return engine::make_nccl_communicator(o);
+#else
+    return Status::error("this build has no CUDA");
+#endif
+  }
+  engine::GlooOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.store_dir = store_dir;
+  o.store = std::move(store);
+  o.hostname = host;
+  o.timeout = timeout;
+  return engine::make_gloo_communicator(o);
+}
+
+// The control service on HOST:0; its port, or 0.
+std::unique_ptr<grpc::Server> start_control(WorkerService& service, const std::string& host,
+                                            int* port) {
+  grpc::ServerBuilder builder;
+  const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  builder.AddListeningPort(bracketed + ":0", grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(256 << 20);  // a 1M-token prompt is ~4 MiB of ids
+  builder.RegisterService(&service);
+  return builder.BuildAndStart();
+}
+
+// SIGTERM (blocked in every thread since main's start) is taken by this thread with sigwait,
+// so the exit path runs in normal context, not in a signal handler. A --join worker that is not
+// in a group has nothing to tear down and exits at once.
+void start_sigterm_thread() {
+  std::thread([] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) return;
+    g_exit.request(0);
+    if (!g_in_group) std::_Exit(0);
+  }).detach();
+}
+
+int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model) {
+  g_who = "burst-worker rank " + std::to_string(a.rank);
+  auto comm = make_communicator(backend, a.rank, a.world, a.store, nullptr, "127.0.0.1",
+                                std::chrono::milliseconds(a.comm_timeout_ms));
+  if (!comm.ok()) return fail(comm.message());
+  auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
+                                            a.kv_capacity);
+  if (!ring.ok()) return fail(ring.message());
+  WorkerService service(model, *comm.value(), *ring.value());
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = start_control(service, "127.0.0.1", &port);
+  if (!server || port == 0) return fail("cannot start the control service on 127.0.0.1");
+  {
+    // Write then rename: the coordinator never reads a half-written port.
+    const std::string tmp = a.port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    if (std::rename(tmp.c_str(), a.port_file.c_str()) != 0) {
+      return fail("cannot write the port file " + a.port_file);
+    }
+  }
+  g_in_group = true;
+  start_sigterm_thread();
+  const int code = g_exit.wait();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  std::_Exit(code);  // skip destructors of a possibly broken communicator
+}
+
+// Replaces this process with a fresh copy of itself that registers again (see the top of the
+// file for why not in-process). Descriptors are not inherited: the old group's sockets close.
+[[noreturn]] void rejoin(char** argv) {
+  DIR* d = opendir("/proc/self/fd");
+  if (d) {
+    while (dirent* e = readdir(d)) {
+      const int fd = std::atoi(e->d_name);
+      if (fd > 2) fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    closedir(d);
+  }
+  setenv(kRejoinEnv, "1", 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the coordinator notice
+  execv("/proc/self/exe", argv);
+  std::cerr << g_who << ": error: cannot re-execute /proc/self/exe to rejoin: "
+            << std::strerror(errno) << std::endl;
+  std::_Exit(1);
+}
+
+int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model, char** argv) {
+  namespace srv = burst::server;
+  g_who = "burst-worker (join " + a.join + ")";
+  const auto hp = srv::split_host_port(a.join).value();
+  std::string host = a.advertise_host;
+  if (host.empty()) {
+    auto local = srv::local_address_towards(hp.first, hp.second);
+    if (!local.ok()) return fail("cannot find this host's address towards " + a.join + ": " +
+                                 local.message() + " (set --advertise-host)");
+    host = local.value();
+  }
+  const bool rejoining = std::getenv(kRejoinEnv) != nullptr;
+  pb::JoinRequest req;
+  req.set_fingerprint(srv::model_fingerprint(model.config(), a.model));
+  req.set_device_kind(backend.device() == engine::DeviceKind::kCuda ? "cuda" : "cpu");
+  req.set_host(host);
+  req.set_pid(getpid());
+  req.set_rejoin(rejoining);
+  grpc::ChannelArguments ch_args;
+  // Keepalive: a coordinator that vanished without closing the connection is noticed within
+  // ~4 s, and this worker goes back to registering.
+  ch_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  ch_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  ch_args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  ch_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  auto channel = grpc::CreateCustomChannel(a.join, grpc::InsecureChannelCredentials(), ch_args);
+  auto stub = pb::WorkerRegistry::NewStub(channel);
+  start_sigterm_thread();
+  say(std::string(rejoining ? "registering again" : "registering") + " as " + host + " (pid " +
+      std::to_string(getpid()) + ")");
+
+  auto backoff = std::chrono::milliseconds(500);
+  while (true) {
+    grpc::ClientContext ctx;
+    auto reader = stub->Join(&ctx, req);
+    pb::JoinEvent ev;
+    if (!reader->Read(&ev) || !ev.has_assigned()) {
+      const grpc::Status st = reader->Finish();
+      const auto code = st.error_code();
+      if (code == grpc::StatusCode::FAILED_PRECONDITION ||
+          code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+          code == grpc::StatusCode::INVALID_ARGUMENT) {
+        std::cerr << g_who << ": refused by the server: " << st.error_message() << std::endl;
+        return kExitRefused;
+      }
+      const std::string why = st.ok() ? "told to leave before the group formed: " +
+                                            ev.leave().reason()
+                                      : st.error_message();
+      say("cannot register yet (" + why + "); retrying in " + std::to_string(backoff.count()) +
+          " ms");
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(10000));
+      continue;
+    }
+    const pb::JoinAssigned& as = ev.assigned();
+    g_who = "burst-worker rank " + std::to_string(as.rank()) + " (join " + a.join + ")";
+    say("joined as rank " + std::to_string(as.rank()) + " of " +
+        std::to_string(as.world_size()) + " (generation " + std::to_string(as.generation()) +
+        ")");
+    if (a.threads == 0) {
+      // Every rank on its own host gets all of its cores.
+      omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+    }
+    auto store = std::make_shared<srv::RegistryStore>(channel, as.generation());
+    auto comm = make_communicator(backend, as.rank(), as.world_size(), "", store, host,
+                                  std::chrono::milliseconds(as.comm_timeout_ms()));
+    if (!comm.ok()) {
+      say("error: " + comm.message() + "; registering again");
+      rejoin(argv);
+    }
+    auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
+                                              as.kv_capacity());
+    if (!ring.ok()) return fail(ring.message());  // cannot hold the KV shard: a setup error
+    WorkerService service(model, *comm.value(), *ring.value());
+    int port = 0;
+    std::unique_ptr<grpc::Server> server = start_control(service, host, &port);
+    if (!server || port == 0) {
+      return fail("cannot start the control service on " + host + " (--advertise-host must be "
+                  "an address of this host)");
+    }
+    const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+    const std::string address = bracketed + ":" + std::to_string(port);
+    if (Status st = store->set("control/" + std::to_string(as.rank()),
+                               std::vector<char>(address.begin(), address.end()));
+        !st.ok()) {
+      say("error: " + st.message() + "; registering again");
+      rejoin(argv);
+    }
+    g_in_group = true;
+    // The membership stream: a leave event or its end (the coordinator is gone) ends the
+    // group for this worker.
+    std::thread([&] {
+      pb::JoinEvent next;
+      std::string why = "the server closed the membership stream";
+      while (reader->Read(&next)) {
+        if (next.has_leave()) {
+          why = "told to leave: " + next.leave().reason();
+          break;
+        }
+      }
+      if (why.rfind("told", 0) != 0) {
+        const grpc::Status st = reader->Finish();
+        if (!st.ok()) why = "lost the server: " + st.error_message();
+      }
+      say(why);
+      g_exit.request(kRejoin);
+    }).detach();
+    const int code = g_exit.wait();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (code == kRejoin || code == kExitBroken) rejoin(argv);
+    std::_Exit(code);  // Shutdown or SIGTERM; skip destructors of a possibly broken communicator
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Die with the coordinator: a worker must never outlive the process that supervises it.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
   sigset_t term;
   sigemptyset(&term);
   sigaddset(&term, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &term, nullptr);  // inherited by every thread created below
   const Args a = parse(argc, argv);
+  // Die with the coordinator: a spawned worker must never outlive the process that supervises
+  // it. A --join worker has no such parent; it outlives even its server, and registers again.
+  if (a.join.empty()) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (a.join.empty()) g_who = "burst-worker rank " + std::to_string(a.rank);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  omp_set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / a.world));
+  omp_set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / std::max(1, a.world)));
 
   auto backend = engine::make_backend(a.device);
-  if (!backend.ok()) return fail(a, backend.message());
+  if (!backend.ok()) return fail(backend.message());
   auto model = models::load_model(*backend.value(), a.model);
-  if (!model.ok()) return fail(a, model.message());
-  const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
-  Result<std::unique_ptr<engine::Communicator>> comm = Status::error("no communicator");
-  if (backend.value()->device() == engine::DeviceKind::kCuda) {
-#ifdef BURST_HAVE_CUDA
-    auto streams = engine::cuda_streams(*backend.value());
-    if (!streams.ok()) return fail(a, streams.message());
-    comm = engine::make_nccl_communicator(
-        {a.rank, a.world, streams.value().device, a.store, streams.value().compute, timeout});
-#endif
-  } else {
-    comm = engine::make_gloo_communicator({a.rank, a.world, a.store, "127.0.0.1", timeout});
-  }
-  if (!comm.ok()) return fail(a, comm.message());
-  auto ring = engine::RingAttention::create(*backend.value(), *comm.value(),
-                                            model.value()->attention_shape(), a.kv_capacity);
-  if (!ring.ok()) return fail(a, ring.message());
-
-  WorkerService service(a, *model.value(), *comm.value(), *ring.value());
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(256 << 20);  // a 1M-token prompt is ~4 MiB of ids
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return fail(a, "cannot start the control service on 127.0.0.1");
-  {
-    // Write then rename: the coordinator never reads a half-written port.
-    const std::string tmp = a.port_file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
-    if (std::rename(tmp.c_str(), a.port_file.c_str()) != 0) return fail(a, "cannot write port file");
-  }
-  // SIGTERM (blocked in every thread since main's start) is taken by this thread with
-  // sigwait, so the exit path runs in normal context, not in a signal handler.
-  std::thread([&service] {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    int sig = 0;
-    if (sigwait(&set, &sig) == 0) service.request_exit(0);
-  }).detach();
-  const int code = service.wait_for_exit();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  std::_Exit(code);  // skip destructors of a possibly broken communicator
+  if (!model.ok()) return fail(model.message());
+  if (!a.join.empty()) return run_join(a, *backend.value(), *model.value(), argv);
+  return run_local(a, *backend.value(), *model.value());
 }

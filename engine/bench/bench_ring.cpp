@@ -49,7 +49,7 @@ int run_rank(const Opts& o, int rank, const std::string& store) {
   if (!streams.ok()) return fail(rank, streams.message());
   const cudaStream_t stream = streams.value().compute;
   auto comm = make_nccl_communicator({rank, o.world, rank, store, stream,
-                                      std::chrono::milliseconds(120000)});
+                                      std::chrono::milliseconds(120000), nullptr});
   if (!comm.ok()) return fail(rank, comm.message());
   Backend& be = *backend.value();
   std::ostringstream json;

@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -64,7 +65,9 @@ class NcclCommunicator final : public Communicator {
     CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     ncclUniqueId id;
     const std::string path = opt_.store_dir + "/nccl-id";
-    if (rank_ == 0) {
+    if (opt_.store) {
+      BURST_RETURN_IF_ERROR(exchange_id_through_store(&id));
+    } else if (rank_ == 0) {
       NCCL_TRY(ncclGetUniqueId(&id));
       const std::string tmp = path + ".tmp";
       {
@@ -90,6 +93,30 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     NCCL_TRY(ncclCommInitRankConfig(&comm_, opt_.world_size, id, rank_, &config));
     return poll_comm("init");
+  }
+
+  // Rank 0 publishes the id under "nccl-id"; the others wait for it (up to the timeout).
+  Status exchange_id_through_store(ncclUniqueId* id) {
+    constexpr const char* kKey = "nccl-id";
+    if (rank_ == 0) {
+      NCCL_TRY(ncclGetUniqueId(id));
+      const char* bytes = reinterpret_cast<const char*>(id);
+      const Status st = opt_.store->set(kKey, std::vector<char>(bytes, bytes + sizeof *id));
+      if (!st.ok()) return Status::error(here(__FILE__, __LINE__, rank_) + st.message());
+      return {};
+    }
+    auto got = opt_.store->get(kKey, opt_.timeout);
+    if (!got.ok()) {
+      return Status::error(here(__FILE__, __LINE__, rank_) + "no NCCL id from rank 0: " +
+                           got.message());
+    }
+    if (got.value().size() != sizeof *id) {
+      return Status::error(here(__FILE__, __LINE__, rank_) + "the NCCL id in the store has " +
+                           std::to_string(got.value().size()) + " bytes, expected " +
+                           std::to_string(sizeof *id));
+    }
+    std::memcpy(id, got.value().data(), sizeof *id);
+    return {};
   }
 
   int rank() const override { return rank_; }

@@ -28,7 +28,7 @@ def build_dir():
 
 
 class Server:
-    def __init__(self, *extra, workers=2):
+    def __init__(self, *extra, workers=2, wait_healthy=True):
         self.dir = tempfile.mkdtemp(prefix="burst-srv-test-")
         self.port_file = os.path.join(self.dir, "ports.json")
         self.log_path = os.path.join(self.dir, "server.log")
@@ -47,7 +47,9 @@ class Server:
             time.sleep(0.05)
         ports = json.load(open(self.port_file))
         self.http_port, self.grpc_port = ports["http_port"], ports["grpc_port"]
-        self.wait_healthy()
+        self.worker_port = ports.get("worker_port", -1)  # --remote-workers: where they join
+        if wait_healthy:
+            self.wait_healthy()
 
     def wait_healthy(self, timeout=60):
         deadline = time.time() + timeout

@@ -84,7 +84,7 @@ struct Problem {
 // step compared with monolithic attention and with every other rank's bits.
 int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout) {
   auto comm = make_gloo_communicator({rank, world, store, "127.0.0.1",
-                                      std::chrono::milliseconds(20000)});
+                                      std::chrono::milliseconds(20000), nullptr});
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.message().c_str());
     return 10;
@@ -254,7 +254,7 @@ TEST(RingAttentionOverlap, DoubleBufferHidesTheTransfer) {
   const std::string store = make_temp_dir();
   const auto codes = run_ranks(world, [&](int rank) {
     auto gloo = make_gloo_communicator({rank, world, store, "127.0.0.1",
-                                        std::chrono::milliseconds(20000)});
+                                        std::chrono::milliseconds(20000), nullptr});
     if (!gloo.ok()) return 10;
     const Shape s{1024, 4, 2, 64};
     const auto plan = ShardPlan::make(ShardLayout::kZigzag, s.n, world);

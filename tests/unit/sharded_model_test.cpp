@@ -37,7 +37,7 @@ int rank_main(const Case& c, int rank, const std::string& store) {
   const auto ref_tokens = g.at("greedy_tokens").get<std::vector<int32_t>>();
 
   auto comm = engine::make_gloo_communicator({rank, c.world, store, "127.0.0.1",
-                                              std::chrono::milliseconds(30000)});
+                                              std::chrono::milliseconds(30000), nullptr});
   if (!comm.ok()) return 31;
   auto backend = engine::make_cpu_backend();
   auto model = LlamaModel::load(*backend, root + "/" + c.model_dir);

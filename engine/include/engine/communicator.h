@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/rendezvous_store.h"
 #include "engine/status.h"
 
 namespace burst::engine {
@@ -58,8 +59,13 @@ struct GlooOptions {
   // Rendezvous: a directory every rank can see (a FileStore); unique per group, so parallel
   // groups (tests) never collide and no fixed port is needed.
   std::string store_dir;
-  std::string hostname = "127.0.0.1";  // interface the TCP transport binds
+  // The address the TCP transport binds and advertises to its peers: loopback for a group on
+  // one host, an address the other hosts can reach for a multi-node group.
+  std::string hostname = "127.0.0.1";
   std::chrono::milliseconds timeout{30000};
+  // Or a store shared over the network (multi-node); when set, store_dir is not used. Last,
+  // so that positional initialisers of the fields above keep working.
+  std::shared_ptr<RendezvousStore> store;
 };
 
 // Joins the group; returns once every rank has connected (or the timeout passed).

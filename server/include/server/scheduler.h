@@ -6,7 +6,10 @@
 // the request's RequestStream, a thread-safe queue the API thread reads. The scheduler thread
 // also starts the worker group (the server answers /health 503 meanwhile) and restarts it when a
 // worker dies: the request in flight fails with kUnavailable within a fraction of a second,
-// queued ones wait for the fresh group.
+// queued ones wait for the fresh group. With remote workers (multi-node) the fresh group forms
+// only when enough `burst-worker --join` processes registered, which may take an operator:
+// until then requests are refused at once with kUnavailable ("waiting for workers (k/N
+// registered ...)") instead of queueing for an unknown time.
 #pragma once
 
 #include <atomic>
@@ -110,6 +113,9 @@ class Scheduler {
   // True once the worker group serves and while it stays up.
   bool healthy() const { return healthy_.load(); }
   bool draining() const { return draining_.load(); }
+  // Remote workers: "waiting for workers (k/N registered ...)" while the group is not serving;
+  // otherwise empty.
+  std::string waiting_status() const;
   // Refuses new requests, lets queued and running ones finish for up to `grace`, cancels the
   // rest, then stops the worker group. Safe to call once from any thread.
   void drain(std::chrono::milliseconds grace);
@@ -128,8 +134,9 @@ class Scheduler {
     std::shared_ptr<RequestStream> stream;
     std::chrono::steady_clock::time_point arrival;
   };
+  enum class GroupState { kReady, kWaiting, kFailed };
   void loop();
-  bool ensure_group();  // starts or restarts the group; false while it cannot
+  GroupState ensure_group();  // starts, restarts or awaits the group
   void run(Job& job);
   void fail_queued(const std::string& why);
 

@@ -28,7 +28,10 @@ struct ServerConfig {
   int http_port = 8080;   // 0: any free port; -1: no HTTP
   std::string port_file;  // written once both ports are bound: {"http_port": N, "grpc_port": M}
   std::string api_key;    // empty: no authentication (also read from $BURST_API_KEY)
-  std::string join;       // multi-node: wait for remote workers (not implemented yet)
+  // Multi-node: > 0 spawns no worker and waits for this many `burst-worker --join HOST:PORT`
+  // (the group's world size; "workers" is then unused), listening for them on worker_listen.
+  int remote_workers = 0;
+  std::string worker_listen = "0.0.0.0:50052";  // no authentication: a cluster network only
   int64_t max_context = 0;   // longest prompt accepted; 0: the model's max_position_embeddings
   int64_t kv_capacity = 0;   // prompt + generated tokens one request may hold; 0: max_context
   int max_tokens_limit = 0;  // largest max_tokens accepted; 0: kv_capacity
@@ -45,12 +48,18 @@ constexpr const char* kServerUsage =
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
                     [--host ADDR] [--grpc-port P] [--http-port P] [--port-file FILE]
                     [--api-key KEY] [--max-context N] [--kv-capacity N] [--max-queue N]
-                    [--keepalive-ms MS] [--drain-timeout-ms MS] [--join HOST:PORT]
+                    [--keepalive-ms MS] [--drain-timeout-ms MS]
+                    [--remote-workers N [--worker-listen HOST:PORT]]
 
   --config FILE     JSON config (keys as the flags, with '_' for '-'); flags override it.
                     Without it: configs/cpu-tiny.json's settings (tiny model, 2 CPU workers)
   --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
-  --port-file FILE  write {"http_port": N, "grpc_port": M} once both are bound
+  --port-file FILE  write {"http_port": N, "grpc_port": M, "worker_port": W} once bound
+  --remote-workers N  multi-node: spawn no worker; wait for N `burst-worker --join HOST:PORT`
+                    (same model as the server) to register, then serve. Until they have,
+                    /health answers 503: waiting for workers (k/N registered)
+  --worker-listen HOST:PORT  where remote workers register and rendezvous (default
+                    0.0.0.0:50052; port 0: any free port); unauthenticated: cluster network only
   --api-key KEY     require "Authorization: Bearer KEY" (HTTP) / authorization metadata (gRPC)
 )";
 

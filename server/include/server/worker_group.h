@@ -1,10 +1,16 @@
-// WorkerGroup: the launcher and control client of N local burst-worker processes, written once
-// for burst-generate --workers N and burst-server. It spawns the ranks (each joins the group's
-// communicator through a fresh rendezvous directory, so parallel groups never collide and no
-// fixed port is used), waits until every rank's control service answers, sends each request to
-// every rank, streams rank 0's tokens, and supervises: a rank that dies fails the request in
-// flight within a fraction of a second (not a hang), marks the group unhealthy, and restart()
-// brings up a fresh group.
+// WorkerGroup: the control client of a group of N burst-worker ranks, written once for
+// burst-generate --workers N and burst-server. Two ways to get the ranks, one of everything else:
+// - local (the default): it spawns the ranks (each joins the group's communicator through a
+//   fresh rendezvous directory, so parallel groups never collide and no fixed port is used),
+//   waits until every rank's control service answers, and supervises them with waitpid;
+// - remote (options.registry set; multi-node): the ranks are `burst-worker --join` processes
+//   that registered with the coordinator's WorkerRegistry; start() returns at once, and
+//   await_remote() connects once N of them formed the group. A member whose Join stream breaks
+//   (the registry's supervision) counts as a dead rank.
+// Both send each request to every rank, stream rank 0's tokens, and treat a dead rank the same
+// way: the request in flight fails within a fraction of a second (not a hang), the group is
+// marked unhealthy, and restart() brings up a fresh group (local: new processes; remote: the
+// registry tells the survivors to leave, and the group re-forms when N workers joined again).
 #pragma once
 
 #include <atomic>
@@ -25,6 +31,8 @@ class ClientContext;
 
 namespace burst::server {
 
+class WorkerRegistry;
+
 struct WorkerGroupOptions {
   std::string worker_binary;  // path of burst-worker (default: beside the running binary)
   models::ModelSpec model;
@@ -34,8 +42,15 @@ struct WorkerGroupOptions {
   engine::ShardLayout layout = engine::ShardLayout::kZigzag;
   std::chrono::milliseconds start_timeout{120000};
   std::chrono::milliseconds comm_timeout{30000};
-  int threads_per_worker = 0;  // 0: cores / workers
+  int threads_per_worker = 0;  // 0: cores / workers (local mode)
+  // Remote mode (multi-node): the ranks join through this registry instead of being spawned;
+  // its world size is `workers`.
+  std::shared_ptr<WorkerRegistry> registry;
 };
+
+// KV rows each rank caches for a group holding `total` tokens: its share of the prompt (zigzag:
+// at most total/N + 2 rows) and of the generated tokens (round robin), plus a few rows of slack.
+int64_t kv_capacity_per_rank(int64_t total, int ranks);
 
 struct WorkerGroupInfo {
   int32_t vocab_size = 0;
@@ -64,8 +79,18 @@ class WorkerGroup {
                               const models::TokenCallback& on_token,
                               const models::ProgressCallback& on_progress = nullptr);
   bool healthy() const { return healthy_.load(); }
-  // Stops whatever is left of the group and starts a fresh one.
+  // Stops whatever is left of the group and starts a fresh one. Remote mode: dissolves the
+  // group (the survivors leave and rejoin) and returns at once; await_remote() waits for it.
   Status restart();
+  bool remote() const { return options_.registry != nullptr; }
+  // Remote mode, while no group is connected: waits up to max_wait for N workers to form one,
+  // then connects to every rank. True once the group serves; false while still waiting; an
+  // error when the formed group did not answer (it is dissolved and re-forms).
+  Result<bool> await_remote(std::chrono::milliseconds max_wait);
+  // Remote mode: no group connected (restart() or a failed connect); await_remote() next.
+  bool awaiting_workers() const { return remote() && ranks_.empty(); }
+  // Remote mode: "waiting for workers (k/N registered ...)" while no group serves; else "".
+  std::string waiting_status() const;
   const WorkerGroupInfo& info() const { return info_; }
   const WorkerGroupOptions& options() const { return options_; }
   // Worker pids, for tests that kill one.
@@ -76,6 +101,11 @@ class WorkerGroup {
  private:
   explicit WorkerGroup(WorkerGroupOptions options);
   Status spawn();
+  // Creates the control stubs, pings every rank (checking its rank and world size) and marks
+  // the group healthy: the step both modes share once they know the ranks' addresses.
+  Status connect(const std::vector<std::string>& addresses);
+  // A rank is gone: fail the request in flight at once and mark the group unhealthy.
+  void mark_dead(const std::string& why);
   void stop_all();
   void supervise();
 
@@ -89,6 +119,7 @@ class WorkerGroup {
   mutable std::mutex mu_;
   std::vector<grpc::ClientContext*> in_flight_;  // under mu_: cancelled when a rank dies
   std::thread supervisor_;
+  std::atomic<uint64_t> generation_{0};  // remote: the registry generation connected to
   std::mutex run_mu_;  // one request at a time
 };
 

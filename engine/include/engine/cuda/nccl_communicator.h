@@ -28,6 +28,9 @@ struct NcclOptions {
   std::string store_dir;
   cudaStream_t compute_stream = nullptr;
   std::chrono::milliseconds timeout{60000};
+  // Or through this store (multi-node: the coordinator's network store); store_dir unused
+  // then. Last, so that positional initialisers of the fields above keep working.
+  std::shared_ptr<RendezvousStore> store;
 };
 
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& options);

@@ -1,0 +1,150 @@
+"""Multi-node workers, on one host: burst-server --remote-workers 2 spawns nothing and answers
+503 "waiting for workers (k/N registered ...)" until two `burst-worker --join 127.0.0.1:PORT`
+registered; then it serves the same greedy text as burst-generate. A worker with another model
+and a third worker are refused (exit code 4, a message naming why) while the server keeps
+waiting / serving. A remote worker SIGKILLed mid-stream fails the request with a 503-style error
+within 5 s, /health goes 503, the survivor registers again by itself, and a fresh --join worker
+brings the group back with the same text. Run: /usr/bin/python3 test_remote_workers.py --build
+DIR."""
+import http.client
+import json
+import os
+import signal
+import subprocess
+import time
+
+from harness import (HAVE_KJV, MODEL, PROMPT, ROOT, TOKENIZER, Server, build_dir, check, run,
+                     sse_events)
+
+# A model that is not the server's: the other tiny fixture.
+OTHER = os.path.join(ROOT, "tests", "fixtures", "golden",
+                     "odd-dynamic" if not HAVE_KJV else "odd-linear", "model")
+REFUSED = 4  # burst-worker's exit code when the server refuses it
+
+srv = None
+workers = []  # every burst-worker started here (killed at the end)
+expected = None  # burst-generate's greedy text for PROMPT
+
+
+def start_worker(model=MODEL, name="w"):
+    log = open(os.path.join(srv.dir, f"{name}-{len(workers)}.log"), "wb")
+    p = subprocess.Popen([os.path.join(build_dir(), "bin", "burst-worker"), "--model", model,
+                          "--join", f"127.0.0.1:{srv.worker_port}", "--threads", "1"],
+                         stdout=log, stderr=subprocess.STDOUT,
+                         env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    p.log_path = log.name
+    workers.append(p)
+    return p
+
+
+def log_of(p):
+    return open(p.log_path, errors="replace").read()
+
+
+def health():
+    st, data, _ = srv.request("GET", "/health")
+    return st, json.loads(data)
+
+
+def wait_for(cond, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}\n" + srv.read_log())
+
+
+def greedy_text(max_tokens=20):
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens,
+                                                  "temperature": 0})
+    check(st == 200, f"completion: {st} {r}")
+    return r["choices"][0]["text"]
+
+
+def test_waits_for_workers_then_serves_burst_generate_text():
+    st, h = health()
+    check(st == 503 and h["status"] == "waiting" and "0/2 registered" in h["message"],
+          f"health before any worker: {st} {h}")
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+    check(st == 503 and "waiting for workers (0/2" in r["error"]["message"],
+          f"a request while waiting is refused at once: {st} {r}")
+    start_worker()
+    wait_for(lambda: "1/2 registered" in health()[1].get("message", ""), "1/2 registered")
+    # Another model is refused with a clear message; the server keeps its slot free.
+    bad = start_worker(OTHER, "mismatch")
+    code = bad.wait(30)
+    out = log_of(bad)
+    check(code == REFUSED and "refused by the server: model mismatch (" in out and
+          "vocab: server" in out, f"mismatching worker: exit {code}\n{out}")
+    st, h = health()
+    check(st == 503 and "1/2 registered" in h["message"], f"still waiting: {h}")
+    start_worker()
+    srv.wait_healthy(60)
+    text = greedy_text()
+    check(text and PROMPT + text == expected, f"remote text {text!r} vs burst-generate "
+          f"{expected!r}")
+
+
+def test_extra_worker_refused():
+    extra = start_worker(name="extra")
+    code = extra.wait(30)
+    out = log_of(extra)
+    check(code == REFUSED and "one too many" in out, f"extra worker: exit {code}\n{out}")
+    check(health()[0] == 200, "the group still serves")
+
+
+def test_sigkill_remote_worker_then_fresh_worker_rejoins():
+    alive = [w for w in workers if w.poll() is None]
+    check(len(alive) == 2, f"two live workers: {[w.pid for w in alive]}")
+    c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": PROMPT, "max_tokens": 240, "temperature": 0, "stream": True}),
+        headers={"Content-Type": "application/json"})
+    events = sse_events(c.getresponse())
+    next(events)
+    victim, survivor = alive[1], alive[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    t0 = time.time()
+    error = None
+    for ev, data in events:
+        if data == "[DONE]":
+            break
+        if ev != "comment" and "error" in json.loads(data):
+            error = json.loads(data)["error"]
+    took = time.time() - t0
+    c.close()
+    check(error is not None and error["type"] == "service_unavailable", f"error event {error}")
+    check(took < 5, f"failed within 5 s (took {took:.2f} s)")
+    st, h = health()
+    check(st == 503, f"/health after the kill: {st} {h}")
+    # The survivor registers again by itself (same process id: it re-executes itself).
+    wait_for(lambda: "1/2 registered" in health()[1].get("message", ""), "the survivor rejoins")
+    check(survivor.poll() is None, "the survivor did not exit:\n" + log_of(survivor))
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+    check(st == 503, f"a request without a group gets 503: {st} {r}")
+    start_worker(name="fresh")
+    srv.wait_healthy(60)
+    text = greedy_text()
+    check(PROMPT + text == expected, f"after the rejoin {text!r} vs {expected!r}")
+    check(srv.metric("burst_worker_restarts_total") >= 1, "the restart is counted")
+
+
+if __name__ == "__main__":
+    gen = subprocess.run([os.path.join(build_dir(), "bin", "burst-generate"), "--model", MODEL,
+                          "--tokenizer", TOKENIZER, "--prompt", PROMPT, "--max-tokens", "20",
+                          "--temperature", "0"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    if gen.returncode != 0:
+        raise SystemExit("burst-generate failed:\n" + gen.stderr)
+    expected = gen.stdout.rstrip("\n")
+    srv = Server("--remote-workers", "2", "--worker-listen", "127.0.0.1:0", wait_healthy=False)
+    try:
+        run([test_waits_for_workers_then_serves_burst_generate_text, test_extra_worker_refused,
+             test_sigkill_remote_worker_then_fresh_worker_rejoins])
+    finally:
+        srv.stop()
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
