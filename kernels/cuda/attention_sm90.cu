@@ -5,12 +5,17 @@
 // warpgroup owns 64 rows and runs S = Q.K^T as m64n128k16 wgmmas with both operands in shared
 // memory, then O += P.V with P (the softmax of S, rounded to the input dtype) straight from
 // registers: the S accumulator fragment of a wgmma is the A-operand fragment of the next.
-// The two warpgroups are independent between barriers, so one's softmax overlaps the other's
-// MMAs on the tensor cores.
-// Shared memory holds Q and two stages of K and V, every tile in the 128-byte-swizzled layout
-// wgmma reads (see load_tile): K[n-1] and V[n-1] stream in by cp.async while block n computes.
+// Within a warpgroup, the P.V of block i - 1 runs on the tensor cores while the softmax of
+// block i runs on the other units.
+// Loads are TMA (cp.async.bulk.tensor) issued by one thread into a 3-stage ring of K+V tiles in
+// the 128-byte-swizzled layout wgmma reads; mbarriers say when a stage is full (TMA bytes
+// arrived) and empty (all 8 warps done reading it), so the warpgroups are not held in lockstep
+// by CTA-wide barriers and one's softmax overlaps the other's MMAs.
 // Key blocks run from the last to the first, so the blocks that need masking (the causal
 // diagonal, the n_kv tail) come first and the rest run without per-element checks.
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes from the runtime)
+#include <cudaTypedefs.h>
+
 #include "attention_common.cuh"
 
 #include <algorithm>
@@ -28,16 +33,16 @@ constexpr int kThreads = 256;
 constexpr int kRowBytes = 128;
 constexpr int kHalfBytes = 128 * kRowBytes;
 constexpr int kTileBytes = 2 * kHalfBytes;
-// Q, K stage 0/1, V stage 0/1, plus slack to align the tiles to 1024 bytes (the swizzle
-// repeats every 8 rows = 1024 bytes and is applied to absolute shared-memory addresses).
-constexpr int kSmemBytes = 5 * kTileBytes + 1024;
-// 16-byte chunks of one tile row and the rows a pass of all threads copies.
-constexpr int kRowChunks = kD / 8;
-constexpr int kRowsPerPass = kThreads / kRowChunks;
+constexpr int kStages = 3;                 // K+V tiles in flight
+constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+// Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
+// rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
+constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
+
 
 static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "one warpgroup per 64 query rows");
-static_assert(kBlockM == 128 && kBlockN == 128, "tiles share load_tile and kTileBytes");
-static_assert(kRowsPerPass % 8 == 0, "every pass keeps a thread on the same row % 8");
+static_assert(kBlockM == 128 && kBlockN == 128, "Q, K and V tiles are all [128][128]");
 static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
 
 // The device code exists only in the sm_90a pass; the sm_80 pass and the host pass see a stub.
@@ -73,6 +78,18 @@ __device__ __forceinline__ void reg_fence(float (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+template <int kN>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+// Descriptors computed before the wgmmas that use them, not between (ptxas serialises a wgmma
+// pipeline stage in which other instructions define wgmma inputs).
+template <int kN>
+__device__ __forceinline__ void desc_fence(uint64_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+l"(r[i])::"memory");
+}
 // Orders this warpgroup's earlier register and shared-memory accesses before its next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -83,11 +100,6 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Shared memory written through the generic proxy (cp.async) is read by wgmma through the async
-// proxy: each writer fences before the barrier that publishes the tile.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 #define BURST_D8(i)                                                                          \
@@ -140,22 +152,51 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 #undef BURST_D64
 #undef BURST_R64
 
-// Copies rows [0, 128) of a [rows, 128] tile starting at g into the swizzled layout at s: row r,
-// 16-byte chunk c (8 values) goes to half c / 8, byte r * 128 + ((c % 8) ^ (r % 8)) * 16 (the
-// 128-byte swizzle wgmma expects, which also keeps cp.async stores conflict-free). Rows >=
-// rows_valid are zero-filled without reading global memory (g itself is always a valid row).
-template <typename T>
-__device__ __forceinline__ void load_tile(uint8_t* s, const T* g, int64_t row_stride,
-                                          int rows_valid, int tid) {
-  const int row0 = tid / kRowChunks, c = tid % kRowChunks;  // 16 threads: one 256-byte row
-  const T* src = g + row0 * row_stride + c * 8;
-  uint8_t* dst = s + (c >> 3) * kHalfBytes + row0 * kRowBytes + (((c & 7) ^ (row0 & 7)) << 4);
-#pragma unroll
-  for (int i = 0; i < 128 / kRowsPerPass; ++i) {
-    const bool ok = row0 + i * kRowsPerPass < rows_valid;
-    cp_async_16(dst + i * kRowsPerPass * kRowBytes, ok ? src : g, ok ? 16 : 0);
-    src += kRowsPerPass * row_stride;
+// mbarriers (PTX "mbarrier"): a phase completes when `count` arrivals and the expected TMA
+// bytes have come; waiters name the parity of the phase they wait for.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
   }
+}
+
+// One [128 rows][64 columns] box of a [rows][heads][128] tensor into shared memory at dst,
+// swizzled by the tensor map (128B); rows past the tensor's end arrive as zeros. Completion is
+// counted in bytes on bar.
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                             int col, int head, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(col), "r"(head), "r"(row)
+      : "memory");
+}
+// A whole [128][128] tile: its two 64-column halves.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                              int head, int row) {
+  tma_load_box(dst, map, bar, 0, head, row);
+  tma_load_box(dst + kHalfBytes, map, bar, 64, head, row);
 }
 
 #endif  // BURST_SM90_KERNEL
@@ -163,17 +204,23 @@ __device__ __forceinline__ void load_tile(uint8_t* s, const T* g, int64_t row_st
 // ---- the kernel ------------------------------------------------------------------------------
 
 template <typename T, typename OutT>
-__global__ void __launch_bounds__(kThreads, 1) attention_sm90_kernel(const KernelArgs<T, OutT> a) {
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_sm90_kernel(const KernelArgs<T, OutT> a, const __grid_constant__ CUtensorMap q_map,
+                          const __grid_constant__ CUtensorMap k_map,
+                          const __grid_constant__ CUtensorMap v_map) {
 #ifdef BURST_SM90_KERNEL
   constexpr float kNegInf = -INFINITY;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
-  uint8_t* smem = smem_raw + (base - raw_addr);
-  // Tiles: Q, K stage 0, K stage 1, V stage 0, V stage 1.
-  uint8_t* s_q = smem;
-  auto s_k = [&](int stage) { return smem + (1 + stage) * kTileBytes; };
-  auto s_v = [&](int stage) { return smem + (3 + stage) * kTileBytes; };
+  // Shared memory: Q, stage 0 (K, V), stage 1, stage 2, mbarriers. Addresses as wgmma, TMA and
+  // mbarrier take them (shared window, 32 bits).
+  const uint32_t q_addr0 = base;
+  auto k_tile = [&](int stage) { return base + kTileBytes + stage * kStageBytes; };
+  auto v_tile = [&](int stage) { return k_tile(stage) + kTileBytes; };
+  const uint32_t bar_q = base + kTileBytes + kStages * kStageBytes;
+  auto bar_full = [&](int stage) { return bar_q + 8 * (1 + stage); };
+  auto bar_empty = [&](int stage) { return bar_q + 8 * (1 + kStages + stage); };
 
   // Causal: the last query blocks see the most keys; launching them first shortens the tail.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -182,6 +229,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_sm90_kernel(const Kerne
   const int m0 = m_block * kBlockM;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int rows_valid = min(kBlockM, a.n_q - m0);
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(bar_full(st), 1);                 // the loading thread's expect_tx
+      mbar_init(bar_empty(st), kThreads / 32);  // one arrival per warp done with it
+    }
+    // Makes the initialised barriers visible to the async proxy (TMA) and the other threads.
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
 
   // Keys [0, n_end) are visible to at least one row of the block; all others are skipped.
   int n_end = a.n_kv;
@@ -213,67 +270,84 @@ __global__ void __launch_bounds__(kThreads, 1) attention_sm90_kernel(const Kerne
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};  // max in raw score units
 
-  const T* q_base = a.q + int64_t{m0} * a.q_row_stride + int64_t{h} * a.q_head_stride;
-  const T* k_base = a.k + int64_t{g} * a.k_head_stride;
-  const T* v_base = a.v + int64_t{g} * a.v_head_stride;
-
-  if (n_blocks > 0) {
-    load_tile(s_q, q_base, a.q_row_stride, rows_valid, tid);
-    const int n = n_blocks - 1;
-    load_tile(s_k(0), k_base + int64_t{n} * kBlockN * a.k_row_stride, a.k_row_stride,
-              a.n_kv - n * kBlockN, tid);
-    load_tile(s_v(0), v_base + int64_t{n} * kBlockN * a.v_row_stride, a.v_row_stride,
-              a.n_kv - n * kBlockN, tid);
-    cp_async_commit();
+  // Block i of the loop is key block n_blocks - 1 - i; its K and V live in stage i % kStages.
+  // Thread 0 loads Q and the first kStages blocks now, and block i + kStages once every warp
+  // has released block i's stage.
+  auto key_block = [&](int i) { return n_blocks - 1 - i; };
+  auto load_block = [&](int i) {
+    const int st = i % kStages, row = key_block(i) * kBlockN;
+    mbar_expect_tx(bar_full(st), kStageBytes);
+    tma_load_tile(k_tile(st), &k_map, bar_full(st), g, row);
+    tma_load_tile(v_tile(st), &v_map, bar_full(st), g, row);
+  };
+  if (tid == 0 && n_blocks > 0) {
+    mbar_expect_tx(bar_q, kTileBytes);
+    tma_load_tile(q_addr0, &q_map, bar_q, h, m0);
+    for (int i = 0; i < min(kStages, n_blocks); ++i) load_block(i);
   }
   // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
-  const uint32_t q_addr = smem_addr(s_q) + wg * 64 * kRowBytes;
+  const uint32_t q_addr = q_addr0 + wg * 64 * kRowBytes;
+  // P of the previous block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4)
+  // + {0, 1} of row hf. Its P.V runs on the tensor cores while this block's softmax runs.
+  uint32_t pa[32];
 
-  for (int it = 0; it < n_blocks; ++it) {
-    const int n = n_blocks - 1 - it, st = it & 1;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    // Block n (stage st) copied by all threads is now visible to every warpgroup's wgmma; and
-    // every warpgroup has finished iteration it - 1 (its wgmmas waited for), so stage st ^ 1
-    // that it read may be overwritten by block n - 1.
-    __syncthreads();
-    if (n > 0) {
-      load_tile(s_k(st ^ 1), k_base + int64_t{n - 1} * kBlockN * a.k_row_stride,
-                a.k_row_stride, a.n_kv - (n - 1) * kBlockN, tid);
-      load_tile(s_v(st ^ 1), v_base + int64_t{n - 1} * kBlockN * a.v_row_stride,
-                a.v_row_stride, a.n_kv - (n - 1) * kBlockN, tid);
-      cp_async_commit();
-    }
-
-    // S = Q.K^T: 8 k16 slices of head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into
-    // each 128-byte row (the hardware applies the swizzle to the advanced address).
-    float s[64];
+  // O += P.V for block i: k16 slice kk covers keys 16kk..16kk+15, i.e. S column blocks 2kk and
+  // 2kk+1, whose C fragments are exactly the A fragment (rows r, r+8 x keys 2t, 2t+1, then +8).
+  // V's slice kk starts 16 rows (2048 bytes, a whole number of swizzle repeats) further.
+  // Its descriptors come first (pv_descs), before any wgmma of the pipeline stage is issued.
+  uint64_t dv[kBlockN / 16];
+  auto pv_descs = [&](int i) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = 0.f;
-    const uint32_t k_addr = smem_addr(s_k(st));
-    reg_fence(s);
-    wgmma_fence();
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      dv[kk] = mn_major_desc(v_tile(i % kStages) + kk * 16 * kRowBytes);
+    }
+    desc_fence(dv);
+  };
+  auto issue_pv = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pf[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      wgmma_rs<T>(o, pf, dv[kk]);
+    }
+    wgmma_commit();
+  };
+  // S = Q.K^T for block i into s (issued, committed, not waited for): 8 k16 slices of
+  // head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row (the
+  // hardware applies the swizzle to the advanced address).
+  float s[64];
+  auto issue_s = [&](int i) {
+    uint64_t dq[kD / 16], dk[kD / 16];
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
-      wgmma_ss<T>(s, k_major_desc(q_addr + off), k_major_desc(k_addr + off));
+      dq[ks] = k_major_desc(q_addr + off);
+      dk[ks] = k_major_desc(k_tile(i % kStages) + off);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    desc_fence(dq);
+    desc_fence(dk);
+#pragma unroll
+    for (int e = 0; e < 64; ++e) s[e] = 0.f;
     reg_fence(s);
-
+    reg_fence(o);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks]);
+    wgmma_commit();
+  };  // Mask and online softmax of block i's s: new row max, P = exp2(scaled - max) into pn, the
+  // factor corr that rescales what O accumulated so far.
+  uint32_t pn[32];
+  float corr[2];
+  auto softmax = [&](int i) {
+    const int n = key_block(i);
     // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
     // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
     if ((n + 1) * kBlockN - 1 > min_limit) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int key = n * kBlockN + (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
-        if (key > limit[(i >> 1) & 1]) s[i] = kNegInf;
+      for (int e = 0; e < 64; ++e) {
+        const int key = n * kBlockN + (e >> 2) * 8 + (lane & 3) * 2 + (e & 1);
+        if (key > limit[(e >> 1) & 1]) s[e] = kNegInf;
       }
     }
-
-    // Online softmax, per row: new max, rescale what was accumulated, P = exp2(scaled - max).
-    uint32_t pa[32];  // P rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0,1}
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = row_max[hf];
@@ -285,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_sm90_kernel(const Kerne
       // A row that has seen only masked keys keeps max -inf: use 0 as the offset so that
       // exp2(-inf - offset) = 0 instead of exp2(-inf + inf) = NaN, and leave o (all 0).
       const float offset = mx == kNegInf ? 0.f : mx * a.scale_log2;
-      const float corr = exp2_approx(row_max[hf] * a.scale_log2 - offset);
+      corr[hf] = exp2_approx(row_max[hf] * a.scale_log2 - offset);
       row_max[hf] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -293,31 +367,64 @@ __global__ void __launch_bounds__(kThreads, 1) attention_sm90_kernel(const Kerne
         const float p0 = exp2_approx(fmaf(s[4 * j + 2 * hf], a.scale_log2, -offset));
         const float p1 = exp2_approx(fmaf(s[4 * j + 2 * hf + 1], a.scale_log2, -offset));
         sum += p0 + p1;
-        pa[2 * j + hf] = pack2<T>(p0, p1);
+        pn[2 * j + hf] = pack2<T>(p0, p1);
       }
       // The sum keeps the unrounded P (as the fp32 reference does); it stays per thread until
       // the epilogue's quad reduction.
-      row_sum[hf] = row_sum[hf] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[4 * j + 2 * hf] *= corr;
-        o[4 * j + 2 * hf + 1] *= corr;
-      }
+      row_sum[hf] = row_sum[hf] * corr[hf] + sum;
     }
+  };
 
-    // O += P.V: k16 slice kk covers keys 16kk..16kk+15, i.e. S column blocks 2kk and 2kk+1,
-    // whose C fragments are exactly the A fragment (rows r, r+8 x keys 2t, 2t+1, then +8).
-    // V's slice kk starts 16 rows (2048 bytes, a whole number of swizzle repeats) further.
-    const uint32_t v_addr = smem_addr(s_v(st));
+  // Waits until block i's K and V have arrived (the (i / kStages)-th fill of its stage).
+  auto wait_full = [&](int i) { mbar_wait(bar_full(i % kStages), (i / kStages) & 1); };
+  // After this warp's wgmmas that read block i have completed: release the stage, and (thread
+  // 0) refill it with block i + kStages once all warps have released it.
+  auto release = [&](int i) {
+    if (lane == 0) mbar_arrive(bar_empty(i % kStages));
+    if (tid == 0 && i + kStages < n_blocks) {
+      mbar_wait(bar_empty(i % kStages), (i / kStages) & 1);
+      load_block(i + kStages);
+    }
+  };
+
+  if (n_blocks > 0) {
+    mbar_wait(bar_q, 0);
+    // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
+    wait_full(0);
+    issue_s(0);
+    wgmma_wait<0>();
+    reg_fence(s);
+    softmax(0);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) pa[e] = pn[e];
+  }
+  for (int i = 1; i < n_blocks; ++i) {
+    wait_full(i);
+    pv_descs(i - 1);
+    issue_s(i);
+    issue_pv();  // runs on the tensor cores while this block's softmax runs
+    wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
+    reg_fence(s);
+    softmax(i);
+    wgmma_wait<0>();
+    // The tensor cores read pa and wrote o until here: keep the compiler from reusing pa's
+    // registers (for pn) or touching o earlier.
+    reg_fence(pa);
+    reg_fence(o);
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] *= corr[(e >> 1) & 1];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) pa[e] = pn[e];
+    release(i - 1);
+  }
+  if (n_blocks > 0) {
+    // The last block's P.V (its tiles arrived before its S).
+    pv_descs(n_blocks - 1);
     reg_fence(o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pf[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      wgmma_rs<T>(o, pf, mn_major_desc(v_addr + kk * 16 * kRowBytes));
-    }
-    wgmma_commit();
+    issue_pv();
     wgmma_wait<0>();
+    reg_fence(pa);
     reg_fence(o);
   }
 
@@ -349,16 +456,62 @@ __global__ void __launch_bounds__(kThreads, 1) attention_sm90_kernel(const Kerne
 #endif
 }
 
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The TMA map of a [rows][heads][128] 16-bit tensor (strides in elements) read in boxes of
+// [128 rows][1 head][64 columns] with the 128-byte swizzle. False if the driver refuses it.
+bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads,
+                int64_t row_stride, int64_t head_stride) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || rows <= 0) return false;
+  const cuuint64_t dims[3] = {cuuint64_t{kD}, static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2,
+                                 static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(&map,
+                dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                3, const_cast<void*>(ptr), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <typename T, typename OutT>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   const KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
+  CUtensorMap q_map{}, k_map{}, v_map{};
+  if (!encode_map(q_map, p.dtype, p.q, p.n_q, p.heads, p.q_row_stride, p.q_head_stride)) {
+    return cudaErrorInvalidValue;
+  }
+  // No keys: no key block is loaded, the maps are never read.
+  if (p.n_kv > 0 &&
+      (!encode_map(k_map, p.dtype, p.k, p.n_kv, p.kv_heads, p.k_row_stride, p.k_head_stride) ||
+       !encode_map(v_map, p.dtype, p.v, p.n_kv, p.kv_heads, p.v_row_stride, p.v_head_stride))) {
+    return cudaErrorInvalidValue;
+  }
   auto* kernel = attention_sm90_kernel<T, OutT>;
   // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.n_q + kBlockM - 1) / kBlockM, p.heads);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, q_map, k_map, v_map);
   return cudaGetLastError();
 }
 
