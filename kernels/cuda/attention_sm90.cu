@@ -114,19 +114,23 @@ __device__ __forceinline__ void wgmma_wait() {
   "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
   "%56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d[64] += A.B for a 64 x 128 x 16 slice: A (64 x 16) and B (128 x 16) K-major in shared memory.
+// d[64] = A.B (+ d[64] if accumulate) for a 64 x 128 x 16 slice: A (64 x 16) and B (128 x 16)
+// K-major in shared memory. accumulate = 0 ignores d's old contents (no zeroing needed).
 template <typename T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                         int accumulate) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " BURST_R64
-                 ", %64, %65, 1, 1, 1, 0, 0;\n"
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " BURST_R64
+                 ", %64, %65, acc, 1, 1, 0, 0;\n}\n"
                  : BURST_D64
-                 : "l"(desc_a), "l"(desc_b));
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
   } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " BURST_R64
-                 ", %64, %65, 1, 1, 1, 0, 0;\n"
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " BURST_R64
+                 ", %64, %65, acc, 1, 1, 0, 0;\n}\n"
                  : BURST_D64
-                 : "l"(desc_a), "l"(desc_b));
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
   }
 }
 
@@ -287,9 +291,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
   const uint32_t q_addr = q_addr0 + wg * 64 * kRowBytes;
-  // P of the previous block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4)
-  // + {0, 1} of row hf. Its P.V runs on the tensor cores while this block's softmax runs.
-  uint32_t pa[32];
+  // P of a block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0, 1} of
+  // row hf. Two buffers, used alternately: the P.V of block i - 1 reads one on the tensor cores
+  // while the softmax of block i writes the other (with a single buffer and a copy, the
+  // compiler merges the two and ptxas must serialise the wgmmas).
+  uint32_t pa[32], pb[32];
 
   // O += P.V for block i: k16 slice kk covers keys 16kk..16kk+15, i.e. S column blocks 2kk and
   // 2kk+1, whose C fragments are exactly the A fragment (rows r, r+8 x keys 2t, 2t+1, then +8).
@@ -303,10 +309,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     desc_fence(dv);
   };
-  auto issue_pv = [&]() {
+  auto issue_pv = [&](const uint32_t(&p)[32]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pf[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      const uint32_t pf[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       wgmma_rs<T>(o, pf, dv[kk]);
     }
     wgmma_commit();
@@ -325,19 +331,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     desc_fence(dq);
     desc_fence(dk);
-#pragma unroll
-    for (int e = 0; e < 64; ++e) s[e] = 0.f;
-    reg_fence(s);
     reg_fence(o);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks]);
+    for (int ks = 0; ks < kD / 16; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks], ks > 0);
     wgmma_commit();
-  };  // Mask and online softmax of block i's s: new row max, P = exp2(scaled - max) into pn, the
+  };
+  // Mask and online softmax of block i's s: new row max, P = exp2(scaled - max) into p, the
   // factor corr that rescales what O accumulated so far.
-  uint32_t pn[32];
   float corr[2];
-  auto softmax = [&](int i) {
+  auto softmax = [&](int i, uint32_t(&p)[32]) {
     const int n = key_block(i);
     // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
     // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float p0 = exp2_approx(fmaf(s[4 * j + 2 * hf], a.scale_log2, -offset));
         const float p1 = exp2_approx(fmaf(s[4 * j + 2 * hf + 1], a.scale_log2, -offset));
         sum += p0 + p1;
-        pn[2 * j + hf] = pack2<T>(p0, p1);
+        p[2 * j + hf] = pack2<T>(p0, p1);
       }
       // The sum keeps the unrounded P (as the fp32 reference does); it stays per thread until
       // the epilogue's quad reduction.
@@ -387,6 +390,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Block i >= 1: S of block i, then the P.V of block i - 1 (p_prev) on the tensor cores while
+  // block i's softmax writes p_next; then O is rescaled to block i's row max.
+  auto step = [&](int i, uint32_t(&p_prev)[32], uint32_t(&p_next)[32]) {
+    wait_full(i);
+    pv_descs(i - 1);
+    issue_s(i);
+    issue_pv(p_prev);
+    wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
+    reg_fence(s);
+    softmax(i, p_next);
+    wgmma_wait<0>();
+    // The tensor cores read p_prev and wrote o until here: keep the compiler from reusing
+    // p_prev's registers or touching o earlier.
+    reg_fence(p_prev);
+    reg_fence(o);
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] *= corr[(e >> 1) & 1];
+    release(i - 1);
+  };
+  // The last block's P.V (its tiles arrived before its S).
+  auto last_pv = [&](uint32_t(&p)[32]) {
+    pv_descs(n_blocks - 1);
+    reg_fence(o);
+    wgmma_fence();
+    issue_pv(p);
+    wgmma_wait<0>();
+    reg_fence(p);
+    reg_fence(o);
+  };
+
   if (n_blocks > 0) {
     mbar_wait(bar_q, 0);
     // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
@@ -394,38 +427,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_s(0);
     wgmma_wait<0>();
     reg_fence(s);
-    softmax(0);
-#pragma unroll
-    for (int e = 0; e < 32; ++e) pa[e] = pn[e];
-  }
-  for (int i = 1; i < n_blocks; ++i) {
-    wait_full(i);
-    pv_descs(i - 1);
-    issue_s(i);
-    issue_pv();  // runs on the tensor cores while this block's softmax runs
-    wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
-    reg_fence(s);
-    softmax(i);
-    wgmma_wait<0>();
-    // The tensor cores read pa and wrote o until here: keep the compiler from reusing pa's
-    // registers (for pn) or touching o earlier.
-    reg_fence(pa);
-    reg_fence(o);
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] *= corr[(e >> 1) & 1];
-#pragma unroll
-    for (int e = 0; e < 32; ++e) pa[e] = pn[e];
-    release(i - 1);
-  }
-  if (n_blocks > 0) {
-    // The last block's P.V (its tiles arrived before its S).
-    pv_descs(n_blocks - 1);
-    reg_fence(o);
-    wgmma_fence();
-    issue_pv();
-    wgmma_wait<0>();
-    reg_fence(pa);
-    reg_fence(o);
+    softmax(0, pa);
+    // Blocks 1, 2, ... alternate the P buffers (unrolled by two so both stay in registers).
+    int i = 1;
+    for (; i + 1 < n_blocks; i += 2) {
+      step(i, pa, pb);
+      step(i + 1, pb, pa);
+    }
+    if (i < n_blocks) {
+      step(i, pa, pb);
+      last_pv(pb);
+    } else {
+      last_pv(pa);
+    }
   }
 
   // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
