@@ -113,7 +113,8 @@ AttnParams base_params(int64_t n_q, int64_t n_kv, int heads, int kv_heads, int d
   return p;
 }
 
-Row bench_prefill(int64_t s, MaskKind mask) {
+// kernel kAuto is reported as "attention" (what the engine runs), kSm80 as "attention_sm80".
+Row bench_prefill(int64_t s, MaskKind mask, burst::kernels::AttnKernel kernel) {
   constexpr int kHeads = 32, kD = 128;
   const int64_t n = s * kHeads * kD;
   Buffer q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse(kHeads * s * 4);
@@ -127,11 +128,12 @@ Row bench_prefill(int64_t s, MaskKind mask) {
   p.o = o.ptr;
   p.lse = static_cast<float*>(lse.ptr);
   int runs = 0;
-  const double ms = median_ms([&] { CUDA_CHECK(burst::kernels::attention_cuda(p, nullptr)); },
-                              &runs);
+  const double ms =
+      median_ms([&] { CUDA_CHECK(burst::kernels::attention_cuda(p, nullptr, kernel)); }, &runs);
   double flops = 4.0 * double(s) * double(s) * kD * kHeads;
   if (mask == MaskKind::kCausal) flops /= 2;
-  return {"attention", mask == MaskKind::kCausal ? "causal" : "full", s, kHeads, kHeads, kD,
+  const bool sm80 = kernel == burst::kernels::AttnKernel::kSm80;
+  return {sm80 ? "attention_sm80" : "attention", mask == MaskKind::kCausal ? "causal" : "full", s, kHeads, kHeads, kD,
           runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
 }
 
@@ -200,15 +202,22 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   for (int64_t s : sizes) {
-    for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal}) rows.push_back(bench_prefill(s, m));
+    for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal}) {
+      rows.push_back(bench_prefill(s, m, burst::kernels::AttnKernel::kAuto));
+      // On Hopper kAuto is the wgmma kernel: time the mma.sync one beside it.
+      AttnParams probe = base_params(s, s, 32, 32, 128, m);
+      if (burst::kernels::attention_sm90_supported(probe)) {
+        rows.push_back(bench_prefill(s, m, burst::kernels::AttnKernel::kSm80));
+      }
+    }
   }
   for (int64_t s : decode_sizes) rows.push_back(bench_decode(s));
 
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-  std::printf("%-10s %-7s %8s %6s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "ms",
+  std::printf("%-15s %-7s %8s %6s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "ms",
               "TFLOP/s", "GB/s", "runs");
   for (const Row& r : rows) {
-    std::printf("%-10s %-7s %8lld %3d/%-2d %10.3f %9.1f %8.0f %5d\n", r.op.c_str(),
+    std::printf("%-15s %-7s %8lld %3d/%-2d %10.3f %9.1f %8.0f %5d\n", r.op.c_str(),
                 r.mask.c_str(), static_cast<long long>(r.s), r.heads, r.kv_heads, r.ms,
                 r.tflops, r.gbps, r.runs);
   }

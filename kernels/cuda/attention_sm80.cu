@@ -1,6 +1,6 @@
 // Flash attention forward for one ring step (LAO), the contract of kernels/attention_cuda.h.
-// Ampere-style tensor-core path (mma.sync m16n8k16, ldmatrix, cp.async); it is also what runs
-// on sm_90a until a wgmma variant exists.
+// Ampere-style tensor-core path (mma.sync m16n8k16, ldmatrix, cp.async): what runs on sm_80
+// and, on Hopper, for head_dim 64 (head_dim 128 takes the wgmma kernel, attention_sm90.cu).
 //
 // One CTA of 4 warps computes a 128-row query block of one head; each warp owns 32 rows (two
 // m16 atoms), so every K/V fragment read from shared memory feeds two MMAs. Q stays in shared
@@ -10,20 +10,13 @@
 // S = Q.K[n]^T and the softmax run, K[n-1] streams in while O += P.V[n] runs.
 // Key blocks run from the last to the first, so the blocks that need masking (the causal
 // diagonal, the n_kv tail) come first and the rest run without per-element checks.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "attention_common.cuh"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <type_traits>
 
-#include "kernels/attention_cuda.h"
-
-namespace burst::kernels {
+namespace burst::kernels::detail {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Tile shape of the kernel for one head_dim. All constants derive from these four.
 template <int kHeadDim>
@@ -50,43 +43,7 @@ struct Tile {
                 "every thread copies the same number of chunks");
 };
 
-// What the kernel reads; built once by the launcher from AttnParams.
-template <typename T, typename OutT>
-struct KernelArgs {
-  const T* q;
-  const T* k;
-  const T* v;
-  OutT* o;
-  float* lse;
-  int64_t q_row_stride, q_head_stride;
-  int64_t k_row_stride, k_head_stride;
-  int64_t v_row_stride, v_head_stride;
-  int64_t o_row_stride, o_head_stride;
-  int64_t lse_head_stride;
-  int64_t delta;  // q_start - kv_start: query i sees key j iff j <= i + delta (causal)
-  int32_t n_q, n_kv, group;
-  int32_t causal;
-  float scale;       // natural-log units, for the LSE
-  float scale_log2;  // scale * log2(e): scores go straight into exp2
-};
-
 // ---- PTX wrappers ----------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing (tails).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -115,33 +72,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// 2^x; ex2.approx of -inf is +0, which is what masked scores must become.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-template <typename OutT>
-__device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
-  if constexpr (std::is_same_v<OutT, float>) {
-    *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
-  } else {
-    *reinterpret_cast<uint32_t*>(dst) = pack2<OutT>(lo, hi);
   }
 }
 
@@ -281,7 +211,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
   }
 
   for (int n = n_blocks - 1; n >= 0; --n) {
-    cp_async_wait_all();
+    cp_async_wait<0>();
     // K[n] (and Q) copied by all threads are now visible to all; and every warp has finished
     // reading s_v in the previous P.V, so V[n] may overwrite it.
     __syncthreads();
@@ -375,7 +305,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
       }
     }
 
-    cp_async_wait_all();
+    cp_async_wait<0>();
     // V[n] is visible to all threads; and every warp has finished reading s_k for S, so
     // K[n-1] may overwrite it.
     __syncthreads();
@@ -443,34 +373,10 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
 
 // ---- launch ----------------------------------------------------------------------------------
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 template <typename T, typename OutT, int kHeadDim>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   using Tl = Tile<kHeadDim>;
-  KernelArgs<T, OutT> a{};
-  a.q = static_cast<const T*>(p.q);
-  a.k = static_cast<const T*>(p.k);
-  a.v = static_cast<const T*>(p.v);
-  a.o = static_cast<OutT*>(p.o);
-  a.lse = p.lse;
-  a.q_row_stride = p.q_row_stride;
-  a.q_head_stride = p.q_head_stride;
-  a.k_row_stride = p.k_row_stride;
-  a.k_head_stride = p.k_head_stride;
-  a.v_row_stride = p.v_row_stride;
-  a.v_head_stride = p.v_head_stride;
-  a.o_row_stride = p.o_row_stride;
-  a.o_head_stride = p.o_head_stride;
-  a.lse_head_stride = p.lse_head_stride;
-  a.delta = p.q_start - p.kv_start;
-  a.n_q = p.n_q;
-  a.n_kv = p.n_kv;
-  a.group = p.heads / p.kv_heads;
-  a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
-  a.scale = p.scale;
-  a.scale_log2 = p.scale * kLog2e;
-
+  const KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
   auto* kernel = attention_fwd_kernel<T, OutT, kHeadDim>;
   constexpr int kSmemBytes = Tl::kSmemElems * static_cast<int>(sizeof(T));
   // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
@@ -495,23 +401,9 @@ cudaError_t dispatch_out(const AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream) {
-  if (!validate(p).empty()) return cudaErrorInvalidValue;
-  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
-  const DType od = output_dtype(p);
-  if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
-  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
-  if (p.heads > 65535) return cudaErrorInvalidValue;
-  if (p.n_q == 0) return cudaSuccess;
-  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
-                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) return cudaErrorInvalidValue;
-  }
-  if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
-  if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
+cudaError_t attention_sm80(const AttnParams& p, cudaStream_t stream) {
   return p.dtype == DType::kBF16 ? dispatch_out<__nv_bfloat16>(p, stream)
                                  : dispatch_out<__half>(p, stream);
 }
 
-}  // namespace burst::kernels
+}  // namespace burst::kernels::detail

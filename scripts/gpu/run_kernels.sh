@@ -14,12 +14,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-# Which instructions the attention kernels compiled to (HMMA: tensor cores; LDSM: ldmatrix;
+# Which instructions the attention kernels compiled to (HMMA, HGMMA: tensor cores; LDSM: ldmatrix;
 # LDGSTS: cp.async; LDL/STL: local-memory spills), from the binary that runs here.
 if command -v cuobjdump > /dev/null; then
   cuobjdump --dump-sass .devpack/bin/burst-bench-kernels 2>/dev/null | awk '
     /Function :/ { name = $3 } /arch = sm_/ { arch = $3 }
-    /HMMA/ { h[name " " arch]++ } /LDSM/ { l[name " " arch]++ } /LDGSTS/ { g[name " " arch]++ }
+    /HMMA|HGMMA/ { h[name " " arch]++ } /LDSM/ { l[name " " arch]++ } /LDGSTS/ { g[name " " arch]++ }
     /LDL|STL/ { s[name " " arch]++ }
     END { for (n in h) printf "sass %s: HMMA %d LDSM %d LDGSTS %d LDL/STL %d\n", n, h[n], l[n],
           g[n], s[n] }' | grep -i "attention" | sort | tee "$out/sass.txt"

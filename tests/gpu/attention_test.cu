@@ -304,18 +304,20 @@ void fetch(const Device& dev, const Case& c, Outputs& out) {
 
 enum class Kernel { kPrefill, kDecode };
 
-void run_case(const Case& c, Kernel kernel, uint32_t seed) {
-  SCOPED_TRACE(describe(c) + (kernel == Kernel::kDecode ? " [decode]" : " [prefill]"));
-  const Inputs in = make_inputs(c, seed);
-  Outputs ref, naive, ours;
-  references(in, c.dtype, c.o_dtype, ref, naive);
+// Runs one case on one kernel: the prefill kernel `prefill` (kSm80 or kSm90) or decode.
+void run_one(const Case& c, const Inputs& in, const Outputs& ref, const Outputs& naive,
+             Kernel kernel, AttnKernel prefill) {
+  SCOPED_TRACE(describe(c) + (kernel == Kernel::kDecode ? " [decode]"
+                              : prefill == AttnKernel::kSm90 ? " [prefill sm90]"
+                                                             : " [prefill sm80]"));
+  Outputs ours;
   Device dev;
   to_device(in, c, dev);
   if (::testing::Test::HasFatalFailure()) return;
   poison(dev, c);
   if (::testing::Test::HasFatalFailure()) return;
   if (kernel == Kernel::kPrefill) {
-    CUDA_ASSERT(attention_cuda(dev.p, nullptr));
+    CUDA_ASSERT(attention_cuda(dev.p, nullptr, prefill));
   } else {
     const size_t ws_bytes = attention_decode_workspace_bytes(dev.p);
     ASSERT_GT(ws_bytes, 0u);
@@ -331,6 +333,21 @@ void run_case(const Case& c, Kernel kernel, uint32_t seed) {
   const Errors eo = compare(in.p, ours, ref, "ours");
   const Errors en = compare(in.p, naive, ref, "naive");
   expect_within_rule(eo, en, describe(c));
+}
+
+// Every prefill case runs on every prefill kernel the device has (the mma.sync kernel
+// everywhere, the wgmma kernel on compute capability 9.0 at head_dim 128).
+void run_case(const Case& c, Kernel kernel, uint32_t seed) {
+  const Inputs in = make_inputs(c, seed);
+  Outputs ref, naive;
+  references(in, c.dtype, c.o_dtype, ref, naive);
+  if (kernel == Kernel::kDecode) {
+    run_one(c, in, ref, naive, kernel, AttnKernel::kAuto);
+    return;
+  }
+  run_one(c, in, ref, naive, kernel, AttnKernel::kSm80);
+  if (::testing::Test::HasFatalFailure()) return;
+  if (attention_sm90_supported(in.p)) run_one(c, in, ref, naive, kernel, AttnKernel::kSm90);
 }
 
 constexpr int kOddSizes[] = {1, 7, 37, 127, 769, 4095};
@@ -412,6 +429,12 @@ TEST_F(GpuAttention, RejectsUnsupportedParams) {
   set_packed_strides(p);
   p.q = static_cast<char*>(buf.ptr) + 2;  // misaligned for 16-byte loads
   EXPECT_EQ(attention_cuda(p, nullptr), cudaErrorInvalidValue);
+  // The wgmma kernel exists for head_dim 128 on compute capability 9.0 only.
+  p.q = buf.ptr;
+  p.head_dim = 64;
+  set_packed_strides(p);
+  EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90), cudaErrorInvalidDeviceFunction);
+  EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm80), cudaSuccess);
   CUDA_ASSERT(cudaGetLastError());
 }
 

@@ -27,10 +27,20 @@
 
 namespace burst::kernels {
 
-// One ring step of prefill: flash attention (tensor cores, mma.sync m16n8k16) of q against
-// k/v under p.mask, writing o and lse. Key blocks that the causal mask hides from a whole
-// query block are never loaded or computed. n_q = 0 is a no-op; n_kv = 0 gives empty rows.
-cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream);
+// The prefill kernels: kSm80 (mma.sync m16n8k16 + ldmatrix + cp.async; any sm_80+ device) and
+// kSm90 (wgmma from shared memory, compute capability 9.0 and head_dim 128 only). kAuto picks
+// kSm90 where it runs, else kSm80; the explicit choices are for tests and benchmarks.
+enum class AttnKernel { kAuto, kSm80, kSm90 };
+
+// Whether kSm90 runs p on the current device.
+bool attention_sm90_supported(const AttnParams& p);
+
+// One ring step of prefill: flash attention (tensor cores) of q against k/v under p.mask,
+// writing o and lse. Key blocks that the causal mask hides from a whole query block are never
+// loaded or computed. n_q = 0 is a no-op; n_kv = 0 gives empty rows. kSm90 where it does not
+// run: cudaErrorInvalidDeviceFunction.
+cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream,
+                           AttnKernel kernel = AttnKernel::kAuto);
 
 // Split-KV flash-decoding for a few query rows (decode: n_q = 1..a few) against a long KV:
 // the keys are cut into splits that run in parallel, each writes a partial (o, lse) into

@@ -1,0 +1,118 @@
+// What the attention kernels of kernels/cuda/ share (private to this folder): the kernel
+// arguments built from AttnParams, the PTX wrappers for async copies and exp2, fp32 -> 16-bit
+// packing, and the per-architecture prefill entry points that attention_cuda() chooses from.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/attention.h"
+
+namespace burst::kernels::detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// What a prefill kernel reads; built once by the launcher from AttnParams.
+template <typename T, typename OutT>
+struct KernelArgs {
+  const T* q;
+  const T* k;
+  const T* v;
+  OutT* o;
+  float* lse;
+  int64_t q_row_stride, q_head_stride;
+  int64_t k_row_stride, k_head_stride;
+  int64_t v_row_stride, v_head_stride;
+  int64_t o_row_stride, o_head_stride;
+  int64_t lse_head_stride;
+  int64_t delta;  // q_start - kv_start: query i sees key j iff j <= i + delta (causal)
+  int32_t n_q, n_kv, group;
+  int32_t causal;
+  float scale;       // natural-log units, for the LSE
+  float scale_log2;  // scale * log2(e): scores go straight into exp2
+};
+
+template <typename T, typename OutT>
+KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
+  KernelArgs<T, OutT> a{};
+  a.q = static_cast<const T*>(p.q);
+  a.k = static_cast<const T*>(p.k);
+  a.v = static_cast<const T*>(p.v);
+  a.o = static_cast<OutT*>(p.o);
+  a.lse = p.lse;
+  a.q_row_stride = p.q_row_stride;
+  a.q_head_stride = p.q_head_stride;
+  a.k_row_stride = p.k_row_stride;
+  a.k_head_stride = p.k_head_stride;
+  a.v_row_stride = p.v_row_stride;
+  a.v_head_stride = p.v_head_stride;
+  a.o_row_stride = p.o_row_stride;
+  a.o_head_stride = p.o_head_stride;
+  a.lse_head_stride = p.lse_head_stride;
+  a.delta = p.q_start - p.kv_start;
+  a.n_q = p.n_q;
+  a.n_kv = p.n_kv;
+  a.group = p.heads / p.kv_heads;
+  a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * kLog2e;
+  return a;
+}
+
+// Prefill launchers by architecture, for parameters attention_cuda() has validated.
+cudaError_t attention_sm80(const AttnParams& p, cudaStream_t stream);
+// head_dim 128 only, and only on a compute capability 9.0 device (the sm_90a build).
+cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream);
+
+// ---- PTX wrappers ----------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing (tails).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// 2^x; ex2.approx of -inf is +0, which is what masked scores must become.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <typename OutT>
+__device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = pack2<OutT>(lo, hi);
+  }
+}
+
+}  // namespace burst::kernels::detail

@@ -1,0 +1,60 @@
+// attention_cuda(): validates AttnParams against what the CUDA prefill kernels support and
+// picks the kernel for the current device (kernels/attention_cuda.h).
+#include <array>
+#include <atomic>
+
+#include "attention_common.cuh"
+#include "kernels/attention_cuda.h"
+
+namespace burst::kernels {
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Whether the current device runs the sm_90a build (compute capability 9.0), cached per
+// device: the query costs more than a launch.
+bool device_is_sm90() {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  int known = cache[dev].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0, minor = 0;
+    const bool ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+    known = ok && major == 9 && minor == 0 ? 2 : 1;
+    cache[dev].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
+}
+
+}  // namespace
+
+bool attention_sm90_supported(const AttnParams& p) {
+  return p.head_dim == 128 && device_is_sm90();
+}
+
+cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
+  if (!validate(p).empty()) return cudaErrorInvalidValue;
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
+  const DType od = output_dtype(p);
+  if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
+  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
+  if (p.heads > 65535) return cudaErrorInvalidValue;
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
+                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0) return cudaErrorInvalidValue;
+  }
+  if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
+  if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
+  const bool sm90 = attention_sm90_supported(p);
+  if (kernel == AttnKernel::kSm90 && !sm90) return cudaErrorInvalidDeviceFunction;
+  if (p.n_q == 0) return cudaSuccess;
+  const bool use_sm90 = kernel == AttnKernel::kSm90 || (kernel == AttnKernel::kAuto && sm90);
+  return use_sm90 ? detail::attention_sm90(p, stream) : detail::attention_sm80(p, stream);
+}
+
+}  // namespace burst::kernels

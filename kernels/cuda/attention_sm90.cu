@@ -1,0 +1,545 @@
+// Flash attention forward for one ring step (LAO) on Hopper (sm_90a): the contract of
+// kernels/attention_cuda.h, for head_dim 128, with warpgroup MMAs (wgmma.mma_async).
+//
+// One CTA of two warpgroups (256 threads) computes a 128-row query block of one head; each
+// warpgroup owns 64 rows and runs S = Q.K^T as m64n128k16 wgmmas with both operands in shared
+// memory, then O += P.V with P (the softmax of S, rounded to the input dtype) straight from
+// registers: the S accumulator fragment of a wgmma is the A-operand fragment of the next.
+// Within a warpgroup, the P.V of block i - 1 runs on the tensor cores while the softmax of
+// block i runs on the other units.
+// Loads are TMA (cp.async.bulk.tensor) issued by one thread into a 3-stage ring of K+V tiles in
+// the 128-byte-swizzled layout wgmma reads; mbarriers say when a stage is full (TMA bytes
+// arrived) and empty (all 8 warps done reading it), so the warpgroups are not held in lockstep
+// by CTA-wide barriers and one's softmax overlaps the other's MMAs.
+// Key blocks run from the last to the first, so the blocks that need masking (the causal
+// diagonal, the n_kv tail) come first and the rest run without per-element checks.
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes from the runtime)
+#include <cudaTypedefs.h>
+
+#include "attention_common.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+namespace burst::kernels::detail {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBlockM = 128;  // query rows per CTA: two warpgroups of 64
+constexpr int kBlockN = 128;  // keys per pipeline stage
+constexpr int kThreads = 256;
+// A [128 rows][128] tile of 16-bit values is stored as two column halves [128 rows][64]: one
+// row of a half is 128 bytes, the width of the 128-byte swizzle.
+constexpr int kRowBytes = 128;
+constexpr int kHalfBytes = 128 * kRowBytes;
+constexpr int kTileBytes = 2 * kHalfBytes;
+constexpr int kStages = 3;                 // K+V tiles in flight
+constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+// Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
+// rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
+constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
+
+
+static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "one warpgroup per 64 query rows");
+static_assert(kBlockM == 128 && kBlockN == 128, "Q, K and V tiles are all [128][128]");
+static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
+
+// The device code exists only in the sm_90a pass; the sm_80 pass and the host pass see a stub.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BURST_SM90_KERNEL 1
+#endif
+
+#ifdef BURST_SM90_KERNEL
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix
+// Descriptor"): start address, leading and stride byte offsets (all >> 4), swizzle mode 1.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t{(addr & 0x3FFFFu) >> 4} | (uint64_t{lbo >> 4} << 16) |
+         (uint64_t{sbo >> 4} << 32) | (uint64_t{1} << 62);
+}
+// K-major (rows of 128 bytes, the reduction dimension contiguous): 8-row groups are 1024
+// bytes apart; the leading offset is unused with a swizzle (PTX: "assumed 1").
+__device__ __forceinline__ uint64_t k_major_desc(uint32_t addr) {
+  return sw128_desc(addr, 16, 1024);
+}
+// MN-major (V as the B operand of P.V: the output dimension d contiguous): the two 64-column
+// halves are kHalfBytes apart (leading offset), 8-key groups 1024 bytes apart (stride offset).
+__device__ __forceinline__ uint64_t mn_major_desc(uint32_t addr) {
+  return sw128_desc(addr, kHalfBytes, 1024);
+}
+
+// ---- wgmma wrappers --------------------------------------------------------------------------
+
+// Registers the compiler must not move across the asynchronous MMA (they are read and written
+// by the tensor cores between the wgmma and its wait).
+template <int kN>
+__device__ __forceinline__ void reg_fence(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+// Descriptors computed before the wgmmas that use them, not between (ptxas serialises a wgmma
+// pipeline stage in which other instructions define wgmma inputs).
+template <int kN>
+__device__ __forceinline__ void desc_fence(uint64_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+l"(r[i])::"memory");
+}
+// Orders this warpgroup's earlier register and shared-memory accesses before its next wgmma.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+#define BURST_D8(i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define BURST_D64                                                                       \
+  BURST_D8(0), BURST_D8(8), BURST_D8(16), BURST_D8(24), BURST_D8(32), BURST_D8(40), \
+      BURST_D8(48), BURST_D8(56)
+#define BURST_R64                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+// d[64] = A.B (+ d[64] if accumulate) for a 64 x 128 x 16 slice: A (64 x 16) and B (128 x 16)
+// K-major in shared memory. accumulate = 0 ignores d's old contents (no zeroing needed).
+template <typename T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                         int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " BURST_R64
+                 ", %64, %65, acc, 1, 1, 0, 0;\n}\n"
+                 : BURST_D64
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " BURST_R64
+                 ", %64, %65, acc, 1, 1, 0, 0;\n}\n"
+                 : BURST_D64
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+}
+
+// d[64] += A.B for a 64 x 128 x 16 slice: A (64 x 16) in registers (the m16n8k16 A fragment
+// of each warp's 16 rows), B (16 x 128) MN-major in shared memory.
+template <typename T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
+                                         uint64_t desc_b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " BURST_R64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : BURST_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " BURST_R64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : BURST_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+}
+
+#undef BURST_D8
+#undef BURST_D64
+#undef BURST_R64
+
+// mbarriers (PTX "mbarrier"): a phase completes when `count` arrivals and the expected TMA
+// bytes have come; waiters name the parity of the phase they wait for.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// One [128 rows][64 columns] box of a [rows][heads][128] tensor into shared memory at dst,
+// swizzled by the tensor map (128B); rows past the tensor's end arrive as zeros. Completion is
+// counted in bytes on bar.
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                             int col, int head, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(col), "r"(head), "r"(row)
+      : "memory");
+}
+// A whole [128][128] tile: its two 64-column halves.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                              int head, int row) {
+  tma_load_box(dst, map, bar, 0, head, row);
+  tma_load_box(dst + kHalfBytes, map, bar, 64, head, row);
+}
+
+#endif  // BURST_SM90_KERNEL
+
+// ---- the kernel ------------------------------------------------------------------------------
+
+template <typename T, typename OutT>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_sm90_kernel(const KernelArgs<T, OutT> a, const __grid_constant__ CUtensorMap q_map,
+                          const __grid_constant__ CUtensorMap k_map,
+                          const __grid_constant__ CUtensorMap v_map) {
+#ifdef BURST_SM90_KERNEL
+  constexpr float kNegInf = -INFINITY;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  // Shared memory: Q, stage 0 (K, V), stage 1, stage 2, mbarriers. Addresses as wgmma, TMA and
+  // mbarrier take them (shared window, 32 bits).
+  const uint32_t q_addr0 = base;
+  auto k_tile = [&](int stage) { return base + kTileBytes + stage * kStageBytes; };
+  auto v_tile = [&](int stage) { return k_tile(stage) + kTileBytes; };
+  const uint32_t bar_q = base + kTileBytes + kStages * kStageBytes;
+  auto bar_full = [&](int stage) { return bar_q + 8 * (1 + stage); };
+  auto bar_empty = [&](int stage) { return bar_q + 8 * (1 + kStages + stage); };
+
+  // Causal: the last query blocks see the most keys; launching them first shortens the tail.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int g = h / a.group;
+  const int m0 = m_block * kBlockM;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int rows_valid = min(kBlockM, a.n_q - m0);
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(bar_full(st), 1);                 // the loading thread's expect_tx
+      mbar_init(bar_empty(st), kThreads / 32);  // one arrival per warp done with it
+    }
+    // Makes the initialised barriers visible to the async proxy (TMA) and the other threads.
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // Keys [0, n_end) are visible to at least one row of the block; all others are skipped.
+  int n_end = a.n_kv;
+  if (a.causal) {
+    const int64_t last_row = m0 + rows_valid - 1;
+    n_end = static_cast<int>(std::clamp<int64_t>(last_row + a.delta + 1, 0, a.n_kv));
+  }
+  // Blocks n with (n + 1) * kBlockN - 1 <= min_limit are fully visible to every row: no mask.
+  const int min_limit =
+      a.causal ? static_cast<int>(std::clamp<int64_t>(m0 + a.delta, -1, a.n_kv - 1))
+               : a.n_kv - 1;
+  const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
+
+  // This thread's two rows (hf = 0, 1): m0 + wg * 64 + warp * 16 + lane / 4 + hf * 8. limit is
+  // the last key the row may see (-1: none); it also excludes the zero-filled n_kv tail.
+  int limit[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
+    limit[hf] = a.causal
+                    ? static_cast<int>(std::clamp<int64_t>(row + a.delta, -1, a.n_kv - 1))
+                    : a.n_kv - 1;
+  }
+
+  // Accumulator fragments (m64n128, fp32): element 4j + e is row hf = e / 2, column
+  // 8j + 2 * (lane % 4) + e % 2 of this thread's rows.
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};  // max in raw score units
+
+  // Block i of the loop is key block n_blocks - 1 - i; its K and V live in stage i % kStages.
+  // Thread 0 loads Q and the first kStages blocks now, and block i + kStages once every warp
+  // has released block i's stage.
+  auto key_block = [&](int i) { return n_blocks - 1 - i; };
+  auto load_block = [&](int i) {
+    const int st = i % kStages, row = key_block(i) * kBlockN;
+    mbar_expect_tx(bar_full(st), kStageBytes);
+    tma_load_tile(k_tile(st), &k_map, bar_full(st), g, row);
+    tma_load_tile(v_tile(st), &v_map, bar_full(st), g, row);
+  };
+  if (tid == 0 && n_blocks > 0) {
+    mbar_expect_tx(bar_q, kTileBytes);
+    tma_load_tile(q_addr0, &q_map, bar_q, h, m0);
+    for (int i = 0; i < min(kStages, n_blocks); ++i) load_block(i);
+  }
+  // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
+  const uint32_t q_addr = q_addr0 + wg * 64 * kRowBytes;
+  // P of a block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0, 1} of
+  // row hf. Two buffers, used alternately: the P.V of block i - 1 reads one on the tensor cores
+  // while the softmax of block i writes the other (with a single buffer and a copy, the
+  // compiler merges the two and ptxas must serialise the wgmmas).
+  uint32_t pa[32], pb[32];
+
+  // O += P.V for block i: k16 slice kk covers keys 16kk..16kk+15, i.e. S column blocks 2kk and
+  // 2kk+1, whose C fragments are exactly the A fragment (rows r, r+8 x keys 2t, 2t+1, then +8).
+  // V's slice kk starts 16 rows (2048 bytes, a whole number of swizzle repeats) further.
+  // Its descriptors come first (pv_descs), before any wgmma of the pipeline stage is issued.
+  uint64_t dv[kBlockN / 16];
+  auto pv_descs = [&](int i) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      dv[kk] = mn_major_desc(v_tile(i % kStages) + kk * 16 * kRowBytes);
+    }
+    desc_fence(dv);
+  };
+  auto issue_pv = [&](const uint32_t(&p)[32]) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pf[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      wgmma_rs<T>(o, pf, dv[kk]);
+    }
+    wgmma_commit();
+  };
+  // S = Q.K^T for block i into s (issued, committed, not waited for): 8 k16 slices of
+  // head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row (the
+  // hardware applies the swizzle to the advanced address).
+  float s[64];
+  auto issue_s = [&](int i) {
+    uint64_t dq[kD / 16], dk[kD / 16];
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
+      dq[ks] = k_major_desc(q_addr + off);
+      dk[ks] = k_major_desc(k_tile(i % kStages) + off);
+    }
+    desc_fence(dq);
+    desc_fence(dk);
+    reg_fence(o);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks], ks > 0);
+    wgmma_commit();
+  };
+  // Mask and online softmax of block i's s: new row max, P = exp2(scaled - max) into p, the
+  // factor corr that rescales what O accumulated so far.
+  float corr[2];
+  auto softmax = [&](int i, uint32_t(&p)[32]) {
+    const int n = key_block(i);
+    // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
+    // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
+    if ((n + 1) * kBlockN - 1 > min_limit) {
+#pragma unroll
+      for (int e = 0; e < 64; ++e) {
+        const int key = n * kBlockN + (e >> 2) * 8 + (lane & 3) * 2 + (e & 1);
+        if (key > limit[(e >> 1) & 1]) s[e] = kNegInf;
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = row_max[hf];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+      // The 4 threads of a quad hold the same row.
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row that has seen only masked keys keeps max -inf: use 0 as the offset so that
+      // exp2(-inf - offset) = 0 instead of exp2(-inf + inf) = NaN, and leave o (all 0).
+      const float offset = mx == kNegInf ? 0.f : mx * a.scale_log2;
+      corr[hf] = exp2_approx(row_max[hf] * a.scale_log2 - offset);
+      row_max[hf] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * hf], a.scale_log2, -offset));
+        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * hf + 1], a.scale_log2, -offset));
+        sum += p0 + p1;
+        p[2 * j + hf] = pack2<T>(p0, p1);
+      }
+      // The sum keeps the unrounded P (as the fp32 reference does); it stays per thread until
+      // the epilogue's quad reduction.
+      row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+    }
+  };
+
+  // Waits until block i's K and V have arrived (the (i / kStages)-th fill of its stage).
+  auto wait_full = [&](int i) { mbar_wait(bar_full(i % kStages), (i / kStages) & 1); };
+  // After this warp's wgmmas that read block i have completed: release the stage, and (thread
+  // 0) refill it with block i + kStages once all warps have released it.
+  auto release = [&](int i) {
+    if (lane == 0) mbar_arrive(bar_empty(i % kStages));
+    if (tid == 0 && i + kStages < n_blocks) {
+      mbar_wait(bar_empty(i % kStages), (i / kStages) & 1);
+      load_block(i + kStages);
+    }
+  };
+
+  // Block i >= 1: S of block i, then the P.V of block i - 1 (p_prev) on the tensor cores while
+  // block i's softmax writes p_next; then O is rescaled to block i's row max.
+  auto step = [&](int i, uint32_t(&p_prev)[32], uint32_t(&p_next)[32]) {
+    wait_full(i);
+    pv_descs(i - 1);
+    issue_s(i);
+    issue_pv(p_prev);
+    wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
+    reg_fence(s);
+    softmax(i, p_next);
+    wgmma_wait<0>();
+    // The tensor cores read p_prev and wrote o until here: keep the compiler from reusing
+    // p_prev's registers or touching o earlier.
+    reg_fence(p_prev);
+    reg_fence(o);
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] *= corr[(e >> 1) & 1];
+    release(i - 1);
+  };
+  // The last block's P.V (its tiles arrived before its S).
+  auto last_pv = [&](uint32_t(&p)[32]) {
+    pv_descs(n_blocks - 1);
+    reg_fence(o);
+    wgmma_fence();
+    issue_pv(p);
+    wgmma_wait<0>();
+    reg_fence(p);
+    reg_fence(o);
+  };
+
+  if (n_blocks > 0) {
+    mbar_wait(bar_q, 0);
+    // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
+    wait_full(0);
+    issue_s(0);
+    wgmma_wait<0>();
+    reg_fence(s);
+    softmax(0, pa);
+    // Blocks 1, 2, ... alternate the P buffers (unrolled by two so both stay in registers).
+    int i = 1;
+    for (; i + 1 < n_blocks; i += 2) {
+      step(i, pa, pb);
+      step(i + 1, pb, pa);
+    }
+    if (i < n_blocks) {
+      step(i, pa, pb);
+      last_pv(pb);
+    } else {
+      last_pv(pa);
+    }
+  }
+
+  // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
+  // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
+  OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float sum = row_sum[hf];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
+    if (row >= a.n_q) continue;
+    const bool empty = !(sum > 0.f);
+    const float inv = empty ? 0.f : 1.f / sum;
+    OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      store2(o_row + j * 8 + (lane & 3) * 2, o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+    }
+    if ((lane & 3) == 0) {
+      a.lse[int64_t{h} * a.lse_head_stride + row] =
+          empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
+    }
+  }
+#else
+  // Built for another architecture: attention_sm90 never launches this (it checks the device).
+  __trap();
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The TMA map of a [rows][heads][128] 16-bit tensor (strides in elements) read in boxes of
+// [128 rows][1 head][64 columns] with the 128-byte swizzle. False if the driver refuses it.
+bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads,
+                int64_t row_stride, int64_t head_stride) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || rows <= 0) return false;
+  const cuuint64_t dims[3] = {cuuint64_t{kD}, static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2,
+                                 static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(&map,
+                dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                3, const_cast<void*>(ptr), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, typename OutT>
+cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
+  const KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
+  CUtensorMap q_map{}, k_map{}, v_map{};
+  if (!encode_map(q_map, p.dtype, p.q, p.n_q, p.heads, p.q_row_stride, p.q_head_stride)) {
+    return cudaErrorInvalidValue;
+  }
+  // No keys: no key block is loaded, the maps are never read.
+  if (p.n_kv > 0 &&
+      (!encode_map(k_map, p.dtype, p.k, p.n_kv, p.kv_heads, p.k_row_stride, p.k_head_stride) ||
+       !encode_map(v_map, p.dtype, p.v, p.n_kv, p.kv_heads, p.v_row_stride, p.v_head_stride))) {
+    return cudaErrorInvalidValue;
+  }
+  auto* kernel = attention_sm90_kernel<T, OutT>;
+  // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.n_q + kBlockM - 1) / kBlockM, p.heads);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, q_map, k_map, v_map);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t dispatch_out(const AttnParams& p, cudaStream_t stream) {
+  return output_dtype(p) == DType::kF32 ? launch<T, float>(p, stream) : launch<T, T>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream) {
+  if (p.head_dim != kD) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBF16 ? dispatch_out<__nv_bfloat16>(p, stream)
+                                 : dispatch_out<__half>(p, stream);
+}
+
+}  // namespace burst::kernels::detail
