@@ -32,7 +32,7 @@ if want golden; then
   tail -2 "$out/golden.log"
 fi
 if want gputests; then
-  CUDA_VISIBLE_DEVICES=0 timeout 300 burst_gpu_tests > "$out/gpu_tests.log" 2>&1 || status=1
+  BURST_SOURCE_DIR=$PWD CUDA_VISIBLE_DEVICES=0 timeout 300 burst_gpu_tests > "$out/gpu_tests.log" 2>&1 || status=1
   grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) " "$out/gpu_tests.log" | tail -40
 fi
 if want invtiny; then

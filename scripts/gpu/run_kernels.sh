@@ -25,7 +25,7 @@ if command -v cuobjdump > /dev/null; then
           g[n], s[n] }' | grep -i "attention" | sort | tee "$out/sass.txt"
 fi
 status=0
-timeout "${TEST_TIMEOUT:-300}" burst_gpu_tests --gtest_output="xml:$out/gpu_tests.xml" \
+BURST_SOURCE_DIR=$PWD timeout "${TEST_TIMEOUT:-300}" burst_gpu_tests --gtest_output="xml:$out/gpu_tests.xml" \
   > "$out/gpu_tests.log" 2>&1 || status=1
 grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) " "$out/gpu_tests.log"
 grep -E -A7 "Failure$" "$out/gpu_tests.log" | head -80

@@ -55,7 +55,12 @@ using engine::Tensor;
 namespace fs = std::filesystem;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-const std::string kRoot = BURST_SOURCE_DIR;
+// The source tree (models, fixtures): BURST_SOURCE_DIR from the environment when set (a test
+// binary built here and run from a copy of the tree on the GPU machine), else the build's.
+const std::string kRoot = [] {
+  const char* env = std::getenv("BURST_SOURCE_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : BURST_SOURCE_DIR);
+}();
 
 using testing::have_gpu;
 
