@@ -53,8 +53,13 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel 
   const bool sm90 = attention_sm90_supported(p);
   if (kernel == AttnKernel::kSm90 && !sm90) return cudaErrorInvalidDeviceFunction;
   if (p.n_q == 0) return cudaSuccess;
-  const bool use_sm90 = kernel == AttnKernel::kSm90 || (kernel == AttnKernel::kAuto && sm90);
-  return use_sm90 ? detail::attention_sm90(p, stream) : detail::attention_sm80(p, stream);
+  if (kernel == AttnKernel::kSm90 || (kernel == AttnKernel::kAuto && sm90)) {
+    const cudaError_t err = detail::attention_sm90(p, stream);
+    // cudaErrorInvalidValue: the driver refused a TMA layout of these strides, before any
+    // launch; kAuto then runs the kernel without that constraint.
+    if (err != cudaErrorInvalidValue || kernel == AttnKernel::kSm90) return err;
+  }
+  return detail::attention_sm80(p, stream);
 }
 
 }  // namespace burst::kernels
