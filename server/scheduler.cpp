@@ -334,6 +334,9 @@ void Scheduler::run(Job& job) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     const bool dead = !group_->healthy();
+    // Unhealthy before the error is pushed: a client that reads the error and asks /health at
+    // once must not still see "ok" from a group that is gone.
+    if (dead) healthy_ = false, metrics_.healthy = 0;
     Event e;
     e.kind = Event::Kind::kError;
     e.error = {dead ? ErrorCode::kUnavailable : ErrorCode::kInternal,
@@ -341,7 +344,6 @@ void Scheduler::run(Job& job) {
     spdlog::error("{} failed: {}", r.id, e.error.message);
     out.push(std::move(e));
     ++metrics_.requests_failed;
-    if (dead) healthy_ = false, metrics_.healthy = 0;
     return;
   }
   const models::GenerateStats& s = result.value().stats;
