@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -61,6 +62,20 @@ KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
   a.scale = p.scale;
   a.scale_log2 = p.scale * kLog2e;
   return a;
+}
+
+// The keys a query block [m0, m0 + rows) sees under the mask: keys [0, n_end) are visible to
+// at least one of its rows (all later key blocks are skipped); keys <= min_limit are visible to
+// every row (key blocks ending there need no per-element mask).
+struct KeyRange {
+  int n_end, min_limit;
+};
+template <typename Args>
+__device__ __forceinline__ KeyRange visible_keys(const Args& a, int m0, int rows) {
+  if (!a.causal) return {a.n_kv, a.n_kv - 1};
+  const int64_t last_row = m0 + rows - 1;
+  return {static_cast<int>(std::clamp<int64_t>(last_row + a.delta + 1, 0, a.n_kv)),
+          static_cast<int>(std::clamp<int64_t>(m0 + a.delta, -1, a.n_kv - 1))};
 }
 
 // Prefill launchers by architecture, for parameters attention_cuda() has validated.

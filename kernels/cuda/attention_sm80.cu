@@ -152,16 +152,9 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rows_valid = min(kBlockM, a.n_q - m0);
 
-  // Keys [0, n_end) are visible to at least one row of the block; all others are skipped.
-  int n_end = a.n_kv;
-  if (a.causal) {
-    const int64_t last_row = m0 + rows_valid - 1;
-    n_end = static_cast<int>(std::clamp<int64_t>(last_row + a.delta + 1, 0, a.n_kv));
-  }
-  // Blocks n with (n + 1) * kBlockN - 1 <= min_limit are fully visible to every row: no mask.
-  const int min_limit =
-      a.causal ? static_cast<int>(std::clamp<int64_t>(m0 + a.delta, -1, a.n_kv - 1))
-               : a.n_kv - 1;
+  // Key blocks past n_end are skipped; blocks n with (n + 1) * kBlockN - 1 <= min_limit are
+  // fully visible to every row: no mask.
+  const auto [n_end, min_limit] = visible_keys(a, m0, rows_valid);
   const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
 
   // This thread's rows: atom mi, half hf -> row m0 + warp*32 + mi*16 + lane/4 + hf*8. limit is

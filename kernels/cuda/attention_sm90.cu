@@ -244,16 +244,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Keys [0, n_end) are visible to at least one row of the block; all others are skipped.
-  int n_end = a.n_kv;
-  if (a.causal) {
-    const int64_t last_row = m0 + rows_valid - 1;
-    n_end = static_cast<int>(std::clamp<int64_t>(last_row + a.delta + 1, 0, a.n_kv));
-  }
-  // Blocks n with (n + 1) * kBlockN - 1 <= min_limit are fully visible to every row: no mask.
-  const int min_limit =
-      a.causal ? static_cast<int>(std::clamp<int64_t>(m0 + a.delta, -1, a.n_kv - 1))
-               : a.n_kv - 1;
+  // Key blocks past n_end are skipped; blocks n with (n + 1) * kBlockN - 1 <= min_limit are
+  // fully visible to every row: no mask.
+  const auto [n_end, min_limit] = visible_keys(a, m0, rows_valid);
   const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
 
   // This thread's two rows (hf = 0, 1): m0 + wg * 64 + warp * 16 + lane / 4 + hf * 8. limit is

@@ -19,12 +19,18 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention_common.cuh"
 #include "kernels/attention_cuda.h"
 
 namespace burst::kernels {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using detail::cp_async_16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::exp2_approx;
+using detail::kLog2e;
+using detail::smem_addr;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
 
@@ -77,28 +83,6 @@ struct DecodeSmem {
     } combine;
   };
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T x) {
