@@ -141,6 +141,20 @@ def sse_events(resp):
             event, data = None, []
 
 
+def kill_mid_stream(events, pid):
+    """SIGKILLs pid while an SSE stream runs; returns (error object or None, seconds until the
+    stream ended)."""
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.time()
+    error = None
+    for ev, data in events:
+        if data == "[DONE]":
+            break
+        if ev != "comment" and "error" in json.loads(data):
+            error = json.loads(data)["error"]
+    return error, time.time() - t0
+
+
 def check(cond, msg):
     if not cond:
         raise AssertionError(msg)

@@ -9,12 +9,11 @@ DIR."""
 import http.client
 import json
 import os
-import signal
 import subprocess
 import time
 
-from harness import (HAVE_KJV, MODEL, PROMPT, ROOT, TOKENIZER, Server, build_dir, check, run,
-                     sse_events)
+from harness import (HAVE_KJV, MODEL, PROMPT, ROOT, TOKENIZER, Server, build_dir, check,
+                     kill_mid_stream, run, sse_events)
 
 # A model that is not the server's: the other tiny fixture.
 OTHER = os.path.join(ROOT, "tests", "fixtures", "golden",
@@ -104,15 +103,7 @@ def test_sigkill_remote_worker_then_fresh_worker_rejoins():
     events = sse_events(c.getresponse())
     next(events)
     victim, survivor = alive[1], alive[0]
-    os.kill(victim.pid, signal.SIGKILL)
-    t0 = time.time()
-    error = None
-    for ev, data in events:
-        if data == "[DONE]":
-            break
-        if ev != "comment" and "error" in json.loads(data):
-            error = json.loads(data)["error"]
-    took = time.time() - t0
+    error, took = kill_mid_stream(events, victim.pid)
     c.close()
     check(error is not None and error["type"] == "service_unavailable", f"error event {error}")
     check(took < 5, f"failed within 5 s (took {took:.2f} s)")

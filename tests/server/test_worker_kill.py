@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from harness import PROMPT, Server, check, run, sse_events
+from harness import PROMPT, Server, check, kill_mid_stream, run, sse_events
 
 srv = None
 
@@ -22,15 +22,7 @@ def test_sigkill_worker_mid_stream():
     next(events)
     pids = srv.worker_pids()
     check(len(pids) == 2, f"two workers: {pids}")
-    os.kill(pids[1], signal.SIGKILL)
-    t0 = time.time()
-    error = None
-    for ev, data in events:
-        if data == "[DONE]":
-            break
-        if ev != "comment" and "error" in json.loads(data):
-            error = json.loads(data)["error"]
-    took = time.time() - t0
+    error, took = kill_mid_stream(events, pids[1])
     c.close()
     check(error is not None and error["type"] == "service_unavailable", f"error event {error}")
     check(took < 5, f"failed within 5 s (took {took:.2f} s)")
