@@ -27,24 +27,101 @@ T* at(const Tensor& t, int64_t i) {
 
 Result<std::unique_ptr<RingAttention>> RingAttention::create(Backend& backend, Communicator& comm,
                                                              AttentionShape shape,
-                                                             int64_t capacity) {
-  std::unique_ptr<RingAttention> r(new RingAttention(backend, comm, shape, capacity));
-  BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, capacity, r->k_, r->v_));
-  r->lengths_.assign(static_cast<size_t>(shape.layers), 0);
+                                                             int64_t capacity, int page_size) {
+  if (capacity <= 0) return Status::error("kv cache: capacity must be > 0");
+  if (page_size <= 0) return Status::error("kv cache: page size must be > 0");
+  std::unique_ptr<RingAttention> r(new RingAttention(backend, comm, shape));
+  auto cache = PagedKvCache::create(backend, shape, (capacity + page_size - 1) / page_size,
+                                    page_size);
+  if (!cache.ok()) return cache.status();
+  r->cache_ = cache.take();
   return r;
+}
+
+int64_t RingAttention::rows_on(uint64_t seq, int r) const {
+  const auto it = rows_.find(seq);
+  return it == rows_.end() ? 0 : it->second[static_cast<size_t>(r)];
+}
+
+Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
+  const int world = comm_.world_size(), rank = comm_.rank();
+  if (in_step_) return Status::error("ring: a step is already in progress");
+  // Check every reservation before taking any page, so a refusal changes nothing.
+  int64_t need = 0;
+  for (const SeqRows& s : seqs) {
+    const int64_t add = s.decode ? (s.pos % world == rank ? 1 : 0) : s.plan.real_rows(rank);
+    need += cache_->pages_needed(s.seq, add);
+    if (!s.decode && cache_->length(s.seq) != rows_on(s.seq, rank)) {
+      return Status::error("ring: sequence " + std::to_string(s.seq) + " holds " +
+                           std::to_string(cache_->length(s.seq)) + " rows, expected " +
+                           std::to_string(rows_on(s.seq, rank)));
+    }
+  }
+  if (need > cache_->free_pages()) {
+    return Status::error(StatusCode::kResourceExhausted,
+                         "kv cache of rank " + std::to_string(rank) + ": the step needs " +
+                             std::to_string(need) + " pages, " +
+                             std::to_string(cache_->free_pages()) + " are free");
+  }
+  std::vector<int32_t> tables;
+  table_offset_.clear();
+  for (const SeqRows& s : seqs) {
+    const int64_t add = s.decode ? (s.pos % world == rank ? 1 : 0) : s.plan.real_rows(rank);
+    BURST_RETURN_IF_ERROR(cache_->reserve(s.seq, add));
+    rows_.try_emplace(s.seq, static_cast<size_t>(world), 0);
+    if (s.decode) {
+      table_offset_.push_back(static_cast<int64_t>(tables.size()));
+      const auto& pages = cache_->pages(s.seq);
+      tables.insert(tables.end(), pages.begin(), pages.end());
+    }
+  }
+  if (!tables.empty()) {
+    // The page tables of the step's decode tokens, one upload for the step. The buffer is
+    // typed f32 (backends know no int type); upload of the same dtype copies bits unchanged.
+    BURST_RETURN_IF_ERROR(ensure(tables_, {static_cast<int64_t>(tables.size())}, DType::kF32));
+    static_assert(sizeof(int32_t) == sizeof(float), "page tables travel as 4-byte words");
+    BURST_RETURN_IF_ERROR(backend_.upload(tables.data(), DType::kF32, tables_));
+  }
+  step_ = std::move(seqs);
+  in_step_ = true;
+  return {};
+}
+
+void RingAttention::end_step() {
+  const int world = comm_.world_size();
+  for (const SeqRows& s : step_) {
+    cache_->commit(s.seq);
+    auto& rows = rows_[s.seq];
+    rows.resize(static_cast<size_t>(world), 0);
+    if (s.decode) {
+      ++rows[static_cast<size_t>(s.pos % world)];
+    } else {
+      for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += s.plan.real_rows(r);
+    }
+  }
+  step_.clear();
+  in_step_ = false;
+}
+
+void RingAttention::release(uint64_t seq) {
+  cache_->release(seq);
+  rows_.erase(seq);
 }
 
 void RingAttention::begin_prefill(const ShardPlan& plan) {
   clear();
-  plan_ = plan;
-  decoding_ = false;
+  auto_ = Auto::kPrefill;
+  auto_plan_ = plan;
 }
 
-void RingAttention::begin_decode() { decoding_ = true; }
+void RingAttention::begin_decode() { auto_ = Auto::kDecode; }
 
 void RingAttention::clear() {
-  lengths_.assign(lengths_.size(), 0);
-  decoding_ = false;
+  cache_->release_all();
+  rows_.clear();
+  step_.clear();
+  in_step_ = false;
+  auto_ = Auto::kOff;
 }
 
 Status RingAttention::ensure(Tensor& t, std::vector<int64_t> shape, DType dtype) {
@@ -64,29 +141,60 @@ Status RingAttention::ensure(Tensor& t, std::vector<int64_t> shape, DType dtype)
 Status RingAttention::attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                              const std::vector<int64_t>& positions, Tensor& out) {
   if (layer < 0 || layer >= shape_.layers) return Status::error("ring: bad layer index");
-  if (decoding_) {
-    if (q.dim(0) != 1) return Status::error("ring decode: one token per step");
-    return decode(layer, q, k, v, positions[0], out);
+  if (!in_step_ && auto_ != Auto::kOff && layer == 0) {
+    SeqRows s;
+    if (auto_ == Auto::kDecode) {
+      if (q.dim(0) != 1) return Status::error("ring decode: one token per step");
+      s.decode = true;
+      s.pos = positions[0];
+    } else {
+      s.plan = auto_plan_;
+    }
+    BURST_RETURN_IF_ERROR(begin_step({s}));
   }
-  const int64_t rows = plan_.local_rows(comm_.rank());
+  if (!in_step_) return Status::error("ring: attend outside a step (begin_step first)");
+  const int rank = comm_.rank();
+  int64_t rows = 0;
+  for (const SeqRows& s : step_) rows = std::max(rows, s.row + s.rows(rank));
   if (q.dim(0) != rows) {
-    return Status::error("ring prefill: rank " + std::to_string(comm_.rank()) + " got " +
-                         std::to_string(q.dim(0)) + " rows, its shard has " +
+    return Status::error("ring: rank " + std::to_string(rank) + " got " +
+                         std::to_string(q.dim(0)) + " rows, its step has " +
                          std::to_string(rows));
   }
-  return prefill(layer, q, k, v, out);
+  for (const SeqRows& s : step_) {
+    if (s.decode) continue;
+    const int64_t n = s.rows(rank);
+    Tensor o = out.rows(s.row, n);
+    BURST_RETURN_IF_ERROR(prefill(layer, s, q.rows(s.row, n), k.rows(s.row, n),
+                                  v.rows(s.row, n), o));
+  }
+  BURST_RETURN_IF_ERROR(decode(layer, q, k, v, positions, out));
+  if (auto_ != Auto::kOff && layer == shape_.layers - 1) end_step();
+  return {};
 }
 
-Status RingAttention::prefill(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                              Tensor& out) {
+Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, const Tensor& k,
+                              const Tensor& v, Tensor& out) {
   const int world = comm_.world_size(), rank = comm_.rank();
-  const int64_t rows = plan_.local_rows(rank);
+  const ShardPlan& plan = sr.plan;
+  const int64_t rows = plan.local_rows(rank);
   const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   const DType dt = backend_.compute_dtype();
+  // The prefix each rank holds of this sequence (its earlier chunks): a block carries the
+  // sender's prefix rows, then its chunk rows. Every block has room for the largest prefix, so
+  // one transfer size serves every hop.
+  std::vector<int64_t> prefix(static_cast<size_t>(world));
+  int64_t max_prefix = 0;
+  for (int r = 0; r < world; ++r) {
+    prefix[static_cast<size_t>(r)] = rows_on(sr.seq, r);
+    max_prefix = std::max(max_prefix, prefix[static_cast<size_t>(r)]);
+  }
+  const int64_t own_prefix = prefix[static_cast<size_t>(rank)];
+  const int64_t block_rows = max_prefix + rows;
   // A block is K rows then V rows, one buffer, so one transfer moves both.
-  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * rows, kvw}, dt));
-  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * rows, kvw}, dt));
+  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * block_rows, kvw}, dt));
+  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * block_rows, kvw}, dt));
   BURST_RETURN_IF_ERROR(ensure(o_part_, {rows, qw}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * rows}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(o_acc_, {rows, qw}, DType::kF32));
@@ -95,14 +203,56 @@ Status RingAttention::prefill(int layer, const Tensor& q, const Tensor& k, const
   BURST_RETURN_IF_ERROR(backend_.fill_random(o_acc_, 0, 0.f, /*constant=*/true));
   BURST_RETURN_IF_ERROR(backend_.fill_random(lse_acc_, 0, kNegInf, /*constant=*/true));
 
-  // Step 0's block is our own k/v.
-  Tensor own_k = block_[0].rows(0, rows), own_v = block_[0].rows(rows, rows);
-  BURST_RETURN_IF_ERROR(backend_.copy(k, own_k));
-  BURST_RETURN_IF_ERROR(backend_.copy(v, own_v));
-  const std::vector<Segment> q_segs = plan_.segments(rank);
+  // Step 0's block is our own prefix (from the pages) and chunk.
+  {
+    Tensor pk = block_[0].rows(0, own_prefix), pv = block_[0].rows(block_rows, own_prefix);
+    BURST_RETURN_IF_ERROR(cache_->gather(sr.seq, layer, own_prefix, pk, pv));
+    Tensor ck = block_[0].rows(own_prefix, rows), cv = block_[0].rows(block_rows + own_prefix, rows);
+    BURST_RETURN_IF_ERROR(backend_.copy(k, ck));
+    BURST_RETURN_IF_ERROR(backend_.copy(v, cv));
+  }
+  const std::vector<Segment> q_segs = plan.segments(rank);
   const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
   const float scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
   const size_t block_bytes = static_cast<size_t>(block_[0].bytes());
+
+  // One attention call of rows [q_row, q_row + n_q) against keys [kv_row, kv_row + n_kv) of
+  // `blk`, merged into the accumulator.
+  auto attend_merge = [&](const Tensor& blk, int64_t q_row, int64_t n_q, int64_t q_pos,
+                          int64_t kv_row, int64_t n_kv, int64_t kv_pos, kernels::MaskKind mask) {
+    kernels::AttnParams p;
+    p.heads = shape_.heads;
+    p.kv_heads = shape_.kv_heads;
+    p.head_dim = shape_.head_dim;
+    p.n_q = static_cast<int32_t>(n_q);
+    p.n_kv = static_cast<int32_t>(n_kv);
+    kernels::set_packed_strides(p);
+    p.lse_head_stride = rows;  // partial lse laid out [heads, rows] over all local rows
+    p.q = at(q, q_row * qw);
+    p.k = at(blk, kv_row * kvw);
+    p.v = at(blk, (block_rows + kv_row) * kvw);
+    p.o = at(o_part_, q_row * qw);
+    p.lse = at<float>(lse_part_, q_row);
+    p.q_start = q_pos;
+    p.kv_start = kv_pos;
+    p.mask = mask;
+    p.scale = scale;
+    p.dtype = dt;
+    p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
+    BURST_RETURN_IF_ERROR(backend_.attention(p));
+    kernels::MergeParams m;
+    m.o_a = at<float>(o_acc_, q_row * qw);
+    m.lse_a = at<float>(lse_acc_, q_row);
+    m.o_b = at<float>(o_part_, q_row * qw);
+    m.lse_b = at<float>(lse_part_, q_row);
+    m.o_row_stride = qw;
+    m.o_head_stride = shape_.head_dim;
+    m.lse_head_stride = rows;
+    m.rows = static_cast<int32_t>(n_q);
+    m.heads = shape_.heads;
+    m.head_dim = shape_.head_dim;
+    return backend_.merge(m);
+  };
 
   for (int s = 0; s < world; ++s) {
     Tensor& cur = block_[transfers_ ? s % 2 : 0];
@@ -117,43 +267,20 @@ Status RingAttention::prefill(int layer, const Tensor& q, const Tensor& k, const
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int src = (rank - s + world) % world;
+    const int64_t src_prefix = prefix[static_cast<size_t>(src)];
+    // Every prefix key precedes every query of the chunk: no mask, and positions do not matter.
+    if (src_prefix > 0) {
+      BURST_RETURN_IF_ERROR(attend_merge(cur, 0, rows, plan.start, 0, src_prefix, 0,
+                                         kernels::MaskKind::kNone));
+    }
     for (const Segment& qs : q_segs) {
-      for (const Segment& ks : plan_.segments(src)) {
+      for (const Segment& ks : plan.segments(src)) {
         const auto rel = kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
         if (rel == kernels::BlockRelation::kSkip) continue;  // keys all after the queries
-        kernels::AttnParams p;
-        p.heads = shape_.heads;
-        p.kv_heads = shape_.kv_heads;
-        p.head_dim = shape_.head_dim;
-        p.n_q = static_cast<int32_t>(qs.len);
-        p.n_kv = static_cast<int32_t>(ks.len);
-        kernels::set_packed_strides(p);
-        p.lse_head_stride = rows;  // partial lse laid out [heads, rows] over all local rows
-        p.q = at(q, qs.row * qw);
-        p.k = at(cur, ks.row * kvw);
-        p.v = at(cur, (rows + ks.row) * kvw);
-        p.o = at(o_part_, qs.row * qw);
-        p.lse = at<float>(lse_part_, qs.row);
-        p.q_start = qs.pos;
-        p.kv_start = ks.pos;
-        p.mask = rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
-                                                      : kernels::MaskKind::kCausal;
-        p.scale = scale;
-        p.dtype = dt;
-        p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
-        BURST_RETURN_IF_ERROR(backend_.attention(p));
-        kernels::MergeParams m;
-        m.o_a = at<float>(o_acc_, qs.row * qw);
-        m.lse_a = at<float>(lse_acc_, qs.row);
-        m.o_b = at<float>(o_part_, qs.row * qw);
-        m.lse_b = at<float>(lse_part_, qs.row);
-        m.o_row_stride = qw;
-        m.o_head_stride = shape_.head_dim;
-        m.lse_head_stride = rows;
-        m.rows = static_cast<int32_t>(qs.len);
-        m.heads = shape_.heads;
-        m.head_dim = shape_.head_dim;
-        BURST_RETURN_IF_ERROR(backend_.merge(m));
+        BURST_RETURN_IF_ERROR(attend_merge(
+            cur, qs.row, qs.len, qs.pos, src_prefix + ks.row, ks.len, ks.pos,
+            rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
+                                                 : kernels::MaskKind::kCausal));
       }
     }
     // Host time of the compute: exact on CPU; on a GPU the ops are queued, so the benchmark
@@ -169,75 +296,101 @@ Status RingAttention::prefill(int layer, const Tensor& q, const Tensor& k, const
   }
   BURST_RETURN_IF_ERROR(backend_.convert(o_acc_, out));
 
-  // Cache the real tokens of our shard (padding is never attended to again).
-  int64_t& len = lengths_[static_cast<size_t>(layer)];
-  len = 0;
+  // Cache the real tokens of our share of the chunk after the prefix (padding is never
+  // attended to again).
+  int64_t written = own_prefix;
   for (const Segment& sg : q_segs) {
-    const int64_t valid = std::clamp<int64_t>(plan_.prompt_len - sg.pos, 0, sg.len);
+    const int64_t valid = plan.real_len(sg);
     if (valid == 0) continue;
-    if (len + valid > capacity_) return Status::error("ring kv cache: shard exceeds capacity");
-    Tensor kd = k_[layer].rows(len, valid), vd = v_[layer].rows(len, valid);
-    BURST_RETURN_IF_ERROR(backend_.copy(k.rows(sg.row, valid), kd));
-    BURST_RETURN_IF_ERROR(backend_.copy(v.rows(sg.row, valid), vd));
-    len += valid;
+    BURST_RETURN_IF_ERROR(
+        cache_->write(sr.seq, layer, written, k.rows(sg.row, valid), v.rows(sg.row, valid)));
+    written += valid;
   }
   return {};
 }
 
 Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                             int64_t pos, Tensor& out) {
+                             const std::vector<int64_t>& positions, Tensor& out) {
   const int world = comm_.world_size(), rank = comm_.rank();
-  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  int64_t& len = lengths_[static_cast<size_t>(layer)];
-  // Round robin by position, so no shard grows faster than another.
-  if (pos % world == rank) {
-    if (len + 1 > capacity_) return Status::error("ring kv cache: decode exceeds capacity");
-    Tensor kd = k_[layer].rows(len, 1), vd = v_[layer].rows(len, 1);
-    BURST_RETURN_IF_ERROR(backend_.copy(k, kd));
-    BURST_RETURN_IF_ERROR(backend_.copy(v, vd));
-    ++len;
+  std::vector<const SeqRows*> batch;
+  for (const SeqRows& s : step_) {
+    if (s.decode) batch.push_back(&s);
   }
-  const int64_t pair = qw + shape_.heads;  // o then lse, fp32
-  BURST_RETURN_IF_ERROR(ensure(o_part_, {pair}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(gathered_, {world, pair}, DType::kF32));
-  kernels::AttnParams p;
-  p.heads = shape_.heads;
-  p.kv_heads = shape_.kv_heads;
-  p.head_dim = shape_.head_dim;
-  p.n_q = 1;
-  p.n_kv = static_cast<int32_t>(len);
-  kernels::set_packed_strides(p);
-  p.q = q.data;
-  p.k = k_[layer].data;
-  p.v = v_[layer].data;
-  p.o = o_part_.data;
-  p.lse = at<float>(o_part_, qw);
-  p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
-  p.scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
-  p.dtype = backend_.compute_dtype();
-  p.o_dtype = DType::kF32;
-  BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
-  BURST_RETURN_IF_ERROR(comm_.all_gather(o_part_.data, gathered_.data,
-                                         static_cast<size_t>(pair) * 4));
+  if (batch.empty()) return {};
+  const auto n = static_cast<int64_t>(batch.size());
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  // This rank's partials of the whole batch, o [n, qw] then lse [heads, n], fp32: one
+  // all-gather per layer moves them all.
+  const int64_t part = n * qw + int64_t{shape_.heads} * n;
+  BURST_RETURN_IF_ERROR(ensure(pairs_, {part}, DType::kF32));
+  BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
+  const float scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+  for (int64_t b = 0; b < n; ++b) {
+    const SeqRows& s = *batch[static_cast<size_t>(b)];
+    if (positions[static_cast<size_t>(s.row)] != s.pos) {
+      return Status::error("ring decode: the token of sequence " + std::to_string(s.seq) +
+                           " is at position " +
+                           std::to_string(positions[static_cast<size_t>(s.row)]) +
+                           ", the step says " + std::to_string(s.pos));
+    }
+    // Round robin by position, so no shard grows faster than another.
+    const int64_t len = cache_->length(s.seq);
+    const bool mine = s.pos % world == rank;
+    if (mine) {
+      BURST_RETURN_IF_ERROR(
+          cache_->write(s.seq, layer, len, k.rows(s.row, 1), v.rows(s.row, 1)));
+    }
+    kernels::AttnParams p;
+    p.heads = shape_.heads;
+    p.kv_heads = shape_.kv_heads;
+    p.head_dim = shape_.head_dim;
+    p.n_q = 1;
+    p.n_kv = static_cast<int32_t>(len + (mine ? 1 : 0));
+    kernels::set_packed_strides(p);
+    p.lse_head_stride = n;
+    p.q = at(q, s.row * qw);
+    p.k = cache_->k_pool(layer).data;
+    p.v = cache_->v_pool(layer).data;
+    p.kv_pages = at<int32_t>(tables_, table_offset_[static_cast<size_t>(b)]);
+    p.page_size = cache_->page_size();
+    p.o = at(pairs_, b * qw);
+    p.lse = at<float>(pairs_, n * qw + b);
+    p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
+    p.scale = scale;
+    p.dtype = backend_.compute_dtype();
+    p.o_dtype = DType::kF32;
+    BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
+  }
+  BURST_RETURN_IF_ERROR(
+      comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));
   // Merge in rank order on every rank: the same operations in the same order give the same
   // bits everywhere, so the replicated decode never drifts between ranks.
   for (int r = 1; r < world; ++r) {
     kernels::MergeParams m;
     m.o_a = at<float>(gathered_, 0);
-    m.lse_a = at<float>(gathered_, qw);
-    m.o_b = at<float>(gathered_, r * pair);
-    m.lse_b = at<float>(gathered_, r * pair + qw);
+    m.lse_a = at<float>(gathered_, n * qw);
+    m.o_b = at<float>(gathered_, r * part);
+    m.lse_b = at<float>(gathered_, r * part + n * qw);
     m.o_row_stride = qw;
     m.o_head_stride = shape_.head_dim;
-    m.lse_head_stride = 1;
-    m.rows = 1;
+    m.lse_head_stride = n;
+    m.rows = static_cast<int32_t>(n);
     m.heads = shape_.heads;
     m.head_dim = shape_.head_dim;
     BURST_RETURN_IF_ERROR(backend_.merge(m));
   }
-  Tensor merged = gathered_.rows(0, 1);
-  merged.shape = {1, qw};
-  return backend_.convert(merged, out);
+  for (int64_t b = 0; b < n;) {
+    // Consecutive batch rows convert in one call.
+    int64_t e = b + 1;
+    while (e < n && batch[static_cast<size_t>(e)]->row == batch[static_cast<size_t>(b)]->row + (e - b)) ++e;
+    Tensor merged = gathered_.rows(0, 1);
+    merged.data = at(gathered_, b * qw);
+    merged.shape = {e - b, qw};
+    Tensor dst = out.rows(batch[static_cast<size_t>(b)]->row, e - b);
+    BURST_RETURN_IF_ERROR(backend_.convert(merged, dst));
+    b = e;
+  }
+  return {};
 }
 
 }  // namespace burst::engine

@@ -99,27 +99,15 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
   const int rank = comm.rank();
   const auto n = static_cast<int64_t>(request.prompt.size());
   BURST_RETURN_IF_ERROR(validate(request));
-  const auto plan = engine::ShardPlan::make(layout, n, comm.world_size());
-
-  // This rank's rows: its segments' tokens, padding (id 0, never attended or sampled) past n.
-  std::vector<int32_t> ids;
-  std::vector<int64_t> positions;
-  for (const auto& sg : plan.segments(rank)) {
-    for (int64_t i = 0; i < sg.len; ++i) {
-      const int64_t pos = sg.pos + i;
-      ids.push_back(pos < n ? request.prompt[static_cast<size_t>(pos)] : 0);
-      positions.push_back(pos);
-    }
-  }
-  int64_t last_row = 0;
-  const int last_owner = plan.owner(n - 1, &last_row);
-
+  // One sequence through the batch runner: a prefill step of the whole prompt, then one decode
+  // step per token. Rank 0 samples; {token, stop} is broadcast so every rank feeds the same
+  // token to the next step and stops at the same one.
+  constexpr uint64_t kSeq = 0;
+  BatchRunner runner(model, ring, comm, layout);
+  runner.release_all();
   GenerateStats stats;
   stats.prompt_tokens = n;
-  engine::Sampler sampler(request.sampling);  // used on rank 0 only
-  std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
-  ring.begin_prefill(plan);
   // After every layer rank 0 says whether to go on (its client may be gone); every rank takes
   // part in the broadcast, so all stop at the same layer and the ring never half-runs.
   bool cancelled = false;
@@ -129,26 +117,28 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
     BURST_RETURN_IF_ERROR(comm.broadcast(&go_on, sizeof go_on, 0));
     if (go_on) return {};
     cancelled = true;
-    return Status::error("cancelled during the prefill");
+    return Status::error(StatusCode::kCancelled, "cancelled during the prefill");
   };
-  Status st = model.forward(ids, positions, ring,
-                            rank == last_owner ? std::vector<int64_t>{last_row}
-                                               : std::vector<int64_t>{},
-                            logits, /*seq_len=*/n, hook);  // the prompt, not the padded length
+  StepPlan plan;
+  SeqWork w;
+  w.id = kSeq;
+  w.tokens = request.prompt;
+  w.prompt_len = n;
+  w.sample = true;
+  w.sampling = request.sampling;
+  plan.seqs.push_back(w);
+  auto r = runner.step(plan, hook);
   if (cancelled) {
-    ring.clear();
+    runner.release_all();
     return cancelled_in_prefill(n, ms_since(t0));
   }
-  if (!st.ok()) return st;
-  logits.resize(static_cast<size_t>(c.vocab_size));
-  BURST_RETURN_IF_ERROR(comm.broadcast(logits.data(), logits.size() * 4, last_owner));
+  if (!r.ok()) return r.status();
   // {token, stop}: rank 0 decides both, so a cancel on rank 0 stops every rank at once.
   int32_t msg[2] = {0, 0};
-  if (rank == 0) msg[0] = sampler.sample(logits.data(), c.vocab_size);
+  if (rank == 0) msg[0] = r.value().tokens.at(0).token;
   BURST_RETURN_IF_ERROR(comm.broadcast(msg, sizeof msg, 0));
   stats.prefill_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
-  ring.begin_decode();
   int64_t pos = n;
   while (true) {
     const int32_t token = msg[0];
@@ -167,15 +157,24 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
       break;
     }
     if (!stats.finish_reason.empty()) break;
-    logits.clear();
-    st = model.forward({token}, {pos}, ring, {0}, logits);
-    if (!st.ok()) return st;
-    if (rank == 0) msg[0] = sampler.sample(logits.data(), c.vocab_size);
+    StepPlan d;
+    SeqWork dw;
+    dw.id = kSeq;
+    dw.decode = true;
+    dw.tokens = {token};
+    dw.start = pos;
+    dw.prompt_len = n;
+    dw.sample = true;
+    dw.sampling = request.sampling;
+    d.seqs.push_back(std::move(dw));
+    r = runner.step(d);
+    if (!r.ok()) return r.status();
+    if (rank == 0) msg[0] = r.value().tokens.at(0).token;
     BURST_RETURN_IF_ERROR(comm.broadcast(msg, sizeof msg, 0));
     ++pos;
   }
   stats.decode_ms = ms_since(t0);
-  ring.clear();
+  runner.release_all();
   return stats;
 }
 

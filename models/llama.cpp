@@ -133,10 +133,46 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
                            engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
                            std::vector<float>& logits, int64_t seq_len,
                            const LayerHook& after_layer) {
+  if (ids.empty()) return Status::error("forward: no tokens");
+  if (positions.size() != ids.size()) return Status::error("forward: one position per token");
+  if (seq_len <= 0) seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
+  return forward(ids, positions, attn, logit_rows, logits,
+                 {{0, static_cast<int64_t>(ids.size()), seq_len}}, after_layer);
+}
+
+Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                           std::vector<float>& logits, const std::vector<RopeSpan>& spans,
+                           const LayerHook& after_layer) {
   const auto& c = config_;
   const auto rows = static_cast<int64_t>(ids.size());
   if (rows == 0) return Status::error("forward: no tokens");
   if (positions.size() != ids.size()) return Status::error("forward: one position per token");
+  // RoPE runs per run of rows that share their frequencies (only dynamic scaling makes them
+  // differ between sequences); the runs must tile the rows.
+  struct RopeRun {
+    int64_t row, rows;
+    std::vector<float> inv_freq;
+    std::vector<int64_t> positions;
+  };
+  std::vector<RopeRun> runs;
+  int64_t covered = 0;
+  for (const RopeSpan& sp : spans) {
+    if (sp.row != covered || sp.rows <= 0 || sp.seq_len <= 0) {
+      return Status::error("forward: RoPE spans must tile the rows in order");
+    }
+    covered += sp.rows;
+    std::vector<float> f = rope_inv_freq(c, sp.seq_len);
+    if (!runs.empty() && runs.back().inv_freq == f) {
+      runs.back().rows += sp.rows;
+    } else {
+      runs.push_back({sp.row, sp.rows, std::move(f), {}});
+    }
+  }
+  if (covered != rows) return Status::error("forward: RoPE spans must tile the rows in order");
+  for (RopeRun& r : runs) {
+    r.positions.assign(positions.begin() + r.row, positions.begin() + r.row + r.rows);
+  }
   for (int64_t r : logit_rows) {
     if (r < 0 || r >= rows) return Status::error("forward: logit row outside the batch");
   }
@@ -144,8 +180,6 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
   Tensor k = k_.rows(0, rows), v = v_.rows(0, rows), a = attn_out_.rows(0, rows);
   BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, x));
-  if (seq_len <= 0) seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
-  const std::vector<float> inv_freq = rope_inv_freq(c, seq_len);
   const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
   const int hd = static_cast<int>(c.head_dim);
   const float eps = c.rms_norm_eps;
@@ -156,8 +190,11 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
     BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wq, q, false));
     BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wk, k, false));
     BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wv, v, false));
-    BURST_RETURN_IF_ERROR(backend_.rope(q, heads, hd, positions, inv_freq));
-    BURST_RETURN_IF_ERROR(backend_.rope(k, kv_heads, hd, positions, inv_freq));
+    for (const RopeRun& r : runs) {
+      Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
+      BURST_RETURN_IF_ERROR(backend_.rope(qr, heads, hd, r.positions, r.inv_freq));
+      BURST_RETURN_IF_ERROR(backend_.rope(kr, kv_heads, hd, r.positions, r.inv_freq));
+    }
     BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
     BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
     // The MLP is token-local: chunks bound the [rows, intermediate] activations of long

@@ -30,6 +30,7 @@ std::string validate(const AttnParams& p) {
   if (p.n_q > 0 && p.n_kv > 0 && (!p.k || !p.v)) return "null k or v";
   if (!(p.scale > 0.f)) return "scale must be > 0";
   if (p.mask != MaskKind::kNone && p.mask != MaskKind::kCausal) return "unknown mask kind";
+  if (p.kv_pages && p.page_size <= 0) return "kv_pages needs page_size > 0";
   return {};
 }
 
@@ -66,7 +67,7 @@ void attention_cpu(const AttnParams& p) {
         const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
         float tile_max = kNegInf;
         for (int64_t t = 0; t < jn; ++t) {
-          const float* kj = k + (j0 + t) * p.k_row_stride + g * p.k_head_stride;
+          const float* kj = k + kv_row(p, j0 + t) * p.k_row_stride + g * p.k_head_stride;
           float dot = 0.f;
           for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
           s[t] = dot * p.scale;
@@ -80,7 +81,7 @@ void attention_cpu(const AttnParams& p) {
         for (int64_t t = 0; t < jn; ++t) {
           const float pt = std::exp(s[t] - m_new);
           l += pt;
-          const float* vj = v + (j0 + t) * p.v_row_stride + g * p.v_head_stride;
+          const float* vj = v + kv_row(p, j0 + t) * p.v_row_stride + g * p.v_head_stride;
           for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
         }
         m = m_new;

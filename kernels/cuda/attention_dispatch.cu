@@ -38,6 +38,7 @@ bool attention_sm90_supported(const AttnParams& p) {
 
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
   if (!validate(p).empty()) return cudaErrorInvalidValue;
+  if (p.kv_pages) return cudaErrorInvalidValue;  // paged K/V: the decode kernel only
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
   const DType od = output_dtype(p);
   if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;

@@ -64,7 +64,16 @@ struct DecodeArgs {
   int32_t n_q, n_kv, heads, group, causal;
   int32_t keys_per_split;
   float scale_log2;
+  const int32_t* pages;  // paged K/V (AttnParams::kv_pages), or null
+  int32_t page_size;
 };
+
+// The physical row of logical key j (AttnParams::kv_pages); the page table is small and read
+// by every lane of the tile, so it stays in L1.
+template <typename T>
+__device__ __forceinline__ int64_t key_row(const DecodeArgs<T>& a, int j) {
+  return a.pages ? int64_t{a.pages[j / a.page_size]} * a.page_size + j % a.page_size : j;
+}
 
 template <int kD>
 struct DecodeSmem {
@@ -161,7 +170,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
     for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
       const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
       const bool ok = row < nk;
-      const T* src = k_head + int64_t{t0 + (ok ? row : 0)} * a.k_row_stride + c * 8;
+      const T* src = k_head + key_row(a, t0 + (ok ? row : 0)) * a.k_row_stride + c * 8;
       cp_async_16(&sm.loop.k[warp][row][c * 8], src, ok ? 16 : 0);
     }
     cp_async_commit();
@@ -169,7 +178,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
     for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
       const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
       const bool ok = row < nk;
-      const T* src = v_head + int64_t{t0 + (ok ? row : 0)} * a.v_row_stride + c * 8;
+      const T* src = v_head + key_row(a, t0 + (ok ? row : 0)) * a.v_row_stride + c * 8;
       cp_async_16(&sm.loop.v[warp][row][c * 8], src, ok ? 16 : 0);
     }
     cp_async_commit();
@@ -381,6 +390,8 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
   a.keys_per_split = plan.keys_per_split;
   a.scale_log2 = p.scale * kLog2e;
+  a.pages = p.kv_pages;
+  a.page_size = p.page_size;
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
   auto* kernel = decode_split_kernel<T, kD>;
   constexpr int kSmemBytes = sizeof(DecodeSmem<kD>);

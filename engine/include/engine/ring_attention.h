@@ -1,23 +1,32 @@
-// BurstAttention: the attention context of one rank in a sequence-sharded worker group.
+// BurstAttention: the attention context of one rank in a sequence-sharded worker group, over a
+// paged KV cache that holds many sequences. A forward is one step of a batch: each sequence in
+// it contributes either a prefill chunk (this rank's zigzag share of the chunk's tokens) or one
+// decode token (replicated on every rank). Every rank runs the same steps in the same order.
 //
-// Prefill (per layer): the rank holds q, k, v of its shard (ShardPlan). K and V travel around
-// the ring packed in one buffer; at step s the rank attends its queries to the block that
-// started on rank (r - s) mod N while the block for step s + 1 is already in flight (double
-// buffer: the send/recv of the next block is posted before the current step is computed, and
-// the next step waits only on that transfer). Each (q segment, kv segment) pair is skipped,
-// full or causal by absolute positions (kernels::block_relation). Partial results merge by the
-// online-softmax merge (GAO) in fp32.
+// Prefill chunk (per layer): the rank holds q, k, v of its share of the chunk, and its share of
+// the sequence's earlier chunks in the cache (the prefix). K and V travel around the ring
+// packed in one buffer, prefix then chunk (pass-KV); at step s the rank attends its queries to
+// the block that started on rank (r - s) mod N while the block for step s + 1 is already in
+// flight (double buffer: the send/recv of the next block is posted before the current step is
+// computed, and the next step waits only on that transfer). Every prefix key precedes every
+// chunk query (kNone); each (q segment, kv segment) pair of the chunk is skipped, full or causal
+// by absolute positions (kernels::block_relation). Partial results merge by the online-softmax
+// merge (GAO) in fp32. An unchunked prefill is the case of an empty prefix.
 //
-// Decode (per layer): every rank runs the same new token; the token's k/v is appended on one
-// rank, round robin by position; each rank attends the token to its own shard giving (o, lse),
-// the pairs are all-gathered and merged in rank order, so every rank gets bit-identical output.
+// Decode (per layer, all decode tokens of the step at once): each token's k/v is appended on
+// one rank, round robin by position; each rank attends every token to its own shard of that
+// token's sequence (paged K/V), giving (o, lse) per token; one all-gather moves the pairs of
+// the whole batch, and every rank merges them in rank order, so all ranks get bit-identical
+// output.
 #pragma once
 
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/attention_context.h"
 #include "engine/communicator.h"
+#include "engine/kv_pages.h"
 #include "engine/sharding.h"
 
 namespace burst::engine {
@@ -28,21 +37,47 @@ struct RingStats {
   int64_t steps = 0;
 };
 
+// One sequence's rows in a step.
+struct SeqRows {
+  uint64_t seq = 0;
+  int64_t row = 0;      // its first row in the forward's batch
+  bool decode = false;  // one replicated token (1 row); else a prefill chunk of `plan`
+  int64_t pos = 0;      // decode: the token's position (it is cached on rank pos mod N)
+  ShardPlan plan;       // prefill: the chunk's sharding (plan.local_rows(rank) rows)
+  int64_t rows(int rank) const { return decode ? 1 : plan.local_rows(rank); }
+};
+
+// CPU workers: small pages (tiny models, many short requests). GPU workers pass a larger one:
+// a page is copied in one call when a prefix travels, so fewer, larger pages mean fewer copies.
+constexpr int kDefaultKvPageSize = 16;
+
 class RingAttention final : public AttentionContext {
  public:
-  // capacity: KV tokens this rank may hold (its shard of the prompt plus its decode share).
+  // capacity: KV tokens this rank may hold over all sequences (rounded up to whole pages).
   static Result<std::unique_ptr<RingAttention>> create(Backend& backend, Communicator& comm,
-                                                       AttentionShape shape, int64_t capacity);
+                                                       AttentionShape shape, int64_t capacity,
+                                                       int page_size = kDefaultKvPageSize);
 
-  // The next forward is the prefill of `plan` (this rank's rows in plan order); clears the cache.
+  // The next forward is a step of these sequences (their rows in this order); reserves the KV
+  // pages the step adds on this rank (kResourceExhausted, nothing changed, when they do not fit).
+  Status begin_step(std::vector<SeqRows> seqs);
+  // After the forward: the rows the step wrote become part of their sequences.
+  void end_step();
+  // Frees every page of seq on this rank.
+  void release(uint64_t seq);
+  // Rows of `seq` on rank r, as every rank computes them (each rank sees the same steps).
+  int64_t rows_on(uint64_t seq, int r) const;
+  const PagedKvCache& cache() const { return *cache_; }
+
+  // One sequence at a time (tests, the ring benchmark): the next forward is the prefill of
+  // `plan` as sequence 0 (dropping what it held); later forwards are decode steps of it.
   void begin_prefill(const ShardPlan& plan);
-  // Later forwards are decode steps (one replicated token at a time).
   void begin_decode();
 
   Status attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::vector<int64_t>& positions, Tensor& out) override;
-  int64_t length() const override { return lengths_.empty() ? 0 : lengths_[0]; }
-  int64_t capacity() const override { return capacity_; }
+  int64_t length() const override { return cache_->length(0); }
+  int64_t capacity() const override { return cache_->total_pages() * cache_->page_size(); }
   void clear() override;
   const RingStats& stats() const { return stats_; }
   // Benchmarks only: when false, every step reuses the block in hand instead of receiving the
@@ -50,25 +85,31 @@ class RingAttention final : public AttentionContext {
   void set_transfers(bool on) { transfers_ = on; }
 
  private:
-  RingAttention(Backend& backend, Communicator& comm, AttentionShape shape, int64_t capacity)
-      : backend_(backend), comm_(comm), shape_(shape), capacity_(capacity) {}
-  Status prefill(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out);
-  Status decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos,
-                Tensor& out);
+  RingAttention(Backend& backend, Communicator& comm, AttentionShape shape)
+      : backend_(backend), comm_(comm), shape_(shape) {}
+  Status prefill(int layer, const SeqRows& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                 Tensor& out);
+  Status decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                const std::vector<int64_t>& positions, Tensor& out);
   // t becomes a [shape] tensor of dtype, reusing its buffer when large enough.
   Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype);
 
   Backend& backend_;
   Communicator& comm_;
   AttentionShape shape_;
-  int64_t capacity_;
-  ShardPlan plan_;
-  bool decoding_ = false;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::vector<SeqRows> step_;
+  bool in_step_ = false;
+  // Legacy one-sequence mode: each forward is a step of sequence 0 begun by attend(layer 0).
+  enum class Auto { kOff, kPrefill, kDecode } auto_ = Auto::kOff;
+  ShardPlan auto_plan_;
   bool transfers_ = true;
-  std::vector<Tensor> k_, v_;     // per layer [capacity, kv_heads * head_dim]
-  std::vector<int64_t> lengths_;  // per layer, valid rows
-  // Scratch: two packed KV blocks (double buffer), partial and accumulated (o, lse).
-  Tensor block_[2], o_part_, lse_part_, o_acc_, lse_acc_, gathered_;
+  // Rows of each sequence on every rank (the prefix sizes of the ring's blocks).
+  std::unordered_map<uint64_t, std::vector<int64_t>> rows_;
+  // Scratch: two packed KV blocks (double buffer), partial and accumulated (o, lse), the decode
+  // batch's (o, lse) pairs and their all-gather, the decode page tables.
+  Tensor block_[2], o_part_, lse_part_, o_acc_, lse_acc_, pairs_, gathered_, tables_;
+  std::vector<int64_t> table_offset_;  // per decode entry of the step, into tables_
   RingStats stats_;
 };
 

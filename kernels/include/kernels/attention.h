@@ -45,7 +45,18 @@ struct AttnParams {
   // Of o; unset means dtype. The ring asks for kF32 so partial results merge (merge_cpu,
   // merge_cuda are fp32) without a rounding step per ring hop. lse is always fp32.
   std::optional<DType> o_dtype;
+  // Paged K/V (a sequence's shard in a paged KV cache): when kv_pages is set, key j and value j
+  // are row kv_pages[j / page_size] * page_size + j % page_size of k and v (strides as above);
+  // null means row j. attention_cpu and the CUDA decode kernel (n_q == 1) read pages; the CUDA
+  // prefill kernels refuse them (the ring gathers a sequence's pages into one block first).
+  const int32_t* kv_pages = nullptr;
+  int32_t page_size = 0;
 };
+
+// The physical row of logical key j under p's paging.
+inline int64_t kv_row(const AttnParams& p, int64_t j) {
+  return p.kv_pages ? int64_t{p.kv_pages[j / p.page_size]} * p.page_size + j % p.page_size : j;
+}
 
 // The dtype o is written in.
 inline DType output_dtype(const AttnParams& p) { return p.o_dtype.value_or(p.dtype); }

@@ -42,6 +42,7 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
 
 #include "engine/communicator.h"
 #include "engine/ring_attention.h"
+#include "models/batch.h"
 
 namespace burst::models {
 

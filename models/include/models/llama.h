@@ -23,6 +23,12 @@ struct LayerWeights {
 // forward and is returned by it (how a prefill is cancelled between layers).
 using LayerHook = std::function<Status(int64_t layers_done)>;
 
+// Rows [row, row + rows) of a forward belong to one sequence of length seq_len (what dynamic
+// RoPE scales by): a batch of several sequences passes one span per sequence.
+struct RopeSpan {
+  int64_t row = 0, rows = 0, seq_len = 0;
+};
+
 class LlamaModel {
  public:
   // Loads config.json and the safetensors weights of an HF model directory onto the backend.
@@ -47,6 +53,12 @@ class LlamaModel {
   Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
                  engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
                  std::vector<float>& logits, int64_t seq_len = 0,
+                 const LayerHook& after_layer = nullptr);
+  // The same over a batch of sequences: `spans` cover every row, each with its sequence's
+  // length for RoPE.
+  Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                 engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                 std::vector<float>& logits, const std::vector<RopeSpan>& spans,
                  const LayerHook& after_layer = nullptr);
 
  private:

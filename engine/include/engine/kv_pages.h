@@ -1,0 +1,84 @@
+// The paged KV cache of one rank: the keys and values of many sequences at once. Per layer a K
+// and a V pool of pages * page_size rows ([rows, kv_heads * head_dim], the compute dtype);
+// a sequence owns pages through its page table, which every layer shares (each layer caches
+// the same rows of a sequence). Memory is taken a page at a time as a sequence grows, never
+// reserved for the worst case, and release() gives it back.
+//
+// Rows are logical per sequence: row j of sequence s lives in page table(s)[j / page_size], at
+// row j % page_size of that page (AttnParams::kv_pages reads the same mapping). A forward adds
+// rows in two phases: reserve() takes the pages for the rows this step will add and write()
+// fills them layer by layer; commit() makes them part of the sequence once every layer wrote.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/attention_context.h"
+#include "engine/backend.h"
+
+namespace burst::engine {
+
+struct KvUsage {
+  int64_t total_pages = 0;
+  int64_t used_pages = 0;
+  int64_t sequences = 0;
+  int page_size = 0;
+};
+
+class PagedKvCache {
+ public:
+  static Result<std::unique_ptr<PagedKvCache>> create(Backend& backend, AttentionShape shape,
+                                                      int64_t pages, int page_size);
+
+  int page_size() const { return page_size_; }
+  int64_t total_pages() const { return static_cast<int64_t>(k_.empty() ? 0 : pages_); }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  KvUsage usage() const;
+  // Committed rows of `seq` (0 for an unknown sequence).
+  int64_t length(uint64_t seq) const;
+  // Rows reserved by the step in progress and not committed yet.
+  int64_t pending(uint64_t seq) const;
+  // Pages that reserve(seq, rows) would take now.
+  int64_t pages_needed(uint64_t seq, int64_t rows) const;
+  // Takes the pages for `rows` more rows of seq (creating it if new); kResourceExhausted, and
+  // nothing taken, when the free pages do not suffice.
+  Status reserve(uint64_t seq, int64_t rows);
+  // Writes k and v ([n, kv_width]) of `layer` at logical rows [row, row + n) of seq; the rows
+  // must lie within its committed + reserved rows.
+  Status write(uint64_t seq, int layer, int64_t row, const Tensor& k, const Tensor& v);
+  // Copies logical rows [0, rows) of seq in `layer` into k_dst and v_dst ([rows, kv_width]).
+  Status gather(uint64_t seq, int layer, int64_t rows, Tensor& k_dst, Tensor& v_dst);
+  // The reserved rows become the sequence's.
+  void commit(uint64_t seq);
+  // Gives every page of seq back (a finished, cancelled or failed sequence).
+  void release(uint64_t seq);
+  void release_all();
+  // The page table of seq (page indices in row order).
+  const std::vector<int32_t>& pages(uint64_t seq) const;
+  const Tensor& k_pool(int layer) const { return k_[static_cast<size_t>(layer)]; }
+  const Tensor& v_pool(int layer) const { return v_[static_cast<size_t>(layer)]; }
+
+ private:
+  struct Seq {
+    int64_t length = 0;
+    int64_t pending = 0;
+    std::vector<int32_t> pages;
+  };
+  PagedKvCache(Backend& backend, AttentionShape shape, int64_t pages, int page_size)
+      : backend_(backend), shape_(shape), pages_(pages), page_size_(page_size) {}
+  // Calls f(pool_row, logical_row, n) for each run of rows [row, row + count) within one page.
+  template <typename F>
+  Status for_each_run(const Seq& s, int64_t row, int64_t count, F&& f) const;
+
+  Backend& backend_;
+  AttentionShape shape_;
+  int64_t pages_;
+  int page_size_;
+  std::vector<Tensor> k_, v_;  // per layer [pages * page_size, kv_width]
+  std::vector<int32_t> free_;  // free page indices, a stack
+  std::unordered_map<uint64_t, Seq> seqs_;
+};
+
+}  // namespace burst::engine

@@ -1,0 +1,135 @@
+#include "engine/kv_pages.h"
+
+#include <algorithm>
+
+namespace burst::engine {
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend, AttentionShape shape,
+                                                           int64_t pages, int page_size) {
+  if (page_size <= 0) return Status::error(StatusCode::kInvalidArgument, "kv page size must be > 0");
+  if (pages <= 0 || pages > (int64_t{1} << 31) - 1) {
+    return Status::error(StatusCode::kInvalidArgument, "kv cache: bad page count " +
+                                                           std::to_string(pages));
+  }
+  std::unique_ptr<PagedKvCache> c(new PagedKvCache(backend, shape, pages, page_size));
+  BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, pages * page_size, c->k_, c->v_));
+  c->free_.reserve(static_cast<size_t>(pages));
+  // A stack popped from the back: page 0 is handed out first (easier to read in a debugger).
+  for (int64_t p = pages - 1; p >= 0; --p) c->free_.push_back(static_cast<int32_t>(p));
+  return c;
+}
+
+KvUsage PagedKvCache::usage() const {
+  return {pages_, pages_ - free_pages(), static_cast<int64_t>(seqs_.size()), page_size_};
+}
+
+int64_t PagedKvCache::length(uint64_t seq) const {
+  const auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.length;
+}
+
+int64_t PagedKvCache::pending(uint64_t seq) const {
+  const auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.pending;
+}
+
+const std::vector<int32_t>& PagedKvCache::pages(uint64_t seq) const {
+  static const std::vector<int32_t> kNone;
+  const auto it = seqs_.find(seq);
+  return it == seqs_.end() ? kNone : it->second.pages;
+}
+
+int64_t PagedKvCache::pages_needed(uint64_t seq, int64_t rows) const {
+  const auto it = seqs_.find(seq);
+  const int64_t have_rows = it == seqs_.end() ? 0 : it->second.length + it->second.pending;
+  const int64_t have_pages = it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.pages.size());
+  return (have_rows + rows + page_size_ - 1) / page_size_ - have_pages;
+}
+
+Status PagedKvCache::reserve(uint64_t seq, int64_t rows) {
+  if (rows < 0) return Status::error("kv cache: negative reservation");
+  Seq& s = seqs_[seq];
+  const int64_t want_rows = s.length + s.pending + rows;
+  const int64_t want_pages = (want_rows + page_size_ - 1) / page_size_;
+  const int64_t more = want_pages - static_cast<int64_t>(s.pages.size());
+  if (more > free_pages()) {
+    if (s.length == 0 && s.pending == 0 && s.pages.empty()) seqs_.erase(seq);
+    return Status::error(StatusCode::kResourceExhausted,
+                         "kv cache: " + std::to_string(rows) + " more rows need " +
+                             std::to_string(more) + " pages, " + std::to_string(free_pages()) +
+                             " free of " + std::to_string(pages_));
+  }
+  for (int64_t i = 0; i < more; ++i) {
+    s.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+  s.pending += rows;
+  return {};
+}
+
+template <typename F>
+Status PagedKvCache::for_each_run(const Seq& s, int64_t row, int64_t count, F&& f) const {
+  if (row < 0 || row + count > s.length + s.pending) {
+    return Status::error("kv cache: rows [" + std::to_string(row) + ", " +
+                         std::to_string(row + count) + ") outside the sequence's " +
+                         std::to_string(s.length + s.pending) + " rows");
+  }
+  int64_t done = 0;
+  while (done < count) {
+    const int64_t j = row + done;
+    const int64_t in_page = j % page_size_;
+    const int64_t n = std::min<int64_t>(count - done, page_size_ - in_page);
+    const int64_t pool_row = int64_t{s.pages[static_cast<size_t>(j / page_size_)]} * page_size_ +
+                             in_page;
+    BURST_RETURN_IF_ERROR(f(pool_row, done, n));
+    done += n;
+  }
+  return {};
+}
+
+Status PagedKvCache::write(uint64_t seq, int layer, int64_t row, const Tensor& k,
+                           const Tensor& v) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return Status::error("kv cache: write to an unknown sequence");
+  const auto l = static_cast<size_t>(layer);
+  return for_each_run(it->second, row, k.dim(0), [&](int64_t pool_row, int64_t off, int64_t n) {
+    Tensor kd = k_[l].rows(pool_row, n), vd = v_[l].rows(pool_row, n);
+    BURST_RETURN_IF_ERROR(backend_.copy(k.rows(off, n), kd));
+    return backend_.copy(v.rows(off, n), vd);
+  });
+}
+
+Status PagedKvCache::gather(uint64_t seq, int layer, int64_t rows, Tensor& k_dst,
+                            Tensor& v_dst) {
+  if (rows == 0) return {};
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return Status::error("kv cache: gather from an unknown sequence");
+  const auto l = static_cast<size_t>(layer);
+  return for_each_run(it->second, 0, rows, [&](int64_t pool_row, int64_t off, int64_t n) {
+    Tensor kd = k_dst.rows(off, n), vd = v_dst.rows(off, n);
+    BURST_RETURN_IF_ERROR(backend_.copy(k_[l].rows(pool_row, n), kd));
+    return backend_.copy(v_[l].rows(pool_row, n), vd);
+  });
+}
+
+void PagedKvCache::commit(uint64_t seq) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  it->second.length += it->second.pending;
+  it->second.pending = 0;
+}
+
+void PagedKvCache::release(uint64_t seq) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  for (int32_t p : it->second.pages) free_.push_back(p);
+  seqs_.erase(it);
+}
+
+void PagedKvCache::release_all() {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  for (uint64_t id : ids) release(id);
+}
+
+}  // namespace burst::engine

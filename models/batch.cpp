@@ -1,0 +1,145 @@
+#include "models/batch.h"
+
+#include <unordered_set>
+
+namespace burst::models {
+
+Status BatchRunner::validate(const StepPlan& plan) const {
+  const auto& c = model_.config();
+  std::unordered_set<uint64_t> seen;
+  auto bad = [](std::string m) { return Status::error(StatusCode::kInvalidArgument, std::move(m)); };
+  if (plan.seqs.empty() && plan.release.empty()) return bad("an empty step");
+  for (const SeqWork& s : plan.seqs) {
+    const std::string who = "sequence " + std::to_string(s.id) + ": ";
+    if (!seen.insert(s.id).second) return bad(who + "appears twice in one step");
+    for (uint64_t r : plan.release) {
+      if (r == s.id) return bad(who + "released and run in the same step");
+    }
+    if (s.tokens.empty()) return bad(who + "no tokens");
+    if (s.decode && s.tokens.size() != 1) return bad(who + "a decode step has one token");
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return bad(who + "token id " + std::to_string(t) + " outside the vocabulary");
+      }
+    }
+    const auto it = next_pos_.find(s.id);
+    const int64_t next = it == next_pos_.end() ? 0 : it->second;
+    if (s.start != next) {
+      return bad(who + "starts at position " + std::to_string(s.start) + ", its next is " +
+                 std::to_string(next));
+    }
+    if (!s.decode && (s.prompt_len < s.start + static_cast<int64_t>(s.tokens.size()))) {
+      return bad(who + "prompt_len is shorter than its chunk's end");
+    }
+    if (s.decode && s.start < s.prompt_len) return bad(who + "decode inside the prompt");
+    if (s.sample) {
+      const std::string why = engine::validate(s.sampling);
+      if (!why.empty()) return bad(who + why);
+    }
+  }
+  return {};
+}
+
+void BatchRunner::release(uint64_t id) {
+  ring_.release(id);
+  samplers_.erase(id);
+  next_pos_.erase(id);
+}
+
+void BatchRunner::release_all() {
+  ring_.clear();
+  samplers_.clear();
+  next_pos_.clear();
+}
+
+Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
+  BURST_RETURN_IF_ERROR(validate(plan));
+  const int rank = comm_.rank(), world = comm_.world_size();
+  const int64_t vocab = model_.config().vocab_size;
+  for (uint64_t id : plan.release) release(id);
+  StepResult result;
+  if (plan.seqs.empty()) {
+    result.kv = ring_.cache().usage();
+    return result;
+  }
+
+  // This rank's rows: each sequence's share, in plan order.
+  std::vector<int32_t> ids;
+  std::vector<int64_t> positions;
+  std::vector<engine::SeqRows> rows;
+  std::vector<RopeSpan> spans;
+  std::vector<int64_t> logit_rows;
+  struct Sample {
+    size_t seq;      // index into plan.seqs
+    int owner;       // the rank that computes its logits
+    int64_t logit;   // index of its logits on the owner
+  };
+  std::vector<Sample> samples;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqWork& s = plan.seqs[i];
+    engine::SeqRows sr;
+    sr.seq = s.id;
+    sr.row = static_cast<int64_t>(ids.size());
+    const auto n = static_cast<int64_t>(s.tokens.size());
+    if (s.decode) {
+      sr.decode = true;
+      sr.pos = s.start;
+      ids.push_back(s.tokens[0]);
+      positions.push_back(s.start);
+      spans.push_back({sr.row, 1, s.start + 1});
+      if (s.sample) {
+        samples.push_back({i, 0, rank == 0 ? static_cast<int64_t>(logit_rows.size()) : 0});
+        if (rank == 0) logit_rows.push_back(sr.row);
+      }
+    } else {
+      sr.plan = engine::ShardPlan::make(layout_, n, world, s.start);
+      // Padding (id 0, past the chunk's end) is never cached, attended to or sampled.
+      for (const auto& sg : sr.plan.segments(rank)) {
+        for (int64_t j = 0; j < sg.len; ++j) {
+          const int64_t pos = sg.pos + j;
+          ids.push_back(pos < s.start + n ? s.tokens[static_cast<size_t>(pos - s.start)] : 0);
+          positions.push_back(pos);
+        }
+      }
+      spans.push_back({sr.row, sr.plan.local_rows(rank), s.prompt_len});
+      if (s.sample) {
+        int64_t local = 0;
+        const int owner = sr.plan.owner(s.start + n - 1, &local);
+        samples.push_back({i, owner, rank == owner ? static_cast<int64_t>(logit_rows.size()) : 0});
+        if (rank == owner) logit_rows.push_back(sr.row + local);
+      }
+    }
+    rows.push_back(std::move(sr));
+  }
+  BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(rows)));
+  std::vector<float> logits;
+  Status st = model_.forward(ids, positions, ring_, logit_rows, logits, spans, after_layer);
+  if (!st.ok()) return st;  // the caller treats the group as broken: the ring may be mid-step
+  ring_.end_step();
+  for (const SeqWork& s : plan.seqs) next_pos_[s.id] = s.start + static_cast<int64_t>(s.tokens.size());
+
+  // Logits a rank other than 0 computed travel to rank 0, one broadcast each, in plan order.
+  std::vector<float> moved(static_cast<size_t>(vocab));
+  for (const Sample& sm : samples) {
+    const SeqWork& s = plan.seqs[sm.seq];
+    const float* row = nullptr;
+    if (sm.owner == 0) {
+      if (rank == 0) row = logits.data() + sm.logit * vocab;
+    } else {
+      if (rank == sm.owner) {
+        std::copy(logits.begin() + sm.logit * vocab, logits.begin() + (sm.logit + 1) * vocab,
+                  moved.begin());
+      }
+      BURST_RETURN_IF_ERROR(comm_.broadcast(moved.data(), moved.size() * 4, sm.owner));
+      row = moved.data();
+    }
+    if (rank != 0) continue;
+    auto it = samplers_.try_emplace(s.id, s.sampling).first;
+    result.tokens.push_back({s.id, it->second.sample(row, vocab)});
+  }
+  result.kv = ring_.cache().usage();
+  result.rows = static_cast<int64_t>(ids.size());
+  return result;
+}
+
+}  // namespace burst::models

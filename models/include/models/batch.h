@@ -1,0 +1,76 @@
+// One step of continuous batching on one rank of a sequence-sharded group: a batch of
+// sequences, each contributing a prefill chunk (its tokens sharded over the ranks, zigzag
+// within the chunk) or one decode token (replicated), runs as ONE forward: the GEMMs see every
+// row of every sequence, attention runs per sequence through the ring (engine::RingAttention),
+// and all decode tokens share one all-gather per layer. Every rank calls step() with the same
+// plan, in the same order; rank 0 samples and returns the tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/ring_attention.h"
+#include "engine/sampler.h"
+#include "models/llama.h"
+
+namespace burst::models {
+
+struct SeqWork {
+  uint64_t id = 0;
+  bool decode = false;
+  // Prefill: the chunk's tokens, at positions [start, start + tokens.size()); the sequence's
+  // earlier chunks (positions [0, start)) must be cached already. Decode: one token at `start`,
+  // which must be the sequence's next position.
+  std::vector<int32_t> tokens;
+  int64_t start = 0;
+  int64_t prompt_len = 0;  // the whole prompt: RoPE's sequence length for every chunk of it
+  bool sample = false;     // sample from the last row (the prompt's last chunk; every decode)
+  // Rank 0 makes the sequence's sampler from these at its first sample and keeps it (one
+  // random stream per sequence, as a single-process run has).
+  engine::SamplingParams sampling;
+};
+
+struct StepPlan {
+  std::vector<uint64_t> release;  // sequences to forget first (finished, cancelled)
+  std::vector<SeqWork> seqs;
+};
+
+struct SampledToken {
+  uint64_t id = 0;
+  int32_t token = 0;
+};
+
+struct StepResult {
+  std::vector<SampledToken> tokens;  // rank 0: one per SeqWork with sample, in plan order
+  engine::KvUsage kv;                // this rank's cache after the step
+  int64_t rows = 0;                  // rows of this rank's forward
+};
+
+class BatchRunner {
+ public:
+  BatchRunner(LlamaModel& model, engine::RingAttention& ring, engine::Communicator& comm,
+              engine::ShardLayout layout)
+      : model_(model), ring_(ring), comm_(comm), layout_(layout) {}
+
+  // What is wrong with the plan for this rank's state (empty: nothing). Every rank holds the
+  // same state, so all refuse the same plan before any collective and the ring stays usable.
+  Status validate(const StepPlan& plan) const;
+  // Runs the plan (validate() first). after_layer runs on every rank after each layer.
+  Result<StepResult> step(const StepPlan& plan, const LayerHook& after_layer = nullptr);
+  void release(uint64_t id);
+  void release_all();
+  engine::RingAttention& ring() { return ring_; }
+
+ private:
+  LlamaModel& model_;
+  engine::RingAttention& ring_;
+  engine::Communicator& comm_;
+  engine::ShardLayout layout_;
+  std::unordered_map<uint64_t, engine::Sampler> samplers_;  // rank 0
+  std::unordered_map<uint64_t, int64_t> next_pos_;          // next position of each sequence
+};
+
+}  // namespace burst::models
