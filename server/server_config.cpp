@@ -86,7 +86,9 @@ Status set_from_string(const std::string& key, const Field& f, const std::string
 }
 
 Status validate(const ServerConfig& c) {
-  if (c.model.empty()) return Status::error("no model (set \"model\" or --model)");
+  if (c.model.empty() && c.preset.empty()) {
+    return Status::error("no model (set \"model\" or --model, or --preset)");
+  }
   if (c.workers < 1 || c.workers > 64) return Status::error("workers must be in 1..64");
   if (c.layout != "zigzag" && c.layout != "contiguous") {
     return Status::error("layout must be zigzag or contiguous");
@@ -146,18 +148,81 @@ Status apply_config_file(const std::string& path, ServerConfig* config) {
   return {};
 }
 
+Result<std::string> find_data_dir(const std::string& explicit_dir, const fs::path& exe,
+                                  std::vector<std::string>* looked) {
+  auto tried = [&](const fs::path& p) {
+    if (looked) looked->push_back(p.string());
+  };
+  // An explicit choice is taken as given (or refused), never silently replaced by another.
+  const char* env = std::getenv("BURST_DATA_DIR");
+  const std::pair<const char*, std::string> explicit_choices[] = {
+      {"--data-dir", explicit_dir}, {"BURST_DATA_DIR", env != nullptr ? env : ""}};
+  for (const auto& [what, dir] : explicit_choices) {
+    if (dir.empty()) continue;
+    tried(dir);
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      return Status::error(std::string(what) + ": " + dir + " is not a directory");
+    }
+    return fs::absolute(dir).lexically_normal().string();
+  }
+  std::vector<fs::path> candidates;
+  if (!exe.empty()) candidates.push_back(exe.parent_path().parent_path() / "share" / "burst");
+#ifdef BURST_SOURCE_DATA_DIR
+  candidates.emplace_back(BURST_SOURCE_DATA_DIR);
+#endif
+#ifdef BURST_INSTALL_DATA_DIR
+  candidates.emplace_back(BURST_INSTALL_DATA_DIR);
+#endif
+  for (const auto& dir : candidates) {
+    if (dir.empty()) continue;
+    tried(dir);
+    std::error_code ec;
+    if (fs::exists(dir / "configs" / "cpu-tiny.json", ec)) return dir.lexically_normal().string();
+  }
+  return std::string();
+}
+
+std::string config_to_json(const ServerConfig& config) {
+  ServerConfig copy = config;
+  json j = json::object();
+  for (const auto& [key, f] : fields(&copy)) {
+    switch (f.kind) {
+      case Field::Kind::kString:
+      case Field::Kind::kPath:
+        j[key] = *static_cast<std::string*>(f.target);
+        break;
+      case Field::Kind::kInt:
+        j[key] = *static_cast<int*>(f.target);
+        break;
+      case Field::Kind::kInt64:
+        j[key] = *static_cast<int64_t*>(f.target);
+        break;
+    }
+  }
+  if (!config.api_key.empty()) j["api_key"] = "(set)";
+  return j.dump(2);
+}
+
 Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
   *help = false;
   ServerConfig c;
-  // The embedded default: configs/cpu-tiny.json beside the build tree (build/bin/../../configs).
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  const fs::path embedded = self.parent_path().parent_path().parent_path() / "configs/cpu-tiny.json";
-  std::string config_path;
+  std::string config_path, data_dir_flag;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--config") config_path = argv[i + 1];
+    if (std::string(argv[i]) == "--data-dir") data_dir_flag = argv[i + 1];
   }
-  if (config_path.empty() && !ec && fs::exists(embedded)) config_path = embedded.string();
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<std::string> looked;
+  auto data_dir = find_data_dir(data_dir_flag, ec ? fs::path() : self, &looked);
+  if (!data_dir.ok()) return data_dir.status();
+  c.data_dir = data_dir.value();
+  // The embedded default: the data directory's configs/cpu-tiny.json.
+  if (config_path.empty() && !c.data_dir.empty()) {
+    const fs::path embedded = fs::path(c.data_dir) / "configs" / "cpu-tiny.json";
+    if (fs::exists(embedded, ec)) config_path = embedded.string();
+  }
   if (!config_path.empty()) BURST_RETURN_IF_ERROR(apply_config_file(config_path, &c));
 
   auto table = fields(&c);
@@ -170,7 +235,7 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
     if (flag.rfind("--", 0) != 0) return Status::error("unexpected argument " + flag);
     if (i + 1 >= argc) return Status::error("missing value for " + flag);
     const std::string val = argv[++i];
-    if (flag == "--config") continue;
+    if (flag == "--config" || flag == "--data-dir") continue;
     std::string key = flag.substr(2);
     for (char& ch : key) ch = ch == '-' ? '_' : ch;
     auto it = table.find(key);
@@ -185,7 +250,33 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
   if (c.api_key.empty()) {
     if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;
   }
-  if (c.tokenizer.empty() && !c.model.empty()) c.tokenizer = c.model + "/tokenizer.model";
+  if (c.model.empty() && c.preset.empty()) {
+    std::string where;
+    for (const auto& l : looked) where += (where.empty() ? "" : ", ") + l;
+    return Status::error("no model: set \"model\" or --model DIR (or --preset NAME "
+                         "--random-weights SEED); no default config was found (looked for "
+                         "configs/cpu-tiny.json in " + (where.empty() ? "nothing" : where) +
+                         "): name the data directory with --data-dir DIR or BURST_DATA_DIR");
+  }
+  if (c.tokenizer.empty() && !c.preset.empty()) {
+    // A preset needs no model directory: its tokenizer is the model directory's when a config
+    // also names one that has it, else the shipped LLaMA-2 tokenizer.
+    const fs::path from_model = c.model.empty() ? fs::path() : fs::path(c.model) / "tokenizer.model";
+    const fs::path shipped = c.data_dir.empty() ? fs::path()
+                                                : fs::path(c.data_dir) / "models" / "kjv-tiny" /
+                                                      "tokenizer.model";
+    if (!from_model.empty() && fs::exists(from_model, ec)) {
+      c.tokenizer = from_model.string();
+    } else if (!shipped.empty() && fs::exists(shipped, ec)) {
+      c.tokenizer = shipped.string();
+    } else {
+      return Status::error("no tokenizer for --preset " + c.preset +
+                           ": set --tokenizer FILE (a LLaMA-2 tokenizer.model), or the data "
+                           "directory (--data-dir DIR or BURST_DATA_DIR) that ships "
+                           "models/kjv-tiny/tokenizer.model");
+    }
+  }
+  if (c.tokenizer.empty()) c.tokenizer = c.model + "/tokenizer.model";
   if (c.model_name.empty() && !c.preset.empty()) c.model_name = "llama-2-" + c.preset + "-random";
   if (c.model_name.empty()) c.model_name = fs::path(c.model).lexically_normal().filename();
   if (c.model_name.empty()) c.model_name = fs::path(c.model).parent_path().filename();

@@ -1,6 +1,8 @@
 // LLaMA config parsing: real Hugging Face config.json files map onto the right fields (GQA,
 // rope_scaling, list-valued eos), every wrong type or range is refused naming the field and the
-// file, and the presets hold the published LLaMA-2 shapes.
+// file, and the presets hold the published LLaMA-2 shapes. Server config: where the shipped data
+// is found (flag, environment, installed layout, never the build tree), presets without a model
+// directory, and every shipped configs/*.json parses.
 #include "models/config.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +12,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "server/server_config.h"
 
 namespace burst::models {
 namespace {
@@ -352,3 +357,141 @@ TEST(Config, Presets) {
 
 }  // namespace
 }  // namespace burst::models
+
+namespace burst::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+Result<ServerConfig> parse_flags(std::vector<std::string> args) {
+  args.insert(args.begin(), "burst-server");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  bool help = false;
+  return parse_server_args(static_cast<int>(argv.size()), argv.data(), &help);
+}
+
+// A temporary data directory, removed at the end; BURST_DATA_DIR is unset for the test.
+struct DataDir {
+  fs::path root;
+  DataDir() {
+    std::string tmpl = (fs::temp_directory_path() / "burst_data_XXXXXX").string();
+    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root = tmpl;
+    ::unsetenv("BURST_DATA_DIR");
+  }
+  ~DataDir() {
+    ::unsetenv("BURST_DATA_DIR");
+    fs::remove_all(root);
+  }
+  void write(const fs::path& rel, const std::string& text) const {
+    fs::create_directories((root / rel).parent_path());
+    std::ofstream(root / rel) << text;
+  }
+};
+
+TEST(ServerConfigData, DefaultConfigFoundWhateverTheBuildDirectory) {
+  ::unsetenv("BURST_DATA_DIR");
+  auto c = parse_flags({});
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_TRUE(fs::exists(fs::path(c.value().model) / "config.json")) << c.value().model;
+  EXPECT_EQ(fs::path(c.value().model).filename(), "kjv-tiny");
+  EXPECT_TRUE(fs::exists(c.value().tokenizer)) << c.value().tokenizer;
+  EXPECT_TRUE(fs::exists(fs::path(c.value().data_dir) / "configs" / "cpu-tiny.json"));
+}
+
+TEST(ServerConfigData, FlagBeatsEnvironmentAndPathsResolveInsideTheDataDirectory) {
+  DataDir a, b;
+  a.write("configs/cpu-tiny.json", R"({"model": "models/m", "workers": 3})");
+  fs::create_directories(a.root / "models/m");
+  b.write("configs/cpu-tiny.json", R"({"model": "models/m", "workers": 5})");
+  fs::create_directories(b.root / "models/m");
+
+  auto flag = parse_flags({"--data-dir", a.root.string()});
+  ASSERT_TRUE(flag.ok()) << flag.message();
+  EXPECT_EQ(flag.value().workers, 3);
+  EXPECT_EQ(fs::path(flag.value().model), a.root / "models/m");
+  EXPECT_EQ(fs::path(flag.value().tokenizer), a.root / "models/m/tokenizer.model");
+
+  ::setenv("BURST_DATA_DIR", b.root.c_str(), 1);
+  auto env = parse_flags({});
+  ASSERT_TRUE(env.ok()) << env.message();
+  EXPECT_EQ(env.value().workers, 5);
+  EXPECT_EQ(fs::path(env.value().model), b.root / "models/m");
+  auto both = parse_flags({"--data-dir", a.root.string()});
+  ASSERT_TRUE(both.ok()) << both.message();
+  EXPECT_EQ(both.value().workers, 3);
+
+  ::setenv("BURST_DATA_DIR", (b.root / "missing").c_str(), 1);
+  auto missing = parse_flags({});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("BURST_DATA_DIR"), std::string::npos) << missing.message();
+}
+
+TEST(ServerConfigData, InstalledTreeFoundFromTheExecutableWhereverItWasCopied) {
+  DataDir d;
+  d.write("share/burst/configs/cpu-tiny.json", "{}");
+  std::vector<std::string> looked;
+  auto dir = find_data_dir("", d.root / "bin" / "burst-server", &looked);
+  ASSERT_TRUE(dir.ok()) << dir.message();
+  EXPECT_EQ(fs::path(dir.value()), d.root / "share/burst");
+  ASSERT_FALSE(looked.empty());
+  EXPECT_EQ(fs::path(looked[0]), d.root / "share/burst");
+  // The build tree is never a candidate: its bin/ has no ../share/burst and nothing else of it
+  // is looked at.
+  looked.clear();
+  auto none = find_data_dir("", d.root / "elsewhere" / "bin" / "burst-server", &looked);
+  ASSERT_TRUE(none.ok());
+  if (std::string(BURST_BINARY_DIR) != BURST_SOURCE_DIR) {
+    for (const auto& l : looked) EXPECT_EQ(l.find(BURST_BINARY_DIR), std::string::npos) << l;
+  }
+}
+
+TEST(ServerConfigData, PresetNeedsNoModelDirectory) {
+  DataDir empty;
+  auto no_tok = parse_flags({"--data-dir", empty.root.string(), "--preset", "7b",
+                             "--random-weights", "0"});
+  ASSERT_FALSE(no_tok.ok());
+  EXPECT_NE(no_tok.message().find("--tokenizer"), std::string::npos) << no_tok.message();
+
+  const std::string tok = std::string(BURST_SOURCE_DIR) + "/models/kjv-tiny/tokenizer.model";
+  auto with_tok = parse_flags({"--data-dir", empty.root.string(), "--preset", "7b",
+                               "--random-weights", "0", "--tokenizer", tok});
+  ASSERT_TRUE(with_tok.ok()) << with_tok.message();
+  EXPECT_EQ(with_tok.value().model, "");
+  EXPECT_EQ(with_tok.value().tokenizer, tok);
+  EXPECT_EQ(with_tok.value().model_name, "llama-2-7b-random");
+
+  DataDir shipped;
+  shipped.write("models/kjv-tiny/tokenizer.model", "x");
+  auto from_data = parse_flags({"--data-dir", shipped.root.string(), "--preset", "13b",
+                                "--random-weights", "1"});
+  ASSERT_TRUE(from_data.ok()) << from_data.message();
+  EXPECT_EQ(fs::path(from_data.value().tokenizer), shipped.root / "models/kjv-tiny/tokenizer.model");
+}
+
+TEST(ServerConfigData, NoModelSaysWhereItLooked) {
+  DataDir empty;
+  auto r = parse_flags({"--data-dir", empty.root.string()});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("no model"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find(empty.root.string()), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("BURST_DATA_DIR"), std::string::npos) << r.message();
+}
+
+// Every shipped config (the deployment ones included) has only known keys of the right types
+// and valid values, as `burst-server --config F --check-config` checks in the deploy test.
+TEST(ServerConfigData, EveryShippedConfigParses) {
+  ::unsetenv("BURST_DATA_DIR");
+  int n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(std::string(BURST_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".json") continue;
+    ++n;
+    auto c = parse_flags({"--config", e.path().string()});
+    EXPECT_TRUE(c.ok()) << e.path() << ": " << c.message();
+  }
+  EXPECT_GE(n, 4);
+}
+
+}  // namespace
+}  // namespace burst::server

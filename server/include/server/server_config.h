@@ -1,13 +1,21 @@
 // burst-server's configuration: a JSON file (--config FILE; unknown keys are errors, so a typo
 // never silently falls back to a default) overridden by command-line flags. The defaults are
-// configs/cpu-tiny.json: the tiny KJV model on 2 CPU workers, bound to 127.0.0.1. Relative paths
-// in a config file resolve against the current directory, or else against the config file's
-// parent directory (the repository root for configs/*.json), so the shipped configs work from
-// any directory.
+// the data directory's configs/cpu-tiny.json: the tiny KJV model on 2 CPU workers, bound to
+// 127.0.0.1. Relative paths in a config file resolve against the current directory, or else
+// against the config file's parent directory (the data directory for configs/*.json: the
+// repository root, or PREFIX/share/burst once installed), so the shipped configs work from any
+// directory.
+//
+// The data directory (configs/, models/kjv-tiny) is, first match wins: --data-dir DIR,
+// $BURST_DATA_DIR, <executable>/../share/burst (an installed tree, wherever it was copied), the
+// source tree the binary was built from (development builds; -DBURST_DATA_FROM_SOURCE=OFF
+// removes it), the install prefix's share/burst. Never the build tree.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "engine/status.h"
 
@@ -40,11 +48,13 @@ struct ServerConfig {
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
   int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
   int start_timeout_ms = 120000;
+  // Not a config key: where the shipped data was found (empty: nowhere), for messages.
+  std::string data_dir;
 };
 
 constexpr const char* kServerUsage =
     R"(usage: burst-server [--config FILE] [--model DIR | --preset 7b|13b|70b --random-weights SEED]
-                    [--tokenizer FILE] [--model-name NAME]
+                    [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
                     [--host ADDR] [--grpc-port P] [--http-port P] [--port-file FILE]
                     [--api-key KEY] [--max-context N] [--kv-capacity N] [--max-queue N]
@@ -52,7 +62,14 @@ constexpr const char* kServerUsage =
                     [--remote-workers N [--worker-listen HOST:PORT]]
 
   --config FILE     JSON config (keys as the flags, with '_' for '-'); flags override it.
-                    Without it: configs/cpu-tiny.json's settings (tiny model, 2 CPU workers)
+                    Without it: the data directory's configs/cpu-tiny.json (tiny model, 2 CPU
+                    workers)
+  --data-dir DIR    the shipped configs/ and models/ (else $BURST_DATA_DIR, else
+                    <exe>/../share/burst, else the source tree or install prefix built in)
+  --preset NAME     random weights of a LLaMA-2 shape (no model directory); the tokenizer is
+                    --tokenizer FILE or the data directory's models/kjv-tiny/tokenizer.model
+  --check-config    validate the config and flags, print the resolved settings as JSON and
+                    exit (0: valid, 2: not); model files are checked only where present
   --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
   --port-file FILE  write {"http_port": N, "grpc_port": M, "worker_port": W} once bound
   --remote-workers N  multi-node: spawn no worker; wait for N `burst-worker --join HOST:PORT`
@@ -69,5 +86,14 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help);
 
 // Reads a config file over `base` (for tests and the embedded default).
 Status apply_config_file(const std::string& path, ServerConfig* config);
+
+// The data directory (see the top of this file). `explicit_dir` is --data-dir (empty: none),
+// `exe` this executable's path. Empty when none qualifies (an implicit candidate qualifies when
+// it holds configs/cpu-tiny.json); `looked` (optional) receives every place tried.
+Result<std::string> find_data_dir(const std::string& explicit_dir, const std::filesystem::path& exe,
+                                  std::vector<std::string>* looked = nullptr);
+
+// The resolved settings as a JSON object with the config file's keys (api_key redacted).
+std::string config_to_json(const ServerConfig& config);
 
 }  // namespace burst::server
