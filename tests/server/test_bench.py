@@ -1,0 +1,230 @@
+"""End-to-end test of burst-bench (build/bin/burst-bench, which runs bench/burst_bench.py)
+against real burst-server processes, over the OpenAI-compatible HTTP API and over gRPC:
+the result JSON's vLLM fields and their values (every request completed, exact prompt lengths
+as the server counted them, output lengths, positive TTFTs, ITLs and TPOTs consistent with the
+end-to-end latency), burst's server timings, exact-length text prompts (KJV text and random text
+cut with the server's tokenizer), errors counted by kind (400 over the context, 401 wrong key,
+503 queue full; gRPC INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE; connection refused),
+Ctrl-C ending a run with partial results, the plots, and --report.
+Run: /usr/bin/python3 test_bench.py --build BUILD_DIR."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from harness import HAVE_KJV, Server, build_dir, check, run
+
+KEY = "bench-key"
+BENCH = os.path.join(build_dir(), "bin", "burst-bench")
+TMP = tempfile.mkdtemp(prefix="burst-bench-test-")
+# The fallback model (odd-linear) has 4099 ids; kjv-tiny has 32000.
+IDS = "259:4099" if not HAVE_KJV else "259:32000"
+VLLM_FIELDS = ["completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+               "request_throughput", "output_throughput", "total_token_throughput",
+               "input_lens", "output_lens", "ttfts", "itls", "errors", "generated_texts"]
+srv = None
+max_len = 0
+runs = 0
+
+
+def bench(*args, expect_rc=0, json_out=True):
+    """Runs burst-bench; returns (result json or None, stdout, stderr)."""
+    global runs
+    runs += 1
+    out = os.path.join(TMP, f"run{runs}.json")
+    cmd = [BENCH, *[str(a) for a in args], "--no-progress", "--token-id-range", IDS]
+    if json_out:
+        cmd += ["--result-json", out]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    check(p.returncode == expect_rc,
+          f"rc {p.returncode} (want {expect_rc}): {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
+    return (json.load(open(out)) if json_out else None), p.stdout, p.stderr
+
+
+def http_url(s=None):
+    return f"http://127.0.0.1:{(s or srv).http_port}"
+
+
+def grpc_addr(s=None):
+    return f"127.0.0.1:{(s or srv).grpc_port}"
+
+
+def check_run(j, n, lens, out_len):
+    for f in VLLM_FIELDS + ["mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+                            "p90_tpot_ms", "mean_itl_ms", "p99_e2el_ms"]:
+        check(f in j, f"field {f} missing")
+    check(j["completed"] == n and j["failed"] == 0, f"completed {j['completed']}, failed "
+          f"{j['failed']}: {j['error_counts']}")
+    check(j["input_lens"] == lens, f"input_lens {j['input_lens']} != {lens}")
+    check(j["server_input_lens"] == lens, f"server counted {j['server_input_lens']}")
+    check(j["output_lens"] == [out_len] * n, f"output_lens {j['output_lens']}")
+    check(j["total_input_tokens"] == sum(lens), "total_input_tokens")
+    check(j["total_output_tokens"] == n * out_len, "total_output_tokens")
+    check(all(t > 0 for t in j["ttfts"]), f"ttfts {j['ttfts']}")
+    for t, e, itls, tpot in zip(j["ttfts"], j["e2els"], j["itls"], j["tpots"]):
+        check(e >= t and len(itls) <= out_len - 1 and all(g >= 0 for g in itls),
+              f"ttft {t} e2el {e} itls {itls}")
+        check(abs(tpot - (e - t) / (out_len - 1)) < 1e-9, "tpot = (e2el - ttft) / (out - 1)")
+        check(t + sum(itls) <= e + 1e-6, "the chunks arrive before the end")
+    check(abs(j["request_throughput"] - n / j["duration"]) < 1e-6, "request_throughput")
+    check(abs(j["mean_ttft_ms"] - 1000 * sum(j["ttfts"]) / n) < 1e-6, "mean_ttft_ms")
+    check(j["p99_ttft_ms"] <= 1000 * max(j["ttfts"]) + 1e-6, "p99 <= max")
+    check(j["errors"] == [""] * n and j["error_counts"] == {}, "no errors")
+    # burst's own timings, beside usage (HTTP) or in Finished (gRPC)
+    check(all(p is not None and p > 0 for p in j["server_prefill_ms"]), "server prefill_ms")
+    check(all(q is not None and q >= 0 for q in j["server_queue_ms"]), "server queue_ms")
+    check(all(f == "length" for f in j["finish_reasons"]), f"{j['finish_reasons']}")
+
+
+def test_http_random_ids_and_plots():
+    plots = os.path.join(TMP, "plots")
+    j, out, err = bench("--base-url", http_url(), "--api-key", KEY, "--input-lens", "16,40",
+                        "--output-len", 6, "--ignore-eos", "--num-requests", 6,
+                        "--max-concurrency", 2, "--num-warmups", 1, "--seed", 7,
+                        "--plot", plots, "--label", "http", "--goodput", "ttft:60000",
+                        "tpot:60000")
+    check_run(j, 6, [16, 40] * 3, 6)
+    check(j["backend"] == "openai" and j["model_id"] and j["seed"] == 7, "run metadata")
+    check(abs(j["request_goodput"] - j["request_throughput"]) < 1e-9, "every request is good")
+    check("Serving Benchmark Result" in out and "Mean TTFT (ms)" in out and
+          "Mean server prefill (ms)" in out, f"summary:\n{out}")
+    for name in ["ttft_vs_prompt_len.png", "ttft_cdf.png", "tokens_per_s.png"]:
+        p = os.path.join(plots, name)
+        check(os.path.exists(p) and os.path.getsize(p) > 2000, f"{p} missing or empty")
+        check(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n", f"{p} is not a PNG")
+
+
+def test_grpc_random_ids_poisson():
+    j, out, _ = bench("--grpc", grpc_addr(), "--api-key", KEY, "--input-len-range", "8:48",
+                      "--output-len", 5, "--num-requests", 6, "--request-rate", 20,
+                      "--seed", 3, "--goodput", "ttft:0.001")
+    check_run(j, 6, j["server_input_lens"], 5)
+    check(all(8 <= n <= 48 for n in j["input_lens"]), f"{j['input_lens']}")
+    check(j["backend"] == "burst-grpc" and j["request_rate"] == 20, "gRPC run metadata")
+    check(j["request_goodput"] == 0, "nobody meets a 1 us TTFT")
+    starts = j["start_times"]
+    check(starts == sorted(starts) and starts[-1] > 0.01, f"Poisson arrivals: {starts}")
+
+
+def test_exact_text_prompts():
+    """Text cut to exact token counts with the server's tokenizer: the server counts the same."""
+    dataset = ["--dataset-name", "kjv"] if shutil.which("bible") else ["--prompt-format", "text"]
+    if not HAVE_KJV:
+        print("  (skipped: text prompts need kjv-tiny's vocabulary)")
+        return
+    lens = [24, 64, 160]
+    j, _, _ = bench("--base-url", http_url(), "--api-key", KEY, *dataset, "--input-lens",
+                    "24,64,160", "--output-len", 4, "--num-requests", 3)
+    check_run(j, 3, lens, 4)
+    check(j["tokenizer_id"] == "server:/tokenize", f"{j['tokenizer_id']}")
+    j, _, _ = bench("--grpc", grpc_addr(), "--api-key", KEY, "--prompt-format", "text",
+                    "--input-lens", "24,64,160", "--output-len", 4, "--num-requests", 3)
+    check_run(j, 3, lens, 4)
+    check(j["tokenizer_id"] == "server:Tokenize", f"{j['tokenizer_id']}")
+    # chat: the length is the message's; the server adds the LLaMA-2 template around it
+    j, _, _ = bench("--base-url", http_url(), "--api-key", KEY, "--endpoint",
+                    "/v1/chat/completions", "--input-len", 32, "--output-len", 4,
+                    "--num-requests", 2)
+    check(j["completed"] == 2 and j["input_lens"] == [32, 32], f"{j['input_lens']}")
+    check(all(s > 32 for s in j["server_input_lens"]), f"{j['server_input_lens']}")
+
+
+def test_errors_by_kind():
+    over = max_len + 100
+    # a mixed workload whose long prompts are over the context: 400, the short ones complete
+    j, out, _ = bench("--base-url", http_url(), "--api-key", KEY, "--input-len", 16,
+                      "--long-fraction", 0.5, "--long-len", over, "--output-len", 3,
+                      "--num-requests", 6, "--seed", 1)
+    check(j["completed"] == 3 and j["failed"] == 3, f"{j['completed']} / {j['failed']}")
+    check(j["error_counts"] == {"HTTP 400": 3}, f"{j['error_counts']}")
+    check(sorted(j["groups"]) == ["long"] * 3 + ["short"] * 3, f"{j['groups']}")
+    check(j["groups_summary"]["short"]["completed"] == 3, f"{j['groups_summary']}")
+    check("HTTP 400:" in out and "Errors by kind" in out, f"{out}")
+    bad = [e for e in j["errors"] if e]
+    check(len(bad) == 3 and all(e.startswith("HTTP 400: ") for e in bad), f"{bad}")
+    j, _, _ = bench("--grpc", grpc_addr(), "--api-key", KEY, "--input-len", 16,
+                    "--long-fraction", 0.5, "--long-len", over, "--output-len", 3,
+                    "--num-requests", 4, "--seed", 1)
+    check(j["error_counts"] == {"gRPC INVALID_ARGUMENT": 2} and j["completed"] == 2,
+          f"{j['error_counts']}")
+    # a wrong key: every request fails (exit code 1), the run still ends with its results
+    j, _, _ = bench("--base-url", http_url(), "--api-key", "wrong", "--input-len", 8,
+                    "--output-len", 2, "--num-requests", 3, expect_rc=1)
+    check(j["error_counts"] == {"HTTP 401": 3} and j["completed"] == 0, f"{j['error_counts']}")
+    j, _, _ = bench("--grpc", grpc_addr(), "--input-len", 8, "--output-len", 2,
+                    "--num-requests", 2, expect_rc=1)
+    check(j["error_counts"] == {"gRPC UNAUTHENTICATED": 2}, f"{j['error_counts']}")
+    # nobody listening
+    j, _, _ = bench("--base-url", "http://127.0.0.1:1", "--input-len", 8, "--output-len", 2,
+                    "--num-requests", 2, expect_rc=1)
+    check(j["error_counts"] == {"connection refused": 2}, f"{j['error_counts']}")
+
+
+def test_queue_full():
+    """A server with no queue (--max-queue 0): concurrent requests beyond the running one get
+    503 / UNAVAILABLE, counted as such."""
+    with Server("--max-queue", 0, workers=1) as s:
+        j, _, _ = bench("--base-url", http_url(s), "--input-len", 16, "--output-len", 24,
+                        "--num-requests", 5)
+        check(j["completed"] >= 1 and j["error_counts"].get("HTTP 503", 0) >= 1 and
+              j["completed"] + j["error_counts"]["HTTP 503"] == 5, f"{j['error_counts']}")
+        j, _, _ = bench("--grpc", grpc_addr(s), "--input-len", 16, "--output-len", 24,
+                        "--num-requests", 5)
+        check(j["completed"] >= 1 and j["error_counts"].get("gRPC UNAVAILABLE", 0) >= 1,
+              f"{j['error_counts']}")
+
+
+def test_interrupt_keeps_partial_results():
+    out = os.path.join(TMP, "interrupted.json")
+    p = subprocess.Popen([BENCH, "--base-url", http_url(), "--api-key", KEY, "--input-len", "16",
+                          "--output-len", "400", "--num-requests", "30", "--max-concurrency", "1",
+                          "--token-id-range", IDS, "--result-json", out, "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and srv.metric("burst_num_requests_running") == 0:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=30)
+    check(p.returncode == 130, f"rc {p.returncode}\n{stdout}\n{stderr}")
+    j = json.load(open(out))
+    check(j["interrupted_run"] and j["interrupted"] >= 1 and j["completed"] < 30,
+          f"{j['completed']} completed, {j['interrupted']} interrupted")
+    check(j["error_counts"].get("interrupted") == j["interrupted"], f"{j['error_counts']}")
+    check("Serving Benchmark Result" in stdout, "the summary is printed")
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("burst_num_requests_running") != 0:
+        time.sleep(0.1)
+    check(srv.metric("burst_num_requests_running") == 0, "the server saw the cancel")
+
+
+def test_report():
+    files = sorted(os.path.join(TMP, f) for f in os.listdir(TMP) if f.startswith("run"))[:3]
+    md = os.path.join(TMP, "table.md")
+    plots = os.path.join(TMP, "report-plots")
+    p = subprocess.run([BENCH, "--report", *files, "--markdown", md, "--plot", plots],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, p.stderr)
+    rows = [line for line in open(md).read().splitlines() if line.startswith("|")]
+    check(len(rows) == 2 + len(files) and "TTFT mean ms" in rows[0], f"{rows}")
+    check(os.path.exists(os.path.join(plots, "ttft_cdf.png")), "report plot")
+
+
+if __name__ == "__main__":
+    if not os.path.exists(BENCH):
+        print(f"no {BENCH}: build the burst-bench target")
+        sys.exit(1)
+    srv = Server("--api-key", KEY)
+    st, models = srv.json("GET", "/v1/models", None, {"Authorization": "Bearer " + KEY})
+    max_len = models["data"][0]["max_model_len"]
+    try:
+        run([test_http_random_ids_and_plots, test_grpc_random_ids_poisson,
+             test_exact_text_prompts, test_errors_by_kind, test_queue_full,
+             test_interrupt_keeps_partial_results, test_report])
+    finally:
+        srv.stop()
+        shutil.rmtree(TMP, ignore_errors=True)
