@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 #include <fstream>
 
 #include "burst/v1/worker.grpc.pb.h"
@@ -15,6 +16,11 @@ namespace burst::server {
 
 namespace pb = burst::v1::internal;
 namespace fs = std::filesystem;
+
+struct WorkerGroup::Session {
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctx;  // per rank
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<pb::StepRequest, pb::StepReply>>> streams;
+};
 
 struct WorkerGroup::Rank {
   int rank = 0;
@@ -47,8 +53,9 @@ std::string default_worker_binary() {
   return ec ? "burst-worker" : (self.parent_path() / "burst-worker").string();
 }
 
-int64_t kv_capacity_per_rank(int64_t total, int ranks) {
-  return (total + ranks - 1) / ranks + 4;
+int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk) {
+  const int64_t chunks = chunk > 0 ? (total + chunk - 1) / chunk : 1;
+  return (total + ranks - 1) / ranks + 2 * chunks + 4;
 }
 
 WorkerGroup::WorkerGroup(WorkerGroupOptions options) : options_(std::move(options)) {}
@@ -79,6 +86,16 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions optio
 
 WorkerGroup::~WorkerGroup() {
   if (options_.registry) options_.registry->set_on_member_lost(nullptr);
+  if (session_) {
+    // Going away: cancel the streams rather than wait for the ranks to finish their sessions.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.clear();
+    }
+    for (auto& c : session_->ctx) c->TryCancel();
+    for (auto& st : session_->streams) st->Finish();
+    session_.reset();
+  }
   stop_all();
 }
 
@@ -97,7 +114,7 @@ Status WorkerGroup::spawn() {
   const std::string store = run_dir_ + "/store";
   fs::create_directories(store);
   const int n = options_.workers;
-  const int64_t per_rank = kv_capacity_per_rank(options_.kv_capacity, n);
+  const int64_t per_rank = kv_capacity_per_rank(options_.kv_capacity, n, options_.prefill_chunk);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options_.threads_per_worker > 0 ? options_.threads_per_worker
                                                       : std::max(1, cores / n);
@@ -196,7 +213,11 @@ Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
                            " of " + std::to_string(pong.world_size()) + ", expected rank " +
                            std::to_string(rk->rank) + " of " + std::to_string(n));
     }
-    if (rk->rank == 0) info_ = {pong.vocab_size(), pong.eos_token_id(), pong.device()};
+    if (rk->rank == 0) {
+      info_ = {pong.vocab_size(), pong.eos_token_id(), pong.device(),
+               pong.kv_page_size() > 0 ? pong.kv_capacity() / pong.kv_page_size() : 0,
+               pong.kv_page_size()};
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -318,117 +339,238 @@ void WorkerGroup::stop_all() {
 
 Status WorkerGroup::restart() {
   std::lock_guard<std::mutex> lock(run_mu_);
+  end_session_locked();
   stop_all();
   if (remote()) return {};
   return spawn();
+}
+
+void WorkerGroup::end_session() {
+  std::lock_guard<std::mutex> lock(run_mu_);
+  end_session_locked();
+}
+
+void WorkerGroup::end_session_locked() {
+  if (!session_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.clear();
+  }
+  for (size_t r = 0; r < session_->streams.size(); ++r) {
+    // A healthy rank answers WritesDone by ending its session (and freeing its pages); a dead
+    // one must not hold us: cancel after a short grace.
+    session_->ctx[r]->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    session_->streams[r]->WritesDone();
+  }
+  for (size_t r = 0; r < session_->streams.size(); ++r) {
+    pb::StepReply drain;
+    while (session_->streams[r]->Read(&drain)) {
+    }
+    session_->streams[r]->Finish();
+  }
+  session_.reset();
+}
+
+Result<StepOutcome> WorkerGroup::step(const models::StepPlan& plan,
+                                      const LayerProgress& on_layer) {
+  std::lock_guard<std::mutex> lock(run_mu_);
+  return step_locked(plan, on_layer);
+}
+
+Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
+                                             const LayerProgress& on_layer) {
+  const size_t n = ranks_.size();
+  if (!session_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!healthy_) {
+      return Status::error(StatusCode::kUnavailable, "worker group unavailable: " + death_);
+    }
+    session_ = std::make_unique<Session>();
+    for (size_t r = 0; r < n; ++r) {
+      session_->ctx.push_back(std::make_unique<grpc::ClientContext>());
+      in_flight_.push_back(session_->ctx.back().get());
+    }
+  }
+  if (session_->streams.empty()) {
+    for (size_t r = 0; r < n; ++r) {
+      session_->streams.push_back(ranks_[r]->stub->Session(session_->ctx[r].get()));
+    }
+  }
+  pb::StepRequest req;
+  req.set_layout(plan.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS : pb::ZIGZAG);
+  req.mutable_release()->Add(plan.release.begin(), plan.release.end());
+  for (const models::SeqWork& s : plan.seqs) {
+    pb::SeqWork* w = req.add_seqs();
+    w->set_id(s.id);
+    w->set_decode(s.decode);
+    w->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
+    w->set_start(s.start);
+    w->set_prompt_len(s.prompt_len);
+    w->set_sample(s.sample);
+    w->set_temperature(s.sampling.temperature);
+    w->set_top_k(s.sampling.top_k);
+    w->set_top_p(s.sampling.top_p);
+    w->set_seed(s.sampling.seed);
+    w->set_report_progress(static_cast<bool>(on_layer));
+  }
+  // A broken stream: the rank died or cannot be reached. The session is gone with it, and the
+  // group too (the ranks are mid-step, out of lockstep).
+  auto broken = [&](size_t r, const std::string& what) -> Status {
+    for (auto& c : session_->ctx) c->TryCancel();
+    std::string why;
+    grpc::Status st = session_->streams[r]->Finish();
+    // The supervisor (waitpid every 20 ms) or the registry names a dead rank better than a
+    // cancelled stream does: give it a moment.
+    for (int i = 0; i < 25 && healthy_; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = death_;
+      in_flight_.clear();
+    }
+    if (why.empty()) {
+      why = rank_name(*ranks_[r]) + " " + what + ": " + st.error_message();
+      if (remote()) options_.registry->dissolve(why);
+      mark_dead(why);
+    }
+    for (size_t o = 0; o < session_->streams.size(); ++o) {
+      if (o != r) session_->streams[o]->Finish();
+    }
+    session_.reset();
+    return Status::error(StatusCode::kUnavailable, "request failed: " + why);
+  };
+  for (size_t r = 0; r < n; ++r) {
+    if (!session_->streams[r]->Write(req)) return broken(r, "did not take the step");
+  }
+  StepOutcome out;
+  out.kv_used_pages.assign(n, 0);
+  pb::StepReply error_reply;
+  for (size_t r = 0; r < n; ++r) {
+    pb::StepReply reply;
+    while (true) {
+      if (!session_->streams[r]->Read(&reply)) return broken(r, "ended its session");
+      if (reply.final()) break;
+      if (r == 0 && on_layer) on_layer(reply.layers_done(), reply.layers());
+    }
+    if (reply.error_code() != 0) {
+      error_reply = reply;
+      continue;
+    }
+    out.kv_used_pages[r] = reply.kv_used_pages();
+    if (r == 0) {
+      for (const auto& t : reply.tokens()) out.tokens.push_back({t.id(), t.token()});
+      out.rows = reply.rows();
+      out.ring_compute_ms = reply.ring_compute_ms();
+      out.ring_wait_ms = reply.ring_wait_ms();
+    }
+  }
+  if (error_reply.error_code() != 0) {
+    // Every rank refused the same plan before any collective: the session goes on.
+    return Status::error(static_cast<StatusCode>(error_reply.error_code()), error_reply.error());
+  }
+  return out;
 }
 
 Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
                                          const models::TokenCallback& on_token,
                                          const models::ProgressCallback& on_progress) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
-  const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  const int64_t need = n + request.max_tokens;
   if (need > options_.kv_capacity) {
-    return Status::error("the request needs " + std::to_string(need) +
-                         " KV tokens (prompt + max_tokens); the group holds " +
-                         std::to_string(options_.kv_capacity));
+    return Status::error(StatusCode::kResourceExhausted,
+                         "the request needs " + std::to_string(need) +
+                             " KV tokens (prompt + max_tokens); the group holds " +
+                             std::to_string(options_.kv_capacity));
   }
-  pb::WorkerGenerateRequest req;
-  req.mutable_prompt()->Add(request.prompt.begin(), request.prompt.end());
-  req.set_max_tokens(request.max_tokens);
-  req.set_temperature(request.sampling.temperature);
-  req.set_top_k(request.sampling.top_k);
-  req.set_top_p(request.sampling.top_p);
-  req.set_seed(request.sampling.seed);
-  req.set_stop_at_eos(request.stop_at_eos);
-  req.set_report_progress(static_cast<bool>(on_progress));
-  req.set_layout(options_.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS
-                                                                     : pb::ZIGZAG);
-  const size_t n = ranks_.size();
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctx(n);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!healthy_) return Status::error("worker group unavailable: " + death_);
-    for (auto& c : ctx) {
-      c = std::make_unique<grpc::ClientContext>();
-      in_flight_.push_back(c.get());
-    }
+  if (n == 0) return Status::error(StatusCode::kInvalidArgument, "the prompt is empty");
+  if (request.max_tokens <= 0) {
+    return Status::error(StatusCode::kInvalidArgument, "max_tokens must be > 0");
   }
-  // Ranks 1..N-1 stream nothing but their final message; drain them on their own threads.
-  std::vector<grpc::Status> finish(n);
-  std::vector<std::thread> readers;
-  for (size_t r = 1; r < n; ++r) {
-    readers.emplace_back([&, r] {
-      auto reader = ranks_[r]->stub->Generate(ctx[r].get(), req);
-      pb::WorkerEvent ev;
-      while (reader->Read(&ev)) {
-      }
-      finish[r] = reader->Finish();
-    });
+  if (const std::string bad = engine::validate(request.sampling); !bad.empty()) {
+    return Status::error(StatusCode::kInvalidArgument, bad);
   }
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const uint64_t id = next_seq_++;
+  const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
   GroupStats out;
-  bool cancelled = false, done = false;
-  {
-    auto reader = ranks_[0]->stub->Generate(ctx[0].get(), req);
-    pb::WorkerEvent ev;
-    while (reader->Read(&ev)) {
-      if (ev.has_token()) {
-        ++out.stats.generated_tokens;
-        if (!cancelled && !on_token(ev.token().id())) {
-          cancelled = true;
-          ctx[0]->TryCancel();  // rank 0 sees it at the next token and stops every rank
-        }
-      } else if (ev.has_progress()) {
-        if (!cancelled && !on_progress(ev.progress().fraction())) {
-          cancelled = true;
-          ctx[0]->TryCancel();  // rank 0 sees it after the current layer
-        }
-      } else if (ev.has_done()) {
-        const auto& d = ev.done();
-        out.stats.finish_reason = d.finish_reason();
-        out.stats.prompt_tokens = d.prompt_tokens();
-        out.stats.generated_tokens = d.generated_tokens();
-        out.stats.prefill_ms = d.prefill_ms();
-        out.stats.decode_ms = d.decode_ms();
-        out.ring_compute_ms = d.ring_compute_ms();
-        out.ring_wait_ms = d.ring_wait_ms();
-        done = true;
-      }
+  out.stats.prompt_tokens = n;
+  auto t0 = Clock::now();
+  bool cancelled = false;
+  Result<StepOutcome> r = StepOutcome{};
+  for (int64_t start = 0; start < n && !cancelled; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    models::StepPlan plan;
+    plan.layout = options_.layout;
+    models::SeqWork w;
+    w.id = id;
+    w.tokens.assign(request.prompt.begin() + start, request.prompt.begin() + start + len);
+    w.start = start;
+    w.prompt_len = n;
+    w.sample = start + len == n;
+    w.sampling = request.sampling;
+    plan.seqs.push_back(std::move(w));
+    LayerProgress layer;
+    if (on_progress) {
+      layer = [&](int done, int layers) {
+        const double f = (static_cast<double>(start) + static_cast<double>(len) * done / layers) /
+                         static_cast<double>(n);
+        if (!cancelled && !on_progress(f)) cancelled = true;
+      };
     }
-    finish[0] = reader->Finish();
+    r = step_locked(plan, layer);
+    if (!r.ok()) break;
+    if (on_progress && !cancelled && !on_progress(static_cast<double>(start + len) / n)) {
+      cancelled = true;
+    }
   }
-  for (auto& t : readers) t.join();
-  if (remote()) {
-    // A remote rank's control channel that breaks is a lost rank, like a dead local process
-    // (its Join stream may still look alive, e.g. one port cut off by a firewall).
-    for (size_t r = 0; r < n; ++r) {
-      if (finish[r].error_code() != grpc::StatusCode::UNAVAILABLE) continue;
-      const std::string why = rank_name(*ranks_[r]) +
-                              " cannot be reached over its control channel: " +
-                              finish[r].error_message();
-      mark_dead(why);
-      options_.registry->dissolve(why);
+  out.stats.prefill_ms = ms_since(t0);
+  t0 = Clock::now();
+  int64_t pos = n;
+  while (r.ok() && !cancelled) {
+    const int32_t token = r.value().tokens.at(0).token;
+    ++out.stats.generated_tokens;
+    if (!on_token(token)) {
+      cancelled = true;
       break;
     }
+    if (request.stop_at_eos && token == info_.eos_token_id) {
+      out.stats.finish_reason = "stop";
+      break;
+    }
+    if (out.stats.generated_tokens >= request.max_tokens) {
+      out.stats.finish_reason = "length";
+      break;
+    }
+    models::StepPlan plan;
+    models::SeqWork w;
+    w.id = id;
+    w.decode = true;
+    w.tokens = {token};
+    w.start = pos++;
+    w.prompt_len = n;
+    w.sample = true;
+    w.sampling = request.sampling;
+    plan.seqs.push_back(std::move(w));
+    r = step_locked(plan, nullptr);
   }
-  std::string death;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.clear();
-    death = death_;
+  if (!r.ok()) {
+    end_session_locked();
+    return r.status();
   }
-  if (!death.empty()) return Status::error("request failed: " + death);
-  if (cancelled) {
-    out.stats.prompt_tokens = static_cast<int64_t>(request.prompt.size());
-    out.stats.finish_reason = "cancelled";
-    return out;
-  }
-  std::string errors;
-  for (size_t r = 0; r < n; ++r) {
-    if (!finish[r].ok()) errors += (errors.empty() ? "" : "; ") + finish[r].error_message();
-  }
-  if (!errors.empty()) return Status::error(errors);
-  if (!done) return Status::error("worker rank 0 ended the stream without a result");
+  out.ring_compute_ms = r.value().ring_compute_ms;
+  out.ring_wait_ms = r.value().ring_wait_ms;
+  out.stats.decode_ms = ms_since(t0);
+  if (cancelled) out.stats.finish_reason = "cancelled";
+  // Free the sequence's pages on every rank now.
+  models::StepPlan done;
+  done.release.push_back(id);
+  auto freed = step_locked(done, nullptr);
+  if (!freed.ok()) return freed.status();
   return out;
 }
 

@@ -7,13 +7,17 @@
 //   that registered with the coordinator's WorkerRegistry; start() returns at once, and
 //   await_remote() connects once N of them formed the group. A member whose Join stream breaks
 //   (the registry's supervision) counts as a dead rank.
-// Both send each request to every rank, stream rank 0's tokens, and treat a dead rank the same
-// way: the request in flight fails within a fraction of a second (not a hang), the group is
-// marked unhealthy, and restart() brings up a fresh group (local: new processes; remote: the
-// registry tells the survivors to leave, and the group re-forms when N workers joined again).
+// Both drive the ranks the same way: one Session stream per rank carries the steps of the
+// continuous batch (step(): the same plan to every rank, rank 0's sampled tokens back), and
+// both treat a dead rank the same way: the step in flight fails within a fraction of a second
+// (not a hang), the group is marked unhealthy, and restart() brings up a fresh group (local:
+// new processes; remote: the registry tells the survivors to leave, and the group re-forms
+// when N workers joined again). generate() runs one request alone through the same steps
+// (burst-generate, tests).
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "engine/sharding.h"
+#include "models/batch.h"
 #include "models/generator.h"
 #include "models/llama.h"
 
@@ -38,7 +43,8 @@ struct WorkerGroupOptions {
   models::ModelSpec model;
   int workers = 1;
   std::string device = "cpu";
-  int64_t kv_capacity = 4096;  // tokens (prompt + generated) one request may use, whole group
+  int64_t kv_capacity = 4096;  // KV tokens of the whole group, shared by every sequence
+  int64_t prefill_chunk = 0;   // generate(): prefill in chunks of this many tokens (0: whole)
   engine::ShardLayout layout = engine::ShardLayout::kZigzag;
   std::chrono::milliseconds start_timeout{120000};
   std::chrono::milliseconds comm_timeout{30000};
@@ -48,15 +54,28 @@ struct WorkerGroupOptions {
   std::shared_ptr<WorkerRegistry> registry;
 };
 
-// KV rows each rank caches for a group holding `total` tokens: its share of the prompt (zigzag:
-// at most total/N + 2 rows) and of the generated tokens (round robin), plus a few rows of slack.
-int64_t kv_capacity_per_rank(int64_t total, int ranks);
+// KV rows each rank caches for a group holding `total` tokens: its share (zigzag: each chunk of
+// a prompt gives a rank at most 2 rows over its exact share) plus that slack for prompts cut in
+// chunks of `chunk` tokens (0: whole prompts).
+int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk = 0);
 
 struct WorkerGroupInfo {
   int32_t vocab_size = 0;
   int32_t eos_token_id = 2;
   std::string device;
+  int64_t kv_pages = 0;    // per rank (every rank has the same)
+  int32_t kv_page_size = 0;
 };
+
+// What one step returned: rank 0's tokens, and the KV pages in use after it.
+struct StepOutcome {
+  std::vector<models::SampledToken> tokens;
+  std::vector<int64_t> kv_used_pages;  // per rank
+  int64_t rows = 0;                    // rows of rank 0's forward
+  double ring_compute_ms = 0, ring_wait_ms = 0;  // rank 0, cumulative
+};
+// Called on rank 0's progress replies during a step: layers done of all layers.
+using LayerProgress = std::function<void(int layers_done, int layers)>;
 
 // Per-request numbers beyond GenerateStats, from rank 0.
 struct GroupStats {
@@ -72,9 +91,16 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Runs one request on every rank (requests are serialised). on_token runs on this thread for
-  // each token, on_progress (optional) after every prefill layer; either returning false
-  // cancels the request on every rank (during the prefill: at the next layer).
+  // One step of the continuous batch on every rank (the Session streams open on first use).
+  // Errors carry their code: kInvalidArgument when the ranks refused the plan (nothing ran,
+  // the group stays usable), kUnavailable when a rank died or its stream broke (the group is
+  // unhealthy; restart() next).
+  Result<StepOutcome> step(const models::StepPlan& plan, const LayerProgress& on_layer = nullptr);
+  // Closes the Session streams: every rank frees every sequence's pages.
+  void end_session();
+  // Runs one request alone through steps (burst-generate; tests). on_token runs on this thread
+  // for each token, on_progress (optional) after every prefill layer; either returning false
+  // cancels the request on every rank (during the prefill: after the current chunk).
   Result<GroupStats> generate(const models::GenerateRequest& request,
                               const models::TokenCallback& on_token,
                               const models::ProgressCallback& on_progress = nullptr);
@@ -97,6 +123,7 @@ class WorkerGroup {
   std::vector<int> pids() const;
 
   struct Rank;  // one spawned worker (defined in worker_group.cpp)
+  struct Session;  // the Session streams of the ranks (worker_group.cpp)
 
  private:
   explicit WorkerGroup(WorkerGroupOptions options);
@@ -108,6 +135,8 @@ class WorkerGroup {
   void mark_dead(const std::string& why);
   void stop_all();
   void supervise();
+  Result<StepOutcome> step_locked(const models::StepPlan& plan, const LayerProgress& on_layer);
+  void end_session_locked();
 
   WorkerGroupOptions options_;
   WorkerGroupInfo info_;
@@ -120,7 +149,9 @@ class WorkerGroup {
   std::vector<grpc::ClientContext*> in_flight_;  // under mu_: cancelled when a rank dies
   std::thread supervisor_;
   std::atomic<uint64_t> generation_{0};  // remote: the registry generation connected to
-  std::mutex run_mu_;  // one request at a time
+  std::mutex run_mu_;  // one step (or generate) at a time
+  std::unique_ptr<Session> session_;  // under run_mu_
+  uint64_t next_seq_ = 1;             // generate(): sequence ids, under run_mu_
 };
 
 // The path of burst-worker next to the running executable.

@@ -1,7 +1,8 @@
 // burst-worker: one rank of a worker group. Loads the model, joins the group's communicator
-// (Gloo on CPU, NCCL on GPU), holds its KV-cache shard, and runs Generate commands from its
-// coordinator over the internal WorkerControl gRPC service (proto/burst/v1/worker.proto). Every
-// rank runs the same request in lockstep; rank 0 streams the tokens.
+// (Gloo on CPU, NCCL on GPU), holds its shard of every sequence's KV cache (paged), and runs
+// the steps its coordinator sends over one Session stream of the internal WorkerControl gRPC
+// service (proto/burst/v1/worker.proto). Every rank runs the same steps in lockstep; rank 0
+// samples and returns the tokens.
 //
 // Two ways to start:
 // - spawned by a local coordinator (--rank --world --store --port-file): rendezvous through a
@@ -41,7 +42,7 @@
 #include "burst/v1/worker.grpc.pb.h"
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
-#include "models/generator.h"
+#include "models/batch.h"
 #include "server/worker_registry.h"
 #ifdef BURST_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
@@ -155,83 +156,98 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// Which page size a rank's KV cache uses: GPUs copy a sequence's prefix page by page when it
+// travels the ring, so larger pages mean fewer copies; CPU ranks serve small models and many
+// short requests.
+int kv_page_size(const engine::Backend& backend) {
+  return backend.device() == engine::DeviceKind::kCuda ? 256 : engine::kDefaultKvPageSize;
+}
+
+models::StepPlan to_plan(const pb::StepRequest& req) {
+  models::StepPlan plan;
+  plan.layout = req.layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
+                                               : engine::ShardLayout::kZigzag;
+  plan.release.assign(req.release().begin(), req.release().end());
+  for (const pb::SeqWork& w : req.seqs()) {
+    models::SeqWork s;
+    s.id = w.id();
+    s.decode = w.decode();
+    s.tokens.assign(w.tokens().begin(), w.tokens().end());
+    s.start = w.start();
+    s.prompt_len = w.prompt_len();
+    s.sample = w.sample();
+    s.sampling = {w.temperature(), w.top_k(), w.top_p(), w.seed()};
+    plan.seqs.push_back(std::move(s));
+  }
+  return plan;
+}
+
 class WorkerService final : public pb::WorkerControl::Service {
  public:
   WorkerService(models::LlamaModel& model, engine::Communicator& comm,
                 engine::RingAttention& ring)
-      : model_(model), comm_(comm), ring_(ring) {}
+      : model_(model), comm_(comm), ring_(ring), runner_(model, ring, comm) {}
 
-  grpc::Status Generate(grpc::ServerContext* ctx, const pb::WorkerGenerateRequest* req,
-                        grpc::ServerWriter<pb::WorkerEvent>* writer) override {
-    std::lock_guard<std::mutex> lock(run_mu_);  // one request at a time on the ring
+  // The step loop: one StepRequest in, one final StepReply out (rank 0: the sampled tokens),
+  // until the coordinator closes the stream. Every rank gets the same requests.
+  grpc::Status Session(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<pb::StepReply, pb::StepRequest>* stream) override {
+    std::lock_guard<std::mutex> lock(run_mu_);  // one coordinator session at a time
     if (broken_) return {grpc::StatusCode::UNAVAILABLE, where() + "the worker group is broken"};
-    models::GenerateRequest r;
-    r.prompt.assign(req->prompt().begin(), req->prompt().end());
-    r.max_tokens = req->max_tokens();
-    r.sampling = {req->temperature(), req->top_k(), req->top_p(), req->seed()};
-    r.stop_at_eos = req->stop_at_eos();
-    for (int32_t id : r.prompt) {
-      if (id < 0 || id >= model_.config().vocab_size) {
-        return {grpc::StatusCode::INVALID_ARGUMENT,
-                where() + "token id " + std::to_string(id) + " outside the vocabulary"};
+    runner_.release_all();  // a new session starts from an empty cache
+    const int layers = static_cast<int>(model_.config().num_layers);
+    pb::StepRequest req;
+    while (stream->Read(&req)) {
+      const models::StepPlan plan = to_plan(req);
+      pb::StepReply reply;
+      reply.set_final(true);
+      reply.set_layers(layers);
+      // Refuse what cannot run before any collective: every rank holds the same state and sees
+      // the same plan, so all refuse together and the ring stays usable.
+      if (Status bad = runner_.validate(plan); !bad.ok()) {
+        reply.set_error_code(static_cast<int32_t>(bad.code()));
+        reply.set_error(where() + bad.message());
+        if (!stream->Write(reply)) break;
+        continue;
       }
-    }
-    const auto layout = req->layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
-                                                        : engine::ShardLayout::kZigzag;
-    // Refuse what cannot run before any collective: every rank sees the same request and the
-    // same capacity, so all refuse together and the ring stays usable. Only failures inside
-    // the run (a peer gone, a device error) break the group.
-    const std::string bad = engine::validate(r.sampling);
-    if (r.prompt.empty() || r.max_tokens <= 0 || !bad.empty()) {
-      return {grpc::StatusCode::INVALID_ARGUMENT,
-              where() + (!bad.empty() ? bad : "empty prompt or max_tokens <= 0")};
-    }
-    const auto plan = engine::ShardPlan::make(layout, static_cast<int64_t>(r.prompt.size()),
-                                              comm_.world_size());
-    const int64_t decode_share = (r.max_tokens + comm_.world_size() - 1) / comm_.world_size();
-    if (plan.local_rows(comm_.rank()) + decode_share > ring_.capacity()) {
-      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-              where() + std::to_string(r.prompt.size()) + " prompt tokens + " +
-                  std::to_string(r.max_tokens) + " new ones exceed the KV capacity of " +
-                  std::to_string(ring_.capacity()) + " tokens per rank"};
-    }
-    bool client_gone = false;
-    auto on_token = [&](int32_t id) {
-      // Only rank 0 streams; a cancelled call or a failed write stops every rank.
-      pb::WorkerEvent ev;
-      ev.mutable_token()->set_id(id);
-      if (ctx->IsCancelled() || !writer->Write(ev)) client_gone = true;
-      return !client_gone;
-    };
-    auto on_progress = [&](double fraction) {
-      // Checked after every prefill layer: a coordinator that cancels the call mid-prefill
-      // stops every rank at the next layer instead of after the whole prompt.
-      if (req->report_progress()) {
-        pb::WorkerEvent ev;
-        ev.mutable_progress()->set_fraction(fraction);
-        if (!writer->Write(ev)) client_gone = true;
+      bool progress = false;
+      for (const auto& w : req.seqs()) progress = progress || w.report_progress();
+      models::LayerHook hook;
+      if (progress && comm_.rank() == 0) {
+        // Rank 0 reports each layer; a lost write only loses a progress event.
+        hook = [&](int64_t done) -> Status {
+          if (done < layers) {
+            pb::StepReply p;
+            p.set_layers_done(static_cast<int32_t>(done));
+            p.set_layers(layers);
+            stream->Write(p);
+          }
+          return {};
+        };
       }
-      if (ctx->IsCancelled()) client_gone = true;
-      return !client_gone;
-    };
-    auto stats = models::generate_sharded(model_, ring_, comm_, layout, r, on_token, on_progress);
-    if (!stats.ok()) {
-      // A failed collective leaves the communicator unusable (see communicator.h).
-      broken_ = true;
-      g_exit.request(kExitBroken);
-      return {grpc::StatusCode::INTERNAL, where() + stats.message()};
+      auto result = runner_.step(plan, hook);
+      if (!result.ok()) {
+        // A failed collective leaves the communicator unusable (see communicator.h). A rank
+        // short of KV pages is no exception: the others may be inside the forward already. The
+        // coordinator keeps the same page ledger as the ranks, so this means a bug, not load.
+        broken_ = true;
+        g_exit.request(kExitBroken);
+        return {grpc::StatusCode::INTERNAL, where() + result.message()};
+      }
+      for (const auto& t : result.value().tokens) {
+        auto* o = reply.add_tokens();
+        o->set_id(t.id);
+        o->set_token(t.token);
+      }
+      reply.set_kv_used_pages(result.value().kv.used_pages);
+      reply.set_kv_total_pages(result.value().kv.total_pages);
+      reply.set_rows(result.value().rows);
+      reply.set_ring_compute_ms(ring_.stats().compute_ms);
+      reply.set_ring_wait_ms(ring_.stats().wait_ms);
+      if (!stream->Write(reply)) break;
     }
-    const auto& s = stats.value();
-    pb::WorkerEvent ev;
-    auto* d = ev.mutable_done();
-    d->set_finish_reason(s.finish_reason);
-    d->set_prompt_tokens(s.prompt_tokens);
-    d->set_generated_tokens(s.generated_tokens);
-    d->set_prefill_ms(s.prefill_ms);
-    d->set_decode_ms(s.decode_ms);
-    d->set_ring_compute_ms(ring_.stats().compute_ms);
-    d->set_ring_wait_ms(ring_.stats().wait_ms);
-    writer->Write(ev);
+    (void)ctx;
+    runner_.release_all();  // the coordinator is gone or done: free every page
     return grpc::Status::OK;
   }
 
@@ -240,6 +256,7 @@ class WorkerService final : public pb::WorkerControl::Service {
     out->set_rank(comm_.rank());
     out->set_world_size(comm_.world_size());
     out->set_kv_capacity(ring_.capacity());
+    out->set_kv_page_size(ring_.cache().page_size());
     out->set_vocab_size(static_cast<int32_t>(model_.config().vocab_size));
     out->set_eos_token_id(model_.config().eos_token_id);
     out->set_device(model_.backend().name());
@@ -258,6 +275,7 @@ class WorkerService final : public pb::WorkerControl::Service {
   models::LlamaModel& model_;
   engine::Communicator& comm_;
   engine::RingAttention& ring_;
+  models::BatchRunner runner_;
   std::mutex run_mu_;
   bool broken_ = false;
 };
@@ -336,7 +354,7 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
                                 std::chrono::milliseconds(a.comm_timeout_ms));
   if (!comm.ok()) return fail(comm.message());
   auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
-                                            a.kv_capacity);
+                                            a.kv_capacity, kv_page_size(backend));
   if (!ring.ok()) return fail(ring.message());
   WorkerService service(model, *comm.value(), *ring.value());
   int port = 0;
@@ -447,7 +465,7 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
       rejoin(argv);
     }
     auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
-                                              as.kv_capacity());
+                                              as.kv_capacity(), kv_page_size(backend));
     if (!ring.ok()) return fail(ring.message());  // cannot hold the KV shard: a setup error
     WorkerService service(model, *comm.value(), *ring.value());
     int port = 0;
