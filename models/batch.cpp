@@ -92,7 +92,7 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
         if (rank == 0) logit_rows.push_back(sr.row);
       }
     } else {
-      sr.plan = engine::ShardPlan::make(layout_, n, world, s.start);
+      sr.plan = engine::ShardPlan::make(plan.layout, n, world, s.start);
       // Padding (id 0, past the chunk's end) is never cached, attended to or sampled.
       for (const auto& sg : sr.plan.segments(rank)) {
         for (int64_t j = 0; j < sg.len; ++j) {

@@ -103,7 +103,7 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
   // step per token. Rank 0 samples; {token, stop} is broadcast so every rank feeds the same
   // token to the next step and stops at the same one.
   constexpr uint64_t kSeq = 0;
-  BatchRunner runner(model, ring, comm, layout);
+  BatchRunner runner(model, ring, comm);
   runner.release_all();
   GenerateStats stats;
   stats.prompt_tokens = n;
@@ -120,6 +120,7 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
     return Status::error(StatusCode::kCancelled, "cancelled during the prefill");
   };
   StepPlan plan;
+  plan.layout = layout;
   SeqWork w;
   w.id = kSeq;
   w.tokens = request.prompt;

@@ -36,6 +36,7 @@ struct SeqWork {
 struct StepPlan {
   std::vector<uint64_t> release;  // sequences to forget first (finished, cancelled)
   std::vector<SeqWork> seqs;
+  engine::ShardLayout layout = engine::ShardLayout::kZigzag;  // of the prefill chunks
 };
 
 struct SampledToken {
@@ -51,9 +52,8 @@ struct StepResult {
 
 class BatchRunner {
  public:
-  BatchRunner(LlamaModel& model, engine::RingAttention& ring, engine::Communicator& comm,
-              engine::ShardLayout layout)
-      : model_(model), ring_(ring), comm_(comm), layout_(layout) {}
+  BatchRunner(LlamaModel& model, engine::RingAttention& ring, engine::Communicator& comm)
+      : model_(model), ring_(ring), comm_(comm) {}
 
   // What is wrong with the plan for this rank's state (empty: nothing). Every rank holds the
   // same state, so all refuse the same plan before any collective and the ring stays usable.
@@ -68,7 +68,6 @@ class BatchRunner {
   LlamaModel& model_;
   engine::RingAttention& ring_;
   engine::Communicator& comm_;
-  engine::ShardLayout layout_;
   std::unordered_map<uint64_t, engine::Sampler> samplers_;  // rank 0
   std::unordered_map<uint64_t, int64_t> next_pos_;          // next position of each sequence
 };
