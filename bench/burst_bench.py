@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """burst-bench: a load generator for burst's gRPC API and any OpenAI-compatible HTTP server
 (burst, vLLM, SGLang), so that one workload runs against each of them.
 
@@ -1019,7 +1019,7 @@ def token_times(start, ttft, itls, output_len):
 
 def tokens_per_second_series(rows, duration, bins=None):
     """[(bin start s, output tokens/s)] from per-request (start, ttft, itls, output_len)."""
-    width = bins or max(0.05, duration / 60.0)
+    width = bins or max(0.25, duration / 40.0)
     n = max(1, int(math.ceil(duration / width)))
     counts = [0.0] * n
     for start, ttft, itls, out_len in rows:
@@ -1242,12 +1242,20 @@ def plot(results_json, outdir):
         label = j.get("label") or os.path.basename(j.get("_path", "")) or "run"
         rows = _ok_rows(j)
         groups = sorted({j["groups"][i] for i in rows})
-        if len(results_json) == 1 and groups not in ([], ["all"]):
-            return [(g, [i for i in rows if j["groups"][i] == g]) for g in groups]
-        if groups not in ([], ["all"]):
-            return [(f"{label} ({g})", [i for i in rows if j["groups"][i] == g])
-                    for g in groups]
-        return [(label, rows)]
+        if groups in ([], ["all"]):
+            return [(label, rows)]
+        out = []
+        for g in groups:
+            idx = [i for i in rows if j["groups"][i] == g]
+            lens = [j["input_lens"][i] for i in idx]
+            span = f"{min(lens)}" if min(lens) == max(lens) else f"{min(lens)}-{max(lens)}"
+            name = f"{g}: {span} tokens"
+            out.append((name if len(results_json) == 1 else f"{label} ({name})", idx))
+        return out
+
+    def title(ax, text):
+        sub = results_json[0].get("label") if len(results_json) == 1 else None
+        ax.set_title(f"{text}\n{sub}" if sub else text, fontsize=10 if sub else 12)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     lens_all = []
@@ -1260,7 +1268,7 @@ def plot(results_json, outdir):
         ax.set_xscale("log", base=2)
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("TTFT (ms)")
-    ax.set_title("Time to first token vs prompt length")
+    title(ax, "Time to first token vs prompt length")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -1279,7 +1287,7 @@ def plot(results_json, outdir):
                         label=name)
     ax.set_xlabel("TTFT (ms)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF")
+    title(ax, "TTFT CDF")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -1300,7 +1308,7 @@ def plot(results_json, outdir):
         ax.step([t for t, _ in s], [v for _, v in s], where="post", label=label)
     ax.set_xlabel("time since the start of the run (s)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title("Output throughput over time")
+    title(ax, "Output throughput over time")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)

@@ -14,6 +14,7 @@ debs=(
   libsentencepiece-dev sentencepiece libgloo-dev libcpp-httplib-dev
   python3-sentencepiece python3-grpcio python3-protobuf python3-numpy
   grpc-proto  # upstream health.proto (built into burst-server) and reflection.proto (its test)
+  python3-matplotlib bible-kjv  # burst-bench: --plot, and the KJV text workload
 )
 # Node may come from elsewhere (nodesource); Debian's only when there is none.
 command -v npm >/dev/null 2>&1 || debs+=(nodejs npm)

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# bench_server.sh KIND: burst-server under load from burst-bench on the GPU machine, one command
+# per machine kind. From the repository root, with .devpack carried (scripts/gpu/pack.sh
+# BUILD_DIR first); the server is the 7B preset with random weights (--preset 7b
+# --random-weights 0, bf16, no files), HTTP only (the GPU machine's python has no grpcio, and
+# burst-bench needs nothing but the standard library over HTTP).
+#   scripts/gpu/bench_server.sh h100     # 1 worker:  4K, 16K, 32K, 64K
+#   scripts/gpu/bench_server.sh h200     # 1 worker:  32K, 64K, 128K
+#   scripts/gpu/bench_server.sh h200x2   # 2 workers: 32K, 64K, 128K, 256K, then the mixed
+#                                        # workload: 10% 128K / 90% 2K prompts, Poisson arrivals
+# Each length: REQS requests (default 3) one at a time (the first length after one warm-up),
+# random token ids (exact lengths), OUTPUT_LEN tokens (default 32, --ignore-eos). Mixed:
+# MIXED_REQS (50) requests at MIXED_RATE (0.5) req/s, no concurrency limit.
+# Results under $OUT (default ./gpu-out): bench_KIND_<point>.json (burst-bench --result-json,
+# vLLM field names), bench_KIND_table.md, bench_KIND_plots/, bench_KIND_server.log.
+# LENGTHS (comma list) overrides the lengths; STEP_TIMEOUT (s, default 300) bounds each point.
+set -uo pipefail
+kind=${1:-}
+case "$kind" in
+  h100) workers=1; def_lengths=4096,16384,32768,65536; mixed=0 ;;
+  h200) workers=1; def_lengths=32768,65536,131072; mixed=0 ;;
+  h200x2) workers=2; def_lengths=32768,65536,131072,262144; mixed=1 ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+esac
+lengths=${LENGTHS:-$def_lengths}
+out=${OUT:-$PWD/gpu-out}
+reqs=${REQS:-3}
+output_len=${OUTPUT_LEN:-32}
+step_timeout=${STEP_TIMEOUT:-300}
+mkdir -p "$out"
+# shellcheck disable=SC1091
+source .devpack/env.sh
+export BURST_SOURCE_DIR=${BURST_SOURCE_DIR:-$PWD} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+bench=(python3 "$BURST_SOURCE_DIR/bench/burst_bench.py")
+gpus=$(nvidia-smi -L | wc -l)
+[ "$gpus" -ge "$workers" ] || { echo "bench_server: $kind needs $workers GPUs, found $gpus" >&2; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+  | tee "$out/bench_${kind}_gpu.txt"
+
+# The context and the KV capacity: the longest prompt of the run plus its output and slack.
+max_len=0
+for n in ${lengths//,/ }; do [ "$n" -gt "$max_len" ] && max_len=$n; done
+[ $mixed -eq 1 ] && [ "$max_len" -lt 131072 ] && max_len=131072
+ctx=$((max_len + output_len + 64))
+ports=$(mktemp -d)/ports.json
+CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
+  --device cuda --workers "$workers" --tokenizer models/kjv-tiny/tokenizer.model \
+  --max-context "$ctx" --kv-capacity "$ctx" --max-queue 1024 \
+  --http-port 0 --grpc-port -1 --port-file "$ports" > "$out/bench_${kind}_server.log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+for _ in $(seq 600); do
+  [ -s "$ports" ] && break
+  kill -0 $server 2>/dev/null || { echo "burst-server exited:"; tail -20 "$out/bench_${kind}_server.log"; exit 1; }
+  sleep 0.2
+done
+[ -s "$ports" ] || { echo "bench_server: no port file after 120 s"; exit 1; }
+url=http://127.0.0.1:$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['http_port'])" "$ports")
+echo "bench_server: $kind, $workers worker(s), 7B preset, context $ctx, $url"
+
+status=0
+points=()
+point() {  # NAME FLAGS...: one burst-bench run
+  local name=$1; shift
+  local json="$out/bench_${kind}_${name}.json"
+  echo "== $name: $*"
+  timeout "$step_timeout" "${bench[@]}" --base-url "$url" --wait-ready 600 --no-progress \
+    --label "$kind $name" --metadata "machine=$kind" "workers=$workers" \
+    --result-json "$json" "$@" > "$out/bench_${kind}_${name}.txt" 2> "$out/bench_${kind}_${name}.err" \
+    || { status=1; echo "   failed: $(tail -3 "$out/bench_${kind}_${name}.err")"; }
+  grep -E "Successful|Failed requests|Mean TTFT|Median TTFT|Mean TPOT|Mean server prefill|HTTP|timeout" \
+    "$out/bench_${kind}_${name}.txt" | sed 's/^/   /'
+  [ -s "$json" ] && points+=("$json")
+}
+warm=1
+for n in ${lengths//,/ }; do
+  point "len$((n / 1024))k" --input-len "$n" --output-len "$output_len" --ignore-eos \
+    --num-requests "$reqs" --max-concurrency 1 --num-warmups "$warm"
+  warm=0
+done
+if [ $mixed -eq 1 ]; then
+  # Head-of-line blocking: short prompts arriving behind 128K ones (see the per-group TTFTs).
+  point mixed --input-len 2048 --long-fraction 0.1 --long-len 131072 \
+    --output-len "$output_len" --ignore-eos --num-requests "${MIXED_REQS:-50}" \
+    --request-rate "${MIXED_RATE:-0.5}"
+fi
+if [ ${#points[@]} -gt 0 ]; then
+  "${bench[@]}" --report "${points[@]}" --markdown "$out/bench_${kind}_table.md" \
+    --plot "$out/bench_${kind}_plots" 2>&1 | grep -v "^burst-bench: wrote"
+fi
+kill -TERM $server; wait $server
+trap - EXIT
+tail -3 "$out/bench_${kind}_server.log"
+exit $status
