@@ -28,6 +28,10 @@ Histogram::Histogram(std::string name, std::string help)
     : name_(std::move(name)), help_(std::move(help)), bounds_(kBuckets),
       counts_(kBuckets.size() + 1, 0) {}
 
+Histogram::Histogram(std::string name, std::string help, std::vector<double> bounds)
+    : name_(std::move(name)), help_(std::move(help)), bounds_(std::move(bounds)),
+      counts_(bounds_.size() + 1, 0) {}
+
 void Histogram::observe(double v) {
   std::lock_guard<std::mutex> lock(mu_);
   size_t i = 0;
@@ -55,6 +59,9 @@ std::string Metrics::render() const {
   tpot.render(&out);
   e2e.render(&out);
   queue.render(&out);
+  prefill_time.render(&out);
+  decode_time.render(&out);
+  iteration_tokens.render(&out);
   scalar(&out, "burst_prompt_tokens_total", "counter", "Prompt tokens processed.",
          static_cast<double>(prompt_tokens.load()));
   scalar(&out, "burst_generation_tokens_total", "counter", "Tokens generated.",

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "server/worker_registry.h"
 
@@ -49,14 +50,80 @@ void RequestStream::push(Event e) {
   cv_.notify_all();
 }
 
+
+std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
+                                     int world, engine::ShardLayout layout, int page_size) {
+  std::vector<int64_t> rows(static_cast<size_t>(world), 0);
+  if (chunk <= 0) chunk = prompt;
+  for (int64_t start = 0; start < prompt; start += chunk) {
+    const auto plan = engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
+    for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
+  }
+  // Decode tokens at positions prompt .. prompt + max_tokens - 1 (the last one is never fed
+  // back, counted anyway): rank p mod N caches position p.
+  for (int r = 0; r < world; ++r) {
+    const int64_t first = prompt + ((r - prompt % world) % world + world) % world;
+    const int64_t end = prompt + max_tokens;
+    rows[static_cast<size_t>(r)] += first < end ? (end - first + world - 1) / world : 0;
+  }
+  std::vector<int64_t> pages(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) pages[r] = (rows[r] + page_size - 1) / page_size;
+  return pages;
+}
+
+// A request's output processing, touched by the output thread only (after admission).
+struct Scheduler::Output {
+  Output(const Tokenizer& tok, const ScheduledRequest& r, std::shared_ptr<RequestStream> s,
+         Clock::time_point arrival)
+      : stream(std::move(s)), decoder(tok, r.prompt.back()), stop(r.stop), id(r.id),
+        arrival(arrival) {}
+  std::shared_ptr<RequestStream> stream;
+  StreamDecoder decoder;
+  std::vector<std::string> stop;
+  std::string id;
+  Clock::time_point arrival;
+  std::string held;  // decoded text not yet sent: it may be the start of a stop string
+  int64_t completion = 0;
+  Clock::time_point first{}, last{};
+  bool stop_hit = false;
+};
+
+// A running sequence, touched by the step loop only.
+struct Scheduler::Seq {
+  uint64_t id = 0;
+  Job job;
+  std::shared_ptr<Output> out;
+  std::shared_ptr<std::atomic<bool>> stop_hit;  // set by output processing
+  std::vector<int64_t> pages;                   // reserved per rank
+  int64_t prefilled = 0;
+  int64_t generated = 0;
+  int32_t last_token = -1;
+  Clock::time_point admitted, prefill_done;
+  double queue_ms = 0, prefill_ms = 0;
+  int64_t prompt_len() const { return static_cast<int64_t>(job.request.prompt.size()); }
+};
+
 Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metrics& metrics)
     : options_(std::move(options)), tokenizer_(tokenizer), metrics_(metrics) {
+  if (options_.max_running < 1) options_.max_running = 1;
+  if (options_.max_batched_tokens <= 0) {
+    options_.max_batched_tokens =
+        (options_.group.prefill_chunk > 0 ? options_.group.prefill_chunk : options_.max_context) +
+        options_.max_running;
+  }
   metrics_.kv_capacity_tokens = options_.group.kv_capacity;
+  out_thread_ = std::thread([this] { output_loop(); });
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() {
   drain(std::chrono::milliseconds(0));
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    out_stop_ = true;
+  }
+  out_cv_.notify_all();
+  if (out_thread_.joinable()) out_thread_.join();
 }
 
 std::vector<int> Scheduler::worker_pids() const {
@@ -100,8 +167,8 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
   for (const auto& s : r.stop) {
     if (s.empty()) return refuse(ErrorCode::kInvalidArgument, "a stop string is empty");
   }
-  // Requests run one at a time with the whole capacity, so one that fits now fits later:
-  // only a request larger than the capacity itself can never run.
+  // A request that would not fit even an empty cache can never run; one that fits waits for
+  // pages when others hold them.
   if (n + r.max_tokens > options_.group.kv_capacity) {
     return refuse(ErrorCode::kTooLarge,
                   "prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
@@ -115,9 +182,9 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
     if (options_.group.registry && !healthy_) {
       return refuse(ErrorCode::kUnavailable, waiting_status());
     }
-    // max_queue counts requests that must wait: with an idle ring (nothing running, nothing
-    // queued) a request is admitted even when max_queue is 0.
-    const bool must_wait = running_ != nullptr || !queue_.empty();
+    // max_queue counts requests that must wait: with room in the batch a request is admitted
+    // even when max_queue is 0.
+    const bool must_wait = in_flight_ >= options_.max_running || !queue_.empty();
     if (must_wait && static_cast<int>(queue_.size()) >= options_.max_queue) {
       return refuse(ErrorCode::kUnavailable,
                     "the queue is full (" + std::to_string(queue_.size()) + " waiting)");
@@ -188,18 +255,398 @@ Scheduler::GroupState Scheduler::ensure_group() {
     }
     if (!formed.value()) return GroupState::kWaiting;
   }
-  spdlog::info("worker group ready: {} worker(s), device {}, vocab {}",
-               options_.group.workers, group_->info().device, group_->info().vocab_size);
+  spdlog::info("worker group ready: {} worker(s), device {}, vocab {}, KV {} pages of {} tokens "
+               "per rank",
+               options_.group.workers, group_->info().device, group_->info().vocab_size,
+               group_->info().kv_pages, group_->info().kv_page_size);
+  // A fresh group holds nothing: the ledger starts full.
+  free_pages_.assign(static_cast<size_t>(options_.group.workers), group_->info().kv_pages);
+  to_release_.clear();
   healthy_ = true;
   metrics_.healthy = 1;
   started_once_ = true;
   return GroupState::kReady;
 }
 
+void Scheduler::enqueue_output(std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    out_queue_.push_back(std::move(work));
+  }
+  out_cv_.notify_one();
+}
+
+void Scheduler::output_loop() {
+  while (true) {
+    std::function<void()> work;
+    {
+      std::unique_lock<std::mutex> lock(out_mu_);
+      out_cv_.wait(lock, [&] { return out_stop_ || !out_queue_.empty(); });
+      if (out_queue_.empty()) return;  // stopping and nothing left
+      work = std::move(out_queue_.front());
+      out_queue_.pop_front();
+    }
+    work();
+  }
+}
+
+void Scheduler::publish_gauges() {
+  int64_t waiting = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting = static_cast<int64_t>(queue_.size());
+  }
+  metrics_.waiting = waiting;
+  metrics_.running = static_cast<int64_t>(running_.size());
+}
+
+void Scheduler::admit() {
+  if (!group_) return;
+  const auto& info = group_->info();
+  const int world = options_.group.workers;
+  while (static_cast<int>(running_.size()) < options_.max_running) {
+    enum class What { kRun, kCancelled, kNever } what = What::kRun;
+    std::vector<int64_t> need;
+    auto seq = std::make_unique<Seq>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) break;
+      Job& head = queue_.front();
+      const ScheduledRequest& r = head.request;
+      if (head.stream->cancelled()) {
+        what = What::kCancelled;
+      } else {
+        need = kv_pages_needed(static_cast<int64_t>(r.prompt.size()), r.max_tokens,
+                               options_.group.prefill_chunk, world, options_.group.layout,
+                               info.kv_page_size);
+        bool later = false;
+        for (size_t k = 0; k < need.size(); ++k) {
+          if (need[k] > info.kv_pages) what = What::kNever;
+          later = later || need[k] > free_pages_[k];
+        }
+        // FIFO: the head waits for pages (finishing sequences free them); nothing passes it.
+        if (what == What::kRun && later) break;
+      }
+      seq->job = std::move(head);
+      queue_.pop_front();
+      ++in_flight_;
+    }
+    seq->queue_ms = ms_between(seq->job.arrival, Clock::now());
+    if (what == What::kCancelled) {
+      finish(*seq, "cancelled");
+      continue;
+    }
+    if (what == What::kNever) {
+      // Page rounding and chunk padding can need more than the token count submit() checked.
+      const ApiError err{ErrorCode::kTooLarge,
+                         "the request needs more KV pages than a worker holds (" +
+                             std::to_string(info.kv_pages) + " pages of " +
+                             std::to_string(info.kv_page_size) + " tokens)"};
+      finish(*seq, "", &err);
+      continue;
+    }
+    for (size_t k = 0; k < need.size(); ++k) free_pages_[k] -= need[k];
+    seq->pages = std::move(need);
+    Seq& s = *seq;
+    running_.push_back(std::move(seq));
+    s.id = next_id_++;
+    s.admitted = Clock::now();
+    s.stop_hit = std::make_shared<std::atomic<bool>>(false);
+    s.out = std::make_shared<Output>(tokenizer_, s.job.request, s.job.stream, s.job.arrival);
+    metrics_.queue.observe(s.queue_ms / 1000.0);
+    metrics_.prompt_tokens += static_cast<uint64_t>(s.prompt_len());
+    Event e;
+    e.kind = Event::Kind::kStarted;
+    e.prompt_tokens = s.prompt_len();
+    e.queue_ms = s.queue_ms;
+    s.job.stream->push(std::move(e));
+    if (s.job.request.return_progress) {
+      Event p;
+      p.kind = Event::Kind::kProgress;
+      p.fraction = 0;
+      s.job.stream->push(std::move(p));
+    }
+  }
+  publish_gauges();
+}
+
+void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error) {
+  if (s.id != 0) to_release_.push_back(s.id);
+  for (size_t r = 0; r < s.pages.size() && r < free_pages_.size(); ++r) {
+    free_pages_[r] += s.pages[r];
+  }
+  s.pages.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+  }
+  const auto end = Clock::now();
+  auto stream = s.job.stream;
+  if (error) {
+    ApiError err = *error;
+    const std::string id = s.job.request.id;
+    ++metrics_.requests_failed;
+    enqueue_output([stream, err, id] {
+      spdlog::error("{} failed: {}", id, err.message);
+      Event e;
+      e.kind = Event::Kind::kError;
+      e.error = err;
+      stream->push(std::move(e));
+    });
+    return;
+  }
+  auto out = s.out;
+  FinishInfo f;
+  f.reason = reason;
+  f.prompt_tokens = s.prompt_len();
+  f.queue_ms = s.queue_ms;
+  f.prefill_ms = s.prefill_ms;
+  const double decode_ms = s.generated > 0 ? ms_between(s.prefill_done, end) : 0;
+  const double e2e_s = ms_between(s.job.arrival, end) / 1000.0;
+  const std::string id = s.job.request.id;
+  Metrics* m = &metrics_;
+  if (s.generated > 0) {
+    metrics_.prefill_time.observe(s.prefill_ms / 1000.0);
+    metrics_.decode_time.observe(decode_ms / 1000.0);
+  }
+  enqueue_output([out, stream, f, decode_ms, e2e_s, id, m]() mutable {
+    if (!out) {  // cancelled while waiting: nothing ran
+      Event e;
+      e.kind = Event::Kind::kFinished;
+      e.finish = f;
+      stream->push(std::move(e));
+      ++m->requests_cancelled;
+      return;
+    }
+    if (!out->stop_hit && !stream->cancelled()) {
+      // Text the decoder or the stop-string check still held: the generation ended without
+      // completing a stop string, so it belongs to the output.
+      out->held += out->decoder.flush();
+      if (!out->held.empty()) {
+        Event e;
+        e.kind = Event::Kind::kToken;
+        e.token = -1;
+        e.text = std::move(out->held);
+        out->held.clear();
+        stream->push(std::move(e));
+      }
+    }
+    if (out->stop_hit) f.reason = "stop";
+    if (stream->cancelled()) f.reason = "cancelled";
+    f.completion_tokens = out->completion;
+    f.ttft_ms = out->completion > 0 ? ms_between(out->arrival, out->first) : 0;
+    f.decode_tokens_per_s = out->completion > 1 && out->last > out->first
+                                ? (out->completion - 1) * 1000.0 / ms_between(out->first, out->last)
+                                : 0;
+    m->e2e.observe(e2e_s);
+    if (f.reason == "cancelled") {
+      ++m->requests_cancelled;
+    } else {
+      ++m->requests_ok;
+    }
+    spdlog::info("{} done: prompt {} tokens, queue {:.1f} ms, prefill {:.1f} ms, TTFT {:.1f} ms, "
+                 "decode {:.1f} ms for {} tokens ({:.1f} tok/s), finish {}",
+                 id, f.prompt_tokens, f.queue_ms, f.prefill_ms, f.ttft_ms, decode_ms,
+                 f.completion_tokens, f.decode_tokens_per_s, f.reason);
+    Event e;
+    e.kind = Event::Kind::kFinished;
+    e.finish = std::move(f);
+    stream->push(std::move(e));
+  });
+}
+
+void Scheduler::fail_running(ErrorCode code, const std::string& why) {
+  ApiError err{code, why};
+  for (auto& s : running_) finish(*s, "", &err);
+  running_.clear();
+  to_release_.clear();  // the group is gone or its session ended: nothing to release
+  publish_gauges();
+}
+
+bool Scheduler::run_step() {
+  const int32_t eos = group_->info().eos_token_id;
+  // Sequences whose client left, or whose output hit a stop string, leave the batch first.
+  if (cancel_all_) {
+    for (auto& sp : running_) sp->job.stream->cancel();
+  }
+  for (size_t i = 0; i < running_.size();) {
+    Seq& s = *running_[i];
+    const bool cancelled = s.job.stream->cancelled();
+    if (cancelled || s.stop_hit->load()) {
+      finish(s, cancelled ? "cancelled" : "stop");
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  models::StepPlan plan;
+  plan.layout = options_.group.layout;
+  plan.release.swap(to_release_);
+  int64_t budget = options_.max_batched_tokens;
+  const int64_t chunk = options_.group.prefill_chunk;
+  struct Chunk {
+    Seq* seq;
+    int64_t start, len;
+  };
+  std::vector<Chunk> chunks;
+  std::vector<Seq*> decodes;
+  // Decode first: every sequence past its prompt advances one token per step.
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    if (s.prefilled < s.prompt_len()) continue;
+    models::SeqWork w;
+    w.id = s.id;
+    w.decode = true;
+    w.tokens = {s.last_token};
+    w.start = s.prompt_len() + s.generated - 1;
+    w.prompt_len = s.prompt_len();
+    w.sample = true;
+    w.sampling = s.job.request.sampling;
+    plan.seqs.push_back(std::move(w));
+    decodes.push_back(&s);
+    --budget;
+  }
+  // Then prefill chunks in arrival order while the budget lasts; a chunk that does not fit
+  // lets a later (shorter) one go first, but a step always makes progress.
+  bool progress = false;
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    if (s.prefilled >= s.prompt_len()) continue;
+    const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), s.prompt_len() - s.prefilled);
+    if (len > budget && !plan.seqs.empty()) continue;
+    models::SeqWork w;
+    w.id = s.id;
+    w.tokens.assign(s.job.request.prompt.begin() + s.prefilled,
+                    s.job.request.prompt.begin() + s.prefilled + len);
+    w.start = s.prefilled;
+    w.prompt_len = s.prompt_len();
+    w.sample = s.prefilled + len == s.prompt_len();
+    w.sampling = s.job.request.sampling;
+    plan.seqs.push_back(std::move(w));
+    chunks.push_back({&s, s.prefilled, len});
+    progress = progress || s.job.request.return_progress;
+    budget -= len;
+  }
+  if (plan.seqs.empty() && plan.release.empty()) return false;
+  metrics_.iteration_tokens.observe(
+      static_cast<double>(options_.max_batched_tokens - budget));
+  LayerProgress on_layer;
+  if (progress) {
+    on_layer = [&](int done, int layers) {
+      for (const Chunk& c : chunks) {
+        if (!c.seq->job.request.return_progress) continue;
+        Event e;
+        e.kind = Event::Kind::kProgress;
+        e.fraction = (static_cast<double>(c.start) + static_cast<double>(c.len) * done / layers) /
+                     static_cast<double>(c.seq->prompt_len());
+        c.seq->job.stream->push(std::move(e));
+      }
+    };
+  }
+  auto result = group_->step(plan, on_layer);
+  if (!result.ok()) {
+    const bool dead = result.code() == StatusCode::kUnavailable || !group_->healthy();
+    if (dead) healthy_ = false, metrics_.healthy = 0;
+    spdlog::error("step of {} sequence(s) failed: {}", plan.seqs.size(), result.message());
+    fail_running(dead ? ErrorCode::kUnavailable : ErrorCode::kInternal,
+                 (dead ? "worker failure: " : "generation failed: ") + result.message());
+    if (!dead) group_->end_session();  // the ranks free everything with the session
+    return true;
+  }
+  const StepOutcome& out = result.value();
+  int64_t used = 0;
+  for (int64_t p : out.kv_used_pages) used += p;
+  metrics_.kv_used_tokens = used * group_->info().kv_page_size;
+  const auto now = Clock::now();
+  for (const Chunk& c : chunks) {
+    c.seq->prefilled += c.len;
+    if (c.seq->job.request.return_progress) {
+      Event e;
+      e.kind = Event::Kind::kProgress;
+      e.fraction = static_cast<double>(c.seq->prefilled) / static_cast<double>(c.seq->prompt_len());
+      c.seq->job.stream->push(std::move(e));
+    }
+    if (c.seq->prefilled == c.seq->prompt_len()) {
+      c.seq->prefill_done = now;
+      c.seq->prefill_ms = ms_between(c.seq->admitted, now);
+    }
+  }
+  std::unordered_map<uint64_t, int32_t> sampled;
+  for (const auto& t : out.tokens) sampled[t.id] = t.token;
+  for (size_t i = 0; i < running_.size();) {
+    Seq& s = *running_[i];
+    const auto it = sampled.find(s.id);
+    if (it == sampled.end()) {
+      ++i;
+      continue;
+    }
+    const int32_t token = it->second;
+    ++s.generated;
+    s.last_token = token;
+    ++metrics_.generation_tokens;
+    auto o = s.out;
+    auto stop_hit = s.stop_hit;
+    const ScheduledRequest* r = &s.job.request;
+    const bool is_eos = token == eos;
+    Metrics* m = &metrics_;
+    std::vector<std::string> stops = r->stop;
+    enqueue_output([o, stop_hit, token, now, is_eos, m, stops] {
+      if (o->stop_hit || o->stream->cancelled()) return;
+      ++o->completion;
+      if (o->completion == 1) {
+        o->first = now;
+        m->ttft.observe(ms_between(o->arrival, now) / 1000.0);
+      } else {
+        m->tpot.observe(ms_between(o->last, now) / 1000.0);
+      }
+      o->last = now;
+      auto emit = [&](std::string text) {
+        Event e;
+        e.kind = Event::Kind::kToken;
+        e.token = token;
+        e.text = std::move(text);
+        if (o->completion == 1) e.ttft_ms = ms_between(o->arrival, o->first);
+        o->stream->push(std::move(e));
+      };
+      if (is_eos) return;  // the sequence stops after EOS; EOS has no text
+      o->held += o->decoder.push(token);
+      if (!stops.empty()) {
+        size_t cut = std::string::npos;
+        for (const auto& st : stops) cut = std::min(cut, o->held.find(st));
+        if (cut != std::string::npos) {
+          emit(o->held.substr(0, cut));
+          o->held.clear();
+          o->stop_hit = true;
+          *stop_hit = true;  // the step loop finishes the sequence at its next step
+          return;
+        }
+        const size_t keep = stop_prefix_len(o->held, stops);
+        emit(o->held.substr(0, o->held.size() - keep));
+        o->held.erase(0, o->held.size() - keep);
+      } else {
+        emit(std::move(o->held));
+        o->held.clear();
+      }
+    });
+    if (is_eos || s.generated >= r->max_tokens) {
+      finish(s, is_eos ? "stop" : "length");
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  publish_gauges();
+  return true;
+}
+
 void Scheduler::loop() {
   auto backoff = std::chrono::milliseconds(200);
   while (!stop_) {
     const GroupState state = ensure_group();
+    if (state != GroupState::kReady) {
+      // The sequences in flight belonged to the dead group.
+      if (!running_.empty()) fail_running(ErrorCode::kUnavailable, "worker failure: the group died");
+    }
     if (state == GroupState::kWaiting) continue;  // await_remote() waited already
     if (state == GroupState::kFailed) {
       // Failed start: back off (up to 10 s) so a broken model does not spin the CPU.
@@ -209,180 +656,14 @@ void Scheduler::loop() {
       continue;
     }
     backoff = std::chrono::milliseconds(200);
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // Wake at least every 100 ms to notice an idle worker's death and restart the group.
-      cv_.wait_for(lock, std::chrono::milliseconds(100),
-                   [&] { return stop_.load() || !queue_.empty(); });
-      if (stop_ || queue_.empty()) continue;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      metrics_.waiting = static_cast<int64_t>(queue_.size());
-      running_ = job.stream;
-    }
-    run(job);
-    std::lock_guard<std::mutex> lock(mu_);
-    running_.reset();
+    admit();
+    if (run_step()) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    // Idle: wake for new work, or at least every 100 ms to notice an idle worker's death.
+    cv_.wait_for(lock, std::chrono::milliseconds(100),
+                 [&] { return stop_.load() || !queue_.empty(); });
   }
-}
-
-void Scheduler::run(Job& job) {
-  const ScheduledRequest& r = job.request;
-  RequestStream& out = *job.stream;
-  const auto start = Clock::now();
-  const double queue_ms = ms_between(job.arrival, start);
-  metrics_.queue.observe(queue_ms / 1000.0);
-  const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
-  if (out.cancelled()) {
-    Event e;
-    e.kind = Event::Kind::kFinished;
-    e.finish = {"cancelled", n_prompt, 0, queue_ms, 0, 0, 0};
-    out.push(std::move(e));
-    ++metrics_.requests_cancelled;
-    return;
-  }
-  {
-    Event e;
-    e.kind = Event::Kind::kStarted;
-    e.prompt_tokens = n_prompt;
-    e.queue_ms = queue_ms;
-    out.push(std::move(e));
-  }
-  if (r.return_progress) {
-    Event e;
-    e.kind = Event::Kind::kProgress;
-    e.fraction = 0;
-    out.push(std::move(e));
-  }
-  metrics_.running = 1;
-  metrics_.kv_used_tokens = n_prompt;
-  metrics_.prompt_tokens += static_cast<uint64_t>(n_prompt);
-
-  models::GenerateRequest greq;
-  greq.prompt = r.prompt;
-  greq.max_tokens = r.max_tokens;
-  greq.sampling = r.sampling;
-  greq.stop_at_eos = true;
-  const int32_t eos = group_->info().eos_token_id;
-  StreamDecoder decoder(tokenizer_, r.prompt.back());
-  std::string held;  // decoded text not yet sent: it may be the start of a stop string
-  int64_t completion = 0;
-  bool stop_hit = false;
-  Clock::time_point first{}, last{};
-  auto emit = [&](int32_t id, std::string text) {
-    Event e;
-    e.kind = Event::Kind::kToken;
-    e.token = id;
-    e.text = std::move(text);
-    if (completion == 1) e.ttft_ms = ms_between(job.arrival, first);
-    out.push(std::move(e));
-  };
-  auto on_token = [&](int32_t id) -> bool {
-    const auto now = Clock::now();
-    ++completion;
-    ++metrics_.kv_used_tokens;
-    ++metrics_.generation_tokens;
-    if (completion == 1) {
-      first = now;
-      metrics_.ttft.observe(ms_between(job.arrival, now) / 1000.0);
-    } else {
-      metrics_.tpot.observe(ms_between(last, now) / 1000.0);
-    }
-    last = now;
-    if (out.cancelled()) return false;
-    if (id == eos) return true;  // the worker stops after EOS; EOS has no text
-    held += decoder.push(id);
-    if (!r.stop.empty()) {
-      size_t cut = std::string::npos;
-      for (const auto& s : r.stop) cut = std::min(cut, held.find(s));
-      if (cut != std::string::npos) {
-        emit(id, held.substr(0, cut));
-        held.clear();
-        stop_hit = true;
-        return false;
-      }
-      const size_t keep = stop_prefix_len(held, r.stop);
-      emit(id, held.substr(0, held.size() - keep));
-      held.erase(0, held.size() - keep);
-    } else {
-      emit(id, std::move(held));
-      held.clear();
-    }
-    return true;
-  };
-  // After every prefill layer: the fraction done for clients that asked, and the chance to
-  // cancel a long prefill whose client is gone (the workers stop at the next layer).
-  auto on_progress = [&](double fraction) -> bool {
-    if (r.return_progress) {
-      Event e;
-      e.kind = Event::Kind::kProgress;
-      e.fraction = fraction;
-      out.push(std::move(e));
-    }
-    return !out.cancelled();
-  };
-  auto result = group_->generate(greq, on_token, on_progress);
-  metrics_.running = 0;
-  metrics_.kv_used_tokens = 0;  // generate() returned: every rank has cleared its KV shard
-  const auto end = Clock::now();
-  if (!result.ok()) {
-    // A surviving rank can report the broken ring before the supervisor (polling every 20 ms)
-    // has reaped the dead one: give it a moment, so a worker death is told apart from an
-    // engine error (UNAVAILABLE, retry, versus INTERNAL).
-    for (int i = 0; i < 25 && group_->healthy(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    const bool dead = !group_->healthy();
-    // Unhealthy before the error is pushed: a client that reads the error and asks /health at
-    // once must not still see "ok" from a group that is gone.
-    if (dead) healthy_ = false, metrics_.healthy = 0;
-    Event e;
-    e.kind = Event::Kind::kError;
-    e.error = {dead ? ErrorCode::kUnavailable : ErrorCode::kInternal,
-               (dead ? "worker failure: " : "generation failed: ") + result.message()};
-    spdlog::error("{} failed: {}", r.id, e.error.message);
-    out.push(std::move(e));
-    ++metrics_.requests_failed;
-    return;
-  }
-  const models::GenerateStats& s = result.value().stats;
-  if (!stop_hit && !out.cancelled()) {
-    // Text the decoder or the stop-string check still held: the generation ended without
-    // completing a stop string, so it belongs to the output.
-    held += decoder.flush();
-    if (!held.empty()) {
-      Event e;
-      e.kind = Event::Kind::kToken;
-      e.token = -1;
-      e.text = std::move(held);
-      out.push(std::move(e));
-    }
-  }
-  FinishInfo f;
-  f.reason = stop_hit ? "stop" : out.cancelled() ? "cancelled" : s.finish_reason;
-  f.prompt_tokens = n_prompt;
-  f.completion_tokens = completion;
-  f.queue_ms = queue_ms;
-  f.prefill_ms = s.prefill_ms;
-  f.ttft_ms = completion > 0 ? ms_between(job.arrival, first) : 0;
-  f.decode_tokens_per_s = completion > 1 && last > first
-                              ? (completion - 1) * 1000.0 / ms_between(first, last)
-                              : 0;
-  metrics_.e2e.observe(ms_between(job.arrival, end) / 1000.0);
-  if (f.reason == "cancelled") {
-    ++metrics_.requests_cancelled;
-  } else {
-    ++metrics_.requests_ok;
-  }
-  spdlog::info("{} done: prompt {} tokens, queue {:.1f} ms, prefill {:.1f} ms, TTFT {:.1f} ms, "
-               "{} tokens at {:.1f} tok/s, finish {}",
-               r.id, n_prompt, queue_ms, f.prefill_ms, f.ttft_ms, completion,
-               f.decode_tokens_per_s, f.reason);
-  Event e;
-  e.kind = Event::Kind::kFinished;
-  e.finish = std::move(f);
-  out.push(std::move(e));
+  if (!running_.empty()) fail_running(ErrorCode::kUnavailable, "the server is shutting down");
 }
 
 void Scheduler::drain(std::chrono::milliseconds grace) {
@@ -394,7 +675,7 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   const auto deadline = Clock::now() + grace;
   auto idle = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    return queue_.empty() && !running_;
+    return queue_.empty() && in_flight_ == 0;
   };
   while (!idle() && Clock::now() < deadline && healthy_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -402,9 +683,9 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& job : queue_) job.stream->cancel();
-    if (running_) running_->cancel();
   }
-  // Cancelled jobs finish at their next token; queued ones are answered "cancelled" at once.
+  cancel_all_ = true;
+  // Cancelled sequences leave at the next step; queued ones are answered "cancelled" at once.
   const auto hard = Clock::now() + std::chrono::seconds(30);
   while (!idle() && Clock::now() < hard && healthy_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

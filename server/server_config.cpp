@@ -48,6 +48,9 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"kv_capacity", {K::kInt64, &c->kv_capacity}},
       {"max_tokens_limit", {K::kInt, &c->max_tokens_limit}},
       {"max_queue", {K::kInt, &c->max_queue}},
+      {"max_running", {K::kInt, &c->max_running}},
+      {"max_batched_tokens", {K::kInt64, &c->max_batched_tokens}},
+      {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
       {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
       {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
       {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
@@ -98,6 +101,9 @@ Status validate(const ServerConfig& c) {
   }
   if (c.grpc_port == -1 && c.http_port == -1) return Status::error("both APIs are disabled");
   if (c.max_queue < 0) return Status::error("max_queue must be >= 0");
+  if (c.max_running < 1) return Status::error("max_running must be >= 1");
+  if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
+  if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
   if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
   if (c.remote_workers < 0 || c.remote_workers > 64) {

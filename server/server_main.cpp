@@ -128,6 +128,13 @@ int main(int argc, char** argv) {
   so.max_context = cfg.max_context;
   so.max_tokens_limit = cfg.max_tokens_limit;
   so.max_queue = cfg.max_queue;
+  so.max_running = cfg.max_running;
+  so.max_batched_tokens = cfg.max_batched_tokens;
+  // A chunk bounds how long decoding sequences and short prompts wait for a long prefill (one
+  // step); larger chunks run the ring more efficiently. docs/benchmarks.md has the trade-off.
+  so.group.prefill_chunk = cfg.prefill_chunk > 0 ? cfg.prefill_chunk
+                           : cfg.device.rfind("cuda", 0) == 0 ? 8192
+                                                              : 256;
   so.vocab_size = static_cast<int>(model_cfg.value().vocab_size);
   std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
   if (cfg.remote_workers > 0) {
@@ -136,7 +143,8 @@ int main(int argc, char** argv) {
     ro.world_size = cfg.remote_workers;
     ro.fingerprint = model_fingerprint(model_cfg.value(), so.group.model);
     ro.device_kind = cfg.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
-    ro.kv_capacity_per_rank = kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers);
+    ro.kv_capacity_per_rank =
+        kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
     ro.comm_timeout = so.group.comm_timeout;
     auto r = WorkerRegistry::start(ro);
     if (!r.ok()) return fail(r.message());

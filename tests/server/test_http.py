@@ -96,27 +96,36 @@ def test_curl_sse_and_progress():
 
 
 def test_keepalive_while_queued():
-    # A long request holds the ring; a second stream waits in the queue and must get keep-alive
-    # comments (the server runs with --keepalive-ms 100).
-    long_done = threading.Event()
+    # A batch of one (--max-running 1): a long request holds it; a second stream waits in the
+    # queue and must get keep-alive comments (--keepalive-ms 100).
+    one = Server("--max-running", 1, "--keepalive-ms", 100)
+    try:
+        def request(body):
+            c = http.client.HTTPConnection("127.0.0.1", one.http_port, timeout=60)
+            c.request("POST", "/v1/completions", body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+            return c, c.getresponse()
 
-    def long_request():
-        post("/v1/completions", {"prompt": PROMPT, "max_tokens": 150, "temperature": 0})
-        long_done.set()
+        def long_request():
+            c, r = request({"prompt": PROMPT, "max_tokens": 150, "temperature": 0})
+            r.read()
+            c.close()
 
-    t = threading.Thread(target=long_request)
-    t.start()
-    time.sleep(0.1)
-    c, resp = stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "stream": True})
-    comments = 0
-    for ev, data in sse_events(resp):
-        if ev == "comment":
-            comments += 1
-        if data == "[DONE]":
-            break
-    c.close()
-    t.join()
-    check(comments >= 1, f"keep-alive comments while queued: {comments}")
+        t = threading.Thread(target=long_request)
+        t.start()
+        time.sleep(0.1)
+        c, resp = request({"prompt": PROMPT, "max_tokens": 2, "stream": True})
+        comments = 0
+        for ev, data in sse_events(resp):
+            if ev == "comment":
+                comments += 1
+            if data == "[DONE]":
+                break
+        c.close()
+        t.join()
+        check(comments >= 1, f"keep-alive comments while queued: {comments}")
+    finally:
+        one.stop()
 
 
 def test_chat():
@@ -264,9 +273,10 @@ def test_cancelled_streams_free_kv():
 
 
 def test_queue_full_gets_503():
-    # A server whose queue holds nobody: while one request runs, the next is refused at once
-    # with 503 and Retry-After (it does not wait), and the server keeps serving afterwards.
-    small = Server("--max-queue", 0)
+    # A server whose batch holds one sequence and whose queue holds nobody: while one request
+    # runs, the next is refused at once with 503 and Retry-After (it does not wait), and the
+    # server keeps serving afterwards.
+    small = Server("--max-queue", 0, "--max-running", 1)
     try:
         started = threading.Event()
 

@@ -16,7 +16,8 @@ namespace burst::server {
 
 class Histogram {
  public:
-  Histogram(std::string name, std::string help);
+  Histogram(std::string name, std::string help);  // time buckets, 1 ms .. 600 s
+  Histogram(std::string name, std::string help, std::vector<double> bounds);
   void observe(double v);
   void render(std::string* out) const;
 
@@ -35,6 +36,14 @@ struct Metrics {
   Histogram tpot{"burst_time_per_output_token_seconds", "Time between consecutive tokens."};
   Histogram e2e{"burst_e2e_request_latency_seconds", "Time from arrival to the last token."};
   Histogram queue{"burst_request_queue_time_seconds", "Time a request waited in the queue."};
+  Histogram prefill_time{"burst_request_prefill_time_seconds",
+                         "Time from admission to the end of a request's prefill."};
+  Histogram decode_time{"burst_request_decode_time_seconds",
+                        "Time from a request's first token to its last."};
+  Histogram iteration_tokens{"burst_iteration_tokens",
+                             "Tokens per engine step (decode tokens + prefill chunk tokens).",
+                             {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                              32768, 65536, 131072}};
   std::atomic<uint64_t> prompt_tokens{0};
   std::atomic<uint64_t> generation_tokens{0};
   std::atomic<uint64_t> requests_ok{0};         // finished (stop, length)
@@ -44,7 +53,7 @@ struct Metrics {
   std::atomic<uint64_t> worker_restarts{0};
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
-  std::atomic<int64_t> kv_used_tokens{0};  // tokens held in the workers' KV shards
+  std::atomic<int64_t> kv_used_tokens{0};  // tokens of the KV pages in use, all ranks
   std::atomic<int64_t> kv_capacity_tokens{0};
   std::atomic<int> healthy{0};
 

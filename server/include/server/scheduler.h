@@ -1,21 +1,33 @@
-// The scheduler between the APIs (HTTP, gRPC) and the worker group. Requests are plain C++
-// structs (no protobuf). submit() validates and admits synchronously: a request that can never
-// fit the KV capacity is refused at once (kTooLarge), a full queue or a draining server gives
-// kUnavailable; an admitted request waits in a FIFO queue. One scheduler thread runs the queue
-// through WorkerGroup::generate (the ring serves one request at a time) and delivers events to
-// the request's RequestStream, a thread-safe queue the API thread reads. The scheduler thread
-// also starts the worker group (the server answers /health 503 meanwhile) and restarts it when a
-// worker dies: the request in flight fails with kUnavailable within a fraction of a second,
-// queued ones wait for the fresh group. With remote workers (multi-node) the fresh group forms
-// only when enough `burst-worker --join` processes registered, which may take an operator:
-// until then requests are refused at once with kUnavailable ("waiting for workers (k/N
-// registered ...)") instead of queueing for an unknown time.
+// The scheduler between the APIs (HTTP, gRPC) and the worker group: continuous batching.
+// Requests are plain C++ structs (no protobuf). Three parts, each on its own thread(s):
+// - queue and admission (submit(), the caller's thread): validates, refuses at once what can
+//   never fit the KV pages of some rank (kTooLarge) and what finds the queue full or the server
+//   draining (kUnavailable); an admitted request waits in a FIFO queue.
+// - the step loop (one thread, the only one that drives the workers): admits waiting requests
+//   while every rank has the KV pages a request will ever need (pages are reserved whole at
+//   admission, so a running sequence never runs out and nothing is preempted) and fewer than
+//   max_running run; then plans one step: every decoding sequence's next token first, then
+//   prefill chunks (FIFO, at most one chunk per sequence, chunks of prefill_chunk tokens) while
+//   the step's token budget (max_batched_tokens) allows, so a short prompt is never stuck
+//   behind a long prefill and decoding sequences advance every step. It sends the plan to the
+//   group (WorkerGroup::step) and hands each sampled token to output processing. Cancelled,
+//   finished and failed sequences are released on every rank in the next step.
+// - output processing (one thread): detokenizes, holds back text that may start a stop string,
+//   cuts at a stop string (and tells the step loop to finish that sequence), and delivers
+//   events to the request's RequestStream, a thread-safe queue the API thread reads.
+// The step loop also starts the worker group (the server answers /health 503 meanwhile) and
+// restarts it when a worker dies: the sequences in flight fail with kUnavailable within a
+// fraction of a second, queued ones wait for the fresh group. With remote workers (multi-node)
+// the fresh group forms only when enough `burst-worker --join` processes registered, which may
+// take an operator: until then requests are refused at once with kUnavailable ("waiting for
+// workers (k/N registered ...)") instead of queueing for an unknown time.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -94,12 +106,20 @@ class RequestStream {
 };
 
 struct SchedulerOptions {
-  WorkerGroupOptions group;
+  WorkerGroupOptions group;  // group.prefill_chunk: the prefill chunk size (0: whole prompts)
   int64_t max_context = 0;  // longest prompt
   int max_tokens_limit = 0;
   int max_queue = 64;
   int vocab_size = 0;  // prompt ids must be below it (the model's config)
+  int64_t max_batched_tokens = 0;  // tokens per step (decode tokens + chunk tokens); 0: chunk + max_running
+  int max_running = 64;            // sequences in flight at once
 };
+
+// KV pages each rank needs for a request of `prompt` tokens and `max_tokens` new ones, prefilled
+// in chunks of `chunk` tokens (0: whole) and sharded by `layout` over `world` ranks: exactly
+// what the ranks' paged caches will hold at its end (decode token p is cached on rank p mod N).
+std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
+                                     int world, engine::ShardLayout layout, int page_size);
 
 class Scheduler {
  public:
@@ -124,6 +144,9 @@ class Scheduler {
   int max_tokens_limit() const { return options_.max_tokens_limit; }
   int vocab_size() const { return options_.vocab_size; }
   int workers() const { return options_.group.workers; }
+  int max_running() const { return options_.max_running; }
+  int64_t max_batched_tokens() const { return options_.max_batched_tokens; }
+  int64_t prefill_chunk() const { return options_.group.prefill_chunk; }
   const std::string& device() const { return options_.group.device; }
   // Worker pids (tests kill one); empty while no group runs.
   std::vector<int> worker_pids() const;
@@ -134,25 +157,48 @@ class Scheduler {
     std::shared_ptr<RequestStream> stream;
     std::chrono::steady_clock::time_point arrival;
   };
+  struct Output;  // a request's output processing state (scheduler.cpp)
+  struct Seq;     // a running sequence (scheduler.cpp)
   enum class GroupState { kReady, kWaiting, kFailed };
   void loop();
   GroupState ensure_group();  // starts, restarts or awaits the group
-  void run(Job& job);
+  void admit();
+  // One step of the running sequences; false when nothing was runnable.
+  bool run_step();
+  // The sequence leaves the batch: its output gets `reason` (or the error), its pages are
+  // released on every rank in the next step.
+  void finish(Seq& s, const std::string& reason, const ApiError* error = nullptr);
+  void fail_running(ErrorCode code, const std::string& why);
   void fail_queued(const std::string& why);
+  void output_loop();
+  void enqueue_output(std::function<void()> work);
+  void publish_gauges();
 
   SchedulerOptions options_;
   const Tokenizer& tokenizer_;
   Metrics& metrics_;
-  std::unique_ptr<WorkerGroup> group_;  // touched by the scheduler thread only, after start
+  std::unique_ptr<WorkerGroup> group_;  // touched by the step loop only, after start
   mutable std::mutex group_mu_;         // guards the group_ pointer for worker_pids()
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> queue_;            // under mu_
-  std::shared_ptr<RequestStream> running_;  // under mu_
+  std::deque<Job> queue_;  // under mu_
+  int64_t in_flight_ = 0;  // under mu_: admitted and not finished (drain waits for 0)
+  // Step loop only:
+  std::vector<std::unique_ptr<Seq>> running_;
+  std::vector<uint64_t> to_release_;
+  std::vector<int64_t> free_pages_;  // the page ledger, per rank (mirrors the ranks' caches)
+  uint64_t next_id_ = 1;
   std::atomic<bool> healthy_{false};
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> started_once_{false};
+  std::atomic<bool> cancel_all_{false};  // drain: the step loop cancels what runs
+  // Output processing: work items run in order on one thread.
+  std::mutex out_mu_;
+  std::condition_variable out_cv_;
+  std::deque<std::function<void()>> out_queue_;
+  bool out_stop_ = false;
+  std::thread out_thread_;
   std::thread thread_;
 };
 

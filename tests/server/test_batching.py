@@ -1,0 +1,173 @@
+"""Continuous batching, end to end through real burst-server and burst-worker processes (CPU,
+kjv-tiny): batch invariance (a request's greedy tokens are the same alone and among others of
+different lengths arriving at different times), chunked prefill equal to unchunked (chunk sizes
+that divide neither the prompt nor the rank count), cancels in every phase give every KV page
+back on every rank, 64 concurrent streaming clients all complete, and a short request sent
+during a long prefill gets its first token before the long one does."""
+import http.client
+import json
+import threading
+import time
+
+from harness import PROMPT, Server, check, run
+
+WORDS = ("In the beginning God created the heaven and the earth . And the earth was without "
+         "form , and void ; and darkness was upon the face of the deep .").split()
+
+
+def text_of(n_words, offset=0):
+    return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n_words))
+
+
+def complete(srv, prompt, max_tokens, stream=False, extra=None):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    body.update(extra or {})
+    c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=300)
+    c.request("POST", "/v1/completions", body=json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    return c, c.getresponse()
+
+
+def text_and_ttft(srv, prompt, max_tokens):
+    """Streams a completion; returns (text, seconds to the first token, finish reason)."""
+    t0 = time.time()
+    c, r = complete(srv, prompt, max_tokens, stream=True)
+    check(r.status == 200, f"HTTP {r.status}")
+    text, first, finish = "", None, None
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        for ch in chunk.get("choices", []):
+            if ch.get("text") and first is None:
+                first = time.time() - t0
+            text += ch.get("text", "")
+            finish = ch.get("finish_reason") or finish
+    c.close()
+    return text, first, finish
+
+
+def wait_kv_empty(srv, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if srv.metric("burst_kv_cache_used_tokens") == 0 and \
+           srv.metric("burst_num_requests_running") == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_batch_invariance_and_chunking():
+    # 8 requests of different lengths; alone on a server with whole-prompt prefill, then all at
+    # once (staggered) on servers whose chunks divide neither the prompts nor the rank count.
+    reqs = [(text_of(5 + 37 * i, i), 6 + (i % 3)) for i in range(8)]
+    alone = Server("--prefill-chunk", 100000, workers=1)
+    try:
+        want = [text_and_ttft(alone, p, n)[0] for p, n in reqs]
+    finally:
+        alone.stop()
+    for workers, chunk in ((2, 37), (3, 50)):
+        srv = Server("--prefill-chunk", chunk, workers=workers)
+        try:
+            got = [None] * len(reqs)
+
+            def one(i):
+                time.sleep(0.03 * i)
+                got[i] = text_and_ttft(srv, *reqs[i])[0]
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i in range(len(reqs)):
+                check(got[i] == want[i], f"{workers} workers, chunk {chunk}, request {i}: "
+                      f"{got[i]!r} != alone {want[i]!r}")
+            check(wait_kv_empty(srv), "KV pages all free after the batch")
+        finally:
+            srv.stop()
+
+
+def test_cancels_in_every_phase_free_every_page():
+    # Small batch (3) so some requests wait; small chunks so long prompts are cancelled mid-
+    # prefill; 200 requests, each cancelled after a random-ish number of events.
+    srv = Server("--prefill-chunk", 16, "--max-running", 3, "--max-queue", 500, workers=2)
+    try:
+        def cancel_after(i):
+            c, r = complete(srv, text_of(10 + (i * 53) % 300, i), 20 + i % 7, stream=True,
+                            extra={"return_progress": True})
+            for _ in range(i % 6):  # 0: while waiting or just started; more: prefill, decode
+                if not r.readline():
+                    break
+            c.close()
+
+        threads = []
+        for i in range(200):
+            t = threading.Thread(target=cancel_after, args=(i,))
+            t.start()
+            threads.append(t)
+            if len(threads) >= 16:
+                threads.pop(0).join()
+        for t in threads:
+            t.join()
+        check(wait_kv_empty(srv, 60), "KV usage back to 0 after 200 mixed cancels")
+        text, _, finish = text_and_ttft(srv, PROMPT, 5)
+        check(finish == "length" and text, f"the server still serves: {text!r} {finish}")
+    finally:
+        srv.stop()
+
+
+def test_64_concurrent_streaming_clients():
+    srv = Server("--prefill-chunk", 64, "--max-running", 64, workers=2)
+    try:
+        results = [None] * 64
+
+        def one(i):
+            results[i] = text_and_ttft(srv, text_of(3 + (i * 29) % 200, i), 4 + i % 5)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, r in enumerate(results):
+            check(r is not None and r[2] == "length" and r[0], f"client {i}: {r}")
+        check(wait_kv_empty(srv), "KV pages all free after 64 clients")
+    finally:
+        srv.stop()
+
+
+def test_short_request_not_stuck_behind_long_prefill():
+    # 1500 prompt tokens in chunks of 128 take many steps; a 20-token request sent just after
+    # the long one starts gets its first token first.
+    srv = Server("--prefill-chunk", 128, workers=2)
+    try:
+        long_words = text_of(1400)
+        out = {}
+
+        def long_request():
+            out["long"] = text_and_ttft(srv, long_words, 4)
+
+        t = threading.Thread(target=long_request)
+        t0 = time.time()
+        t.start()
+        time.sleep(0.3)
+        sent = time.time() - t0
+        short = text_and_ttft(srv, text_of(15), 4)
+        t.join()
+        long_ttft = out["long"][1]
+        check(long_ttft is not None and short[1] is not None, "both got tokens")
+        # Both measured from the long request's start.
+        check(sent + short[1] < long_ttft,
+              f"short request's first token at {sent + short[1]:.2f} s, the long one's at "
+              f"{long_ttft:.2f} s")
+        print(f"  long TTFT {long_ttft:.2f} s; short TTFT {short[1]:.3f} s (sent {sent:.2f} s "
+              f"later)")
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    run([test_batch_invariance_and_chunking, test_cancels_in_every_phase_free_every_page,
+         test_64_concurrent_streaming_clients, test_short_request_not_stuck_behind_long_prefill])
