@@ -74,7 +74,9 @@ point() {  # NAME FLAGS...: one burst-bench run
 }
 warm=1
 for n in ${lengths//,/ }; do
-  point "len$((n / 1024))k" --input-len "$n" --output-len "$output_len" --ignore-eos \
+  name=len$n
+  [ $((n % 1024)) -eq 0 ] && name=len$((n / 1024))k
+  point "$name" --input-len "$n" --output-len "$output_len" --ignore-eos \
     --num-requests "$reqs" --max-concurrency 1 --num-warmups "$warm"
   warm=0
 done
