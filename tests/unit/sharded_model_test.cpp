@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
+#include "models/batch.h"
 #include "models/generator.h"
 #include "multiprocess.h"
 
@@ -105,6 +106,55 @@ int rank_main(const Case& c, int rank, const std::string& store) {
     std::fprintf(stderr, "rank 0: greedy tokens differ from transformers'\n");
     return 38;
   }
+
+  // Chunked prefill (chunks of 7: they divide neither the prompt nor 2N) through the batch
+  // runner, then decode steps: the same greedy tokens as transformers' unchunked run.
+  BatchRunner runner(*model.value(), *ring.value(), *comm.value());
+  constexpr int64_t kChunk = 7;
+  constexpr uint64_t kSeq = 42;
+  std::vector<int32_t> chunked;
+  int32_t token = 0;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    StepPlan plan;
+    plan.layout = c.layout;
+    SeqWork w;
+    w.id = kSeq;
+    w.start = start;
+    w.tokens.assign(prompt.begin() + start, prompt.begin() + std::min(n, start + kChunk));
+    w.prompt_len = n;
+    w.sample = start + kChunk >= n;
+    plan.seqs.push_back(w);
+    auto r = runner.step(plan);
+    if (!r.ok()) {
+      std::fprintf(stderr, "rank %d: chunk at %lld: %s\n", rank, (long long)start,
+                   r.message().c_str());
+      return 39;
+    }
+    if (w.sample && rank == 0) token = r.value().tokens.at(0).token;
+  }
+  for (size_t i = 0; i < ref_tokens.size(); ++i) {
+    if (comm.value()->broadcast(&token, sizeof token, 0).ok() == false) return 40;
+    chunked.push_back(token);
+    if (i + 1 == ref_tokens.size()) break;
+    StepPlan plan;
+    SeqWork w;
+    w.id = kSeq;
+    w.decode = true;
+    w.tokens = {token};
+    w.start = n + static_cast<int64_t>(i);
+    w.prompt_len = n;
+    w.sample = true;
+    plan.seqs.push_back(w);
+    auto r = runner.step(plan);
+    if (!r.ok()) return 41;
+    if (rank == 0) token = r.value().tokens.at(0).token;
+  }
+  if (rank == 0 && chunked != ref_tokens) {
+    std::fprintf(stderr, "rank 0: chunked prefill's greedy tokens differ from transformers'\n");
+    return 42;
+  }
+  runner.release(kSeq);
+  if (ring.value()->cache().usage().used_pages != 0) return 43;
   return 0;
 }
 
