@@ -541,7 +541,7 @@ class HttpTarget:
         if a.ignore_eos:
             body["ignore_eos"] = True
         body.update(a.extra_body)
-        spec.payload = json.dumps(body).encode()
+        spec.payload = json.dumps(body, separators=(",", ":")).encode()
 
     async def send(self, spec, res, t0):
         st = time.perf_counter()

@@ -165,9 +165,9 @@ def test_errors_by_kind():
 
 
 def test_queue_full():
-    """A server with no queue (--max-queue 0): concurrent requests beyond the running one get
-    503 / UNAVAILABLE, counted as such."""
-    with Server("--max-queue", 0, workers=1) as s:
+    """A server with a batch of one and no queue (--max-running 1 --max-queue 0): concurrent
+    requests beyond the running one get 503 / UNAVAILABLE, counted as such."""
+    with Server("--max-queue", 0, "--max-running", 1, workers=1) as s:
         j, _, _ = bench("--base-url", http_url(s), "--input-len", 16, "--output-len", 24,
                         "--num-requests", 5)
         check(j["completed"] >= 1 and j["error_counts"].get("HTTP 503", 0) >= 1 and
