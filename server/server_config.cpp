@@ -284,6 +284,8 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
   }
   if (c.tokenizer.empty()) c.tokenizer = c.model + "/tokenizer.model";
   if (c.model_name.empty() && !c.preset.empty()) c.model_name = "llama-2-" + c.preset + "-random";
+  // The preset takes the model directory's place (one from the default config included).
+  if (!c.preset.empty()) c.model.clear();
   if (c.model_name.empty()) c.model_name = fs::path(c.model).lexically_normal().filename();
   if (c.model_name.empty()) c.model_name = fs::path(c.model).parent_path().filename();
   BURST_RETURN_IF_ERROR(validate(c));

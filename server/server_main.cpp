@@ -181,7 +181,11 @@ int main(int argc, char** argv) {
   }
   spdlog::info("serving model '{}' ({}): HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, "
                "max context {}, KV capacity {}, auth {}",
-               cfg.model_name, cfg.model, cfg.host, http_port, cfg.host, grpc_port,
+               cfg.model_name,
+               cfg.preset.empty() ? cfg.model
+                                  : "preset " + cfg.preset + ", random weights, seed " +
+                                        std::to_string(cfg.random_weights),
+               cfg.host, http_port, cfg.host, grpc_port,
                registry ? cfg.remote_workers : cfg.workers,
                cfg.device, cfg.max_context, cfg.kv_capacity, cfg.api_key.empty() ? "off" : "on");
   if (!cfg.port_file.empty()) {

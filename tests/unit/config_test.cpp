@@ -468,6 +468,15 @@ TEST(ServerConfigData, PresetNeedsNoModelDirectory) {
                                 "--random-weights", "1"});
   ASSERT_TRUE(from_data.ok()) << from_data.message();
   EXPECT_EQ(fs::path(from_data.value().tokenizer), shipped.root / "models/kjv-tiny/tokenizer.model");
+
+  // Over the default config (which names kjv-tiny): the preset replaces that model, whose
+  // directory still lends its tokenizer.
+  ::unsetenv("BURST_DATA_DIR");
+  auto over_default = parse_flags({"--preset", "7b", "--random-weights", "3"});
+  ASSERT_TRUE(over_default.ok()) << over_default.message();
+  EXPECT_EQ(over_default.value().model, "");
+  EXPECT_EQ(fs::path(over_default.value().tokenizer).filename(), "tokenizer.model");
+  EXPECT_TRUE(fs::exists(over_default.value().tokenizer)) << over_default.value().tokenizer;
 }
 
 TEST(ServerConfigData, NoModelSaysWhereItLooked) {
