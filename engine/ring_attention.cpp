@@ -63,7 +63,7 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
                              std::to_string(need) + " pages, " +
                              std::to_string(cache_->free_pages()) + " are free");
   }
-  std::vector<int32_t> tables;
+  std::vector<int32_t> tables, kv_lens;
   table_offset_.clear();
   for (const SeqRows& s : seqs) {
     const int64_t add = s.decode ? (s.pos % world == rank ? 1 : 0) : s.plan.real_rows(rank);
@@ -71,9 +71,17 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
     rows_.try_emplace(s.seq, static_cast<size_t>(world), 0);
     if (s.decode) {
       table_offset_.push_back(static_cast<int64_t>(tables.size()));
+      kv_lens.push_back(static_cast<int32_t>(cache_->length(s.seq) + add));
       const auto& pages = cache_->pages(s.seq);
       tables.insert(tables.end(), pages.begin(), pages.end());
     }
+  }
+  if (!kv_lens.empty()) {
+    // After the page tables: each decode token's key count and page-table offset, the
+    // per-row arrays of one batched decode launch (AttnParams::row_kv_len).
+    decode_meta_ = static_cast<int64_t>(tables.size());
+    tables.insert(tables.end(), kv_lens.begin(), kv_lens.end());
+    for (int64_t off : table_offset_) tables.push_back(static_cast<int32_t>(off));
   }
   if (!tables.empty()) {
     // The page tables of the step's decode tokens, one upload for the step. The buffer is
@@ -325,6 +333,12 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   BURST_RETURN_IF_ERROR(ensure(pairs_, {part}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
   const float scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+  // Decode tokens on consecutive rows (the scheduler puts them first) attend in ONE launch:
+  // per-row K/V, each row with its own sequence's length and page table.
+  bool consecutive = n > 1;
+  for (int64_t b = 1; b < n && consecutive; ++b) {
+    consecutive = batch[static_cast<size_t>(b)]->row == batch[0]->row + b;
+  }
   for (int64_t b = 0; b < n; ++b) {
     const SeqRows& s = *batch[static_cast<size_t>(b)];
     if (positions[static_cast<size_t>(s.row)] != s.pos) {
@@ -340,6 +354,7 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
       BURST_RETURN_IF_ERROR(
           cache_->write(s.seq, layer, len, k.rows(s.row, 1), v.rows(s.row, 1)));
     }
+    if (consecutive) continue;  // attended below, all at once
     kernels::AttnParams p;
     p.heads = shape_.heads;
     p.kv_heads = shape_.kv_heads;
@@ -360,6 +375,34 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
     p.dtype = backend_.compute_dtype();
     p.o_dtype = DType::kF32;
     BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
+  }
+  if (consecutive) {
+    kernels::AttnParams p;
+    p.heads = shape_.heads;
+    p.kv_heads = shape_.kv_heads;
+    p.head_dim = shape_.head_dim;
+    p.n_q = static_cast<int32_t>(n);
+    p.n_kv = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      const SeqRows& s = *batch[static_cast<size_t>(b)];
+      p.n_kv = std::max<int32_t>(
+          p.n_kv, static_cast<int32_t>(cache_->length(s.seq) + (s.pos % world == rank ? 1 : 0)));
+    }
+    kernels::set_packed_strides(p);  // lse [heads, n] with head stride n
+    p.q = at(q, batch[0]->row * qw);
+    p.k = cache_->k_pool(layer).data;
+    p.v = cache_->v_pool(layer).data;
+    p.kv_pages = at<int32_t>(tables_, 0);
+    p.page_size = cache_->page_size();
+    p.row_kv_len = at<int32_t>(tables_, decode_meta_);
+    p.row_page_offset = at<int32_t>(tables_, decode_meta_ + n);
+    p.o = pairs_.data;
+    p.lse = at<float>(pairs_, n * qw);
+    p.mask = kernels::MaskKind::kNone;
+    p.scale = scale;
+    p.dtype = backend_.compute_dtype();
+    p.o_dtype = DType::kF32;
+    BURST_RETURN_IF_ERROR(backend_.attention(p));
   }
   BURST_RETURN_IF_ERROR(
       comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));

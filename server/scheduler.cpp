@@ -107,9 +107,10 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
     : options_(std::move(options)), tokenizer_(tokenizer), metrics_(metrics) {
   if (options_.max_running < 1) options_.max_running = 1;
   if (options_.max_batched_tokens <= 0) {
-    options_.max_batched_tokens =
-        (options_.group.prefill_chunk > 0 ? options_.group.prefill_chunk : options_.max_context) +
-        options_.max_running;
+    // One full chunk plus room for the decode tokens and short prompts that share its step.
+    const int64_t chunk =
+        options_.group.prefill_chunk > 0 ? options_.group.prefill_chunk : options_.max_context;
+    options_.max_batched_tokens = chunk + std::max<int64_t>(options_.max_running, chunk / 4);
   }
   metrics_.kv_capacity_tokens = options_.group.kv_capacity;
   out_thread_ = std::thread([this] { output_loop(); });
@@ -506,12 +507,20 @@ bool Scheduler::run_step() {
     decodes.push_back(&s);
     --budget;
   }
-  // Then prefill chunks in arrival order while the budget lasts; a chunk that does not fit
-  // lets a later (shorter) one go first, but a step always makes progress.
-  bool progress = false;
+  // Then prefill chunks, the prompt with the fewest tokens left first (shortest remaining work
+  // first: a 100-token prompt that arrives during a 128K prefill goes into the next step), in
+  // arrival order among equals, while the budget lasts; a chunk that does not fit waits for the
+  // next step, but a step always makes progress.
+  std::vector<Seq*> waiting_prefill;
   for (auto& sp : running_) {
+    if (sp->prefilled < sp->prompt_len()) waiting_prefill.push_back(sp.get());
+  }
+  std::stable_sort(waiting_prefill.begin(), waiting_prefill.end(), [](Seq* a, Seq* b) {
+    return a->prompt_len() - a->prefilled < b->prompt_len() - b->prefilled;
+  });
+  bool progress = false;
+  for (Seq* sp : waiting_prefill) {
     Seq& s = *sp;
-    if (s.prefilled >= s.prompt_len()) continue;
     const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), s.prompt_len() - s.prefilled);
     if (len > budget && !plan.seqs.empty()) continue;
     models::SeqWork w;

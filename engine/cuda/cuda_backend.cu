@@ -516,11 +516,11 @@ class CudaBackend final : public Backend {
     const std::string bad = kernels::validate(p);
     if (!bad.empty()) return op_error("attention", bad);
     BURST_RETURN_IF_ERROR(use_device("attention"));
-    if (p.kv_pages && p.n_q != 1) {
-      return op_error("attention", "paged K/V is read by the decode kernel only (n_q 1), got " +
-                                       describe(p));
+    if (p.kv_pages && p.n_q != 1 && !p.row_kv_len) {
+      return op_error("attention", "paged K/V is read by the decode kernel only (n_q 1, or "
+                                   "per-row K/V), got " + describe(p));
     }
-    if (p.n_q == 1) {
+    if (p.n_q == 1 || p.row_kv_len) {
       // Decode: one query row against a long KV; split-KV keeps every multiprocessor busy.
       const size_t ws = kernels::attention_decode_workspace_bytes(p);
       if (ws == 0) return op_error("attention", "no decode plan for " + describe(p));

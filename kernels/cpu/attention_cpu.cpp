@@ -31,6 +31,9 @@ std::string validate(const AttnParams& p) {
   if (!(p.scale > 0.f)) return "scale must be > 0";
   if (p.mask != MaskKind::kNone && p.mask != MaskKind::kCausal) return "unknown mask kind";
   if (p.kv_pages && p.page_size <= 0) return "kv_pages needs page_size > 0";
+  if (p.row_kv_len && (!p.kv_pages || !p.row_page_offset || p.mask != MaskKind::kNone)) {
+    return "row_kv_len needs kv_pages, row_page_offset and mask kNone";
+  }
   return {};
 }
 
@@ -56,10 +59,14 @@ void attention_cpu(const AttnParams& p) {
       const int g = h / group;
       const float* qi = q + i * p.q_row_stride + h * p.q_head_stride;
       float* oi = o + i * p.o_row_stride + h * p.o_head_stride;
+      // Row i's keys: its own under per-row K/V, else the shared ones.
+      const int64_t n_kv = p.row_kv_len ? p.row_kv_len[i] : p.n_kv;
+      const int32_t* pages = p.kv_pages ? p.kv_pages + (p.row_page_offset ? p.row_page_offset[i] : 0)
+                                        : nullptr;
       // Keys visible to row i: all under kNone; under kCausal those with position <= q's.
-      int64_t visible = p.n_kv;
+      int64_t visible = n_kv;
       if (p.mask == MaskKind::kCausal) {
-        visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, p.n_kv);
+        visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, n_kv);
       }
       std::vector<float> acc(d, 0.f), s(kKeyTile);
       float m = kNegInf, l = 0.f;
@@ -67,7 +74,7 @@ void attention_cpu(const AttnParams& p) {
         const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
         float tile_max = kNegInf;
         for (int64_t t = 0; t < jn; ++t) {
-          const float* kj = k + kv_row(p, j0 + t) * p.k_row_stride + g * p.k_head_stride;
+          const float* kj = k + kv_row(pages, p.page_size, j0 + t) * p.k_row_stride + g * p.k_head_stride;
           float dot = 0.f;
           for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
           s[t] = dot * p.scale;
@@ -81,7 +88,7 @@ void attention_cpu(const AttnParams& p) {
         for (int64_t t = 0; t < jn; ++t) {
           const float pt = std::exp(s[t] - m_new);
           l += pt;
-          const float* vj = v + kv_row(p, j0 + t) * p.v_row_stride + g * p.v_head_stride;
+          const float* vj = v + kv_row(pages, p.page_size, j0 + t) * p.v_row_stride + g * p.v_head_stride;
           for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
         }
         m = m_new;

@@ -66,13 +66,17 @@ struct DecodeArgs {
   float scale_log2;
   const int32_t* pages;  // paged K/V (AttnParams::kv_pages), or null
   int32_t page_size;
+  // Per-row K/V (AttnParams::row_kv_len): blockIdx.z is the query, its keys and page table
+  // are its own; null: every row shares n_kv keys and `pages`.
+  const int32_t* row_kv_len;
+  const int32_t* row_page_offset;
 };
 
-// The physical row of logical key j (AttnParams::kv_pages); the page table is small and read
-// by every lane of the tile, so it stays in L1.
-template <typename T>
-__device__ __forceinline__ int64_t key_row(const DecodeArgs<T>& a, int j) {
-  return a.pages ? int64_t{a.pages[j / a.page_size]} * a.page_size + j % a.page_size : j;
+// The physical row of logical key t0, the first key of a warp tile. A tile never crosses a page
+// (page_size is a multiple of kKeys and tiles start at multiples of kKeys, checked at launch),
+// so one page-table read per tile maps all of its rows: row t0 + i is key_row(t0) + i.
+__device__ __forceinline__ int64_t tile_row(const int32_t* pages, int page_size, int t0) {
+  return pages ? int64_t{__ldg(pages + t0 / page_size)} * page_size + t0 % page_size : t0;
 }
 
 template <int kD>
@@ -122,8 +126,13 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
   DecodeSmem<kD>& sm = *reinterpret_cast<DecodeSmem<kD>*>(smem_raw);
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int rows_total = a.n_q * a.group;
-  const int row0 = blockIdx.z * kRows;
+  // Per-row K/V: this CTA serves the `group` rows of query blockIdx.z (group <= kRows, checked
+  // at launch) against that query's own keys.
+  const bool per_row = a.row_kv_len != nullptr;
+  const int row0 = per_row ? blockIdx.z * a.group : blockIdx.z * kRows;
+  const int rows_total = per_row ? row0 + a.group : a.n_q * a.group;
+  const int n_kv = per_row ? __ldg(a.row_kv_len + blockIdx.z) : a.n_kv;
+  const int32_t* pages = per_row ? a.pages + __ldg(a.row_page_offset + blockIdx.z) : a.pages;
 
   // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r.
   for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
@@ -143,11 +152,11 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
     const int64_t i = rr / a.group;
     limit[r] = rr >= rows_total ? -1
                : a.causal      ? static_cast<int>(std::clamp<int64_t>(i + a.delta, -1,
-                                                                      a.n_kv - 1))
-                               : a.n_kv - 1;
+                                                                      n_kv - 1))
+                               : n_kv - 1;
   }
   const int kb = split * a.keys_per_split;
-  const int ke = min(a.n_kv, kb + a.keys_per_split);
+  const int ke = min(n_kv, kb + a.keys_per_split);
   // sm.q is written by all threads and read by all warps.
   __syncthreads();
 
@@ -162,15 +171,22 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
   const T* k_head = a.k + int64_t{kvh} * a.k_head_stride;
   const T* v_head = a.v + int64_t{kvh} * a.v_head_stride;
 
+  // The next tile's first row is read one tile ahead, so the page-table load is not on the
+  // critical path of the K/V copies.
+  int64_t next_row = kb + warp * kKeys < ke ? tile_row(pages, a.page_size, kb + warp * kKeys) : 0;
   for (int t0 = kb + warp * kKeys; t0 < ke; t0 += Tl::kWarps * kKeys) {
     const int nk = min(kKeys, ke - t0);
+    const int64_t key0 = next_row;
+    if (t0 + Tl::kWarps * kKeys < ke) {
+      next_row = tile_row(pages, a.page_size, t0 + Tl::kWarps * kKeys);
+    }
     // Stage K and V rows t0 .. t0 + nk - 1 as two copy groups; rows past nk are zero-filled
     // (their P is 0, and 0 * V must not meet stale NaN bits).
 #pragma unroll
     for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
       const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
       const bool ok = row < nk;
-      const T* src = k_head + key_row(a, t0 + (ok ? row : 0)) * a.k_row_stride + c * 8;
+      const T* src = k_head + (key0 + (ok ? row : 0)) * a.k_row_stride + c * 8;
       cp_async_16(&sm.loop.k[warp][row][c * 8], src, ok ? 16 : 0);
     }
     cp_async_commit();
@@ -178,7 +194,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
     for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
       const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
       const bool ok = row < nk;
-      const T* src = v_head + key_row(a, t0 + (ok ? row : 0)) * a.v_row_stride + c * 8;
+      const T* src = v_head + (key0 + (ok ? row : 0)) * a.v_row_stride + c * 8;
       cp_async_16(&sm.loop.v[warp][row][c * 8], src, ok ? 16 : 0);
     }
     cp_async_commit();
@@ -347,7 +363,8 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   constexpr int kRows = DecodeTile<128>::kRows;
   static_assert(kRows == DecodeTile<64>::kRows, "one plan for both head dims");
   const int64_t rows_total = int64_t{p.n_q} * (p.heads / p.kv_heads);
-  plan.row_chunks = static_cast<int>((rows_total + kRows - 1) / kRows);
+  // Per-row K/V: one query (its group of heads) per row chunk, since its keys are its own.
+  plan.row_chunks = p.row_kv_len ? p.n_q : static_cast<int>((rows_total + kRows - 1) / kRows);
   // One full wave of kCtasPerSm CTAs per multiprocessor (the launch bounds hold registers to
   // that; shared memory allows it on sm_90, 75 KiB a CTA). Never splits shorter than
   // kMinKeysPerSplit.
@@ -392,6 +409,8 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.scale_log2 = p.scale * kLog2e;
   a.pages = p.kv_pages;
   a.page_size = p.page_size;
+  a.row_kv_len = p.row_kv_len;
+  a.row_page_offset = p.row_page_offset;
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
   auto* kernel = decode_split_kernel<T, kD>;
   constexpr int kSmemBytes = sizeof(DecodeSmem<kD>);
@@ -442,6 +461,11 @@ cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t w
   }
   if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
   if (!aligned16(workspace)) return cudaErrorInvalidValue;
+  // Paged K/V: a warp tile (kKeys rows from a multiple of kKeys) must lie in one page.
+  if (p.kv_pages && p.page_size % DecodeTile<128>::kKeys != 0) return cudaErrorInvalidValue;
+  // Per-row K/V: a CTA holds one query's group of heads.
+  if (p.row_kv_len && p.heads / p.kv_heads > DecodeTile<128>::kRows) return cudaErrorInvalidValue;
+  static_assert(DecodeTile<128>::kKeys == DecodeTile<64>::kKeys, "one tile height");
   DecodePlan plan;
   cudaError_t err = make_plan(p, plan);
   if (err != cudaSuccess) return err;

@@ -462,6 +462,195 @@ TEST_F(GpuAttention, DecodeSplitKv) {
   run_case(padded, Kernel::kDecode, 55);
 }
 
+// Paged K/V (the server's KV cache): rows scattered over shuffled pages give exactly the bits
+// of the contiguous layout (the kernel visits the same keys in the same order); unused pool
+// rows hold NaN, so reading a wrong row cannot go unnoticed. A page size that a warp tile
+// would cross is refused.
+TEST_F(GpuAttention, DecodePagedEqualsContiguous) {
+  const int heads = 32, kv_heads = 8, d = 128, page = 256;
+  for (int n_kv : {1, 255, 4097, 70001}) {
+    std::mt19937 rng(71 + n_kv);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const int64_t row = int64_t{kv_heads} * d;
+    std::vector<float> q(size_t(heads) * d), kv(size_t(n_kv) * row * 2);
+    for (auto& x : q) x = nd(rng);
+    for (auto& x : kv) x = nd(rng);
+    const int used = (n_kv + page - 1) / page, pool_pages = used + 5;
+    std::vector<int32_t> perm(static_cast<size_t>(pool_pages));
+    for (int i = 0; i < pool_pages; ++i) perm[size_t(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    const std::vector<int32_t> table(perm.begin(), perm.begin() + used);
+    const auto qb = encode(DType::kBF16, q);
+    const auto kvb = encode(DType::kBF16, kv);  // K rows then V rows
+    const size_t row_bytes = size_t(row) * 2, pool_rows = size_t(pool_pages) * page;
+    std::vector<uint8_t> pool(pool_rows * row_bytes * 2, 0xFF);  // bf16 0xFFFF is a NaN
+    for (int j = 0; j < n_kv; ++j) {
+      const size_t dst = size_t(table[size_t(j) / page]) * page + size_t(j) % page;
+      for (int kvi = 0; kvi < 2; ++kvi) {
+        std::memcpy(&pool[(kvi * pool_rows + dst) * row_bytes],
+                    &kvb[(size_t(kvi) * n_kv + j) * row_bytes], row_bytes);
+      }
+    }
+    DevBuf dq, dkv, dpool, dtable, dout, dws;
+    CUDA_ASSERT(cudaMalloc(&dq.ptr, qb.size()));
+    CUDA_ASSERT(cudaMalloc(&dkv.ptr, kvb.size()));
+    CUDA_ASSERT(cudaMalloc(&dpool.ptr, pool.size()));
+    CUDA_ASSERT(cudaMalloc(&dtable.ptr, table.size() * 4));
+    CUDA_ASSERT(cudaMalloc(&dout.ptr, 2 * (size_t(heads) * d * 2 + heads * 4)));
+    CUDA_ASSERT(cudaMemcpy(dq.ptr, qb.data(), qb.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(dkv.ptr, kvb.data(), kvb.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(dpool.ptr, pool.data(), pool.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(dtable.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<std::vector<uint8_t>> got(2);
+    for (int paged = 0; paged < 2; ++paged) {
+      AttnParams p;
+      p.n_q = 1;
+      p.n_kv = n_kv;
+      p.heads = heads;
+      p.kv_heads = kv_heads;
+      p.head_dim = d;
+      set_packed_strides(p);
+      p.scale = 1.f / std::sqrt(float(d));
+      p.mask = MaskKind::kNone;
+      p.dtype = DType::kBF16;
+      p.q = dq.ptr;
+      char* base = static_cast<char*>(paged ? dpool.ptr : dkv.ptr);
+      p.k = base;
+      p.v = base + (paged ? pool_rows : size_t(n_kv)) * row_bytes;
+      if (paged) {
+        p.kv_pages = static_cast<const int32_t*>(dtable.ptr);
+        p.page_size = page;
+      }
+      char* o = static_cast<char*>(dout.ptr) + paged * (size_t(heads) * d * 2 + heads * 4);
+      p.o = o;
+      p.lse = reinterpret_cast<float*>(o + size_t(heads) * d * 2);
+      const size_t ws = attention_decode_workspace_bytes(p);
+      ASSERT_GT(ws, 0u);
+      if (!dws.ptr) CUDA_ASSERT(cudaMalloc(&dws.ptr, size_t(64) << 20));
+      ASSERT_LE(ws, size_t(64) << 20);
+      CUDA_ASSERT(attention_decode_cuda(p, dws.ptr, ws, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      got[size_t(paged)].resize(size_t(heads) * d * 2 + heads * 4);
+      CUDA_ASSERT(cudaMemcpy(got[size_t(paged)].data(), o, got[size_t(paged)].size(),
+                             cudaMemcpyDeviceToHost));
+      if (paged) {
+        p.page_size = 16;  // a 32-key warp tile would cross pages
+        EXPECT_EQ(attention_decode_cuda(p, dws.ptr, ws, nullptr), cudaErrorInvalidValue);
+      }
+    }
+    EXPECT_EQ(got[0], got[1]) << "n_kv " << n_kv << ": paged output differs from contiguous";
+    const auto o = decode(DType::kBF16, std::vector<uint8_t>(got[1].begin(),
+                                                             got[1].begin() + heads * d * 2));
+    for (float x : o) ASSERT_TRUE(std::isfinite(x)) << "n_kv " << n_kv;
+  }
+}
+
+// Batched decode: five sequences of different lengths, each with its own shuffled pages in one
+// pool, in ONE launch (per-row K/V) give each sequence's single-launch result (fp32 O and LSE;
+// the split count differs between the two, so the fp32 merge order does: 1e-5 relative).
+TEST_F(GpuAttention, DecodeBatchedPerRowEqualsOneLaunchEach) {
+  const int heads = 32, kv_heads = 8, d = 128, page = 256;
+  const std::vector<int> lens = {1, 37, 300, 4097, 70001};
+  const int n = static_cast<int>(lens.size());
+  std::mt19937 rng(91);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t row = int64_t{kv_heads} * d;
+  const size_t row_bytes = size_t(row) * 2;
+  int total_pages = 0;
+  for (int l : lens) total_pages += (l + page - 1) / page;
+  const int pool_pages = total_pages + 3;
+  std::vector<int32_t> perm(static_cast<size_t>(pool_pages));
+  for (int i = 0; i < pool_pages; ++i) perm[size_t(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  // Host layout of the metadata: page tables, then row_kv_len[n], then row_page_offset[n].
+  std::vector<int32_t> meta;
+  std::vector<int32_t> offsets;
+  size_t next = 0;
+  for (int l : lens) {
+    offsets.push_back(static_cast<int32_t>(meta.size()));
+    for (int pg = 0; pg < (l + page - 1) / page; ++pg) meta.push_back(perm[next++]);
+  }
+  const int32_t lens_at = static_cast<int32_t>(meta.size());
+  meta.insert(meta.end(), lens.begin(), lens.end());
+  meta.insert(meta.end(), offsets.begin(), offsets.end());
+  const size_t pool_rows = size_t(pool_pages) * page;
+  std::vector<float> q(size_t(n) * heads * d);
+  for (auto& x : q) x = nd(rng);
+  std::vector<float> pool_f(pool_rows * row * 2);
+  for (auto& x : pool_f) x = nd(rng);
+  const auto qb = encode(DType::kBF16, q);
+  const auto poolb = encode(DType::kBF16, pool_f);
+  DevBuf dq, dpool, dmeta, dout, dws;
+  const size_t o_bytes = size_t(n) * heads * d * 4, lse_bytes = size_t(n) * heads * 4;
+  CUDA_ASSERT(cudaMalloc(&dq.ptr, qb.size()));
+  CUDA_ASSERT(cudaMalloc(&dpool.ptr, poolb.size()));
+  CUDA_ASSERT(cudaMalloc(&dmeta.ptr, meta.size() * 4));
+  CUDA_ASSERT(cudaMalloc(&dout.ptr, 2 * (o_bytes + lse_bytes)));
+  CUDA_ASSERT(cudaMalloc(&dws.ptr, size_t(256) << 20));
+  CUDA_ASSERT(cudaMemcpy(dq.ptr, qb.data(), qb.size(), cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dpool.ptr, poolb.data(), poolb.size(), cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dmeta.ptr, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice));
+  const auto* dm = static_cast<const int32_t*>(dmeta.ptr);
+  auto base_params = [&](int n_q) {
+    AttnParams p;
+    p.n_q = n_q;
+    p.heads = heads;
+    p.kv_heads = kv_heads;
+    p.head_dim = d;
+    set_packed_strides(p);
+    p.scale = 1.f / std::sqrt(float(d));
+    p.mask = MaskKind::kNone;
+    p.dtype = DType::kBF16;
+    p.o_dtype = DType::kF32;
+    p.k = dpool.ptr;
+    p.v = static_cast<char*>(dpool.ptr) + pool_rows * row_bytes;
+    p.page_size = page;
+    return p;
+  };
+  char* out0 = static_cast<char*>(dout.ptr);
+  char* out1 = out0 + o_bytes + lse_bytes;
+  // One launch for all: q rows 0..n-1, lse [heads, n].
+  AttnParams all = base_params(n);
+  all.n_kv = *std::max_element(lens.begin(), lens.end());
+  all.q = dq.ptr;
+  all.kv_pages = dm;
+  all.row_kv_len = dm + lens_at;
+  all.row_page_offset = dm + lens_at + n;
+  all.o = out0;
+  all.lse = reinterpret_cast<float*>(out0 + o_bytes);
+  size_t ws = attention_decode_workspace_bytes(all);
+  ASSERT_GT(ws, 0u);
+  ASSERT_LE(ws, size_t(256) << 20);
+  CUDA_ASSERT(attention_decode_cuda(all, dws.ptr, ws, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  // One launch each, written into the same layout.
+  for (int b = 0; b < n; ++b) {
+    AttnParams one = base_params(1);
+    one.n_kv = lens[size_t(b)];
+    one.q = static_cast<const char*>(dq.ptr) + size_t(b) * heads * d * 2;
+    one.kv_pages = dm + offsets[size_t(b)];
+    one.o = out1 + size_t(b) * heads * d * 4;
+    one.lse = reinterpret_cast<float*>(out1 + o_bytes) + b;
+    one.lse_head_stride = n;
+    ws = attention_decode_workspace_bytes(one);
+    CUDA_ASSERT(attention_decode_cuda(one, dws.ptr, ws, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+  }
+  std::vector<float> a((o_bytes + lse_bytes) / 4), e(a.size());
+  CUDA_ASSERT(cudaMemcpy(a.data(), out0, o_bytes + lse_bytes, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(e.data(), out1, o_bytes + lse_bytes, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(a[i])) << i;
+    worst = std::max(worst, std::fabs(double(a[i]) - e[i]) / (1.0 + std::fabs(double(e[i]))));
+  }
+  EXPECT_LE(worst, 1e-5) << "batched per-row decode differs from one launch per sequence";
+  // Per-row K/V needs a page table and kNone.
+  AttnParams bad = all;
+  bad.mask = MaskKind::kCausal;
+  EXPECT_EQ(attention_decode_cuda(bad, dws.ptr, ws, nullptr), cudaErrorInvalidValue);
+}
+
 TEST_F(GpuAttention, MergeMatchesCpu) {
   const int rows = 37, heads = 3, d = 128;
   std::mt19937 rng(61);

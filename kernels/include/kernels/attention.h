@@ -51,11 +51,17 @@ struct AttnParams {
   // prefill kernels refuse them (the ring gathers a sequence's pages into one block first).
   const int32_t* kv_pages = nullptr;
   int32_t page_size = 0;
+  // Per-row K/V (batched decode: several sequences in one launch): when row_kv_len is set, query
+  // row i has keys of its own: row_kv_len[i] of them (n_kv is at least their maximum), paged by
+  // the page table at kv_pages + row_page_offset[i]. Needs kv_pages, row_page_offset and
+  // mask kNone; each row's output is exactly that of a launch with n_q 1 for it alone.
+  const int32_t* row_kv_len = nullptr;
+  const int32_t* row_page_offset = nullptr;
 };
 
-// The physical row of logical key j under p's paging.
-inline int64_t kv_row(const AttnParams& p, int64_t j) {
-  return p.kv_pages ? int64_t{p.kv_pages[j / p.page_size]} * p.page_size + j % p.page_size : j;
+// The physical row of logical key j under the page table `pages` (null: row j).
+inline int64_t kv_row(const int32_t* pages, int32_t page_size, int64_t j) {
+  return pages ? int64_t{pages[j / page_size]} * page_size + j % page_size : j;
 }
 
 // The dtype o is written in.

@@ -7,9 +7,9 @@
 //   while every rank has the KV pages a request will ever need (pages are reserved whole at
 //   admission, so a running sequence never runs out and nothing is preempted) and fewer than
 //   max_running run; then plans one step: every decoding sequence's next token first, then
-//   prefill chunks (FIFO, at most one chunk per sequence, chunks of prefill_chunk tokens) while
-//   the step's token budget (max_batched_tokens) allows, so a short prompt is never stuck
-//   behind a long prefill and decoding sequences advance every step. It sends the plan to the
+//   prefill chunks (fewest prompt tokens left first, at most one chunk per sequence, chunks of
+//   prefill_chunk tokens) while the step's token budget (max_batched_tokens) allows, so a short
+//   prompt is never stuck behind a long prefill and decoding sequences advance every step. It sends the plan to the
 //   group (WorkerGroup::step) and hands each sampled token to output processing. Cancelled,
 //   finished and failed sequences are released on every rank in the next step.
 // - output processing (one thread): detokenizes, holds back text that may start a stop string,
@@ -111,7 +111,7 @@ struct SchedulerOptions {
   int max_tokens_limit = 0;
   int max_queue = 64;
   int vocab_size = 0;  // prompt ids must be below it (the model's config)
-  int64_t max_batched_tokens = 0;  // tokens per step (decode tokens + chunk tokens); 0: chunk + max_running
+  int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk / 4)
   int max_running = 64;            // sequences in flight at once
 };
 

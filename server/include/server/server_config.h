@@ -45,7 +45,7 @@ struct ServerConfig {
   int max_tokens_limit = 0;  // largest max_tokens accepted; 0: kv_capacity
   int max_queue = 64;        // waiting requests beyond which new ones get 503
   int max_running = 64;      // sequences batched at once (continuous batching)
-  int64_t max_batched_tokens = 0;  // tokens per step; 0: prefill_chunk + max_running
+  int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk/4)
   int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: 256 on cpu, 8192 on cuda
   int64_t max_body_bytes = 8 << 20;
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready

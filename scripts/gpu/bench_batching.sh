@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# bench_batching.sh: continuous batching on the GPU machine (2 GPUs or more), from the repository
+# root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR first). Results under $OUT.
+#   1. Correctness first: burst_gpu_tests (GPU 0), and the tiny model's greedy text through
+#      burst-generate in-process == 1 and 2 NCCL workers (paged decode, chunked ring).
+#   2. 7B preset (random weights, bf16) through burst-server on 2 GPUs, for each prefill chunk
+#      size in $CHUNKS: a 128K-token request alone (TTFT, TPOT), then the head-of-line probe
+#      (3 x 100-token requests sent 1 s into a 128K one), then (first chunk size only) decode
+#      throughput of 1 and 16 sequences of 2K context.
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+# shellcheck disable=SC1091
+source .devpack/env.sh
+export NCCL_NVLS_ENABLE=0 BURST_SOURCE_DIR=$PWD OMP_WAIT_POLICY=PASSIVE
+status=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpus.txt"
+if command -v burst_gpu_tests > /dev/null; then
+  timeout 400 burst_gpu_tests --gtest_brief=1 > "$out/gpu_tests.txt" 2>&1 || status=1
+  tail -4 "$out/gpu_tests.txt"
+fi
+if command -v burst-generate > /dev/null; then
+  v=(--model models/kjv-tiny --prompt "In the beginning God created the heaven and the earth. And the earth was without form" --max-tokens 24 --temperature 0 --device cuda)
+  ref=$(timeout 120 burst-generate "${v[@]}" 2> "$out/gen_inproc.err")
+  for n in 1 2; do
+    got=$(timeout 200 burst-generate "${v[@]}" --workers "$n" 2> "$out/gen_$n.err")
+    [ "$got" = "$ref" ] && echo "tiny model, $n NCCL workers == in-process" \
+      || { echo "tiny model, $n workers DIFFERENT: $got vs $ref"; status=1; }
+  done | tee "$out/invariance.txt"
+fi
+py=$(command -v python3)
+for chunk in ${CHUNKS:-8192 16384 32768}; do
+  ports="$out/ports_$chunk.json"
+  rm -f "$ports"
+  CUDA_VISIBLE_DEVICES=0,1 burst-server --preset 7b --random-weights 0 \
+    --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers 2 \
+    --max-context 140000 --kv-capacity "${KV:-360000}" --max-tokens-limit 1024 \
+    --prefill-chunk "$chunk" --http-port 0 --grpc-port -1 --port-file "$ports" \
+    > "$out/server_$chunk.log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    [ -f "$ports" ] && curl -sf "http://127.0.0.1:$("$py" -c "import json;print(json.load(open('$ports'))['http_port'])")/health" > /dev/null && break
+    kill -0 $server 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! kill -0 $server 2>/dev/null; then echo "server (chunk $chunk) died"; tail -5 "$out/server_$chunk.log"; status=1; continue; fi
+  # Warm-up (cuBLAS plans, NCCL), then the long request alone, then head-of-line.
+  timeout 120 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 8192 --long-out 4 --short-n 0 > /dev/null
+  timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 64 --short-n 0 \
+    | tee "$out/alone_$chunk.json"
+  timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 32 \
+    --short 100 --short-n 3 --short-out 16 --delay 1.0 | tee "$out/hol_$chunk.json"
+  if [ "$chunk" = "$(echo ${CHUNKS:-8192 16384 32768} | awk '{print $1}')" ]; then
+    for c in 1 16; do
+      timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" decode --prompt 2048 --out 128 \
+        --conc "$c" | tee "$out/decode_$c.json" | cut -c1-160
+    done
+  fi
+  kill $server; wait $server
+  grep -E "error|warn" "$out/server_$chunk.log" | head -5
+done
+exit $status
