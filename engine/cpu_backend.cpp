@@ -143,6 +143,17 @@ class CpuBackend final : public Backend {
     return {};
   }
 
+  Status gather_rows(const Tensor& pool, const int32_t* pages, int64_t page_size, int64_t rows,
+                     Tensor& dst) override {
+    if (pool.dtype != dst.dtype || pool.shape.size() != 2 || dst.shape.size() != 2 ||
+        pool.dim(1) != dst.dim(1) || dst.dim(0) < rows || page_size <= 0) {
+      return shape_error("gather_rows", pool.describe() + " -> " + dst.describe());
+    }
+    kernels::gather_rows_cpu(pool.data, pages, page_size, rows, pool.dim(1) * dtype_size(pool.dtype),
+                             dst.data);
+    return {};
+  }
+
   Status add(Tensor& x, const Tensor& y) override {
     if (x.numel() != y.numel()) return shape_error("add", x.describe() + " + " + y.describe());
     kernels::add_cpu(x.as<float>(), y.as<float>(), x.numel());

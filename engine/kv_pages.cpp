@@ -99,19 +99,6 @@ Status PagedKvCache::write(uint64_t seq, int layer, int64_t row, const Tensor& k
   });
 }
 
-Status PagedKvCache::gather(uint64_t seq, int layer, int64_t rows, Tensor& k_dst,
-                            Tensor& v_dst) {
-  if (rows == 0) return {};
-  const auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return Status::error("kv cache: gather from an unknown sequence");
-  const auto l = static_cast<size_t>(layer);
-  return for_each_run(it->second, 0, rows, [&](int64_t pool_row, int64_t off, int64_t n) {
-    Tensor kd = k_dst.rows(off, n), vd = v_dst.rows(off, n);
-    BURST_RETURN_IF_ERROR(backend_.copy(k_[l].rows(pool_row, n), kd));
-    return backend_.copy(v_[l].rows(pool_row, n), vd);
-  });
-}
-
 void PagedKvCache::commit(uint64_t seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

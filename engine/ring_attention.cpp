@@ -83,6 +83,15 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
     tables.insert(tables.end(), kv_lens.begin(), kv_lens.end());
     for (int64_t off : table_offset_) tables.push_back(static_cast<int32_t>(off));
   }
+  // Then the page tables of the prefill chunks' sequences: their cached prefix is gathered
+  // into the ring's block in one launch per layer (backend gather_rows).
+  prefill_table_.clear();
+  for (const SeqRows& s : seqs) {
+    if (s.decode) continue;
+    prefill_table_[s.seq] = static_cast<int64_t>(tables.size());
+    const auto& pages = cache_->pages(s.seq);
+    tables.insert(tables.end(), pages.begin(), pages.end());
+  }
   if (!tables.empty()) {
     // The page tables of the step's decode tokens, one upload for the step. The buffer is
     // typed f32 (backends know no int type); upload of the same dtype copies bits unchanged.
@@ -214,7 +223,12 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
   // Step 0's block is our own prefix (from the pages) and chunk.
   {
     Tensor pk = block_[0].rows(0, own_prefix), pv = block_[0].rows(block_rows, own_prefix);
-    BURST_RETURN_IF_ERROR(cache_->gather(sr.seq, layer, own_prefix, pk, pv));
+    if (own_prefix > 0) {
+      const int32_t* pages = at<int32_t>(tables_, prefill_table_.at(sr.seq));
+      const int64_t ps = cache_->page_size();
+      BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->k_pool(layer), pages, ps, own_prefix, pk));
+      BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->v_pool(layer), pages, ps, own_prefix, pv));
+    }
     Tensor ck = block_[0].rows(own_prefix, rows), cv = block_[0].rows(block_rows + own_prefix, rows);
     BURST_RETURN_IF_ERROR(backend_.copy(k, ck));
     BURST_RETURN_IF_ERROR(backend_.copy(v, cv));

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "server/worker_registry.h"
@@ -518,9 +519,21 @@ bool Scheduler::run_step() {
   std::stable_sort(waiting_prefill.begin(), waiting_prefill.end(), [](Seq* a, Seq* b) {
     return a->prompt_len() - a->prefilled < b->prompt_len() - b->prefilled;
   });
+  // A prompt that fits in one chunk and waits while a long prompt's full chunk would share its
+  // step runs in a step of its own first (a few ms instead of a chunk's time: its TTFT), but
+  // never twice in a row, so a stream of short prompts cannot stall a long prefill.
+  const int64_t full = chunk > 0 ? chunk : std::numeric_limits<int64_t>::max();
+  bool short_waiting = false;
+  for (Seq* sp : waiting_prefill) short_waiting |= sp->prompt_len() - sp->prefilled < full;
+  const bool defer_full = short_waiting && !deferred_full_;
+  deferred_full_ = false;
   bool progress = false;
   for (Seq* sp : waiting_prefill) {
     Seq& s = *sp;
+    if (defer_full && s.prompt_len() - s.prefilled >= full) {
+      deferred_full_ = true;
+      continue;
+    }
     const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), s.prompt_len() - s.prefilled);
     if (len > budget && !plan.seqs.empty()) continue;
     models::SeqWork w;

@@ -474,6 +474,21 @@ class CudaBackend final : public Backend {
                     x.describe());
   }
 
+  Status gather_rows(const Tensor& pool, const int32_t* pages, int64_t page_size, int64_t rows,
+                     Tensor& dst) override {
+    BURST_RETURN_IF_ERROR(on_device("gather_rows", pool, dst));
+    if (pool.dtype != dst.dtype || pool.shape.size() != 2 || dst.shape.size() != 2 ||
+        pool.dim(1) != dst.dim(1) || dst.dim(0) < rows || page_size <= 0) {
+      return op_error("gather_rows", pool.describe() + " -> " + dst.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("gather_rows"));
+    return launched("gather_rows",
+                    kernels::gather_rows_cuda(pool.data, pages, page_size, rows,
+                                              pool.dim(1) * dtype_size(pool.dtype), dst.data,
+                                              compute_),
+                    pool.describe());
+  }
+
   Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     BURST_RETURN_IF_ERROR(on_device("silu_mul", gate, up, out));
     if (gate.numel() != up.numel() || gate.numel() != out.numel() || gate.dtype != up.dtype ||

@@ -1,6 +1,8 @@
 // CPU references of kernels/ops.h, fp32 with fp32 accumulation; OpenMP over rows where a call
 // has enough work to pay for the threads.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/ops.h"
 
@@ -36,6 +38,17 @@ void rope_cpu(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t r
         xh[d + half] = b * c + a * s;
       }
     }
+  }
+}
+
+void gather_rows_cpu(const void* pool, const int32_t* pages, int64_t page_size, int64_t rows,
+                     int64_t row_bytes, void* dst) {
+  // A page's rows are contiguous in the pool: one copy per page run.
+  for (int64_t r = 0; r < rows; r += page_size - r % page_size) {
+    const int64_t n = std::min(rows - r, page_size - r % page_size);
+    const int64_t src = int64_t{pages[r / page_size]} * page_size + r % page_size;
+    std::memcpy(static_cast<char*>(dst) + r * row_bytes,
+                static_cast<const char*>(pool) + src * row_bytes, static_cast<size_t>(n * row_bytes));
   }
 }
 

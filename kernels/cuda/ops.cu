@@ -140,6 +140,36 @@ cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, in
   });
 }
 
+namespace {
+// 16-byte vectors, consecutive threads along a row: each row is one contiguous read and write.
+__global__ void gather_rows_kernel(const uint4* pool, const int32_t* pages, int64_t page_size,
+                                   int64_t rows, int64_t row_vecs, uint4* dst) {
+  const int64_t total = rows * row_vecs;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / row_vecs, c = i % row_vecs;
+    const int64_t src = int64_t{pages[r / page_size]} * page_size + r % page_size;
+    dst[i] = pool[src * row_vecs + c];
+  }
+}
+}  // namespace
+
+cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,
+                             int64_t rows, int64_t row_bytes, void* dst, cudaStream_t stream) {
+  if (rows < 0 || page_size <= 0 || row_bytes <= 0 || row_bytes % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  if (!pool || !pages || !dst || (reinterpret_cast<uintptr_t>(pool) & 15u) ||
+      (reinterpret_cast<uintptr_t>(dst) & 15u)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t vecs = row_bytes / 16;
+  gather_rows_kernel<<<grid_for(rows * vecs), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(pool), pages, page_size, rows, vecs, static_cast<uint4*>(dst));
+  return cudaGetLastError();
+}
+
 cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n, DType dtype,
                           cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;

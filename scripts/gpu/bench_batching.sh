@@ -3,7 +3,7 @@
 # root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR first). Results under $OUT.
 #   1. Correctness first: burst_gpu_tests (GPU 0), and the tiny model's greedy text through
 #      burst-generate in-process == 1 and 2 NCCL workers (paged decode, chunked ring).
-#   2. 7B preset (random weights, bf16) through burst-server on 2 GPUs, for each prefill chunk
+#   2. 7B preset (random weights, bf16) through burst-server on $WORKERS GPUs (default 2), for each prefill chunk
 #      size in $CHUNKS: a 128K-token request alone (TTFT, TPOT), then the head-of-line probe
 #      (3 x 100-token requests sent 1 s into a 128K one), then (first chunk size only) decode
 #      throughput of 1 and 16 sequences of 2K context.
@@ -29,11 +29,11 @@ if command -v burst-generate > /dev/null; then
   done | tee "$out/invariance.txt"
 fi
 py=$(command -v python3)
-for chunk in ${CHUNKS:-8192 16384 32768}; do
+for chunk in ${CHUNKS:-4096 8192 16384 32768 131072}; do
   ports="$out/ports_$chunk.json"
   rm -f "$ports"
-  CUDA_VISIBLE_DEVICES=0,1 burst-server --preset 7b --random-weights 0 \
-    --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers 2 \
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((${WORKERS:-2} - 1))) burst-server --preset 7b --random-weights 0 \
+    --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers "${WORKERS:-2}" \
     --max-context 140000 --kv-capacity "${KV:-360000}" --max-tokens-limit 1024 \
     --prefill-chunk "$chunk" --http-port 0 --grpc-port -1 --port-file "$ports" \
     > "$out/server_$chunk.log" 2>&1 &
@@ -50,7 +50,7 @@ for chunk in ${CHUNKS:-8192 16384 32768}; do
     | tee "$out/alone_$chunk.json"
   timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 32 \
     --short 100 --short-n 3 --short-out 16 --delay 1.0 | tee "$out/hol_$chunk.json"
-  if [ "$chunk" = "$(echo ${CHUNKS:-8192 16384 32768} | awk '{print $1}')" ]; then
+  if [ "$chunk" = "$(echo ${CHUNKS:-4096 8192 16384 32768 131072} | awk '{print $1}')" ]; then
     for c in 1 16; do
       timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" decode --prompt 2048 --out 128 \
         --conc "$c" | tee "$out/decode_$c.json" | cut -c1-160

@@ -57,6 +57,10 @@ class Backend {
   virtual Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // x += y, same shape.
   virtual Status add(Tensor& x, const Tensor& y) = 0;
+  // dst [rows, width] = rows [0, rows) of a paged pool [pool rows, width], same dtype: row i is
+  // pool row pages[i / page_size] * page_size + i % page_size; pages is this backend's memory.
+  virtual Status gather_rows(const Tensor& pool, const int32_t* pages, int64_t page_size,
+                             int64_t rows, Tensor& dst) = 0;
   // One attention call of the kernels/attention.h contract on this backend's memory.
   virtual Status attention(const kernels::AttnParams& p) = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.

@@ -48,8 +48,6 @@ class PagedKvCache {
   // Writes k and v ([n, kv_width]) of `layer` at logical rows [row, row + n) of seq; the rows
   // must lie within its committed + reserved rows.
   Status write(uint64_t seq, int layer, int64_t row, const Tensor& k, const Tensor& v);
-  // Copies logical rows [0, rows) of seq in `layer` into k_dst and v_dst ([rows, kv_width]).
-  Status gather(uint64_t seq, int layer, int64_t rows, Tensor& k_dst, Tensor& v_dst);
   // The reserved rows become the sequence's.
   void commit(uint64_t seq);
   // Gives every page of seq back (a finished, cancelled or failed sequence).

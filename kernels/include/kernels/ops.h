@@ -33,4 +33,9 @@ void gemm_cpu(const float* x, const float* w, float* out, int64_t m, int64_t n, 
 // x[i] += y[i]
 void add_cpu(float* x, const float* y, int64_t n);
 
+// Paged row gather (a paged KV cache's rows of one sequence into one block): dst row i =
+// pool row pages[i / page_size] * page_size + i % page_size, rows of row_bytes bytes, any dtype.
+void gather_rows_cpu(const void* pool, const int32_t* pages, int64_t page_size, int64_t rows,
+                     int64_t row_bytes, void* dst);
+
 }  // namespace burst::kernels

@@ -35,4 +35,10 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
 cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int64_t rows,
                            int64_t dim, DType dtype, cudaStream_t stream);
 
+// Paged row gather, the twin of gather_rows_cpu: dst row i = pool row pages[i / page_size] *
+// page_size + i % page_size; row_bytes a multiple of 16, pool and dst 16-byte aligned; pages
+// is a device array. One launch for every row (the ring gathers a sequence's cached prefix).
+cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,
+                             int64_t rows, int64_t row_bytes, void* dst, cudaStream_t stream);
+
 }  // namespace burst::kernels

@@ -187,6 +187,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Seq>> running_;
   std::vector<uint64_t> to_release_;
   std::vector<int64_t> free_pages_;  // the page ledger, per rank (mirrors the ranks' caches)
+  bool deferred_full_ = false;       // the last step left a full prefill chunk for this one
   uint64_t next_id_ = 1;
   std::atomic<bool> healthy_{false};
   std::atomic<bool> draining_{false};
