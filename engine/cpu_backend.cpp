@@ -154,6 +154,16 @@ class CpuBackend final : public Backend {
     return {};
   }
 
+  Status scatter_rows(const Tensor& src, const int32_t* dst_rows, Tensor& pool) override {
+    if (pool.dtype != src.dtype || pool.shape.size() != 2 || src.shape.size() != 2 ||
+        pool.dim(1) != src.dim(1)) {
+      return shape_error("scatter_rows", src.describe() + " -> " + pool.describe());
+    }
+    kernels::scatter_rows_cpu(src.data, dst_rows, src.dim(0), src.dim(1) * dtype_size(src.dtype),
+                              pool.data);
+    return {};
+  }
+
   Status add(Tensor& x, const Tensor& y) override {
     if (x.numel() != y.numel()) return shape_error("add", x.describe() + " + " + y.describe());
     kernels::add_cpu(x.as<float>(), y.as<float>(), x.numel());

@@ -83,6 +83,21 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
     tables.insert(tables.end(), kv_lens.begin(), kv_lens.end());
     for (int64_t off : table_offset_) tables.push_back(static_cast<int32_t>(off));
   }
+  // Then, per decode token, the pool row its k/v goes to on this rank (-1: another rank's):
+  // one scatter per layer writes them all.
+  decode_dst_ = static_cast<int64_t>(tables.size());
+  for (const SeqRows& s : seqs) {
+    if (!s.decode) continue;
+    if (s.pos % world != rank) {
+      tables.push_back(-1);
+      continue;
+    }
+    const int64_t len = cache_->length(s.seq);
+    const auto& pages = cache_->pages(s.seq);
+    const int64_t ps = cache_->page_size();
+    tables.push_back(static_cast<int32_t>(int64_t{pages[static_cast<size_t>(len / ps)]} * ps +
+                                          len % ps));
+  }
   // Then the page tables of the prefill chunks' sequences: their cached prefix is gathered
   // into the ring's block in one launch per layer (backend gather_rows).
   prefill_table_.clear();
@@ -364,7 +379,7 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
     // Round robin by position, so no shard grows faster than another.
     const int64_t len = cache_->length(s.seq);
     const bool mine = s.pos % world == rank;
-    if (mine) {
+    if (mine && !consecutive) {
       BURST_RETURN_IF_ERROR(
           cache_->write(s.seq, layer, len, k.rows(s.row, 1), v.rows(s.row, 1)));
     }
@@ -391,6 +406,11 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
     BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
   }
   if (consecutive) {
+    // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
+    const int32_t* dst = at<int32_t>(tables_, decode_dst_);
+    Tensor kp = cache_->k_pool(layer), vp = cache_->v_pool(layer);
+    BURST_RETURN_IF_ERROR(backend_.scatter_rows(k.rows(batch[0]->row, n), dst, kp));
+    BURST_RETURN_IF_ERROR(backend_.scatter_rows(v.rows(batch[0]->row, n), dst, vp));
     kernels::AttnParams p;
     p.heads = shape_.heads;
     p.kv_heads = shape_.kv_heads;

@@ -489,6 +489,20 @@ class CudaBackend final : public Backend {
                     pool.describe());
   }
 
+  Status scatter_rows(const Tensor& src, const int32_t* dst_rows, Tensor& pool) override {
+    BURST_RETURN_IF_ERROR(on_device("scatter_rows", src, pool));
+    if (pool.dtype != src.dtype || pool.shape.size() != 2 || src.shape.size() != 2 ||
+        pool.dim(1) != src.dim(1)) {
+      return op_error("scatter_rows", src.describe() + " -> " + pool.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("scatter_rows"));
+    return launched("scatter_rows",
+                    kernels::scatter_rows_cuda(src.data, dst_rows, src.dim(0),
+                                               src.dim(1) * dtype_size(src.dtype), pool.data,
+                                               compute_),
+                    src.describe());
+  }
+
   Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     BURST_RETURN_IF_ERROR(on_device("silu_mul", gate, up, out));
     if (gate.numel() != up.numel() || gate.numel() != out.numel() || gate.dtype != up.dtype ||

@@ -52,6 +52,15 @@ void gather_rows_cpu(const void* pool, const int32_t* pages, int64_t page_size, 
   }
 }
 
+void scatter_rows_cpu(const void* src, const int32_t* dst_rows, int64_t rows, int64_t row_bytes,
+                      void* pool) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (dst_rows[r] < 0) continue;
+    std::memcpy(static_cast<char*>(pool) + int64_t{dst_rows[r]} * row_bytes,
+                static_cast<const char*>(src) + r * row_bytes, static_cast<size_t>(row_bytes));
+  }
+}
+
 void silu_mul_cpu(const float* gate, const float* up, float* out, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {

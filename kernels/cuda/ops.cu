@@ -152,7 +152,31 @@ __global__ void gather_rows_kernel(const uint4* pool, const int32_t* pages, int6
     dst[i] = pool[src * row_vecs + c];
   }
 }
+__global__ void scatter_rows_kernel(const uint4* src, const int32_t* dst_rows, int64_t rows,
+                                    int64_t row_vecs, uint4* pool) {
+  const int64_t total = rows * row_vecs;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / row_vecs, c = i % row_vecs;
+    const int32_t d = dst_rows[r];
+    if (d >= 0) pool[int64_t{d} * row_vecs + c] = src[i];
+  }
+}
 }  // namespace
+
+cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
+                              int64_t row_bytes, void* pool, cudaStream_t stream) {
+  if (rows < 0 || row_bytes <= 0 || row_bytes % 16 != 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (!src || !dst_rows || !pool || (reinterpret_cast<uintptr_t>(src) & 15u) ||
+      (reinterpret_cast<uintptr_t>(pool) & 15u)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t vecs = row_bytes / 16;
+  scatter_rows_kernel<<<grid_for(rows * vecs), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(src), dst_rows, rows, vecs, static_cast<uint4*>(pool));
+  return cudaGetLastError();
+}
 
 cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,
                              int64_t rows, int64_t row_bytes, void* dst, cudaStream_t stream) {

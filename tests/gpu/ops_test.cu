@@ -186,6 +186,36 @@ TEST_F(GpuOps, GatherRowsMatchesCpu) {
             cudaErrorInvalidValue);  // rows of 24 bytes: not 16-byte vectors
 }
 
+// Row scatter (decode tokens' k/v into their pages): equals the CPU reference, skipped rows
+// (-1) leave the pool untouched.
+TEST_F(GpuOps, ScatterRowsMatchesCpu) {
+  std::mt19937 rng(6);
+  const int64_t row_bytes = 8192, pool_rows = 4096;
+  for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{37}}) {
+    std::vector<int32_t> dst(static_cast<size_t>(rows));
+    std::vector<int32_t> all(static_cast<size_t>(pool_rows));
+    for (int64_t i = 0; i < pool_rows; ++i) all[size_t(i)] = static_cast<int32_t>(i);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t i = 0; i < rows; ++i) dst[size_t(i)] = i % 3 == 1 ? -1 : all[size_t(i)];
+    std::vector<uint8_t> src(size_t(rows * row_bytes)), pool(size_t(pool_rows * row_bytes));
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    for (auto& b : pool) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> want = pool, got(pool.size());
+    scatter_rows_cpu(src.data(), dst.data(), rows, row_bytes, want.data());
+    DevBuf dsrc, ddst, dpool;
+    CUDA_ASSERT(cudaMalloc(&dsrc.ptr, src.size()));
+    CUDA_ASSERT(cudaMalloc(&ddst.ptr, dst.size() * 4));
+    CUDA_ASSERT(cudaMalloc(&dpool.ptr, pool.size()));
+    CUDA_ASSERT(cudaMemcpy(dsrc.ptr, src.data(), src.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(ddst.ptr, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(dpool.ptr, pool.data(), pool.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(scatter_rows_cuda(dsrc.ptr, static_cast<const int32_t*>(ddst.ptr), rows,
+                                  row_bytes, dpool.ptr, nullptr));
+    CUDA_ASSERT(cudaMemcpy(got.data(), dpool.ptr, got.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, want) << rows << " rows";
+  }
+}
+
 TEST_F(GpuOps, SiluMul) {
   std::mt19937 rng(3);
   for (DType t : kDtypes) {

@@ -61,6 +61,9 @@ class Backend {
   // pool row pages[i / page_size] * page_size + i % page_size; pages is this backend's memory.
   virtual Status gather_rows(const Tensor& pool, const int32_t* pages, int64_t page_size,
                              int64_t rows, Tensor& dst) = 0;
+  // pool row dst_rows[i] = src row i ([n, width], same dtype and width); negative entries skip;
+  // dst_rows is this backend's memory.
+  virtual Status scatter_rows(const Tensor& src, const int32_t* dst_rows, Tensor& pool) = 0;
   // One attention call of the kernels/attention.h contract on this backend's memory.
   virtual Status attention(const kernels::AttnParams& p) = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.

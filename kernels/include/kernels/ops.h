@@ -38,4 +38,9 @@ void add_cpu(float* x, const float* y, int64_t n);
 void gather_rows_cpu(const void* pool, const int32_t* pages, int64_t page_size, int64_t rows,
                      int64_t row_bytes, void* dst);
 
+// Row scatter (new tokens' keys and values into a paged KV cache): pool row dst_rows[i] = src
+// row i for i < rows; a negative dst_rows[i] skips row i (a token another rank caches).
+void scatter_rows_cpu(const void* src, const int32_t* dst_rows, int64_t rows, int64_t row_bytes,
+                      void* pool);
+
 }  // namespace burst::kernels

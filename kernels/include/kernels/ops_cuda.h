@@ -41,4 +41,9 @@ cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int
 cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,
                              int64_t rows, int64_t row_bytes, void* dst, cudaStream_t stream);
 
+// Row scatter, the twin of scatter_rows_cpu (negative dst_rows skip); same alignment rules as
+// gather_rows_cuda; dst_rows is a device array.
+cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
+                              int64_t row_bytes, void* pool, cudaStream_t stream);
+
 }  // namespace burst::kernels
