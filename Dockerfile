@@ -20,7 +20,7 @@ ARG BASE_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04
 ARG RUNTIME_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
 
 FROM ${BASE_IMAGE} AS build-deps
-ENV DEBIAN_FRONTEND=noninteractive
+ARG DEBIAN_FRONTEND=noninteractive
 # scripts/setup.sh's packages that the build needs (its test clients, Node and npm stay out:
 # the image runs no test; scripts/test_deploy.sh checks this list against setup.sh's).
 # grpc-proto (upstream health.proto, compiled into burst-server) is Debian 12's; where the
@@ -85,17 +85,17 @@ RUN set -eu; \
     /opt/burst/bin/burst-server --check-config > /dev/null
 
 FROM ${RUNTIME_IMAGE}
-ENV DEBIAN_FRONTEND=noninteractive
 COPY --from=build /opt/burst/share/burst/runtime-packages.txt /tmp/runtime-packages.txt
 # Packages the runtime image already has (the CUDA libraries of a CUDA runtime image, some of
-# them held at their version) are left alone.
+# them held at their version) are left alone. (No ENV or ARG before this: with --cache-from,
+# a first step equal to the build stage's would tie this stage's cache to the wrong image.)
 RUN set -eu; \
     missing=""; \
     for p in $(cat /tmp/runtime-packages.txt); do \
       dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; \
     done; \
     apt-get update; \
-    apt-get install -y --no-install-recommends tini curl $missing; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini curl $missing; \
     rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt; \
     useradd --system --user-group --uid 10001 --home-dir /var/lib/burst --create-home \
             --shell /usr/sbin/nologin burst

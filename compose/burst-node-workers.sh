@@ -51,5 +51,16 @@ while [ "$stopping" -eq 0 ]; do
     [ "$stopping" -eq 1 ] || start "$i" "$@"
   done
 done
+# A worker that was leaving its group when the signal came (its server stopped first) may have
+# taken the signal for its own re-execution and gone on registering: signal again until every
+# worker is gone, and SIGKILL what is left after 10 s.
+for ((t = 0; t < 20; t++)); do
+  alive=()
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+  [ ${#alive[@]} -eq 0 ] && break
+  [ "$t" -gt 0 ] && [ $((t % 2)) -eq 0 ] && kill -TERM "${alive[@]}" 2>/dev/null
+  sleep 0.5
+done
+for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
 wait
 echo "burst-node-workers: stopped"
