@@ -42,6 +42,23 @@ skip() {
 
 cache=${BURST_DEPLOY_CACHE:-/var/cache/burst-deploy}
 W=$(mktemp -d /tmp/burst-deploy.XXXXXX)
+DOCKERD_PID=""
+had_docker0=0
+ip link show docker0 >/dev/null 2>&1 && had_docker0=1
+cleanup() {
+  set +e
+  if [ -n "$DOCKERD_PID" ]; then
+    "$DOCKER" ps -aq | xargs -r "$DOCKER" rm -f >/dev/null 2>&1
+    kill "$DOCKERD_PID" 2>/dev/null
+    wait "$DOCKERD_PID" 2>/dev/null
+  fi
+  [ "$had_docker0" -eq 0 ] && ip link delete docker0 >/dev/null 2>&1
+  # The logs of the last run stay for a look after a failure.
+  rm -rf "$cache/last-run" && mkdir -p "$cache/last-run" && cp "$W"/*.log "$cache/last-run/" 2>/dev/null
+  rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 # Debian's client and compose, whatever else is on PATH (another docker CLI may be there).
 DOCKER=/usr/bin/docker
 COMPOSE=/usr/bin/docker-compose
@@ -106,23 +123,6 @@ ok "the Dockerfile's build stage installs scripts/setup.sh's build packages"
 
 # ---------------------------------------------------------------------------------------------
 step "dockerd (state in $W)"
-DOCKERD_PID=""
-had_docker0=0
-ip link show docker0 >/dev/null 2>&1 && had_docker0=1
-cleanup() {
-  set +e
-  if [ -n "$DOCKERD_PID" ]; then
-    "$DOCKER" ps -aq | xargs -r "$DOCKER" rm -f >/dev/null 2>&1
-    kill "$DOCKERD_PID" 2>/dev/null
-    wait "$DOCKERD_PID" 2>/dev/null
-  fi
-  [ "$had_docker0" -eq 0 ] && ip link delete docker0 >/dev/null 2>&1
-  # The logs of the last run stay for a look after a failure.
-  mkdir -p "$cache/last-run" && cp "$W"/*.log "$cache/last-run/" 2>/dev/null
-  rm -rf "$W"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 # nice: the image's compile runs under this dockerd and shares 2 cores with everything else.
 nice -n 10 dockerd --data-root "$W/data" --exec-root "$W/exec" --pidfile "$W/dockerd.pid" \
   -H "unix://$W/docker.sock" >"$W/dockerd.log" 2>&1 &
