@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <thread>
 #include <fstream>
@@ -356,18 +357,31 @@ void WorkerGroup::end_session_locked() {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.clear();
   }
-  for (size_t r = 0; r < session_->streams.size(); ++r) {
-    // A healthy rank answers WritesDone by ending its session (and freeing its pages); a dead
-    // one must not hold us: cancel after a short grace.
-    session_->ctx[r]->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    session_->streams[r]->WritesDone();
-  }
-  for (size_t r = 0; r < session_->streams.size(); ++r) {
-    pb::StepReply drain;
-    while (session_->streams[r]->Read(&drain)) {
+  // A healthy rank answers WritesDone by ending its session (and freeing its pages); a dead or
+  // hung one must not hold us: the calls are cancelled after a short grace. (A deadline cannot
+  // be set on a call already started.)
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::thread guard([&] {
+    std::unique_lock<std::mutex> lock(done_mu);
+    if (!done_cv.wait_for(lock, std::chrono::seconds(2), [&] { return done; })) {
+      for (auto& c : session_->ctx) c->TryCancel();
     }
-    session_->streams[r]->Finish();
+  });
+  for (auto& st : session_->streams) st->WritesDone();
+  for (auto& st : session_->streams) {
+    pb::StepReply drain;
+    while (st->Read(&drain)) {
+    }
+    st->Finish();
   }
+  {
+    std::lock_guard<std::mutex> lock(done_mu);
+    done = true;
+  }
+  done_cv.notify_all();
+  guard.join();
   session_.reset();
 }
 
