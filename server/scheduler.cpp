@@ -491,7 +491,6 @@ bool Scheduler::run_step() {
     int64_t start, len;
   };
   std::vector<Chunk> chunks;
-  std::vector<Seq*> decodes;
   // Decode first: every sequence past its prompt advances one token per step.
   for (auto& sp : running_) {
     Seq& s = *sp;
@@ -505,7 +504,6 @@ bool Scheduler::run_step() {
     w.sample = true;
     w.sampling = s.job.request.sampling;
     plan.seqs.push_back(std::move(w));
-    decodes.push_back(&s);
     --budget;
   }
   // Then prefill chunks, the prompt with the fewest tokens left first (shortest remaining work
@@ -550,8 +548,9 @@ bool Scheduler::run_step() {
     budget -= len;
   }
   if (plan.seqs.empty() && plan.release.empty()) return false;
-  metrics_.iteration_tokens.observe(
-      static_cast<double>(options_.max_batched_tokens - budget));
+  if (!plan.seqs.empty()) {
+    metrics_.iteration_tokens.observe(static_cast<double>(options_.max_batched_tokens - budget));
+  }
   LayerProgress on_layer;
   if (progress) {
     on_layer = [&](int done, int layers) {
