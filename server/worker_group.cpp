@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <fstream>
@@ -46,6 +49,21 @@ std::string rank_name(const WorkerGroup::Rank& r) {
          (r.pid ? " (pid " + std::to_string(r.pid) + ")" : " (" + r.address + ")");
 }
 
+// A duration from the environment, if set: a whole number of milliseconds >= 0.
+Status env_ms(const char* name, std::chrono::milliseconds& out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return {};
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v, &end, 10);
+  if (errno != 0 || *end != '\0' || x < 0 || x > 86'400'000) {
+    return Status::error(std::string("$") + name + " must be a whole number of milliseconds in " +
+                         "[0, 86400000], got '" + v + "'");
+  }
+  out = std::chrono::milliseconds(x);
+  return {};
+}
+
 }  // namespace
 
 std::string default_worker_binary() {
@@ -63,6 +81,9 @@ WorkerGroup::WorkerGroup(WorkerGroupOptions options) : options_(std::move(option
 
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions options) {
   if (options.workers < 1) return Status::error("workers must be >= 1");
+  BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_HEARTBEAT_MS", options.heartbeat_interval));
+  BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_HEARTBEAT_TIMEOUT_MS", options.heartbeat_timeout));
+  BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_STEP_TIMEOUT_MS", options.step_timeout));
   if (options.registry) {
     if (options.registry->options().world_size != options.workers) {
       return Status::error("the worker registry expects " +
@@ -223,9 +244,102 @@ Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     death_.clear();
+    step_running_ = false;
   }
   healthy_ = true;
+  start_monitor();
   return {};
+}
+
+void WorkerGroup::start_monitor() {
+  stop_monitor();
+  const bool heartbeats = options_.heartbeat_interval.count() > 0 &&
+                          options_.heartbeat_timeout.count() > 0;
+  if (!heartbeats && options_.step_timeout.count() <= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(monitor_mu_);
+    monitor_stop_ = false;
+  }
+  monitor_ = std::thread([this] { monitor(); });
+}
+
+void WorkerGroup::stop_monitor() {
+  {
+    std::lock_guard<std::mutex> lock(monitor_mu_);
+    monitor_stop_ = true;
+    if (monitor_ping_) monitor_ping_->TryCancel();
+  }
+  monitor_cv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void WorkerGroup::monitor() {
+  using Clock = std::chrono::steady_clock;
+  const auto interval = options_.heartbeat_interval;
+  const auto timeout = options_.heartbeat_timeout;
+  const bool heartbeats = interval.count() > 0 && timeout.count() > 0;
+  std::vector<Clock::time_point> last_ok(ranks_.size(), Clock::now());
+  auto ms = [](Clock::duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+  };
+  // Each ping waits at most this long, so a hung rank holds the loop (and stop_monitor())
+  // briefly, and the other ranks are still pinged while it does not answer.
+  const auto ping_wait = std::min<std::chrono::milliseconds>(
+      std::max<std::chrono::milliseconds>(interval, std::chrono::milliseconds(200)), timeout);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(monitor_mu_);
+      monitor_cv_.wait_for(lock, heartbeats ? interval : std::chrono::milliseconds(1000),
+                           [&] { return monitor_stop_; });
+      if (monitor_stop_) return;
+    }
+    if (!healthy_) continue;  // already failed: restart() stops this thread
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (step_running_ && Clock::now() > step_deadline_) {
+        const auto tokens = step_tokens_;
+        lock.unlock();
+        const std::string why =
+            "a step of " + std::to_string(tokens) + " token(s) did not finish within its " +
+            "deadline (" + std::to_string(options_.step_timeout.count()) + " ms + " +
+            std::to_string(options_.step_ms_per_token) + " ms per token): a worker rank is hung";
+        if (remote()) options_.registry->dissolve(why);
+        mark_dead(why);
+        continue;
+      }
+    }
+    if (!heartbeats) continue;
+    for (size_t r = 0; r < ranks_.size() && healthy_; ++r) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + ping_wait);
+      {
+        std::lock_guard<std::mutex> lock(monitor_mu_);
+        if (monitor_stop_) return;
+        monitor_ping_ = &ctx;
+      }
+      pb::PingResponse pong;
+      const grpc::Status st = ranks_[r]->stub->Ping(&ctx, pb::PingRequest(), &pong);
+      {
+        std::lock_guard<std::mutex> lock(monitor_mu_);
+        monitor_ping_ = nullptr;
+        if (monitor_stop_) return;
+      }
+      const auto now = Clock::now();
+      if (st.ok()) {
+        last_ok[r] = now;
+        continue;
+      }
+      if (now - last_ok[r] > timeout) {
+        const std::string why =
+            rank_name(*ranks_[r]) + " stopped answering: no heartbeat answered for " +
+            ms(now - last_ok[r]) + " ms (limit " + std::to_string(timeout.count()) +
+            " ms; the process is stopped or hung; last error: " + st.error_message() + ")";
+        if (remote()) options_.registry->dissolve(why);
+        mark_dead(why);
+        break;
+      }
+    }
+  }
 }
 
 void WorkerGroup::mark_dead(const std::string& why) {
@@ -259,10 +373,12 @@ Result<bool> WorkerGroup::await_remote(std::chrono::milliseconds max_wait) {
     }
     addresses.emplace_back(a.value().begin(), a.value().end());
   }
+  stop_monitor();
   ranks_.clear();
   generation_ = *generation;
   if (Status st = connect(addresses); !st.ok()) {
     reg.dissolve(st.message());
+    stop_monitor();
     ranks_.clear();
     return st;
   }
@@ -270,6 +386,7 @@ Result<bool> WorkerGroup::await_remote(std::chrono::milliseconds max_wait) {
   // then, before generation_ was ours to compare. Do not serve a dissolved group.
   if (reg.store().epoch() != *generation) {
     healthy_ = false;
+    stop_monitor();
     ranks_.clear();
     return Status::error("worker group generation " + std::to_string(*generation) +
                          " was dissolved while connecting");
@@ -296,6 +413,7 @@ void WorkerGroup::supervise() {
 }
 
 void WorkerGroup::stop_all() {
+  stop_monitor();
   stopping_ = true;
   if (supervisor_.joinable()) supervisor_.join();
   healthy_ = false;
@@ -318,7 +436,10 @@ void WorkerGroup::stop_all() {
   for (int sig : {0, SIGTERM, SIGKILL}) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     for (auto& rk : ranks_) {
-      if (rk->pid && sig) kill(rk->pid, sig);
+      if (rk->pid && sig) {
+        kill(rk->pid, sig);
+        if (sig == SIGTERM) kill(rk->pid, SIGCONT);  // a stopped (hung) rank takes it too
+      }
     }
     bool all = false;
     while (!all && std::chrono::steady_clock::now() < until) {
@@ -454,6 +575,27 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     session_.reset();
     return Status::error(StatusCode::kUnavailable, "request failed: " + why);
   };
+  // The step deadline, watched by the monitor thread: it cancels the streams (mark_dead) of a
+  // step that runs past it.
+  if (options_.step_timeout.count() > 0) {
+    int64_t tokens = 0;
+    for (const models::SeqWork& s : plan.seqs) tokens += static_cast<int64_t>(s.tokens.size());
+    const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        options_.step_timeout +
+        std::chrono::duration<double, std::milli>(options_.step_ms_per_token *
+                                                  static_cast<double>(tokens)));
+    std::lock_guard<std::mutex> lock(mu_);
+    step_running_ = true;
+    step_tokens_ = tokens;
+    step_deadline_ = std::chrono::steady_clock::now() + budget;
+  }
+  struct StepDone {
+    WorkerGroup* g;
+    ~StepDone() {
+      std::lock_guard<std::mutex> lock(g->mu_);
+      g->step_running_ = false;
+    }
+  } step_done{this};
   for (size_t r = 0; r < n; ++r) {
     if (!session_->streams[r]->Write(req)) return broken(r, "did not take the step");
   }

@@ -173,6 +173,63 @@ TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   EXPECT_EQ(tokens, 8);
 }
 
+// A hung (SIGSTOP'ed, not dead) rank: waitpid sees nothing, the survivors would wait for their
+// communicator timeout; the heartbeats find it and fail the step within a few seconds.
+TEST(WorkerGroup, StoppedWorkerIsFoundByHeartbeatsAndRestartRecovers) {
+  auto o = options(2, 9000);
+  o.heartbeat_interval = std::chrono::milliseconds(200);
+  o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  auto group = WorkerGroup::start(o);
+  ASSERT_TRUE(group.ok()) << group.message();
+  WorkerGroup& g = *group.value();
+  models::GenerateRequest req;
+  req.prompt = prompt_of(8000, 4099);
+  req.max_tokens = 8;
+  const int victim = g.pids()[1];
+  std::thread stopper([victim] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(victim, SIGSTOP);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = g.generate(req, [](int32_t) { return true; });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stopper.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.code(), StatusCode::kUnavailable);
+  EXPECT_LT(s, 4.0) << r.message();
+  EXPECT_NE(r.message().find("worker rank 1"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("heartbeat"), std::string::npos) << r.message();
+  EXPECT_FALSE(g.healthy());
+  ASSERT_TRUE(g.restart().ok());  // kills the stopped rank (SIGCONT + SIGTERM, then SIGKILL)
+  EXPECT_NE(kill(victim, 0), 0) << "the stopped rank is gone";
+  req.prompt = prompt_of(30, 4099);
+  int tokens = 0;
+  r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(tokens, 8);
+}
+
+// The step deadline: a step running past step_timeout (+ per token) fails the group.
+TEST(WorkerGroup, StepPastItsDeadlineFailsTheGroup) {
+  auto o = options(2, 9000);
+  o.heartbeat_interval = std::chrono::milliseconds(0);  // deadline only
+  o.step_timeout = std::chrono::milliseconds(200);
+  o.step_ms_per_token = 0;
+  auto group = WorkerGroup::start(o);
+  ASSERT_TRUE(group.ok()) << group.message();
+  WorkerGroup& g = *group.value();
+  models::GenerateRequest req;
+  req.prompt = prompt_of(8000, 4099);  // seconds of CPU prefill
+  req.max_tokens = 2;
+  auto r = g.generate(req, [](int32_t) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.message().find("deadline"), std::string::npos) << r.message();
+  EXPECT_FALSE(g.healthy());
+  ASSERT_TRUE(g.restart().ok());
+  EXPECT_TRUE(g.healthy());
+}
+
 // Requests that cannot run are refused before any collective: the group stays healthy and
 // serves the next request (a refused request must never look like a broken ring).
 TEST(WorkerGroup, RefusedRequestsLeaveTheGroupHealthy) {

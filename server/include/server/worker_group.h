@@ -19,6 +19,7 @@
 #include <atomic>
 #include <functional>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,19 @@ struct WorkerGroupOptions {
   std::chrono::milliseconds start_timeout{120000};
   std::chrono::milliseconds comm_timeout{30000};
   int threads_per_worker = 0;  // 0: cores / workers (local mode)
+  // Liveness of ranks that are alive but hung (SIGSTOP, a wedged process): a monitor thread
+  // pings every rank's control service (served on its own gRPC thread, so a busy step does not
+  // delay it) every heartbeat_interval; a rank that answered none for heartbeat_timeout fails
+  // the step in flight and marks the group unhealthy. 0: off. $BURST_WORKER_HEARTBEAT_MS and
+  // $BURST_WORKER_HEARTBEAT_TIMEOUT_MS override them.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  // A step deadline, the backstop for a rank that answers pings but never finishes its step:
+  // step_timeout + step_ms_per_token x the step's tokens (generous: a 128K-token GPU prefill
+  // chunk takes ~0.7 s, a CPU chunk of 1500 tokens seconds). 0: off.
+  // $BURST_WORKER_STEP_TIMEOUT_MS overrides step_timeout.
+  std::chrono::milliseconds step_timeout{60000};
+  double step_ms_per_token = 20;
   // Remote mode (multi-node): the ranks join through this registry instead of being spawned;
   // its world size is `workers`.
   std::shared_ptr<WorkerRegistry> registry;
@@ -135,6 +149,11 @@ class WorkerGroup {
   void mark_dead(const std::string& why);
   void stop_all();
   void supervise();
+  // The liveness monitor (heartbeats and the step deadline), both modes: started once the
+  // ranks answer (connect()), stopped before the ranks are dropped.
+  void start_monitor();
+  void stop_monitor();
+  void monitor();
   Result<StepOutcome> step_locked(const models::StepPlan& plan, const LayerProgress& on_layer);
   void end_session_locked();
 
@@ -148,6 +167,15 @@ class WorkerGroup {
   mutable std::mutex mu_;
   std::vector<grpc::ClientContext*> in_flight_;  // under mu_: cancelled when a rank dies
   std::thread supervisor_;
+  std::thread monitor_;
+  std::mutex monitor_mu_;
+  std::condition_variable monitor_cv_;
+  bool monitor_stop_ = false;                        // under monitor_mu_
+  grpc::ClientContext* monitor_ping_ = nullptr;      // under monitor_mu_: the ping in flight
+  // The step in flight (under mu_): its deadline and size, for the monitor.
+  std::chrono::steady_clock::time_point step_deadline_{};
+  bool step_running_ = false;
+  int64_t step_tokens_ = 0;
   std::atomic<uint64_t> generation_{0};  // remote: the registry generation connected to
   std::mutex run_mu_;  // one step (or generate) at a time
   std::unique_ptr<Session> session_;  // under run_mu_
