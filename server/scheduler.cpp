@@ -469,7 +469,17 @@ bool Scheduler::run_step() {
   const int32_t eos = group_->info().eos_token_id;
   // Sequences whose client left, or whose output hit a stop string, leave the batch first.
   if (cancel_all_) {
-    for (auto& sp : running_) sp->job.stream->cancel();
+    // Drain ran out of time: what still runs ends with an error event that says so (never a
+    // silent finish_reason null, which a client reads as an empty normal answer).
+    for (auto& sp : running_) {
+      if (sp->job.stream->cancelled()) continue;  // the client left: a plain cancel
+      const ApiError err{ErrorCode::kUnavailable,
+                         "the server is shutting down: the drain timeout ended this request "
+                         "after " + std::to_string(sp->generated) + " generated token(s)"};
+      finish(*sp, "", &err);
+      sp.reset();
+    }
+    running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
   }
   for (size_t i = 0; i < running_.size();) {
     Seq& s = *running_[i];
@@ -701,12 +711,11 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   while (!idle() && Clock::now() < deadline && healthy_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& job : queue_) job.stream->cancel();
-  }
+  // Out of time: queued requests get an error event saying why (not a silent cancel), running
+  // ones leave at the next step with one (run_step).
+  fail_queued("the server is shutting down: the drain timeout (" +
+              std::to_string(grace.count()) + " ms) ended this request before it started");
   cancel_all_ = true;
-  // Cancelled sequences leave at the next step; queued ones are answered "cancelled" at once.
   const auto hard = Clock::now() + std::chrono::seconds(30);
   while (!idle() && Clock::now() < hard && healthy_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -118,5 +118,37 @@ def test_sigstop_idle_worker():
             resume(pids[0])
 
 
+def test_drain_timeout_ends_streams_with_a_message():
+    # One sequence runs at a time: two streams wait in the queue when SIGTERM comes, and the
+    # running one cannot finish 2000 tokens within the 300 ms drain.
+    srv = Server("--drain-timeout-ms", 300, "--max-running", 1, "--keepalive-ms", 100)
+    try:
+        streams = [stream_request(srv, max_tokens=2000) for _ in range(3)]
+        deadline = time.time() + 20
+        while (srv.metric("burst_num_requests_running") != 1 or
+               srv.metric("burst_num_requests_waiting") != 2) and time.time() < deadline:
+            time.sleep(0.02)
+        check(srv.metric("burst_num_requests_waiting") == 2, "two streams queued")
+        srv.proc.send_signal(signal.SIGTERM)
+        results = []
+        for c, resp in streams:
+            results.append(read_to_end(sse_events(resp)))
+            c.close()
+        rc = srv.proc.wait(timeout=40)
+        for error, final in results:
+            # Never a silent end: an error event with a message, or a finish_reason.
+            check(error is not None or (final and final["finish_reason"]),
+                  f"a stream ended without saying why: {results}")
+        errors = [e for e, _ in results if e]
+        check(len(errors) == 3, f"every stream was cut by the drain: {results}")
+        check(all(e["type"] == "service_unavailable" and "drain timeout" in e["message"]
+                  for e in errors), f"messages: {errors}")
+        check(sum("before it started" in e["message"] for e in errors) == 2, f"{errors}")
+        check(rc == 0, f"exit code {rc}")
+    finally:
+        srv.stop()
+
+
 if __name__ == "__main__":
-    run([test_sigstop_worker_mid_stream, test_sigstop_idle_worker])
+    run([test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
+         test_drain_timeout_ends_streams_with_a_message])
