@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,40 @@ Status env_ms(const char* name, std::chrono::milliseconds& out) {
   }
   out = std::chrono::milliseconds(x);
   return {};
+}
+
+constexpr const char* kRunDirPrefix = "burst-group-";
+
+std::string temp_dir() {
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? std::string(t) : std::string("/tmp");
+}
+
+// Removes burst-group-<pid>-XXXXXX directories (ours: same uid) whose coordinator is gone.
+void remove_stale_run_dirs(const std::string& dir) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return;
+  const std::string prefix = kRunDirPrefix;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) return;
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos || dash == prefix.size()) continue;  // no pid in the name
+    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) {
+      continue;
+    }
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+  }
 }
 
 }  // namespace
@@ -130,8 +165,17 @@ std::vector<int> WorkerGroup::pids() const {
 }
 
 Status WorkerGroup::spawn() {
-  char tmpl[] = "/tmp/burst-group-XXXXXX";
-  if (!mkdtemp(tmpl)) return Status::error("cannot create the group's run directory in /tmp");
+  // The run directory (rendezvous store, port files) lives only until the ranks have met: it
+  // is removed as soon as every rank answers, so even a SIGKILLed coordinator leaves nothing
+  // behind once its group started. One killed during start-up leaves its directory, named
+  // after its pid: the next start removes those of coordinators that no longer run.
+  const std::string tmp = temp_dir();
+  remove_stale_run_dirs(tmp);
+  std::string tmpl = tmp + "/" + kRunDirPrefix + std::to_string(getpid()) + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) {
+    return Status::error("cannot create the group's run directory in " + tmp + ": " +
+                         std::strerror(errno));
+  }
   run_dir_ = tmpl;
   const std::string store = run_dir_ + "/store";
   fs::create_directories(store);
@@ -215,6 +259,13 @@ Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
     }
   }
   for (auto& rk : ranks_) {
+  // Every rank has joined its communicator (it writes its port file after) and answers: the
+  // rendezvous files have served their purpose.
+  {
+    std::error_code ec;
+    fs::remove_all(run_dir_, ec);
+    run_dir_.clear();
+  }
     rk->address = addresses[static_cast<size_t>(rk->rank)];
     grpc::ChannelArguments ch_args;
     ch_args.SetMaxSendMessageSize(256 << 20);

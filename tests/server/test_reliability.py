@@ -149,6 +149,42 @@ def test_drain_timeout_ends_streams_with_a_message():
         srv.stop()
 
 
+def test_sigkill_server_leaves_no_run_dir():
+    tmp = tempfile.mkdtemp(prefix="burst-rel-tmp-")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = os.path.join(tmp, f"burst-group-{dead.pid}-AbCdEf")
+    os.makedirs(os.path.join(stale, "store"))
+    open(os.path.join(stale, "port-0"), "w").write("1\n")
+    alive = os.path.join(tmp, f"burst-group-{os.getpid()}-XyZxYz")  # a coordinator that runs
+    os.makedirs(alive)
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = tmp
+    try:
+        srv = Server()
+    finally:
+        if old is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = old
+    try:
+        check(not os.path.exists(stale), "the stale run directory of a dead coordinator is gone")
+        check(os.path.exists(alive), "a running coordinator's directory is kept")
+        left = [d for d in os.listdir(tmp) if d != os.path.basename(alive)]
+        check(not left, f"no run directory once the group started: {left}")
+        pids = srv.worker_pids()
+        srv.proc.kill()
+        srv.proc.wait()
+        deadline = time.time() + 10
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.time() < deadline:
+            time.sleep(0.05)
+        left = [d for d in os.listdir(tmp) if d != os.path.basename(alive)]
+        check(not left, f"nothing left after SIGKILL of the server: {left}")
+    finally:
+        srv.stop()
+        subprocess.run(["rm", "-rf", tmp])
+
+
 if __name__ == "__main__":
     run([test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
-         test_drain_timeout_ends_streams_with_a_message])
+         test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir])
