@@ -6,6 +6,10 @@
 // parsing and every remaining call is inside one catch-all, so no exception leaves this file.
 #include "models/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -62,7 +66,9 @@ class FieldReader {
                 int64_t& out) const {
     // A float such as 4096.0 is refused too: a writer that emits one has a bug worth seeing.
     if (!v.is_number_integer()) {
-      return error(field, std::string("must be an integer, got ") + type_name(v));
+      // The value too: 1e30 or a number past 64 bits is a float to the JSON parser.
+      return error(field, std::string("must be an integer, got ") + type_name(v) +
+                              (v.is_number() ? " " + v.dump() : ""));
     }
     if (v.is_number_unsigned()) {
       uint64_t u = v.get<uint64_t>();
@@ -87,8 +93,8 @@ class FieldReader {
     double d = v->get<double>();
     // NaN fails both comparisons' negations, so test the good range, not the bad one.
     if (!(d > lo_exclusive && d <= hi)) {
-      return error(field, "must be in (" + std::to_string(lo_exclusive) + ", " +
-                              std::to_string(hi) + "], got " + v->dump());
+      return error(field, "must be in (" + json(lo_exclusive).dump() + ", " + json(hi).dump() +
+                              "], got " + v->dump());
     }
     out = static_cast<float>(d);
     return Status();
@@ -202,12 +208,60 @@ Status parse_token_id(const FieldReader& r, const std::string& field, int64_t vo
   return Status();
 }
 
+// What the engine implements is one architecture: LLaMA (RMSNorm, SwiGLU MLP, RoPE, no
+// biases). A config that asks for something else is refused, naming the field, instead of
+// being run as LLaMA and producing garbage.
+Status check_architecture(const FieldReader& r) {
+  auto string_field = [&](const std::string& field, const json& v,
+                          std::string& out) -> Status {
+    if (!v.is_string()) {
+      return r.error(field, std::string("must be a string, got ") + type_name(v));
+    }
+    out = v.get<std::string>();
+    return Status();
+  };
+  if (const json* v = r.find("architectures"); v != nullptr) {
+    if (!v->is_array() || v->empty()) {
+      return r.error("architectures", "must be a non-empty list of strings");
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      std::string a;
+      const std::string field = "architectures[" + std::to_string(i) + "]";
+      BURST_RETURN_IF_ERROR(string_field(field, (*v)[i], a));
+      if (a != "LlamaForCausalLM" && a != "LLaMAForCausalLM") {
+        return r.error(field, "is \"" + a + "\"; the engine runs LlamaForCausalLM only");
+      }
+    }
+  }
+  if (const json* v = r.find("model_type"); v != nullptr) {
+    std::string t;
+    BURST_RETURN_IF_ERROR(string_field("model_type", *v, t));
+    if (t != "llama") return r.error("model_type", "is \"" + t + "\"; the engine runs \"llama\" only");
+  }
+  for (const char* field : {"hidden_act", "hidden_activation"}) {
+    if (const json* v = r.find(field); v != nullptr) {
+      std::string act;
+      BURST_RETURN_IF_ERROR(string_field(field, *v, act));
+      if (act != "silu" && act != "swish") {
+        return r.error(field, "is \"" + act + "\"; the engine implements the SwiGLU MLP (silu) only");
+      }
+    }
+  }
+  for (const char* field : {"attention_bias", "mlp_bias"}) {
+    bool bias = false;
+    BURST_RETURN_IF_ERROR(r.get_bool(field, bias));
+    if (bias) return r.error(field, "is true; the engine has no bias terms (LLaMA has none)");
+  }
+  return Status();
+}
+
 Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
   if (!root.is_object()) {
     return Status::error(source + ": config must be a JSON object, got " + type_name(root));
   }
   FieldReader r(root, source);
   LlamaConfig c;
+  BURST_RETURN_IF_ERROR(check_architecture(r));
   BURST_RETURN_IF_ERROR(r.get_int("hidden_size", true, 1, kMaxHiddenSize, c.hidden_size));
   BURST_RETURN_IF_ERROR(
       r.get_int("intermediate_size", true, 1, kMaxIntermediateSize, c.intermediate_size));
@@ -217,7 +271,7 @@ Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
   BURST_RETURN_IF_ERROR(r.get_int("num_key_value_heads", false, 1, kMaxHeads, c.num_kv_heads));
   BURST_RETURN_IF_ERROR(r.get_int("vocab_size", true, 1, kMaxVocab, c.vocab_size));
   BURST_RETURN_IF_ERROR(
-      r.get_int("max_position_embeddings", false, 1, kMaxPositions, c.max_position_embeddings));
+      r.get_int("max_position_embeddings", false, 2, kMaxPositions, c.max_position_embeddings));
   BURST_RETURN_IF_ERROR(r.get_float("rms_norm_eps", false, 0.0, 1.0, c.rms_norm_eps));
   BURST_RETURN_IF_ERROR(r.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
   if (const json* params = r.find("rope_parameters"); params != nullptr) {
@@ -277,24 +331,71 @@ Result<LlamaConfig> parse_config_json(const std::string& text, const std::string
   }
 }
 
+Result<int> open_regular_file(const std::string& path) {
+  // stat first: opening a FIFO blocks until a writer comes, opening a device may act on it.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::error("cannot open " + path + ": " +
+                         std::error_code(errno, std::generic_category()).message());
+  }
+  auto kind = [](mode_t m) -> std::string {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+  };
+  if (!S_ISREG(st.st_mode)) {
+    return Status::error(path + " is " + kind(st.st_mode) + ", not a regular file; refused");
+  }
+  // O_NONBLOCK: if the path was swapped for a FIFO since the stat, open() still returns.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    return Status::error("cannot open " + path + ": " +
+                         std::error_code(errno, std::generic_category()).message());
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error(path + " is " + kind(st.st_mode) + ", not a regular file; refused");
+  }
+  return fd;
+}
+
+Result<std::string> read_regular_file(const std::string& path, int64_t max_bytes) {
+  auto opened = open_regular_file(path);
+  if (!opened.ok()) return opened.status();
+  const int fd = opened.value();
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < 0 || st.st_size > max_bytes) {
+    ::close(fd);
+    return Status::error(path + ": size " + std::to_string(st.st_size) +
+                         " bytes is out of range (at most " + std::to_string(max_bytes) + ")");
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::error("cannot read " + path + ": " +
+                           (n == 0 ? std::string("the file shrank while read")
+                                   : std::error_code(err, std::generic_category()).message()));
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return text;
+}
+
 Result<LlamaConfig> load_config(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
   try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return Status::error("cannot open " + path + ": " +
-                           std::error_code(errno, std::generic_category()).message());
-    }
-    in.seekg(0, std::ios::end);
-    std::streamoff size = in.tellg();
-    if (size < 0 || size > kMaxConfigBytes) {
-      return Status::error(path + ": cannot be a config.json (size " + std::to_string(size) +
-                           " bytes)");
-    }
-    in.seekg(0, std::ios::beg);
-    std::string text(static_cast<size_t>(size), '\0');
-    if (!in.read(text.data(), size)) return Status::error("cannot read " + path);
-    return parse_config_json(text, path);
+    auto text = read_regular_file(path, kMaxConfigBytes);
+    if (!text.ok()) return text.status();
+    return parse_config_json(text.value(), path);
   } catch (const std::exception& e) {
     return Status::error(path + ": " + e.what());
   } catch (...) {

@@ -11,6 +11,8 @@
 // without overflow; and no two non-empty tensors share a byte. Nothing throws out of this file.
 #include "models/safetensors.h"
 
+#include "models/config.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -210,17 +213,35 @@ Status check_overlaps(const std::string& path, const std::map<std::string, Tenso
 
 // Reads a small text file whole (the index); bounded so a hostile path cannot exhaust memory.
 Result<std::string> read_small_file(const std::string& path, std::streamoff limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error("cannot open " + path + ": " + errno_text(errno));
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  if (size < 0 || size > limit) {
-    return Status::error(path + ": size " + std::to_string(size) + " bytes is out of range");
+  return read_regular_file(path, static_cast<int64_t>(limit));
+}
+
+// The first non-finite value (NaN or +-Inf) of a tensor, by its bits: a float's exponent is all
+// ones exactly then. Returns the element index or -1. Reads unaligned data through memcpy.
+int64_t first_non_finite(const TensorView& v) {
+  const auto* p = static_cast<const unsigned char*>(v.data);
+  if (v.file_dtype == "F32") {
+    const int64_t n = v.nbytes / 4;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t x;
+      std::memcpy(&x, p + 4 * i, 4);
+      if ((x & 0x7f800000u) == 0x7f800000u) return i;
+    }
+  } else if (v.file_dtype == "BF16" || v.file_dtype == "F16") {
+    const uint16_t mask = v.file_dtype == "BF16" ? 0x7f80 : 0x7c00;
+    const int64_t n = v.nbytes / 2;
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t x;
+      std::memcpy(&x, p + 2 * i, 2);
+      if ((x & mask) == mask) return i;
+    }
   }
-  in.seekg(0, std::ios::beg);
-  std::string text(static_cast<size_t>(size), '\0');
-  if (!in.read(text.data(), size)) return Status::error("cannot read " + path);
-  return text;
+  return -1;
+}
+
+bool check_weights_enabled() {
+  const char* v = std::getenv("BURST_SKIP_WEIGHT_CHECK");
+  return v == nullptr || *v == '\0' || std::string(v) == "0";
 }
 
 bool exists(const std::string& path) {
@@ -239,17 +260,14 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
     file->path_ = path;
 
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::error("cannot open " + path + ": " + errno_text(errno));
+    auto opened = open_regular_file(path);
+    if (!opened.ok()) return opened.status();
+    const int fd = opened.value();
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       int err = errno;
       ::close(fd);
       return Status::error("cannot stat " + path + ": " + errno_text(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return Status::error(path + ": not a regular file");
     }
     const uint64_t file_size = static_cast<uint64_t>(st.st_size);
     if (file_size < 8) {
@@ -392,6 +410,15 @@ Result<TensorView> WeightFiles::get(const std::string& name,
   if (v.shape != shape) {
     return Status::error(v.file + ": tensor \"" + name + "\" has shape " + shape_text(v.shape) +
                          ", expected " + shape_text(shape));
+  }
+  // NaN/Inf weights would only show as garbage tokens (token 0 for every step): refuse them,
+  // naming the tensor. One pass over the bits; $BURST_SKIP_WEIGHT_CHECK=1 skips it.
+  if (check_weights_enabled()) {
+    if (const int64_t bad = first_non_finite(v); bad >= 0) {
+      return Status::error(v.file + ": tensor \"" + name + "\" holds a NaN or infinite value "
+                           "at element " + std::to_string(bad) + "; the weights are corrupt "
+                           "(set BURST_SKIP_WEIGHT_CHECK=1 to load them anyway)");
+    }
   }
   return v;
 }

@@ -185,6 +185,101 @@ def test_sigkill_server_leaves_no_run_dir():
         subprocess.run(["rm", "-rf", tmp])
 
 
+def loader_cases(tmp):
+    """(name, model dir, expected words in the error) for model directories the loader must
+    refuse: special files where a file belongs, configs the engine cannot run, NaN weights."""
+    from harness import KJV
+    cfg = json.load(open(os.path.join(KJV, "config.json")))
+    weights = os.path.join(KJV, "model.safetensors")
+    cases = []
+
+    def model_dir(name, config=None, link_weights=True):
+        d = os.path.join(tmp, name)
+        os.makedirs(d)
+        if config is not None:
+            json.dump(config, open(os.path.join(d, "config.json"), "w"))
+        if link_weights:
+            os.symlink(weights, os.path.join(d, "model.safetensors"))
+        return d
+
+    d = model_dir("fifo-config", None)
+    os.mkfifo(os.path.join(d, "config.json"))
+    cases.append(("config.json is a FIFO", d, ["FIFO", "config.json"]))
+    d = model_dir("fifo-weights", cfg, link_weights=False)
+    os.mkfifo(os.path.join(d, "model.safetensors"))
+    cases.append(("model.safetensors is a FIFO", d, ["FIFO", "model.safetensors"]))
+    d = model_dir("fifo-index", cfg, link_weights=False)
+    os.mkfifo(os.path.join(d, "model.safetensors.index.json"))
+    cases.append(("the index is a FIFO", d, ["FIFO", "index.json"]))
+    d = model_dir("dir-weights", cfg, link_weights=False)
+    os.makedirs(os.path.join(d, "model.safetensors"))
+    cases.append(("model.safetensors is a directory", d, ["directory"]))
+    d = model_dir("dev-weights", cfg, link_weights=False)
+    os.symlink("/dev/zero", os.path.join(d, "model.safetensors"))
+    cases.append(("model.safetensors is /dev/zero", d, ["character device"]))
+    d = model_dir("config-dir", None)
+    os.makedirs(os.path.join(d, "config.json"))
+    cases.append(("config.json is a directory", d, ["directory"]))
+    for field, value, words in [
+            ("hidden_act", "gelu", ['"hidden_act"', "gelu"]),
+            ("attention_bias", True, ['"attention_bias"']),
+            ("mlp_bias", True, ['"mlp_bias"']),
+            ("architectures", ["BertForMaskedLM"], ['"architectures[0]"', "BertForMaskedLM"]),
+            ("model_type", "bert", ['"model_type"']),
+            ("max_position_embeddings", 1, ['"max_position_embeddings"']),
+            ("hidden_size", 18446744073709551615, ['"hidden_size"', "18446744073709551615"]),
+            ("vocab_size", 1e30, ['"vocab_size"', "1e+30"]),
+            ("eos_token_id", 2147483648, ['"eos_token_id"', "2147483648"])]:
+        c = dict(cfg)
+        c[field] = value
+        cases.append((f"{field}: {value}", model_dir(f"cfg-{field}", c), words))
+    # A NaN in the first weight of one tensor (bf16 0x7fc0).
+    d = model_dir("nan-weights", cfg, link_weights=False)
+    raw = bytearray(open(weights, "rb").read())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    name = "model.layers.0.mlp.up_proj.weight"
+    at = 8 + n + header[name]["data_offsets"][0]
+    raw[at:at + 2] = (0x7fc0).to_bytes(2, "little")
+    open(os.path.join(d, "model.safetensors"), "wb").write(raw)
+    cases.append(("a NaN weight", d, [name, "NaN"]))
+    return cases
+
+
+def test_loader_refuses_hostile_model_dirs():
+    """burst-generate (the engine in process) on each case: a clear error naming the file or
+    field within 10 s; never a hang, a crash or a generated answer. Counts go to stdout."""
+    tmp = tempfile.mkdtemp(prefix="burst-rel-models-")
+    gen = os.path.join(build_dir(), "bin", "burst-generate")
+    from harness import TOKENIZER
+    tried = clear = crash = hang = 0
+    bad = []
+    try:
+        for name, d, words in loader_cases(tmp):
+            tried += 1
+            try:
+                p = subprocess.run([gen, "--model", d, "--tokenizer", TOKENIZER, "--prompt",
+                                    "And God said", "--max-tokens", "2", "--temperature", "0"],
+                                   capture_output=True, text=True, timeout=10,
+                                   env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+            except subprocess.TimeoutExpired:
+                hang += 1
+                bad.append(f"{name}: hung")
+                continue
+            if p.returncode < 0:
+                crash += 1
+                bad.append(f"{name}: signal {-p.returncode}")
+            elif p.returncode != 0 and all(w in p.stderr for w in words):
+                clear += 1
+            else:
+                bad.append(f"{name}: rc {p.returncode}, stderr {p.stderr[-300:]!r}")
+        print(f"loader: tried {tried}, clear error {clear}, crash {crash}, hang {hang}")
+        check(not bad, "; ".join(bad))
+    finally:
+        subprocess.run(["rm", "-rf", tmp])
+
+
 if __name__ == "__main__":
     run([test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
-         test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir])
+         test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir,
+         test_loader_refuses_hostile_model_dirs])

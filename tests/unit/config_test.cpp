@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -274,6 +275,73 @@ TEST(Config, RangeChecks) {
   expect_refused(with("rope_theta", 1e300), {"\"rope_theta\""});
   expect_refused(with("eos_token_id", 32000), {"\"eos_token_id\""});  // == vocab_size
   expect_refused(with("bos_token_id", -1), {"\"bos_token_id\""});
+}
+
+// What the engine does not implement is refused, naming the field, not run as LLaMA.
+TEST(Config, ArchitecturesTheEngineCannotRunAreRefused) {
+  auto with = [](const std::string& field, const json& value) {
+    json j = llama7b();
+    j[field] = value;
+    return j;
+  };
+  expect_refused(with("hidden_act", "gelu"), {"\"hidden_act\"", "gelu", "silu"});
+  expect_refused(with("hidden_activation", "gelu_pytorch_tanh"), {"\"hidden_activation\""});
+  expect_refused(with("attention_bias", true), {"\"attention_bias\"", "true"});
+  expect_refused(with("mlp_bias", true), {"\"mlp_bias\""});
+  expect_refused(with("attention_bias", "no"), {"\"attention_bias\"", "boolean"});
+  expect_refused(with("architectures", json::array({"BertForMaskedLM"})),
+                 {"\"architectures[0]\"", "BertForMaskedLM", "LlamaForCausalLM"});
+  expect_refused(with("architectures", json::array()), {"\"architectures\""});
+  expect_refused(with("architectures", "LlamaForCausalLM"), {"\"architectures\""});
+  expect_refused(with("model_type", "bert"), {"\"model_type\"", "bert"});
+  expect_refused(with("max_position_embeddings", 1), {"\"max_position_embeddings\"", "[2, "});
+  // Accepted: the spellings real LLaMA checkpoints use.
+  EXPECT_TRUE(parse(with("hidden_act", "swish")).ok());
+  EXPECT_TRUE(parse(with("attention_bias", false)).ok());
+  EXPECT_TRUE(parse(with("max_position_embeddings", 2)).ok());
+}
+
+// Out-of-range numbers are quoted exactly as written: no wrap-around, no rounding.
+TEST(Config, OutOfRangeNumbersQuotedExactly) {
+  auto message = [](const std::string& field, const std::string& number) {
+    std::string text = kLlama7b;
+    const std::string key = "\"" + field + "\": ";
+    const size_t at = text.find(key);
+    const size_t end = text.find_first_of(",\n}", at + key.size());
+    text.replace(at + key.size(), end - at - key.size(), number);
+    auto r = parse_config_json(text, kSource);
+    return r.ok() ? std::string("accepted") : r.message();
+  };
+  EXPECT_NE(message("hidden_size", "18446744073709551615").find("got 18446744073709551615"),
+            std::string::npos);
+  EXPECT_NE(message("vocab_size", "1e30").find("got float 1e+30"), std::string::npos)
+      << message("vocab_size", "1e30");
+  EXPECT_NE(message("num_hidden_layers", "99999999999999999999999").find("float"),
+            std::string::npos);
+  EXPECT_NE(message("eos_token_id", "2147483648").find("got 2147483648"), std::string::npos);
+  EXPECT_NE(message("eos_token_id", "-2147483649").find("got -2147483649"), std::string::npos);
+  EXPECT_NE(message("max_position_embeddings", "1073741825").find("got 1073741825"),
+            std::string::npos);
+  EXPECT_NE(message("rms_norm_eps", "2").find("must be in (0.0, 1.0], got 2"), std::string::npos)
+      << message("rms_norm_eps", "2");
+}
+
+TEST(Config, FifoOrDirectoryConfigRefusedWithoutHanging) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "burst_cfg_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(::mkfifo((dir + "/config.json").c_str(), 0600), 0);
+  auto r = load_config(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find(dir + "/config.json is a FIFO, not a regular file"),
+            std::string::npos)
+      << r.message();
+  std::filesystem::remove(dir + "/config.json");
+  std::filesystem::create_directory(dir + "/config.json");
+  r = load_config(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("is a directory"), std::string::npos) << r.message();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, NotJsonOrNotAnObject) {

@@ -5,6 +5,9 @@
 #include "models/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <limits>
 #include <stdlib.h>
 
 #include <cstdint>
@@ -432,6 +435,84 @@ TEST(Safetensors, NotARegularFileOrAbsent) {
   auto g = SafetensorsFile::open(dir.file("absent.safetensors"));
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.message().find("absent.safetensors"), std::string::npos) << g.message();
+}
+
+// A FIFO named like a weight file would block open() until a writer comes: refused at once,
+// whichever file it stands for (single file, index, shard); so is a directory or a device.
+TEST(Safetensors, FifoDeviceOrDirectoryRefusedWithoutHanging) {
+  {
+    TempDir dir;
+    ASSERT_EQ(::mkfifo(dir.file("model.safetensors").c_str(), 0600), 0);
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.message().find("is a FIFO, not a regular file"), std::string::npos)
+        << w.message();
+  }
+  {
+    TempDir dir;
+    ASSERT_EQ(::mkfifo(dir.file("model.safetensors.index.json").c_str(), 0600), 0);
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.message().find("FIFO"), std::string::npos) << w.message();
+  }
+  {
+    TempDir dir;
+    ASSERT_EQ(::mkfifo(dir.file("shard.safetensors").c_str(), 0600), 0);
+    json index = {{"weight_map", {{"a.bf16", "shard.safetensors"}}}};
+    write_file(dir.file("model.safetensors.index.json"), index.dump());
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.message().find("FIFO"), std::string::npos) << w.message();
+    EXPECT_NE(w.message().find("a.bf16"), std::string::npos) << w.message();
+  }
+  {
+    TempDir dir;
+    std::filesystem::create_directory(dir.file("model.safetensors"));
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.message().find("is a directory"), std::string::npos) << w.message();
+  }
+  {
+    TempDir dir;
+    std::filesystem::create_symlink("/dev/zero", dir.file("model.safetensors"));
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.message().find("character device"), std::string::npos) << w.message();
+  }
+}
+
+// NaN or infinite weights are refused, naming the tensor and the element.
+TEST(Safetensors, NonFiniteWeightsRefused) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    Spec spec;
+    std::vector<int64_t> shape;
+  };
+  const std::vector<Case> cases = {
+      {{"w.f32", "F32", {3}, bytes_of(std::vector<float>{1.f, nan, 2.f})}, {3}},
+      {{"w.f32", "F32", {2}, bytes_of(std::vector<float>{-inf, 2.f})}, {2}},
+      {{"w.bf16", "BF16", {2}, bytes_of(std::vector<uint16_t>{0x3f80, 0x7f80})}, {2}},
+      {{"w.f16", "F16", {2}, bytes_of(std::vector<uint16_t>{0x3c00, 0x7e00})}, {2}},
+  };
+  for (const auto& c : cases) {
+    TempDir dir;
+    write_file(dir.file("model.safetensors"), build({c.spec}));
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_TRUE(w.ok()) << w.message();
+    auto r = w.value().get(c.spec.name, c.shape);
+    ASSERT_FALSE(r.ok()) << c.spec.name;
+    EXPECT_NE(r.message().find("\"" + c.spec.name + "\" holds a NaN or infinite value"),
+              std::string::npos)
+        << r.message();
+  }
+  // Finite extremes (65504 in F16, 3e38 in F32) are fine.
+  TempDir dir;
+  write_file(dir.file("model.safetensors"), build(sample_specs()));
+  auto w = WeightFiles::open_dir(dir.path());
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(w.value().get("b.f16", {4}).ok());
+  EXPECT_TRUE(w.value().get("c.f32", {2, 2}).ok());
 }
 
 // Two shards plus an index, as transformers' save_pretrained writes them.

@@ -40,6 +40,13 @@ Result<LlamaConfig> parse_config_json(const std::string& text, const std::string
 // Reads and parses DIR/config.json.
 Result<LlamaConfig> load_config(const std::string& model_dir);
 
+// Model files are untrusted paths too: only regular files are opened (a FIFO would block
+// open() forever, a device or directory is refused), with a message naming what the path is.
+// The descriptor (O_RDONLY | O_CLOEXEC) is the caller's to close.
+Result<int> open_regular_file(const std::string& path);
+// The whole of a regular file of at most max_bytes.
+Result<std::string> read_regular_file(const std::string& path, int64_t max_bytes);
+
 // Built-in architecture presets ("7b", "13b", "70b"; LLaMA-2 shapes, vocab 32000).
 Result<LlamaConfig> preset_config(const std::string& name);
 std::vector<std::string> preset_names();
