@@ -184,6 +184,20 @@ Status WorkerGroup::spawn() {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options_.threads_per_worker > 0 ? options_.threads_per_worker
                                                       : std::max(1, cores / n);
+  // The group's secret: only processes given it (through the environment, which other users
+  // cannot read, never argv) can drive the workers' control service.
+  auto secret = random_token();
+  if (!secret.ok()) return secret.status();
+  token_ = secret.value();
+  std::vector<std::string> env;
+  const std::string secret_var = std::string(kWorkerSecretEnv) + "=";
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, secret_var.c_str(), secret_var.size()) != 0) env.emplace_back(*e);
+  }
+  env.push_back(secret_var + token_);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   ranks_.clear();
   for (int r = 0; r < n; ++r) {
     auto rk = std::make_unique<Rank>();
@@ -208,7 +222,7 @@ Status WorkerGroup::spawn() {
     const pid_t pid = fork();
     if (pid < 0) return Status::error("fork failed while starting worker rank " + std::to_string(r));
     if (pid == 0) {
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     rk->pid = pid;
@@ -245,20 +259,6 @@ Status WorkerGroup::spawn() {
     stop_all();
     return st;
   }
-  stopping_ = false;
-  supervisor_ = std::thread([this] { supervise(); });
-  return {};
-}
-
-Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
-  const int n = static_cast<int>(addresses.size());
-  if (ranks_.empty()) {
-    for (int r = 0; r < n; ++r) {
-      ranks_.push_back(std::make_unique<Rank>());
-      ranks_.back()->rank = r;
-    }
-  }
-  for (auto& rk : ranks_) {
   // Every rank has joined its communicator (it writes its port file after) and answers: the
   // rendezvous files have served their purpose.
   {
@@ -266,6 +266,25 @@ Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
     fs::remove_all(run_dir_, ec);
     run_dir_.clear();
   }
+  stopping_ = false;
+  supervisor_ = std::thread([this] { supervise(); });
+  return {};
+}
+
+void WorkerGroup::authorize(grpc::ClientContext& ctx) const {
+  if (!token_.empty()) ctx.AddMetadata(kWorkerTokenKey, token_);
+}
+
+Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
+  const int n = static_cast<int>(addresses.size());
+  if (remote()) token_ = options_.registry->options().cluster_token;
+  if (ranks_.empty()) {
+    for (int r = 0; r < n; ++r) {
+      ranks_.push_back(std::make_unique<Rank>());
+      ranks_.back()->rank = r;
+    }
+  }
+  for (auto& rk : ranks_) {
     rk->address = addresses[static_cast<size_t>(rk->rank)];
     grpc::ChannelArguments ch_args;
     ch_args.SetMaxSendMessageSize(256 << 20);
@@ -276,6 +295,7 @@ Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
   for (auto& rk : ranks_) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    authorize(ctx);
     pb::PingResponse pong;
     const grpc::Status st = rk->stub->Ping(&ctx, pb::PingRequest(), &pong);
     if (!st.ok()) {
@@ -363,6 +383,7 @@ void WorkerGroup::monitor() {
     for (size_t r = 0; r < ranks_.size() && healthy_; ++r) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + ping_wait);
+      authorize(ctx);
       {
         std::lock_guard<std::mutex> lock(monitor_mu_);
         if (monitor_stop_) return;
@@ -479,6 +500,7 @@ void WorkerGroup::stop_all() {
     if (rk->pid && rk->stub) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+      authorize(ctx);
       pb::ShutdownResponse resp;
       rk->stub->Shutdown(&ctx, pb::ShutdownRequest(), &resp);
     }
@@ -574,6 +596,7 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     session_ = std::make_unique<Session>();
     for (size_t r = 0; r < n; ++r) {
       session_->ctx.push_back(std::make_unique<grpc::ClientContext>());
+      authorize(*session_->ctx.back());
       in_flight_.push_back(session_->ctx.back().get());
     }
   }

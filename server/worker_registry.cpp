@@ -3,12 +3,14 @@
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netdb.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -49,6 +51,53 @@ std::string weights_identity(const models::ModelSpec& spec) {
 }
 
 }  // namespace
+
+Result<std::string> random_token() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::error(std::string("getrandom failed: ") + std::strerror(errno));
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+bool token_equal(const std::string& expected, const std::string& got) {
+  // Every byte of `expected` is looked at whatever `got` holds; only the length (not secret:
+  // 64 hex digits, or the operator's token) shows.
+  volatile unsigned char diff = expected.size() != got.size() ? 1 : 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char g = i < got.size() ? static_cast<unsigned char>(got[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(expected[i]) ^ g));
+  }
+  return diff == 0;
+}
+
+Result<std::string> read_token_file(const std::string& path) {
+  auto text = models::read_regular_file(path, 4096);
+  if (!text.ok()) return Status::error("cluster token file: " + text.message());
+  std::string t = text.value();
+  const auto first = t.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return Status::error("cluster token file " + path + " is empty");
+  t = t.substr(first, t.find_last_not_of(" \t\r\n") - first + 1);
+  return t;
+}
+
+Result<std::string> cluster_token_from_env() {
+  const char* t = std::getenv(kClusterTokenEnv);
+  if (t != nullptr && *t != '\0') return std::string(t);
+  const char* f = std::getenv(kClusterTokenFileEnv);
+  if (f != nullptr && *f != '\0') return read_token_file(f);
+  return std::string();
+}
 
 std::string model_fingerprint(const models::LlamaConfig& c, const models::ModelSpec& spec) {
   std::string rope = "none";
@@ -209,8 +258,26 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
  public:
   explicit Service(WorkerRegistry& r) : r_(r) {}
 
+  // Every call must carry the cluster token when there is one.
+  grpc::Status authorize(const grpc::ServerContext* ctx) const {
+    const std::string& token = r_.options_.cluster_token;
+    if (token.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    const auto it = md.find(kWorkerTokenKey);
+    const std::string got = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+    if (it != md.end() && token_equal(token, got)) return grpc::Status::OK;
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            std::string(it == md.end() ? "no" : "a wrong") +
+                " cluster token: start burst-worker with the server's token ($" +
+                kClusterTokenEnv + " or --cluster-token-file)"};
+  }
+
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                     grpc::ServerWriter<pb::JoinEvent>* writer) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) {
+      spdlog::warn("refused a worker from {}: {}", ctx->peer(), a.error_message());
+      return a;
+    }
     const RegistryOptions& o = r_.options_;
     if (req->device_kind() != o.device_kind) {
       return {grpc::StatusCode::FAILED_PRECONDITION,
@@ -291,24 +358,27 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
     }
   }
 
-  grpc::Status StoreSet(grpc::ServerContext*, const pb::StoreSetRequest* req,
+  grpc::Status StoreSet(grpc::ServerContext* ctx, const pb::StoreSetRequest* req,
                         pb::StoreSetResponse*) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     const Status st = r_.store_.set(req->generation(), req->key(),
                                     std::vector<char>(req->value().begin(), req->value().end()));
     if (!st.ok()) return {grpc::StatusCode::FAILED_PRECONDITION, st.message()};
     return grpc::Status::OK;
   }
 
-  grpc::Status StoreGet(grpc::ServerContext*, const pb::StoreGetRequest* req,
+  grpc::Status StoreGet(grpc::ServerContext* ctx, const pb::StoreGetRequest* req,
                         pb::StoreGetResponse* out) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     auto v = r_.store_.get(req->generation(), req->key(), clamp_wait(req->timeout_ms()));
     if (!v.ok()) return error_of(req->generation(), v.message());
     out->set_value(std::string(v.value().begin(), v.value().end()));
     return grpc::Status::OK;
   }
 
-  grpc::Status StoreWait(grpc::ServerContext*, const pb::StoreWaitRequest* req,
+  grpc::Status StoreWait(grpc::ServerContext* ctx, const pb::StoreWaitRequest* req,
                          pb::StoreWaitResponse*) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     const std::vector<std::string> keys(req->keys().begin(), req->keys().end());
     const Status st = r_.store_.wait(req->generation(), keys, clamp_wait(req->timeout_ms()));
     if (!st.ok()) return error_of(req->generation(), st.message());
@@ -333,6 +403,16 @@ Result<std::unique_ptr<WorkerRegistry>> WorkerRegistry::start(RegistryOptions op
   if (options.world_size < 1) return Status::error("the worker registry needs world_size >= 1");
   auto hp = split_host_port(options.listen);
   if (!hp.ok()) return Status::error("worker listen address: " + hp.message());
+  if (options.cluster_token.empty()) {
+    auto token = cluster_token_from_env();
+    if (!token.ok()) return token.status();
+    options.cluster_token = token.value();
+  }
+  if (options.cluster_token.empty()) {
+    spdlog::warn("no cluster token (${} or ${}): any host that reaches {} can join the worker "
+                 "group and drive the workers",
+                 kClusterTokenEnv, kClusterTokenFileEnv, options.listen);
+  }
   std::unique_ptr<WorkerRegistry> r(new WorkerRegistry(std::move(options)));
   r->service_ = std::make_unique<Service>(*r);
   grpc::ServerBuilder builder;
@@ -439,6 +519,11 @@ std::shared_ptr<engine::RendezvousStore> WorkerRegistry::store_view(uint64_t gen
 struct RegistryStore::Impl {
   std::unique_ptr<pb::WorkerRegistry::Stub> stub;
   uint64_t generation = 0;
+  std::string token;
+
+  void authorize(grpc::ClientContext* ctx) const {
+    if (!token.empty()) ctx->AddMetadata(kWorkerTokenKey, token);
+  }
 
   // The RPC gets the store's own wait plus slack, so a slow network is not taken for a
   // missing key.
@@ -451,16 +536,19 @@ struct RegistryStore::Impl {
   }
 };
 
-RegistryStore::RegistryStore(std::shared_ptr<grpc::Channel> channel, uint64_t generation)
+RegistryStore::RegistryStore(std::shared_ptr<grpc::Channel> channel, uint64_t generation,
+                             std::string token)
     : impl_(std::make_unique<Impl>()) {
   impl_->stub = pb::WorkerRegistry::NewStub(std::move(channel));
   impl_->generation = generation;
+  impl_->token = std::move(token);
 }
 
 RegistryStore::~RegistryStore() = default;
 
 Status RegistryStore::set(const std::string& key, const std::vector<char>& value) {
   grpc::ClientContext ctx;
+  impl_->authorize(&ctx);
   Impl::deadline(&ctx, std::chrono::milliseconds(0));
   pb::StoreSetRequest req;
   req.set_generation(impl_->generation);
@@ -475,6 +563,7 @@ Status RegistryStore::set(const std::string& key, const std::vector<char>& value
 Result<std::vector<char>> RegistryStore::get(const std::string& key,
                                              std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
+  impl_->authorize(&ctx);
   Impl::deadline(&ctx, timeout);
   pb::StoreGetRequest req;
   req.set_generation(impl_->generation);
@@ -489,6 +578,7 @@ Result<std::vector<char>> RegistryStore::get(const std::string& key,
 Status RegistryStore::wait(const std::vector<std::string>& keys,
                            std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
+  impl_->authorize(&ctx);
   Impl::deadline(&ctx, timeout);
   pb::StoreWaitRequest req;
   req.set_generation(impl_->generation);

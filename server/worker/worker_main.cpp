@@ -67,6 +67,7 @@ struct Args {
   int64_t kv_capacity = 4096;
   int comm_timeout_ms = 30000;
   std::string join, advertise_host;
+  std::string cluster_token_file;  // --join: the cluster token's file (else $BURST_CLUSTER_TOKEN)
   bool local_flags = false;  // any of --rank --world --store --port-file --kv-capacity ...
 };
 
@@ -76,12 +77,15 @@ struct Args {
                "--world N --store DIR --port-file FILE [--device cpu] [--kv-capacity TOKENS] "
                "[--threads T] [--comm-timeout-ms MS]\n"
                "   or: burst-worker (--model DIR | --preset NAME --random-weights SEED) "
-               "--join HOST:PORT [--advertise-host H] [--device cpu|cuda:N] [--threads T]\n"
+               "--join HOST:PORT [--advertise-host H] [--cluster-token-file F] "
+               "[--device cpu|cuda:N] [--threads T]\n"
                "The first form is started by burst-server / burst-generate --workers N. The "
                "second joins `burst-server --remote-workers N --worker-listen HOST:PORT` "
                "(multi-node); rank, world size and KV capacity come from the server; "
                "--advertise-host (default: this host's address on the route to the server) is "
-               "where the other workers and the server reach this one.\n";
+               "where the other workers and the server reach this one. The server's cluster "
+               "token comes from --cluster-token-file or $BURST_CLUSTER_TOKEN; a spawned worker "
+               "gets its group's secret in $BURST_WORKER_SECRET.\n";
   std::exit(2);
 }
 
@@ -136,6 +140,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--comm-timeout-ms") a.comm_timeout_ms = static_cast<int>(to_int(f, v));
     else if (f == "--join") a.join = v;
     else if (f == "--advertise-host") a.advertise_host = v;
+    else if (f == "--cluster-token-file") a.cluster_token_file = v;
     else usage("unknown flag " + f);
   }
   if (a.threads < 0) usage("--threads must be >= 0");
@@ -150,6 +155,7 @@ Args parse(int argc, char** argv) {
     return a;
   }
   if (!a.advertise_host.empty()) usage("--advertise-host needs --join");
+  if (!a.cluster_token_file.empty()) usage("--cluster-token-file needs --join");
   if (a.world < 1 || a.rank < 0 || a.rank >= a.world) usage("need 0 <= --rank < --world");
   if (a.store.empty() || a.port_file.empty()) usage("need --store and --port-file");
   if (a.kv_capacity < 1) usage("--kv-capacity must be > 0");
@@ -185,13 +191,29 @@ models::StepPlan to_plan(const pb::StepRequest& req) {
 class WorkerService final : public pb::WorkerControl::Service {
  public:
   WorkerService(models::LlamaModel& model, engine::Communicator& comm,
-                engine::RingAttention& ring)
-      : model_(model), comm_(comm), ring_(ring), runner_(model, ring, comm) {}
+                engine::RingAttention& ring, std::string token)
+      : model_(model), comm_(comm), ring_(ring), runner_(model, ring, comm),
+        token_(std::move(token)) {}
+
+  // Every call must carry the group's token (burst::server::kWorkerTokenKey): the port is
+  // reachable by every local user (and, --join, by the network), the token only by the
+  // coordinator. Compared in constant time.
+  grpc::Status authorize(const grpc::ServerContext* ctx) const {
+    if (token_.empty()) return grpc::Status::OK;  // --join without a cluster token
+    const auto& md = ctx->client_metadata();
+    const auto it = md.find(burst::server::kWorkerTokenKey);
+    const std::string got = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+    if (it != md.end() && burst::server::token_equal(token_, got)) return grpc::Status::OK;
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            where() + (it == md.end() ? "no" : "a wrong") +
+                " worker token: only this worker's coordinator may call it"};
+  }
 
   // The step loop: one StepRequest in, one final StepReply out (rank 0: the sampled tokens),
   // until the coordinator closes the stream. Every rank gets the same requests.
   grpc::Status Session(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<pb::StepReply, pb::StepRequest>* stream) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     std::lock_guard<std::mutex> lock(run_mu_);  // one coordinator session at a time
     if (broken_) return {grpc::StatusCode::UNAVAILABLE, where() + "the worker group is broken"};
     runner_.release_all();  // a new session starts from an empty cache
@@ -251,8 +273,9 @@ class WorkerService final : public pb::WorkerControl::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Ping(grpc::ServerContext*, const pb::PingRequest*,
+  grpc::Status Ping(grpc::ServerContext* ctx, const pb::PingRequest*,
                     pb::PingResponse* out) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     out->set_rank(comm_.rank());
     out->set_world_size(comm_.world_size());
     out->set_kv_capacity(ring_.capacity());
@@ -263,8 +286,9 @@ class WorkerService final : public pb::WorkerControl::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Shutdown(grpc::ServerContext*, const pb::ShutdownRequest*,
+  grpc::Status Shutdown(grpc::ServerContext* ctx, const pb::ShutdownRequest*,
                         pb::ShutdownResponse*) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     g_exit.request(0);
     return grpc::Status::OK;
   }
@@ -278,6 +302,7 @@ class WorkerService final : public pb::WorkerControl::Service {
   models::BatchRunner runner_;
   std::mutex run_mu_;
   bool broken_ = false;
+  const std::string token_;
 };
 
 std::string g_who = "burst-worker";  // how messages name this process
@@ -348,7 +373,8 @@ void start_sigterm_thread() {
   }).detach();
 }
 
-int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model) {
+int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model,
+              const std::string& secret) {
   g_who = "burst-worker rank " + std::to_string(a.rank);
   auto comm = make_communicator(backend, a.rank, a.world, a.store, nullptr, "127.0.0.1",
                                 std::chrono::milliseconds(a.comm_timeout_ms));
@@ -356,7 +382,7 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
   auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
                                             a.kv_capacity, kv_page_size(backend));
   if (!ring.ok()) return fail(ring.message());
-  WorkerService service(model, *comm.value(), *ring.value());
+  WorkerService service(model, *comm.value(), *ring.value(), secret);
   int port = 0;
   std::unique_ptr<grpc::Server> server = start_control(service, "127.0.0.1", &port);
   if (!server || port == 0) return fail("cannot start the control service on 127.0.0.1");
@@ -397,6 +423,16 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
 int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model, char** argv) {
   namespace srv = burst::server;
   g_who = "burst-worker (join " + a.join + ")";
+  std::string token;
+  if (!a.cluster_token_file.empty()) {
+    auto t = srv::read_token_file(a.cluster_token_file);
+    if (!t.ok()) return fail(t.message());
+    token = t.value();
+  } else {
+    auto t = srv::cluster_token_from_env();
+    if (!t.ok()) return fail(t.message());
+    token = t.value();
+  }
   const auto hp = srv::split_host_port(a.join).value();
   std::string host = a.advertise_host;
   if (host.empty()) {
@@ -428,6 +464,7 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
   auto backoff = std::chrono::milliseconds(500);
   while (true) {
     grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata(srv::kWorkerTokenKey, token);
     auto reader = stub->Join(&ctx, req);
     pb::JoinEvent ev;
     if (!reader->Read(&ev) || !ev.has_assigned()) {
@@ -435,6 +472,7 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
       const auto code = st.error_code();
       if (code == grpc::StatusCode::FAILED_PRECONDITION ||
           code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+          code == grpc::StatusCode::UNAUTHENTICATED ||
           code == grpc::StatusCode::INVALID_ARGUMENT) {
         std::cerr << g_who << ": refused by the server: " << st.error_message() << std::endl;
         return kExitRefused;
@@ -457,7 +495,7 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
       // Every rank on its own host gets all of its cores.
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
     }
-    auto store = std::make_shared<srv::RegistryStore>(channel, as.generation());
+    auto store = std::make_shared<srv::RegistryStore>(channel, as.generation(), token);
     auto comm = make_communicator(backend, as.rank(), as.world_size(), "", store, host,
                                   std::chrono::milliseconds(as.comm_timeout_ms()));
     if (!comm.ok()) {
@@ -467,7 +505,7 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
     auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
                                               as.kv_capacity(), kv_page_size(backend));
     if (!ring.ok()) return fail(ring.message());  // cannot hold the KV shard: a setup error
-    WorkerService service(model, *comm.value(), *ring.value());
+    WorkerService service(model, *comm.value(), *ring.value(), token);
     int port = 0;
     std::unique_ptr<grpc::Server> server = start_control(service, host, &port);
     if (!server || port == 0) {
@@ -516,6 +554,19 @@ int main(int argc, char** argv) {
   sigaddset(&term, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &term, nullptr);  // inherited by every thread created below
   const Args a = parse(argc, argv);
+  // A spawned worker's group secret: taken from the environment and removed from it, so no
+  // child of this process inherits it. Without one, a spawned worker would open a control
+  // port anyone on this host could drive: it refuses to start.
+  std::string secret;
+  if (const char* s = std::getenv(burst::server::kWorkerSecretEnv); s != nullptr) secret = s;
+  unsetenv(burst::server::kWorkerSecretEnv);
+  if (a.join.empty() && secret.empty()) {
+    std::cerr << "burst-worker: error: $" << burst::server::kWorkerSecretEnv
+              << " is not set: a worker with --rank/--world is started by burst-server or "
+                 "burst-generate, which hand it its group's secret"
+              << std::endl;
+    return 2;
+  }
   // Die with the coordinator: a spawned worker must never outlive the process that supervises
   // it. A --join worker has no such parent; it outlives even its server, and registers again.
   if (a.join.empty()) prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -528,5 +579,5 @@ int main(int argc, char** argv) {
   auto model = models::load_model(*backend.value(), a.model);
   if (!model.ok()) return fail(model.message());
   if (!a.join.empty()) return run_join(a, *backend.value(), *model.value(), argv);
-  return run_local(a, *backend.value(), *model.value());
+  return run_local(a, *backend.value(), *model.value(), secret);
 }

@@ -279,7 +279,171 @@ def test_loader_refuses_hostile_model_dirs():
         subprocess.run(["rm", "-rf", tmp])
 
 
+_worker_pb = None
+
+
+def worker_pb():
+    """Python stubs of proto/burst/v1/worker.proto (protoc + Debian's grpc plugin)."""
+    global _worker_pb
+    if _worker_pb is None:
+        import sys
+        from harness import ROOT
+        out = tempfile.mkdtemp(prefix="burst-pb-")
+        subprocess.run(["protoc", f"--proto_path={os.path.join(ROOT, 'proto')}",
+                        f"--python_out={out}", f"--grpc_out={out}",
+                        "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+                        "burst/v1/worker.proto"], check=True)
+        sys.path.insert(0, out)
+        from burst.v1 import worker_pb2, worker_pb2_grpc
+        _worker_pb = (worker_pb2, worker_pb2_grpc)
+    return _worker_pb
+
+
+def listening_ports(pid):
+    """TCP ports pid listens on (its socket inodes matched against /proc/net/tcp*)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def control_port(pid):
+    """The port of pid's WorkerControl service: the one that answers gRPC at all."""
+    import grpc
+    pb2, pb2_grpc = worker_pb()
+    for port in listening_ports(pid):
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            pb2_grpc.WorkerControlStub(ch).Ping(pb2.PingRequest(), timeout=2)
+            return port
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return port
+        finally:
+            ch.close()
+    raise AssertionError(f"no WorkerControl port among {listening_ports(pid)}")
+
+
+def test_worker_port_refuses_calls_without_the_group_secret():
+    import grpc
+    pb2, pb2_grpc = worker_pb()
+    with Server() as srv:
+        pids = srv.worker_pids()
+        tried = refused = 0
+        for pid in pids:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            check(b"SECRET" not in cmdline.upper(), "no secret on the command line")
+            port = control_port(pid)
+            ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+            stub = pb2_grpc.WorkerControlStub(ch)
+            calls = [
+                ("Ping", lambda md: stub.Ping(pb2.PingRequest(), timeout=5, metadata=md)),
+                ("Shutdown", lambda md: stub.Shutdown(pb2.ShutdownRequest(), timeout=5,
+                                                      metadata=md)),
+                ("Session", lambda md: list(stub.Session(iter([pb2.StepRequest(
+                    seqs=[pb2.SeqWork(id=1, tokens=[1, 2, 3], prompt_len=3, sample=True)])]),
+                    timeout=5, metadata=md))),
+            ]
+            for name, call in calls:
+                for md in [None, [("x-burst-worker-token", "0" * 64)],
+                           [("x-burst-worker-token", "")]]:
+                    tried += 1
+                    try:
+                        call(md)
+                        raise AssertionError(f"{name} with {md} was accepted by pid {pid}")
+                    except grpc.RpcError as e:
+                        check(e.code() == grpc.StatusCode.UNAUTHENTICATED,
+                              f"{name}: {e.code()} {e.details()}")
+                        check("token" in e.details(), f"{name}: {e.details()}")
+                        refused += 1
+            ch.close()
+            check(os.path.exists(f"/proc/{pid}"), f"worker {pid} still runs")
+        print(f"worker port: tried {tried}, refused {refused} (UNAUTHENTICATED)")
+        check(srv.request("GET", "/health")[0] == 200, "the group still serves")
+        st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+        check(st == 200 and r["usage"]["completion_tokens"] == 3, f"next request: {st} {r}")
+        check(srv.worker_pids() == pids, "the same workers")
+
+
+def test_cluster_token_for_joining_workers():
+    tmp = tempfile.mkdtemp(prefix="burst-rel-token-")
+    token_file = os.path.join(tmp, "token")
+    open(token_file, "w").write("s3cret-cluster-token\n")
+    old = os.environ.get("BURST_CLUSTER_TOKEN_FILE")
+    os.environ["BURST_CLUSTER_TOKEN_FILE"] = token_file
+    try:
+        srv = Server("--remote-workers", 1, "--worker-listen", "127.0.0.1:0", workers=1,
+                     wait_healthy=False)
+    finally:
+        if old is None:
+            del os.environ["BURST_CLUSTER_TOKEN_FILE"]
+        else:
+            os.environ["BURST_CLUSTER_TOKEN_FILE"] = old
+    procs = []
+
+    def worker(*extra, env=None):
+        from harness import MODEL
+        e = {k: v for k, v in os.environ.items() if not k.startswith("BURST_CLUSTER")}
+        e.update(env or {}, OMP_WAIT_POLICY="PASSIVE")
+        p = subprocess.Popen([os.path.join(build_dir(), "bin", "burst-worker"), "--model", MODEL,
+                              "--join", f"127.0.0.1:{srv.worker_port}", "--threads", "1",
+                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env=e)
+        procs.append(p)
+        return p
+
+    try:
+        for p in [worker(), worker(env={"BURST_CLUSTER_TOKEN": "wrong"})]:
+            out = p.communicate(timeout=30)[0].decode(errors="replace")
+            check(p.returncode == 4 and "cluster token" in out, f"refused: {p.returncode} {out}")
+        # The registry's Store calls need the token too.
+        import grpc
+        pb2, pb2_grpc = worker_pb()
+        ch = grpc.insecure_channel(f"127.0.0.1:{srv.worker_port}")
+        try:
+            pb2_grpc.WorkerRegistryStub(ch).StoreSet(pb2.StoreSetRequest(generation=1, key="k"),
+                                                    timeout=5)
+            raise AssertionError("StoreSet without the token was accepted")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.UNAUTHENTICATED, f"{e.code()} {e.details()}")
+        ch.close()
+        good = worker("--cluster-token-file", token_file)
+        srv.wait_healthy()
+        st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+        check(st == 200 and r["usage"]["completion_tokens"] == 3, f"served: {st} {r}")
+        # Its control service wants the token too.
+        port = control_port(good.pid)
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            pb2_grpc.WorkerControlStub(ch).Shutdown(pb2.ShutdownRequest(), timeout=5)
+            raise AssertionError("Shutdown without the token was accepted")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.UNAUTHENTICATED, f"{e.code()} {e.details()}")
+        ch.close()
+        check(good.poll() is None, "the worker still runs")
+    finally:
+        srv.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run(["rm", "-rf", tmp])
+
+
 if __name__ == "__main__":
     run([test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
          test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir,
-         test_loader_refuses_hostile_model_dirs])
+         test_loader_refuses_hostile_model_dirs,
+         test_worker_port_refuses_calls_without_the_group_secret,
+         test_cluster_token_for_joining_workers])

@@ -5,8 +5,10 @@
 // dissolve) and two Gloo ranks meeting through the network store.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -84,6 +86,47 @@ TEST(SplitHostPort, AcceptsHostsAndBracketedV6AndRefusesTheRest) {
   for (const char* bad : {"node", ":80", "host:", "host:99999", "host:8x", "[::1]80"}) {
     EXPECT_FALSE(split_host_port(bad).ok()) << bad;
   }
+}
+
+TEST(WorkerToken, RandomTokensAndConstantTimeComparison) {
+  auto a = random_token();
+  auto b = random_token();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a.value().size(), 64u);
+  EXPECT_EQ(a.value().find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a.value(), b.value());
+  EXPECT_TRUE(token_equal(a.value(), a.value()));
+  EXPECT_FALSE(token_equal(a.value(), b.value()));
+  EXPECT_FALSE(token_equal(a.value(), ""));
+  EXPECT_FALSE(token_equal(a.value(), a.value().substr(0, 63)));
+  EXPECT_FALSE(token_equal(a.value(), a.value() + "0"));
+  EXPECT_FALSE(token_equal("abc", std::string("abc\0", 4)));
+}
+
+TEST(WorkerToken, TokenFileIsTrimmedAndMustBeARegularNonEmptyFile) {
+  char tmpl[] = "/tmp/burst_token_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    std::FILE* f = std::fopen((dir + "/t").c_str(), "w");
+    std::fputs("  tok-123\n", f);
+    std::fclose(f);
+  }
+  auto t = read_token_file(dir + "/t");
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ(t.value(), "tok-123");
+  {
+    std::FILE* f = std::fopen((dir + "/e").c_str(), "w");
+    std::fputs(" \n", f);
+    std::fclose(f);
+  }
+  EXPECT_FALSE(read_token_file(dir + "/e").ok());
+  auto d = read_token_file(dir);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.message().find("directory"), std::string::npos) << d.message();
+  std::remove((dir + "/t").c_str());
+  std::remove((dir + "/e").c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(ModelFingerprint, DependsOnConfigAndWeights) {

@@ -160,6 +160,10 @@ class WorkerGroup {
   WorkerGroupOptions options_;
   WorkerGroupInfo info_;
   std::string run_dir_;
+  // Sent as metadata (kWorkerTokenKey) on every WorkerControl call: the per-group secret of
+  // local workers, the registry's cluster token for remote ones.
+  std::string token_;
+  void authorize(grpc::ClientContext& ctx) const;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::atomic<bool> healthy_{false};
   std::atomic<bool> stopping_{false};

@@ -70,6 +70,10 @@ struct RegistryOptions {
   std::string device_kind = "cpu";  // "cpu" or "cuda": the communicator every rank must use
   int64_t kv_capacity_per_rank = 0;
   std::chrono::milliseconds comm_timeout{30000};
+  // Workers must present it (kWorkerTokenKey) on Join and every Store call; the group sends it
+  // on every WorkerControl call. Empty: start() takes cluster_token_from_env(); still empty:
+  // any host that reaches `listen` may join (a warning says so).
+  std::string cluster_token;
 };
 
 class WorkerRegistry {
@@ -124,7 +128,9 @@ class WorkerRegistry {
 // The worker's side of the coordinator's store: one generation, over the registry's channel.
 class RegistryStore final : public engine::RendezvousStore {
  public:
-  RegistryStore(std::shared_ptr<grpc::Channel> channel, uint64_t generation);
+  // `token`: sent with every call (the cluster token; "" for none).
+  RegistryStore(std::shared_ptr<grpc::Channel> channel, uint64_t generation,
+                std::string token = "");
   ~RegistryStore() override;
   Status set(const std::string& key, const std::vector<char>& value) override;
   Result<std::vector<char>> get(const std::string& key,
@@ -135,6 +141,26 @@ class RegistryStore final : public engine::RendezvousStore {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Authentication of the internal port (WorkerControl, WorkerRegistry): every call carries a
+// token as gRPC metadata under this key. Local groups: a per-group secret the coordinator makes
+// at spawn and hands to its workers through the environment ($BURST_WORKER_SECRET, never the
+// command line). Multi-node: a shared cluster token ($BURST_CLUSTER_TOKEN, or a file named by
+// $BURST_CLUSTER_TOKEN_FILE / burst-worker --cluster-token-file), checked by the registry on
+// Join and the Store calls and by the workers' control service.
+inline constexpr char kWorkerTokenKey[] = "x-burst-worker-token";
+inline constexpr char kWorkerSecretEnv[] = "BURST_WORKER_SECRET";
+inline constexpr char kClusterTokenEnv[] = "BURST_CLUSTER_TOKEN";
+inline constexpr char kClusterTokenFileEnv[] = "BURST_CLUSTER_TOKEN_FILE";
+// 32 random bytes from the kernel, as 64 hex digits.
+Result<std::string> random_token();
+// Constant-time comparison (the time taken does not depend on where the texts differ).
+bool token_equal(const std::string& expected, const std::string& got);
+// A token file's text without surrounding whitespace; an empty or unreadable file is an error.
+Result<std::string> read_token_file(const std::string& path);
+// The cluster token from $BURST_CLUSTER_TOKEN or the file named by $BURST_CLUSTER_TOKEN_FILE;
+// "" when neither is set.
+Result<std::string> cluster_token_from_env();
 
 // The local address this host uses to reach `host` (the route's source address; no packet is
 // sent): what a worker advertises to its peers unless told otherwise.
