@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace burst::engine {
 
@@ -15,6 +16,84 @@ std::string validate(const SamplingParams& p) {
   if (p.top_k < 0) return "top_k must be >= 0";
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) return "top_p must be in (0, 1]";
   return {};
+}
+
+std::string validate(const LogitAdjust& a, int64_t vocab) {
+  auto in = [](float v, float lo, float hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  if (!in(a.presence_penalty, -2.f, 2.f)) return "presence_penalty must be in [-2, 2]";
+  if (!in(a.frequency_penalty, -2.f, 2.f)) return "frequency_penalty must be in [-2, 2]";
+  if (!(std::isfinite(a.repetition_penalty) && a.repetition_penalty > 0.f)) {
+    return "repetition_penalty must be a finite number > 0";
+  }
+  if (a.min_tokens < 0) return "min_tokens must be >= 0";
+  for (const auto& [id, bias] : a.logit_bias) {
+    if (id < 0 || id >= vocab) {
+      return "logit_bias: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+             std::to_string(vocab) + ")";
+    }
+    if (!in(bias, -100.f, 100.f)) return "logit_bias values must be in [-100, 100]";
+  }
+  return {};
+}
+
+void TokenHistory::add_prompt(const int32_t* ids, size_t n) {
+  for (size_t i = 0; i < n; ++i) seen.insert(ids[i]);
+}
+
+void TokenHistory::add_generated(int32_t id) {
+  ++generated[id];
+  seen.insert(id);
+  ++generated_total;
+}
+
+void adjust_logits(float* logits, int64_t vocab, const LogitAdjust& a, const TokenHistory& h,
+                   int32_t eos_id) {
+  for (const auto& [id, bias] : a.logit_bias) {
+    if (id >= 0 && id < vocab) logits[id] += bias;
+  }
+  if (h.generated_total < a.min_tokens && eos_id >= 0 && eos_id < vocab) {
+    logits[eos_id] = -std::numeric_limits<float>::infinity();
+  }
+  if (a.repetition_penalty != 1.f) {
+    for (int32_t id : h.seen) {
+      if (id < 0 || id >= vocab) continue;
+      float& l = logits[id];
+      l = l > 0 ? l / a.repetition_penalty : l * a.repetition_penalty;
+    }
+  }
+  if (a.frequency_penalty != 0.f || a.presence_penalty != 0.f) {
+    for (const auto& [id, count] : h.generated) {
+      if (id < 0 || id >= vocab) continue;
+      logits[id] -= a.frequency_penalty * static_cast<float>(count) +
+                    (count > 0 ? a.presence_penalty : 0.f);
+    }
+  }
+}
+
+float log_softmax_at(const float* logits, int64_t vocab, int32_t token, int top_n,
+                     std::vector<std::pair<int32_t, float>>* top) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  if (top) {
+    top->clear();
+    const auto n = static_cast<size_t>(std::min<int64_t>(std::max(top_n, 0), vocab));
+    if (n > 0) {
+      std::vector<int32_t> ids(static_cast<size_t>(vocab));
+      for (int64_t i = 0; i < vocab; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                        [&](int32_t x, int32_t y) {
+                          return logits[x] != logits[y] ? logits[x] > logits[y] : x < y;
+                        });
+      for (size_t i = 0; i < n; ++i) {
+        top->push_back({ids[i], static_cast<float>(static_cast<double>(logits[ids[i]]) - lse)});
+      }
+    }
+  }
+  if (token < 0 || token >= vocab) return -std::numeric_limits<float>::infinity();
+  return static_cast<float>(static_cast<double>(logits[token]) - lse);
 }
 
 namespace {

@@ -35,6 +35,11 @@ Status BatchRunner::validate(const StepPlan& plan) const {
     if (s.sample) {
       const std::string why = engine::validate(s.sampling);
       if (!why.empty()) return bad(who + why);
+      const std::string adj = engine::validate(s.adjust, c.vocab_size);
+      if (!adj.empty()) return bad(who + adj);
+      if (s.logprobs < -1 || s.logprobs > c.vocab_size) {
+        return bad(who + "logprobs must be in [-1, vocab]");
+      }
     }
   }
   return {};
@@ -44,12 +49,14 @@ void BatchRunner::release(uint64_t id) {
   ring_.release(id);
   samplers_.erase(id);
   next_pos_.erase(id);
+  histories_.erase(id);
 }
 
 void BatchRunner::release_all() {
   ring_.clear();
   samplers_.clear();
   next_pos_.clear();
+  histories_.clear();
 }
 
 Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
@@ -116,7 +123,13 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
   Status st = model_.forward(ids, positions, ring_, logit_rows, logits, spans, after_layer);
   if (!st.ok()) return st;  // the caller treats the group as broken: the ring may be mid-step
   ring_.end_step();
-  for (const SeqWork& s : plan.seqs) next_pos_[s.id] = s.start + static_cast<int64_t>(s.tokens.size());
+  for (const SeqWork& s : plan.seqs) {
+    next_pos_[s.id] = s.start + static_cast<int64_t>(s.tokens.size());
+    // Repetition penalty counts the prompt's ids too: rank 0 sees every chunk's tokens.
+    if (rank == 0 && !s.decode && s.adjust.repetition_penalty != 1.f) {
+      histories_[s.id].add_prompt(s.tokens.data(), s.tokens.size());
+    }
+  }
 
   // Logits a rank other than 0 computed travel to rank 0, one broadcast each, in plan order.
   std::vector<float> moved(static_cast<size_t>(vocab));
@@ -135,7 +148,22 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
     }
     if (rank != 0) continue;
     auto it = samplers_.try_emplace(s.id, s.sampling).first;
-    result.tokens.push_back({s.id, it->second.sample(row, vocab)});
+    SampledToken t;
+    t.id = s.id;
+    const float* use = row;
+    if (s.adjust.active()) {
+      adjusted_.assign(row, row + vocab);
+      engine::adjust_logits(adjusted_.data(), vocab, s.adjust, histories_[s.id],
+                            model_.config().eos_token_id);
+      use = adjusted_.data();
+    }
+    t.token = it->second.sample(use, vocab);
+    if (s.adjust.active()) histories_[s.id].add_generated(t.token);
+    if (s.logprobs >= 0) {
+      t.has_logprob = true;
+      t.logprob = engine::log_softmax_at(row, vocab, t.token, s.logprobs, &t.top);
+    }
+    result.tokens.push_back(std::move(t));
   }
   result.kv = ring_.cache().usage();
   result.rows = static_cast<int64_t>(ids.size());

@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/random.h"
 #include "models/generator.h"
+#include "server/logging.h"
 #include "server/tokenizer.h"
 #include "server/worker_group.h"
 
@@ -21,7 +22,7 @@ constexpr const char* kUsage = R"(usage: burst-generate (--model DIR | --preset 
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
-                      [--workers N] [--layout zigzag|contiguous]
+                      [--workers N] [--layout zigzag|contiguous] [--version] [--help]
 
   --model DIR          Hugging Face LLaMA directory (config.json, *.safetensors, tokenizer.model)
   --preset NAME        architecture preset; needs --random-weights SEED (no files read)
@@ -35,6 +36,7 @@ constexpr const char* kUsage = R"(usage: burst-generate (--model DIR | --preset 
   --workers N          shard the prompt over N burst-worker processes (BurstAttention ring);
                        without it, one in-process engine
   --layout L           sequence sharding across workers: zigzag (default) or contiguous
+  --version            print the version and build, then exit
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -67,6 +69,10 @@ Args parse_args(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
+      std::exit(0);
+    }
+    if (flag == "--version") {
+      std::cout << burst::server::version_string("burst-generate") << "\n";
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error("missing value for " + flag);

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <random>
 
 #include "burst/v1/burst.grpc.pb.h"
@@ -32,6 +33,21 @@ std::string request_id() {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "req-%016llx", static_cast<unsigned long long>(rng()));
   return buf;
+}
+
+// A token's piece with U+2581 shown as a space (byte pieces stay "<0xNN>": a proto string must
+// be valid UTF-8).
+std::string piece_text(const Tokenizer& tok, int32_t id) {
+  std::string p = tok.piece(id), out;
+  for (size_t i = 0; i < p.size();) {
+    if (p.compare(i, 3, "\xe2\x96\x81") == 0) {
+      out += ' ';
+      i += 3;
+    } else {
+      out += p[i++];
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -116,17 +132,39 @@ class GrpcApi::Service final : public pb::Burst::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
     }
     r.max_tokens = req->max_tokens();
-    r.sampling.temperature = req->sampling().temperature();
-    r.sampling.top_k = req->sampling().top_k();
+    const pb::SamplingParams& sp = req->sampling();
+    // HTTP's defaults: temperature 1 and a random seed when unset.
+    r.sampling.temperature = sp.has_temperature() ? sp.temperature() : 1.f;
+    r.sampling.top_k = sp.top_k();
     // proto3 cannot tell an unset top_p from 0; 0 is documented as "off".
-    r.sampling.top_p = req->sampling().top_p() == 0.f ? 1.f : req->sampling().top_p();
-    r.sampling.seed = req->sampling().seed();
-    if (r.sampling.temperature < 0) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "temperature must be >= 0");
+    r.sampling.top_p = sp.top_p() == 0.f ? 1.f : sp.top_p();
+    r.sampling.seed = sp.has_seed() ? sp.seed() : std::random_device{}();
+    auto bad = [](const std::string& m) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
+    };
+    if (!(r.sampling.temperature >= 0)) return bad("temperature must be >= 0");
+    if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) return bad("top_p must be in (0, 1]");
+    if (r.sampling.top_k < 0) return bad("top_k must be >= 0");
+    r.adjust.presence_penalty = sp.presence_penalty();
+    r.adjust.frequency_penalty = sp.frequency_penalty();
+    r.adjust.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.f;
+    for (const auto& [id, bias] : sp.logit_bias()) r.adjust.logit_bias.emplace_back(id, bias);
+    std::sort(r.adjust.logit_bias.begin(), r.adjust.logit_bias.end());
+    if (req->min_tokens() < 0) return bad("min_tokens must be >= 0");
+    if (req->max_tokens() > 0 && req->min_tokens() > req->max_tokens()) {
+      return bad("min_tokens must not exceed max_tokens");
     }
-    if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "top_p must be in (0, 1]");
+    r.adjust.min_tokens = req->min_tokens();
+    if (const std::string why = engine::validate(r.adjust, scheduler_.vocab_size());
+        !why.empty()) {
+      return bad(why);
     }
+    r.ignore_eos = req->ignore_eos();
+    if (req->top_logprobs() < 0 || req->top_logprobs() > 20) {
+      return bad("top_logprobs must be in [0, 20]");
+    }
+    if (req->top_logprobs() > 0 && !req->logprobs()) return bad("top_logprobs needs logprobs");
+    r.logprobs = req->logprobs() ? req->top_logprobs() : -1;
     r.stop.assign(req->stop().begin(), req->stop().end());
     r.return_progress = req->return_progress();
     const std::string id = r.id;
@@ -159,6 +197,15 @@ class GrpcApi::Service final : public pb::Burst::Service {
           t->set_id(ev->token);
           t->set_text(ev->text);
           if (ev->ttft_ms >= 0) t->set_ttft_ms(ev->ttft_ms);
+          if (ev->has_logprob) {
+            t->set_logprob(ev->logprob);
+            for (const auto& [id, lp] : ev->top_logprobs) {
+              auto* a = t->add_top_logprobs();
+              a->set_id(id);
+              a->set_text(piece_text(tokenizer_, id));
+              a->set_logprob(lp);
+            }
+          }
           break;
         }
         case Event::Kind::kFinished: {

@@ -3,9 +3,14 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
+
+#include "server/logging.h"
 
 namespace burst::server {
 
@@ -28,6 +33,7 @@ const char* error_type(int status) {
     case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 413: return "request_too_large";
+    case 415: return "invalid_request_error";
     case 503: return "service_unavailable";
     default: return "server_error";
   }
@@ -62,8 +68,37 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
+// What the access-log line of the request on this thread says beyond status and route.
+struct AccessInfo {
+  bool started = false;
+  std::chrono::steady_clock::time_point start;
+  std::string id;
+  int64_t prompt_tokens = -1, completion_tokens = 0;  // -1: no generation
+  std::string finish;
+  std::string error;
+};
+
+AccessInfo& access_info() {
+  static thread_local AccessInfo a;
+  return a;
+}
+
+std::string fmt_ms(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", ms);
+  return buf;
+}
+
+void note_finish(const FinishInfo& f) {
+  AccessInfo& a = access_info();
+  a.prompt_tokens = f.prompt_tokens;
+  a.completion_tokens = f.completion_tokens;
+  a.finish = f.reason;
+}
+
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& code = "", const std::string& param = "") {
+  access_info().error = message.substr(0, 200);
   if (status == 503) res.set_header("Retry-After", "1");
   send_json(res, status, error_body(status, message, code, param));
 }
@@ -113,7 +148,26 @@ bool get_bool(const json& body, const char* name, bool dflt) {
   return v->get<bool>();
 }
 
+// application/json, application/*+json (parameters such as charset allowed). A request without
+// a Content-Type is read as JSON (hand-written clients); any other type is refused with 415.
+bool is_json_type(const std::string& content_type) {
+  std::string t = content_type.substr(0, content_type.find(';'));
+  t.erase(0, t.find_first_not_of(" \t"));
+  t.erase(t.find_last_not_of(" \t") + 1);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "application/json") return true;
+  return t.rfind("application/", 0) == 0 && t.size() > 5 && t.compare(t.size() - 5, 5, "+json") == 0;
+}
+
+std::string unsupported_type_message(const std::string& content_type) {
+  return "Content-Type '" + content_type + "' is not supported: send the body as JSON with "
+         "'Content-Type: application/json' (curl: -H 'Content-Type: application/json')";
+}
+
 json parse_body(const httplib::Request& req) {
+  if (req.has_header("Content-Type") && !is_json_type(req.get_header_value("Content-Type"))) {
+    throw HttpError{415, unsupported_type_message(req.get_header_value("Content-Type"))};
+  }
   json body;
   try {
     body = json::parse(req.body);
@@ -137,6 +191,98 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
+// The parameters each endpoint understands. Anything else is refused with a 400 naming it:
+// a parameter that is accepted must do what it says, never be silently ignored.
+const std::set<std::string>& known_keys(bool chat) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options",
+      "stop", "seed", "return_progress", "presence_penalty", "frequency_penalty",
+      "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos", "user", "logprobs"};
+  static const std::set<std::string> completions = [] {
+    std::set<std::string> k = common;
+    k.insert({"prompt", "echo", "suffix", "best_of"});
+    return k;
+  }();
+  static const std::set<std::string> chat_keys = [] {
+    std::set<std::string> k = common;
+    k.insert({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+              "tool_choice", "parallel_tool_calls", "functions", "function_call", "modalities",
+              "audio", "prediction", "store", "reasoning_effort", "web_search_options"});
+    return k;
+  }();
+  return chat ? chat_keys : completions;
+}
+
+[[noreturn]] void unsupported(const std::string& name, const std::string& why) {
+  throw HttpError{400, "'" + name + "' is not supported: " + why, "unsupported_parameter", name};
+}
+
+// OpenAI parameters burst knows but cannot honour: refused unless given their neutral value.
+void refuse_unsupported(const json& body, bool chat) {
+  for (const auto& [key, v] : body.items()) {
+    if (!known_keys(chat).count(key)) {
+      throw HttpError{400, "unrecognized request argument '" + key + "' (" +
+                               (chat ? "/v1/chat/completions" : "/v1/completions") +
+                               " does not support it)",
+                      "unsupported_parameter", key};
+    }
+  }
+  if (const json* t = field(body, "tools")) {
+    if (!t->is_array()) bad_field("tools", "an array");
+    if (!t->empty()) unsupported("tools", "this server has no function calling");
+  }
+  if (const json* t = field(body, "functions")) {
+    if (!t->is_array()) bad_field("functions", "an array");
+    if (!t->empty()) unsupported("functions", "this server has no function calling");
+  }
+  for (const char* k : {"tool_choice", "function_call"}) {
+    if (const json* t = field(body, k)) {
+      if (!(t->is_string() && t->get<std::string>() == "none")) {
+        unsupported(k, "this server has no function calling (only \"none\")");
+      }
+    }
+  }
+  if (const json* t = field(body, "parallel_tool_calls"); t && !t->is_boolean()) {
+    bad_field("parallel_tool_calls", "a boolean");
+  }
+  if (const json* rf = field(body, "response_format")) {
+    const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
+    if (!type || !type->is_string()) bad_field("response_format", "an object with a 'type'");
+    if (type->get<std::string>() != "text") {
+      unsupported("response_format", "only {\"type\": \"text\"} (no JSON mode or schema)");
+    }
+  }
+  if (const json* m = field(body, "modalities")) {
+    if (!m->is_array()) bad_field("modalities", "an array");
+    for (const auto& x : *m) {
+      if (!x.is_string() || x.get<std::string>() != "text") {
+        unsupported("modalities", "only [\"text\"]");
+      }
+    }
+  }
+  for (const char* k : {"audio", "prediction", "web_search_options", "reasoning_effort"}) {
+    if (field(body, k)) unsupported(k, "this model has no such feature");
+  }
+  if (const json* st = field(body, "store")) {
+    if (!st->is_boolean()) bad_field("store", "a boolean");
+    if (st->get<bool>()) unsupported("store", "responses are not stored");
+  }
+  if (const json* u = field(body, "user"); u && !u->is_string()) bad_field("user", "a string");
+  if (const json* sfx = field(body, "suffix")) {
+    if (!sfx->is_string()) bad_field("suffix", "a string");
+    if (!sfx->get<std::string>().empty()) unsupported("suffix", "no fill-in-the-middle");
+  }
+  if (const json* e = field(body, "echo")) {
+    if (!e->is_boolean()) bad_field("echo", "a boolean");
+    if (e->get<bool>()) unsupported("echo", "the prompt is not returned");
+  }
+  if (const json* bo = field(body, "best_of")) {
+    if (!bo->is_number_integer()) bad_field("best_of", "an integer");
+    if (bo->get<int64_t>() < 1) throw HttpError{400, "'best_of' must be >= 1", "", "best_of"};
+    if (bo->get<int64_t>() > 1) unsupported("best_of", "only best_of = 1");
+  }
+}
+
 // What both OpenAI endpoints share: the model check, sampling, max_tokens, stop, streaming.
 struct CommonParams {
   ScheduledRequest request;
@@ -145,7 +291,9 @@ struct CommonParams {
   bool max_tokens_given = false;
 };
 
-CommonParams parse_common(const json& body, const std::string& model_name) {
+CommonParams parse_common(const json& body, const std::string& model_name, bool chat,
+                          int vocab_size) {
+  refuse_unsupported(body, chat);
   CommonParams p;
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) bad_field("model", "a string");
@@ -154,10 +302,12 @@ CommonParams parse_common(const json& body, const std::string& model_name) {
                       "server serves '" + model_name + "'", "model_not_found", "model"};
     }
   }
-  if (get_int(body, "n", 1) != 1) throw HttpError{400, "only n = 1 is supported", "", "n"};
+  const int64_t n = get_int(body, "n", 1);
+  if (n < 1) throw HttpError{400, "'n' must be >= 1", "", "n"};
+  if (n != 1) unsupported("n", "only n = 1 (send several requests)");
   auto& s = p.request.sampling;
   s.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
-  if (s.temperature < 0) throw HttpError{400, "'temperature' must be >= 0", "", "temperature"};
+  if (!(s.temperature >= 0)) throw HttpError{400, "'temperature' must be >= 0", "", "temperature"};
   s.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
   if (!(s.top_p > 0 && s.top_p <= 1)) {
     throw HttpError{400, "'top_p' must be in (0, 1]", "", "top_p"};
@@ -167,13 +317,18 @@ CommonParams parse_common(const json& body, const std::string& model_name) {
   s.top_k = top_k < 0 ? 0 : static_cast<int>(std::min<int64_t>(top_k, 1 << 30));
   const json* seed = field(body, "seed");
   s.seed = seed ? static_cast<uint64_t>(get_int(body, "seed", 0)) : std::random_device{}();
+  // The newer name wins; both are validated.
+  const json* mct = field(body, "max_completion_tokens");
   const json* mt = field(body, "max_tokens");
-  if (!mt) mt = field(body, "max_completion_tokens");
-  if (mt) {
-    if (!mt->is_number_integer()) bad_field("max_tokens", "an integer");
-    const int64_t v = mt->get<int64_t>();
-    if (v <= 0) throw HttpError{400, "'max_tokens' must be > 0", "", "max_tokens"};
-    p.request.max_tokens = static_cast<int>(std::min<int64_t>(v, 1LL << 30));
+  for (const auto& [v, name] : {std::pair{mt, "max_tokens"}, {mct, "max_completion_tokens"}}) {
+    if (!v) continue;
+    if (!v->is_number_integer()) bad_field(name, "an integer");
+    if (v->get<int64_t>() <= 0) {
+      throw HttpError{400, std::string("'") + name + "' must be > 0", "", name};
+    }
+  }
+  if (const json* use = mct ? mct : mt) {
+    p.request.max_tokens = static_cast<int>(std::min<int64_t>(use->get<int64_t>(), 1LL << 30));
     p.max_tokens_given = true;
   }
   if (const json* stop = field(body, "stop")) {
@@ -194,9 +349,75 @@ CommonParams parse_common(const json& body, const std::string& model_name) {
   p.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_field("stream_options", "an object");
+    for (const auto& [key, v] : so->items()) {
+      if (key != "include_usage") unsupported("stream_options." + key, "only include_usage");
+    }
     p.include_usage = get_bool(*so, "include_usage", false);
   }
   p.request.return_progress = get_bool(body, "return_progress", false);
+
+  // Logits processing and logprobs (rank 0, engine::LogitAdjust).
+  auto& a = p.request.adjust;
+  auto penalty = [&](const char* name, double lo, double hi, double dflt) {
+    const double v = get_number(body, name, dflt);
+    if (!(v >= lo && v <= hi)) {
+      throw HttpError{400, std::string("'") + name + "' must be in [" + json(lo).dump() + ", " +
+                               json(hi).dump() + "]", "", name};
+    }
+    return static_cast<float>(v);
+  };
+  a.presence_penalty = penalty("presence_penalty", -2, 2, 0);
+  a.frequency_penalty = penalty("frequency_penalty", -2, 2, 0);
+  a.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0));
+  if (!(a.repetition_penalty > 0 && std::isfinite(a.repetition_penalty))) {
+    throw HttpError{400, "'repetition_penalty' must be > 0", "", "repetition_penalty"};
+  }
+  if (const json* lb = field(body, "logit_bias")) {
+    if (!lb->is_object()) bad_field("logit_bias", "an object of token id -> bias");
+    for (const auto& [key, v] : lb->items()) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != key.size() || id < 0 || id >= vocab_size) {
+        throw HttpError{400, "'logit_bias' key '" + key + "' is not a token id in [0, " +
+                                 std::to_string(vocab_size) + ")", "", "logit_bias"};
+      }
+      if (!v.is_number() || !(v.get<double>() >= -100 && v.get<double>() <= 100)) {
+        throw HttpError{400, "'logit_bias' values must be numbers in [-100, 100]", "",
+                        "logit_bias"};
+      }
+      a.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<float>());
+    }
+  }
+  const int64_t min_tokens = get_int(body, "min_tokens", 0);
+  if (min_tokens < 0) throw HttpError{400, "'min_tokens' must be >= 0", "", "min_tokens"};
+  if (p.max_tokens_given && min_tokens > p.request.max_tokens) {
+    throw HttpError{400, "'min_tokens' must not exceed max_tokens", "", "min_tokens"};
+  }
+  a.min_tokens = static_cast<int>(std::min<int64_t>(min_tokens, 1 << 30));
+  p.request.ignore_eos = get_bool(body, "ignore_eos", false);
+  constexpr int64_t kMaxLogprobs = 20;
+  if (chat) {
+    const bool want = get_bool(body, "logprobs", false);
+    const int64_t top = get_int(body, "top_logprobs", 0);
+    if (top < 0 || top > kMaxLogprobs) {
+      throw HttpError{400, "'top_logprobs' must be in [0, 20]", "", "top_logprobs"};
+    }
+    if (field(body, "top_logprobs") && !want) {
+      throw HttpError{400, "'top_logprobs' needs 'logprobs': true", "", "top_logprobs"};
+    }
+    p.request.logprobs = want ? static_cast<int>(top) : -1;
+  } else if (field(body, "logprobs")) {
+    const int64_t lp = get_int(body, "logprobs", 0);
+    if (lp < 0 || lp > kMaxLogprobs) {
+      throw HttpError{400, "'logprobs' must be in [0, 20]", "", "logprobs"};
+    }
+    p.request.logprobs = static_cast<int>(lp);
+  }
   return p;
 }
 
@@ -218,14 +439,92 @@ json finish_reason_json(const std::string& r) {
   return r == "cancelled" ? json(nullptr) : json(r);
 }
 
+// A token's text as logprobs show it: the SentencePiece piece with U+2581 as a space and a
+// byte piece (<0xNN>) as its byte (alone it may be half a UTF-8 character; dump() replaces it).
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  std::string p = tok.piece(id);
+  if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>') {
+    return std::string(1, static_cast<char>(std::stoi(p.substr(3, 2), nullptr, 16)));
+  }
+  std::string out;
+  for (size_t i = 0; i < p.size();) {
+    if (p.compare(i, 3, "\xe2\x96\x81") == 0) {
+      out += ' ';
+      i += 3;
+    } else {
+      out += p[i++];
+    }
+  }
+  return out;
+}
+
+json token_bytes(const std::string& t) {
+  json b = json::array();
+  for (unsigned char c : t) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Collects the logprobs of the tokens since the last chunk, in OpenAI's shapes: chat
+// {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, completions
+// {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+struct LogprobsAcc {
+  bool chat = false;
+  const Tokenizer* tok = nullptr;
+  json content = json::array();
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  size_t offset = 0;  // completions: characters of the completion before the next token
+
+  bool empty() const { return content.empty() && tokens.empty(); }
+  void add(const Event& ev) {
+    if (!ev.has_logprob) return;
+    const std::string t = token_text(*tok, ev.token);
+    if (chat) {
+      json alts = json::array();
+      for (const auto& [id, lp] : ev.top_logprobs) {
+        const std::string at = token_text(*tok, id);
+        alts.push_back({{"token", at}, {"logprob", lp}, {"bytes", token_bytes(at)}});
+      }
+      content.push_back({{"token", t}, {"logprob", ev.logprob}, {"bytes", token_bytes(t)},
+                         {"top_logprobs", alts}});
+      return;
+    }
+    json alts = json::object();
+    for (const auto& [id, lp] : ev.top_logprobs) alts[token_text(*tok, id)] = lp;
+    tokens.push_back(t);
+    token_logprobs.push_back(ev.logprob);
+    top.push_back(alts);
+    offsets.push_back(offset);
+    offset += t.size();
+  }
+  // The choice's "logprobs" value for what was collected (then forgets it).
+  json take() {
+    json j;
+    if (chat) {
+      j = {{"content", std::move(content)}};
+      content = json::array();
+    } else {
+      j = {{"tokens", std::move(tokens)},
+           {"token_logprobs", std::move(token_logprobs)},
+           {"top_logprobs", std::move(top)},
+           {"text_offset", std::move(offsets)}};
+      tokens = token_logprobs = top = offsets = json::array();
+    }
+    return j;
+  }
+};
+
 // Shared by the SSE provider and its releaser; touched by one httplib worker thread at a time.
 struct SseState {
   std::shared_ptr<RequestStream> stream;
   bool chat = false;
   bool include_usage = false;
+  bool logprobs = false;  // the request asked for them
+  LogprobsAcc acc;
   std::string id, model;
   int64_t created = 0;
   bool finished = false;
+  FinishInfo finish;  // at the end: for the access log
 };
 
 json chunk(const SseState& st, json choice) {
@@ -233,18 +532,19 @@ json chunk(const SseState& st, json choice) {
             {"object", st.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", st.created},
             {"model", st.model},
-            {"choices", json::array({std::move(choice)})}};
+            {"choices", choice.is_null() ? json::array() : json::array({std::move(choice)})}};
   if (st.include_usage) j["usage"] = nullptr;
   return j;
 }
 
-json choice_json(const SseState& st, const std::string& text, const json& finish) {
+json choice_json(SseState& st, const std::string& text, const json& finish) {
+  const json lp = st.logprobs && !st.acc.empty() ? st.acc.take() : json(nullptr);
   if (st.chat) {
     json delta = json::object();
     if (!text.empty()) delta["content"] = text;
-    return {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    return {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
   }
-  return {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  return {{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
 }
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
@@ -258,20 +558,24 @@ std::string render_event(SseState& st, const Event& ev) {
                             {"delta", {{"role", "assistant"}, {"content", ""}}},
                             {"logprobs", nullptr},
                             {"finish_reason", nullptr}}));
-    case Event::Kind::kProgress:
-      // A named event: OpenAI SDKs skip events they do not know, so progress never breaks them.
-      return "event: progress\ndata: " +
-             dump({{"object", "progress"}, {"id", st.id}, {"prefilled_fraction", ev.fraction}}) +
-             "\n\n";
+    case Event::Kind::kProgress: {
+      // A data chunk with no choices (as the usage chunk): the SDKs' standard loop
+      // (chunk.choices[0]?.delta) passes over it; the progress object is burst's extension.
+      json j = chunk(st, nullptr);
+      j["progress"] = {{"prefilled_fraction", ev.fraction}};
+      return sse(j);
+    }
     case Event::Kind::kToken:
+      if (st.logprobs) st.acc.add(ev);
       if (ev.text.empty()) return "";
       return sse(chunk(st, choice_json(st, ev.text, nullptr)));
     case Event::Kind::kFinished: {
       st.finished = true;
+      st.finish = ev.finish;
+      note_finish(ev.finish);
       std::string out = sse(chunk(st, choice_json(st, "", finish_reason_json(ev.finish.reason))));
       if (st.include_usage) {
         json u = chunk(st, nullptr);
-        u["choices"] = json::array();
         u["usage"] = usage_json(ev.finish);
         u["timings"] = timings_json(ev.finish);
         out += sse(u);
@@ -280,6 +584,7 @@ std::string render_event(SseState& st, const Event& ev) {
     }
     case Event::Kind::kError: {
       st.finished = true;
+      access_info().error = ev.error.message.substr(0, 200);
       const int status = http_status(ev.error.code);
       return sse(error_body(status, ev.error.message)) + "data: [DONE]\n\n";
     }
@@ -362,12 +667,23 @@ void HttpApi::install_routes() {
   s.set_write_timeout(30, 0);
 
   // Fills in the body of errors cpp-httplib produces itself (404 route, 413 body size, 400).
+  // cpp-httplib parses an application/x-www-form-urlencoded body (what `curl -d` sends without
+  // -H) as a form and refuses one over 8 KB with 413: the real fault is the type, so 415.
   s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request& req, httplib::Response& res) {
+      [this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = "HTTP " + std::to_string(res.status);
     if (res.status == 404) msg = "no route " + req.method + " " + req.path;
-    if (res.status == 413) msg = "the request body is over the size limit";
+    if (res.status == 413) {
+      msg = "the request body is over the size limit (" +
+            std::to_string(config_.max_body_bytes) + " bytes)";
+      const std::string type = req.get_header_value("Content-Type");
+      if (req.has_header("Content-Type") && !is_json_type(type)) {
+        res.status = 415;
+        msg = unsupported_type_message(type);
+      }
+    }
+    access_info().error = msg;
     send_json(res, res.status, error_body(res.status, msg));
     return httplib::Server::HandlerResponse::Handled;
   }));
@@ -375,7 +691,16 @@ void HttpApi::install_routes() {
                              std::exception_ptr) {
     send_error(res, 500, "internal error");
   });
+  // Every request gets an id (the client's X-Request-Id, else a fresh one), returned in the
+  // X-Request-Id header and written with its status, route and latency to the access log. The
+  // whole exchange runs on one httplib thread: the id and timing live in a thread_local.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    AccessInfo& a = access_info();
+    a = AccessInfo{};
+    a.start = std::chrono::steady_clock::now();
+    a.started = true;
+    a.id = req.get_header_value("X-Request-Id");
+    if (a.id.empty() || a.id.size() > 200) a.id = random_id("req-");
     if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -387,6 +712,35 @@ void HttpApi::install_routes() {
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    const AccessInfo& a = access_info();
+    if (a.started) res.set_header("X-Request-Id", a.id);
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    AccessInfo& a = access_info();
+    const double ms = a.started ? std::chrono::duration<double, std::milli>(
+                                      std::chrono::steady_clock::now() - a.start).count()
+                                : 0.0;
+    if (res.status >= 400) ++metrics_.http_errors;
+    std::string line = "access " + req.method + " " + req.path + " " +
+                       std::to_string(res.status) + " " + fmt_ms(ms) + " ms request_id=" +
+                       (a.started ? a.id : "-") + " client=" + req.remote_addr;
+    if (a.prompt_tokens >= 0) {
+      line += " prompt_tokens=" + std::to_string(a.prompt_tokens) +
+              " completion_tokens=" + std::to_string(a.completion_tokens) +
+              " finish=" + (a.finish.empty() ? "-" : a.finish);
+    }
+    if (!a.error.empty()) line += " error=" + json_quote(a.error);
+    if (res.status >= 500) {
+      spdlog::warn("{}", line);
+    } else if (res.status < 400 && (req.path == "/health" || req.path == "/metrics")) {
+      spdlog::debug("{}", line);  // probes and scrapes, every few seconds: --log-level debug
+    } else {
+      spdlog::info("{}", line);
+    }
+    a = AccessInfo{};
   });
 
   using Fn = std::function<void(const httplib::Request&, httplib::Response&)>;
@@ -427,6 +781,37 @@ void HttpApi::install_routes() {
               {"max_model_len", scheduler_.max_context()}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   }));
+  s.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req,
+                                             httplib::Response& res) {
+    const std::string want = req.matches[1];
+    if (want != config_.model_name) {
+      throw HttpError{404, "The model '" + want + "' does not exist; this server serves '" +
+                               config_.model_name + "'", "model_not_found", "model"};
+    }
+    send_json(res, 200, {{"id", config_.model_name},
+                         {"object", "model"},
+                         {"created", 0},
+                         {"owned_by", "burst"},
+                         {"max_model_len", scheduler_.max_context()}});
+  }));
+  s.Get("/version", guarded([](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", kVersion}, {"build", version_string("burst-server")}});
+  }));
+  s.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const json body = parse_body(req);
+    const json* ids = field(body, "tokens");
+    if (!ids || !ids->is_array()) bad_field("tokens", "an array of token ids");
+    std::vector<int> v;
+    for (const auto& id : *ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= scheduler_.vocab_size()) {
+        throw HttpError{400, "'tokens' must hold token ids in [0, " +
+                                 std::to_string(scheduler_.vocab_size()) + ")", "", "tokens"};
+      }
+      v.push_back(static_cast<int>(id.get<int64_t>()));
+    }
+    send_json(res, 200, {{"prompt", tokenizer_.decode(v)}});
+  }));
   s.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
     const json body = parse_body(req);
     const json* text = field(body, "prompt");
@@ -442,7 +827,7 @@ void HttpApi::install_routes() {
   // Both OpenAI endpoints: build the request, submit, then stream or collect.
   auto serve = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
     const json body = parse_body(req);
-    CommonParams p = parse_common(body, config_.model_name);
+    CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
     std::vector<int32_t>& prompt = p.request.prompt;
     if (chat) {
       const json* msgs = field(body, "messages");
@@ -504,7 +889,8 @@ void HttpApi::install_routes() {
       p.request.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min(want, room)));
     }
     const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    p.request.id = id;
+    p.request.id = access_info().id.empty() ? id : access_info().id;  // logs: the request id
+    const bool logprobs = p.request.logprobs >= 0;
     ApiError err;
     auto stream = scheduler_.submit(std::move(p.request), &err);
     if (!stream) {
@@ -516,6 +902,9 @@ void HttpApi::install_routes() {
       st->stream = stream;
       st->chat = chat;
       st->include_usage = p.include_usage;
+      st->logprobs = logprobs;
+      st->acc.chat = chat;
+      st->acc.tok = &tokenizer_;
       st->id = id;
       st->model = config_.model_name;
       st->created = unix_now();
@@ -546,17 +935,24 @@ void HttpApi::install_routes() {
       return;
     }
     std::string text;
+    LogprobsAcc acc;
+    acc.chat = chat;
+    acc.tok = &tokenizer_;
     for (;;) {
       auto ev = stream->next(std::chrono::milliseconds(1000));
       if (!ev) continue;
-      if (ev->kind == Event::Kind::kToken) text += ev->text;
+      if (ev->kind == Event::Kind::kToken) {
+        text += ev->text;
+        if (logprobs) acc.add(*ev);
+      }
       if (ev->kind == Event::Kind::kError) {
         send_error(res, http_status(ev->error.code), ev->error.message);
         return;
       }
       if (ev->kind != Event::Kind::kFinished) continue;
+      note_finish(ev->finish);
       json choice = {{"index", 0},
-                     {"logprobs", nullptr},
+                     {"logprobs", logprobs ? acc.take() : json(nullptr)},
                      {"finish_reason", finish_reason_json(ev->finish.reason)}};
       if (chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};

@@ -17,9 +17,26 @@ std::string num(double v) {
   return buf;
 }
 
-void scalar(std::string* out, const char* name, const char* type, const char* help, double v) {
+std::string braced(const std::string& labels) { return labels.empty() ? "" : "{" + labels + "}"; }
+
+void scalar(std::string* out, const std::string& labels, const char* name, const char* type,
+            const char* help, double v) {
   *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-          name + " " + num(v) + "\n";
+          name + braced(labels) + " " + num(v) + "\n";
+}
+
+// A label value in the exposition format: backslash, quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
 }
 
 }  // namespace
@@ -41,30 +58,31 @@ void Histogram::observe(double v) {
   ++count_;
 }
 
-void Histogram::render(std::string* out) const {
+void Histogram::render(std::string* out, const std::string& labels) const {
   std::lock_guard<std::mutex> lock(mu_);
+  const std::string pre = labels.empty() ? "" : labels + ",";
   *out += "# HELP " + name_ + " " + help_ + "\n# TYPE " + name_ + " histogram\n";
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    *out += name_ + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+    *out += name_ + "_bucket{" + pre + "le=\"" + num(bounds_[i]) + "\"} " +
+            std::to_string(cumulative) + "\n";
   }
-  *out += name_ + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
-  *out += name_ + "_sum " + num(sum_) + "\n" + name_ + "_count " + std::to_string(count_) + "\n";
+  *out += name_ + "_bucket{" + pre + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  *out += name_ + "_sum" + braced(labels) + " " + num(sum_) + "\n" + name_ + "_count" +
+          braced(labels) + " " + std::to_string(count_) + "\n";
 }
 
 std::string Metrics::render() const {
   std::string out;
-  ttft.render(&out);
-  tpot.render(&out);
-  e2e.render(&out);
-  queue.render(&out);
-  prefill_time.render(&out);
-  decode_time.render(&out);
-  iteration_tokens.render(&out);
-  scalar(&out, "burst_prompt_tokens_total", "counter", "Prompt tokens processed.",
+  const std::string l = "model_name=\"" + label_value(model_name) + "\"";
+  for (const Histogram* h : {&ttft, &tpot, &e2e, &queue, &prefill_time, &decode_time,
+                             &iteration_tokens}) {
+    h->render(&out, l);
+  }
+  scalar(&out, l, "burst_prompt_tokens_total", "counter", "Prompt tokens processed.",
          static_cast<double>(prompt_tokens.load()));
-  scalar(&out, "burst_generation_tokens_total", "counter", "Tokens generated.",
+  scalar(&out, l, "burst_generation_tokens_total", "counter", "Tokens generated.",
          static_cast<double>(generation_tokens.load()));
   out += "# HELP burst_requests_total Requests by outcome.\n# TYPE burst_requests_total counter\n";
   const std::pair<const char*, uint64_t> outcomes[] = {
@@ -73,23 +91,34 @@ std::string Metrics::render() const {
       {"failed", requests_failed.load()},
       {"rejected", requests_rejected.load()}};
   for (const auto& [label, v] : outcomes) {
-    out += std::string("burst_requests_total{outcome=\"") + label + "\"} " + std::to_string(v) +
+    out += "burst_requests_total{" + l + ",outcome=\"" + label + "\"} " + std::to_string(v) +
            "\n";
   }
-  scalar(&out, "burst_worker_restarts_total", "counter", "Worker-group restarts after a failure.",
-         static_cast<double>(worker_restarts.load()));
-  scalar(&out, "burst_num_requests_running", "gauge", "Requests on the workers.",
+  out += "# HELP burst_request_success_total Finished requests by finish reason (vLLM's "
+         "request_success_total).\n# TYPE burst_request_success_total counter\n";
+  const std::pair<const char*, uint64_t> reasons[] = {{"stop", success_stop.load()},
+                                                      {"length", success_length.load()},
+                                                      {"abort", requests_cancelled.load()}};
+  for (const auto& [label, v] : reasons) {
+    out += "burst_request_success_total{" + l + ",finished_reason=\"" + label + "\"} " +
+           std::to_string(v) + "\n";
+  }
+  scalar(&out, l, "burst_http_errors_total", "counter", "HTTP responses with a 4xx or 5xx status.",
+         static_cast<double>(http_errors.load()));
+  scalar(&out, l, "burst_worker_restarts_total", "counter",
+         "Worker-group restarts after a failure.", static_cast<double>(worker_restarts.load()));
+  scalar(&out, l, "burst_num_requests_running", "gauge", "Requests on the workers.",
          static_cast<double>(running.load()));
-  scalar(&out, "burst_num_requests_waiting", "gauge", "Requests in the queue.",
+  scalar(&out, l, "burst_num_requests_waiting", "gauge", "Requests in the queue.",
          static_cast<double>(waiting.load()));
-  scalar(&out, "burst_kv_cache_used_tokens", "gauge", "Tokens held in the workers' KV shards.",
+  scalar(&out, l, "burst_kv_cache_used_tokens", "gauge", "Tokens held in the workers' KV shards.",
          static_cast<double>(kv_used_tokens.load()));
-  scalar(&out, "burst_kv_cache_capacity_tokens", "gauge", "KV capacity (tokens, whole group).",
+  scalar(&out, l, "burst_kv_cache_capacity_tokens", "gauge", "KV capacity (tokens, whole group).",
          static_cast<double>(kv_capacity_tokens.load()));
   const int64_t cap = kv_capacity_tokens.load();
-  scalar(&out, "burst_kv_cache_usage_perc", "gauge", "KV-cache use, 0 to 1.",
+  scalar(&out, l, "burst_kv_cache_usage_perc", "gauge", "KV-cache use, 0 to 1.",
          cap > 0 ? static_cast<double>(kv_used_tokens.load()) / static_cast<double>(cap) : 0.0);
-  scalar(&out, "burst_healthy", "gauge", "1 when the worker group serves requests.",
+  scalar(&out, l, "burst_healthy", "gauge", "1 when the worker group serves requests.",
          healthy.load());
   return out;
 }

@@ -445,6 +445,7 @@ void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error)
       ++m->requests_cancelled;
     } else {
       ++m->requests_ok;
+      ++(f.reason == "length" ? m->success_length : m->success_stop);
     }
     spdlog::info("{} done: prompt {} tokens, queue {:.1f} ms, prefill {:.1f} ms, TTFT {:.1f} ms, "
                  "decode {:.1f} ms for {} tokens ({:.1f} tok/s), finish {}",
@@ -513,6 +514,8 @@ bool Scheduler::run_step() {
     w.prompt_len = s.prompt_len();
     w.sample = true;
     w.sampling = s.job.request.sampling;
+    w.adjust = s.job.request.adjust;
+    w.logprobs = s.job.request.logprobs;
     plan.seqs.push_back(std::move(w));
     --budget;
   }
@@ -552,6 +555,8 @@ bool Scheduler::run_step() {
     w.prompt_len = s.prompt_len();
     w.sample = s.prefilled + len == s.prompt_len();
     w.sampling = s.job.request.sampling;
+    w.adjust = s.job.request.adjust;
+    w.logprobs = s.job.request.logprobs;
     plan.seqs.push_back(std::move(w));
     chunks.push_back({&s, s.prefilled, len});
     progress = progress || s.job.request.return_progress;
@@ -602,8 +607,8 @@ bool Scheduler::run_step() {
       c.seq->prefill_ms = ms_between(c.seq->admitted, now);
     }
   }
-  std::unordered_map<uint64_t, int32_t> sampled;
-  for (const auto& t : out.tokens) sampled[t.id] = t.token;
+  std::unordered_map<uint64_t, const models::SampledToken*> sampled;
+  for (const auto& t : out.tokens) sampled[t.id] = &t;
   for (size_t i = 0; i < running_.size();) {
     Seq& s = *running_[i];
     const auto it = sampled.find(s.id);
@@ -611,17 +616,18 @@ bool Scheduler::run_step() {
       ++i;
       continue;
     }
-    const int32_t token = it->second;
+    const int32_t token = it->second->token;
+    models::SampledToken st = *it->second;
     ++s.generated;
     s.last_token = token;
     ++metrics_.generation_tokens;
     auto o = s.out;
     auto stop_hit = s.stop_hit;
     const ScheduledRequest* r = &s.job.request;
-    const bool is_eos = token == eos;
+    const bool is_eos = token == eos && !r->ignore_eos;
     Metrics* m = &metrics_;
     std::vector<std::string> stops = r->stop;
-    enqueue_output([o, stop_hit, token, now, is_eos, m, stops] {
+    enqueue_output([o, stop_hit, token, now, is_eos, m, stops, st = std::move(st)] {
       if (o->stop_hit || o->stream->cancelled()) return;
       ++o->completion;
       if (o->completion == 1) {
@@ -637,6 +643,9 @@ bool Scheduler::run_step() {
         e.token = token;
         e.text = std::move(text);
         if (o->completion == 1) e.ttft_ms = ms_between(o->arrival, o->first);
+        e.has_logprob = st.has_logprob;
+        e.logprob = st.logprob;
+        e.top_logprobs = st.top;
         o->stream->push(std::move(e));
       };
       if (is_eos) return;  // the sequence stops after EOS; EOS has no text

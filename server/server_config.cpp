@@ -55,6 +55,8 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
       {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
       {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
+      {"log_level", {K::kString, &c->log_level}},
+      {"log_format", {K::kString, &c->log_format}},
   };
 }
 
@@ -112,6 +114,15 @@ Status validate(const ServerConfig& c) {
   if (c.remote_workers > 0) {
     auto hp = split_host_port(c.worker_listen);
     if (!hp.ok()) return Status::error("worker_listen: " + hp.message());
+  }
+  if (c.log_format != "text" && c.log_format != "json") {
+    return Status::error("log_format must be text or json");
+  }
+  for (const char* l : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    if (c.log_level == l) break;
+    if (std::string(l) == "off") {
+      return Status::error("log_level must be trace, debug, info, warn, error, critical or off");
+    }
   }
   if (c.max_context < 0 || c.kv_capacity < 0 || c.max_tokens_limit < 0) {
     return Status::error("max_context, kv_capacity and max_tokens_limit must be >= 0");

@@ -23,6 +23,7 @@
 #include "models/config.h"
 #include "server/grpc_api.h"
 #include "server/http_api.h"
+#include "server/logging.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "server/server_config.h"
@@ -77,11 +78,16 @@ int check_config(const burst::server::ServerConfig& cfg) {
 int main(int argc, char** argv) {
   using namespace burst;
   using namespace burst::server;
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [burst-server] [%^%l%$] %v");
-  // --check-config takes no value, unlike every config flag: taken out before parsing.
+  (void)setup_logging("burst-server", "info", "text");
+  // --check-config and --version take no value, unlike every config flag: taken out before
+  // parsing.
   bool check_only = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]) == "--version") {
+      std::cout << version_string("burst-server") << "\n";
+      return 0;
+    }
     if (i > 0 && std::string(argv[i]) == "--check-config") {
       check_only = true;
     } else {
@@ -100,6 +106,11 @@ int main(int argc, char** argv) {
   }
   ServerConfig cfg = parsed.take();
   if (check_only) return check_config(cfg);
+  if (Status st = setup_logging("burst-server", cfg.log_level, cfg.log_format); !st.ok()) {
+    std::cerr << "burst-server: " << st.message() << "\n" << kServerUsage;
+    return 2;
+  }
+  spdlog::info("{}", version_string("burst-server"));
 
   // A preset (random weights, for benchmarks) takes the place of the model directory.
   auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
@@ -163,6 +174,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a process kill
 
   Metrics metrics;
+  metrics.model_name = cfg.model_name;
   Scheduler scheduler(so, *tokenizer, metrics);
   std::optional<HttpApi> http;
   std::optional<GrpcApi> grpc_api;

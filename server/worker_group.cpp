@@ -621,6 +621,16 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     w->set_top_p(s.sampling.top_p);
     w->set_seed(s.sampling.seed);
     w->set_report_progress(static_cast<bool>(on_layer));
+    w->set_presence_penalty(s.adjust.presence_penalty);
+    w->set_frequency_penalty(s.adjust.frequency_penalty);
+    w->set_repetition_penalty(s.adjust.repetition_penalty);
+    for (const auto& [token, bias] : s.adjust.logit_bias) {
+      auto* b = w->add_logit_bias();
+      b->set_token(token);
+      b->set_bias(bias);
+    }
+    w->set_min_tokens(s.adjust.min_tokens);
+    w->set_logprobs(s.logprobs + 1);
   }
   // A broken stream: the rank died or cannot be reached. The session is gone with it, and the
   // group too (the ranks are mid-step, out of lockstep).
@@ -689,7 +699,15 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     }
     out.kv_used_pages[r] = reply.kv_used_pages();
     if (r == 0) {
-      for (const auto& t : reply.tokens()) out.tokens.push_back({t.id(), t.token()});
+      for (const auto& t : reply.tokens()) {
+        models::SampledToken st;
+        st.id = t.id();
+        st.token = t.token();
+        st.has_logprob = t.has_logprob();
+        st.logprob = t.logprob();
+        for (const auto& tl : t.top()) st.top.emplace_back(tl.token(), tl.logprob());
+        out.tokens.push_back(std::move(st));
+      }
       out.rows = reply.rows();
       out.ring_compute_ms = reply.ring_compute_ms();
       out.ring_wait_ms = reply.ring_wait_ms();

@@ -183,6 +183,12 @@ models::StepPlan to_plan(const pb::StepRequest& req) {
     s.prompt_len = w.prompt_len();
     s.sample = w.sample();
     s.sampling = {w.temperature(), w.top_k(), w.top_p(), w.seed()};
+    s.adjust.presence_penalty = w.presence_penalty();
+    s.adjust.frequency_penalty = w.frequency_penalty();
+    s.adjust.repetition_penalty = w.repetition_penalty() == 0.f ? 1.f : w.repetition_penalty();
+    for (const auto& b : w.logit_bias()) s.adjust.logit_bias.emplace_back(b.token(), b.bias());
+    s.adjust.min_tokens = w.min_tokens();
+    s.logprobs = w.logprobs() - 1;
     plan.seqs.push_back(std::move(s));
   }
   return plan;
@@ -260,6 +266,13 @@ class WorkerService final : public pb::WorkerControl::Service {
         auto* o = reply.add_tokens();
         o->set_id(t.id);
         o->set_token(t.token);
+        o->set_has_logprob(t.has_logprob);
+        o->set_logprob(t.logprob);
+        for (const auto& [id, lp] : t.top) {
+          auto* tl = o->add_top();
+          tl->set_token(id);
+          tl->set_logprob(lp);
+        }
       }
       reply.set_kv_used_pages(result.value().kv.used_pages);
       reply.set_kv_total_pages(result.value().kv.total_pages);

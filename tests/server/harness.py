@@ -5,6 +5,7 @@ tokenizer: prompts are then chosen to tokenize below id 4099."""
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,8 +92,12 @@ class Server:
         return pids
 
     def metric(self, name):
+        """A sample's value by name and labels as written here; the model_name label every
+        sample carries is left out of the comparison."""
         _, data, _ = self.request("GET", "/metrics")
         for line in data.decode().splitlines():
+            line = re.sub(r'model_name="(?:[^"\\]|\\.)*",?', "", line).replace("{}", "")
+            line = line.replace(",}", "}")
             if line.startswith(name + " "):
                 return float(line.split()[1])
         raise KeyError(name)

@@ -1,5 +1,7 @@
 // Streams from burst-server with the official OpenAI Node SDK: /v1/completions (text assembled
-// from the chunks equals the non-streaming answer; usage arrives with include_usage) and, when
+// from the chunks equals the non-streaming answer; usage arrives with include_usage), the
+// canonical `chunk.choices[0]?.delta` loop over a stream with return_progress, logprobs
+// (completions and chat, streaming and not), refused parameters (400 naming them) and, when
 // the model has the chat vocabulary, /v1/chat/completions. Exits non-zero on any mismatch.
 const OpenAI = require("openai");
 const client = new OpenAI({ apiKey: "node-key", baseURL: process.env.BASE_URL });
@@ -24,6 +26,80 @@ function check(cond, msg) {
   check(text === want, `completions stream ${JSON.stringify(text)} != ${JSON.stringify(want)}`);
   check(usage && usage.completion_tokens === 12, "usage " + JSON.stringify(usage));
   console.log("ok   completions stream: " + JSON.stringify(text));
+  // return_progress: progress chunks (empty choices) pass through the SDK's canonical loop.
+  const prog = await client.completions.create({
+    model, prompt, max_tokens: 6, temperature: 0, stream: true, return_progress: true });
+  let ptext = "", progress = 0;
+  for await (const chunk of prog) {
+    ptext += chunk.choices[0]?.text || "";
+    if (chunk.progress) progress += 1;
+  }
+  check(progress >= 2 && ptext === want.slice(0, ptext.length) && ptext.length > 0,
+        `progress stream: ${progress} progress chunks, text ${JSON.stringify(ptext)}`);
+  console.log(`ok   completions stream with return_progress (${progress} progress chunks)`);
+  // logprobs: N (completions), streaming and not: the same tokens and values.
+  const lp = await client.completions.create({
+    model, prompt, max_tokens: 5, temperature: 0, logprobs: 2 });
+  const l = lp.choices[0].logprobs;
+  check(l.tokens.length === 5 && l.token_logprobs.length === 5 && l.top_logprobs.length === 5,
+        "completions logprobs " + JSON.stringify(l));
+  check(l.tokens.join("") === lp.choices[0].text, "logprob tokens spell the text");
+  const lps = await client.completions.create({
+    model, prompt, max_tokens: 5, temperature: 0, logprobs: 2, stream: true });
+  let stoks = [], svals = [];
+  for await (const chunk of lps) {
+    const c = chunk.choices[0];
+    if (c?.logprobs) { stoks.push(...c.logprobs.tokens); svals.push(...c.logprobs.token_logprobs); }
+  }
+  check(JSON.stringify(stoks) === JSON.stringify(l.tokens) &&
+        svals.every((v, i) => Math.abs(v - l.token_logprobs[i]) < 1e-6),
+        "streamed logprobs " + JSON.stringify([stoks, svals]));
+  console.log("ok   completions logprobs, streaming and not");
+  // Refused parameters: 400 naming the parameter.
+  for (const [extra, param] of [[{ suffix: "amen" }, "suffix"], [{ best_of: 3 }, "best_of"],
+                                [{ frequency_penalty: "abc" }, "frequency_penalty"],
+                                [{ echo: true }, "echo"], [{ n: 2 }, "n"]]) {
+    try {
+      await client.completions.create({ model, prompt, max_tokens: 2, ...extra });
+      check(false, `${param} must be refused`);
+    } catch (e) {
+      check(e.status === 400 && e.param === param && e.message.includes(param),
+            `${param}: got ${e.status} ${e.param} ${e.message}`);
+    }
+  }
+  console.log("ok   refused parameters: 400 naming them");
+  if (process.env.CHAT === "1") {
+    const cl = await client.chat.completions.create({
+      model, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2,
+      messages: [{ role: "user", content: "Who made the heaven and the earth?" }] });
+    const content = cl.choices[0].logprobs.content;
+    check(content.length >= 1 && content.every((e) => e.top_logprobs.length === 2 &&
+          Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6),
+          "chat logprobs " + JSON.stringify(content));
+    const cls = await client.chat.completions.create({
+      model, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2, stream: true,
+      return_progress: true,
+      messages: [{ role: "user", content: "Who made the heaven and the earth?" }] });
+    let n = 0, said = "";
+    for await (const chunk of cls) {
+      said += chunk.choices[0]?.delta?.content || "";  // the SDKs' canonical loop
+      n += chunk.choices[0]?.logprobs?.content?.length || 0;
+    }
+    check(n === content.length, `streamed chat logprobs: ${n} != ${content.length}`);
+    check(said === cl.choices[0].message.content, `chat stream ${JSON.stringify(said)}`);
+    console.log("ok   chat logprobs, streaming (with return_progress) and not");
+    for (const [extra, param] of [[{ tools: [{ type: "function", function: { name: "f" } }] }, "tools"],
+                                  [{ response_format: { type: "json_object" } }, "response_format"]]) {
+      try {
+        await client.chat.completions.create({
+          model, max_tokens: 2, messages: [{ role: "user", content: "hi" }], ...extra });
+        check(false, `${param} must be refused`);
+      } catch (e) {
+        check(e.status === 400 && e.param === param, `${param}: got ${e.status} ${e.param}`);
+      }
+    }
+    console.log("ok   chat: tools and response_format refused, naming them");
+  }
   if (process.env.CHAT === "1") {
     const chat = await client.chat.completions.create({
       model, max_tokens: 10, temperature: 0, stream: true,

@@ -65,6 +65,41 @@ def test_generate_stream():
     check(text == r["choices"][0]["text"], f"gRPC {text!r} != HTTP {r['choices'][0]['text']!r}")
 
 
+def test_defaults_and_parameters_as_http():
+    def gen_text(**kw):
+        events = list(stub.Generate(burst_pb2.GenerateRequest(text=PROMPT, **kw), metadata=MD,
+                                    timeout=60))
+        toks = [e.token for e in events if e.WhichOneof("event") == "token"]
+        return "".join(t.text for t in toks), toks, events[-1].finished
+
+    # Unset temperature: 1.0, as HTTP's default; the same seed gives HTTP's text.
+    a, _, _ = gen_text(max_tokens=12, sampling=burst_pb2.SamplingParams(seed=5))
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "seed": 5})
+    check(a == r["choices"][0]["text"], f"default temperature: {a!r} != HTTP's {r}")
+    # Logprobs: the same values as HTTP's.
+    _, toks, _ = gen_text(max_tokens=4, logprobs=True, top_logprobs=2,
+                          sampling=burst_pb2.SamplingParams(temperature=0))
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                 "temperature": 0, "logprobs": 2})
+    want = r["choices"][0]["logprobs"]["token_logprobs"]
+    got = [t.logprob for t in toks if t.id >= 0]
+    check(len(got) == 4 and max(abs(x - y) for x, y in zip(got, want)) < 1e-6
+          and all(len(t.top_logprobs) == 2 for t in toks if t.id >= 0), f"{got} vs {want}")
+    # logit_bias, min_tokens, ignore_eos, penalties.
+    text, _, _ = gen_text(max_tokens=3, sampling=burst_pb2.SamplingParams(
+        temperature=0, logit_bias={3186: 100}))
+    check(text == " world world world", f"logit_bias: {text!r}")
+    _, _, fin = gen_text(max_tokens=6, min_tokens=2, sampling=burst_pb2.SamplingParams(
+        temperature=0, logit_bias={2: 100}))
+    check(fin.finish_reason == "stop" and fin.completion_tokens == 3, f"min_tokens: {fin}")
+    _, _, fin = gen_text(max_tokens=5, ignore_eos=True, sampling=burst_pb2.SamplingParams(
+        temperature=0, logit_bias={2: 100}))
+    check(fin.finish_reason == "length" and fin.completion_tokens == 5, f"ignore_eos: {fin}")
+    c, d = code_of(lambda: gen_text(max_tokens=3, sampling=burst_pb2.SamplingParams(
+        presence_penalty=3)))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "presence_penalty" in d, f"{c} {d}")
+
+
 def test_tokenize_and_model_info():
     r = stub.Tokenize(burst_pb2.TokenizeRequest(text="Hello world!", add_bos=True), metadata=MD)
     check(list(r.ids) == [1, 15043, 3186, 29991], f"{r.ids}")
@@ -126,7 +161,8 @@ if __name__ == "__main__":
     orig = srv.json
     srv.json = lambda m, p, b=None, h=None: orig(m, p, b, h or srv_headers)
     try:
-        run([test_generate_stream, test_tokenize_and_model_info, test_errors, test_cancel,
+        run([test_generate_stream, test_defaults_and_parameters_as_http,
+             test_tokenize_and_model_info, test_errors, test_cancel,
              test_health_service])
     finally:
         srv.stop()

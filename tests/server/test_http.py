@@ -90,7 +90,16 @@ def test_curl_sse_and_progress():
                        "return_progress": True})
     out = curl("-N", f"http://127.0.0.1:{srv.http_port}/v1/completions", "-H",
                "Authorization: Bearer " + KEY, "-H", "Content-Type: application/json", "-d", body)
-    check("event: progress" in out and '"prefilled_fraction":1.0' in out, f"progress: {out}")
+    # Progress is a data chunk with no choices and a progress object (what SDKs' standard
+    # loops pass over), never a named event.
+    check("event:" not in out, f"no named events: {out[:300]}")
+    progress = [json.loads(line[6:]) for line in out.splitlines()
+                if line.startswith("data: {") and '"progress"' in line]
+    check(progress and all(p["choices"] == [] and p["object"] == "text_completion"
+                           for p in progress), f"progress chunks: {progress}")
+    fractions = [p["progress"]["prefilled_fraction"] for p in progress]
+    check(fractions[0] == 0 and fractions[-1] == 1.0 and fractions == sorted(fractions),
+          f"fractions {fractions}")
     check(out.rstrip().endswith("data: [DONE]"), f"ends with [DONE]: {out[-200:]}")
     check('"usage"' not in out, "no usage without stream_options.include_usage")
 
@@ -216,6 +225,229 @@ def test_bad_inputs():
     check(st == 200, f"still serving: {st} {r}")
 
 
+def test_refused_and_validated_parameters():
+    c, chat = "/v1/completions", "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "Who made the heaven?"}]
+
+    def refused(path, extra, param, status=400):
+        base = {"prompt": PROMPT} if path == c else {"messages": msgs}
+        st, data, _ = srv.request("POST", path, json.dumps({**base, "max_tokens": 2, **extra}),
+                                  {**AUTH, "Content-Type": "application/json"})
+        j = json.loads(data)
+        check(st == status and j["error"]["param"] == param and param in j["error"]["message"],
+              f"{path} {extra}: want {status} naming {param!r}, got {st} {j}")
+
+    for extra, param in [
+            ({"suffix": "amen"}, "suffix"), ({"best_of": 2}, "best_of"),
+            ({"echo": True}, "echo"), ({"n": 2}, "n"), ({"n": 0}, "n"),
+            ({"frequency_penalty": "abc"}, "frequency_penalty"),
+            ({"presence_penalty": 2.5}, "presence_penalty"),
+            ({"repetition_penalty": 0}, "repetition_penalty"),
+            ({"logit_bias": {"abc": 1}}, "logit_bias"),
+            ({"logit_bias": {"32000": 1}}, "logit_bias"),
+            ({"logit_bias": {"5": 101}}, "logit_bias"),
+            ({"logit_bias": [1]}, "logit_bias"),
+            ({"min_tokens": -1}, "min_tokens"), ({"min_tokens": 5}, "min_tokens"),
+            ({"ignore_eos": "yes"}, "ignore_eos"), ({"logprobs": 21}, "logprobs"),
+            ({"logprobs": True}, "logprobs"), ({"seed": 1.5}, "seed"),
+            ({"top_k": "x"}, "top_k"), ({"stream": 1}, "stream"),
+            ({"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+             "stream_options.continuous_usage_stats"),
+            ({"user": 7}, "user"), ({"max_completion_tokens": "x"}, "max_completion_tokens"),
+            ({"tools": [{"type": "function"}]}, "tools"),
+            ({"frobnicate": 1}, "frobnicate")]:
+        refused(c, extra, param)
+    for extra, param in [
+            ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"functions": [{"name": "f"}]}, "functions"),
+            ({"function_call": "auto"}, "function_call"),
+            ({"response_format": {"type": "json_object"}}, "response_format"),
+            ({"response_format": "text"}, "response_format"),
+            ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {}}, "audio"),
+            ({"store": True}, "store"), ({"top_logprobs": 2}, "top_logprobs"),
+            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+            ({"logprobs": 3}, "logprobs"), ({"suffix": "x"}, "suffix"),
+            ({"frequency_penalty": "abc"}, "frequency_penalty")]:
+        refused(chat, extra, param)
+    # Their neutral values are accepted.
+    st, r = post(chat, {"messages": msgs, "max_tokens": 2, "tools": [], "tool_choice": "none",
+                        "response_format": {"type": "text"}, "n": 1, "user": "u1",
+                        "parallel_tool_calls": False, "store": False, "modalities": ["text"]})
+    check(st == 200 or not HAVE_KJV, f"neutral chat parameters: {st} {r}")
+    st, r = post(c, {"prompt": PROMPT, "max_tokens": 2, "suffix": "", "best_of": 1,
+                     "echo": False, "n": 1, "presence_penalty": 0, "logit_bias": {}})
+    check(st == 200, f"neutral completion parameters: {st} {r}")
+    # max_completion_tokens wins over max_tokens.
+    st, r = post(chat if HAVE_KJV else c,
+                 {**({"messages": msgs} if HAVE_KJV else {"prompt": PROMPT}),
+                  "max_tokens": 9, "max_completion_tokens": 3, "temperature": 0,
+                  "ignore_eos": True})
+    check(st == 200 and r["usage"]["completion_tokens"] == 3, f"max_completion_tokens: {r}")
+
+
+def test_routes_and_content_types():
+    st, m = srv.json("GET", "/v1/models/" + os.path.basename(MODEL), headers=AUTH)
+    check(st == 200 and m["id"] == os.path.basename(MODEL) and m["object"] == "model", f"{m}")
+    st, m = srv.json("GET", "/v1/models/gpt-17", headers=AUTH)
+    check(st == 404 and m["error"]["code"] == "model_not_found", f"{st} {m}")
+    st, t = post("/tokenize", {"prompt": "Hello world!"})
+    st, d = post("/detokenize", {"tokens": t["tokens"]})
+    check(st == 200 and d["prompt"] == "Hello world!", f"detokenize: {st} {d}")
+    expect_error(400, "/detokenize", {"tokens": [1, 10 ** 9]}, "tokens")
+    st, v = srv.json("GET", "/version", headers=AUTH)
+    check(st == 200 and v["version"] and "burst-server" in v["build"], f"version: {v}")
+    # Not JSON: 415 naming the type, whatever the size (curl -d sends a form type).
+    for body in [b'{"prompt": "x"}', b'{"prompt": "' + b"a" * 9000 + b'"}']:
+        for ctype in ["application/x-www-form-urlencoded", "text/plain"]:
+            st, data, _ = srv.request("POST", "/v1/completions", body,
+                                      {**AUTH, "Content-Type": ctype})
+            j = json.loads(data)
+            check(st == 415 and ctype in j["error"]["message"]
+                  and "application/json" in j["error"]["message"], f"{ctype}: {st} {j}")
+    out = curl(f"http://127.0.0.1:{srv.http_port}/v1/completions", "-H",
+               "Authorization: Bearer " + KEY, "-d", '{"prompt": "' + "a" * 9000 + '"}')
+    check('"Content-Type' in out or "Content-Type" in out, f"curl -d: {out[:300]}")
+    # JSON with a charset is JSON.
+    st, data, _ = srv.request("POST", "/v1/completions",
+                              json.dumps({"prompt": PROMPT, "max_tokens": 1}),
+                              {**AUTH, "Content-Type": "application/json; charset=utf-8"})
+    check(st == 200, f"charset: {st} {data[:200]!r}")
+
+
+def test_request_id_and_access_log():
+    st, data, hdr = srv.request("POST", "/v1/completions",
+                                json.dumps({"prompt": PROMPT, "max_tokens": 2}),
+                                {**AUTH, "Content-Type": "application/json",
+                                 "X-Request-Id": "my-req-42"})
+    check(st == 200 and hdr.get("X-Request-Id") == "my-req-42", f"X-Request-Id: {hdr}")
+    st, data, hdr = srv.request("POST", "/v1/completions", json.dumps({"prompt": 42}),
+                                {**AUTH, "Content-Type": "application/json",
+                                 "X-Request-Id": "my-bad-43"})
+    check(st == 400 and hdr.get("X-Request-Id") == "my-bad-43", f"{st} {hdr}")
+    st, data, hdr = srv.request("POST", "/v1/completions", json.dumps({"prompt": PROMPT}),
+                                {"Content-Type": "application/json", "X-Request-Id": "my-401"})
+    check(st == 401 and hdr.get("X-Request-Id") == "my-401", f"{st} {hdr}")
+    st, data, hdr = srv.request("GET", "/v1/models", headers=AUTH)
+    check(hdr.get("X-Request-Id", "").startswith("req-"), f"a fresh id: {hdr}")
+    deadline = time.time() + 10
+    want = {"my-req-42": " 200 ", "my-bad-43": " 400 ", "my-401": " 401 "}
+    while time.time() < deadline:
+        log = open(srv.log_path, errors="replace").read()
+        lines = {k: [ln for ln in log.splitlines() if "access" in ln and "request_id=" + k in ln]
+                 for k in want}
+        if all(lines.values()):
+            break
+        time.sleep(0.1)
+    for k, status in want.items():
+        check(lines[k] and status in lines[k][0] and "/v1/completions" in lines[k][0]
+              and " ms " in lines[k][0], f"access log for {k}: {lines[k]}")
+    check("prompt_tokens=" in lines["my-req-42"][0] and "completion_tokens=2" in
+          lines["my-req-42"][0], f"tokens in the access log: {lines['my-req-42']}")
+
+
+def test_logprobs():
+    # Completions, non-streaming and streaming: the same tokens and values.
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3}
+    st, r = post("/v1/completions", body)
+    lp = r["choices"][0]["logprobs"]
+    check(st == 200 and len(lp["tokens"]) == 6 and len(lp["token_logprobs"]) == 6
+          and len(lp["top_logprobs"]) == 6 and len(lp["text_offset"]) == 6, f"{r}")
+    check("".join(lp["tokens"]) == r["choices"][0]["text"], f"tokens {lp['tokens']}")
+    for tok, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        check(len(top) == 3 and v <= 0 and abs(max(top.values()) - v) < 1e-6,
+              f"greedy: the token is the most likely: {tok} {v} {top}")
+    c2, resp = stream("/v1/completions", {**body, "stream": True})
+    toks, vals = [], []
+    for ev, data in sse_events(resp):
+        if ev == "comment":
+            continue
+        if data == "[DONE]":
+            break
+        j = json.loads(data)
+        for ch in j["choices"]:
+            if ch["logprobs"]:
+                toks += ch["logprobs"]["tokens"]
+                vals += ch["logprobs"]["token_logprobs"]
+    c2.close()
+    check(toks == lp["tokens"] and max(abs(a - b) for a, b in zip(vals, lp["token_logprobs"]))
+          < 1e-6, f"stream logprobs {toks} {vals}")
+    st, r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+    check(r["choices"][0]["logprobs"] is None, "no logprobs unless asked")
+    if not HAVE_KJV:
+        return
+    msgs = [{"role": "user", "content": "Who made the heaven?"}]
+    st, r = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 5, "temperature": 0,
+                                          "logprobs": True, "top_logprobs": 2})
+    content = r["choices"][0]["logprobs"]["content"]
+    check(st == 200 and 1 <= len(content) <= 5, f"chat logprobs {r}")
+    for e in content:
+        check(set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"])
+              == 2 and e["bytes"] == list(e["token"].encode()), f"entry {e}")
+        check(abs(e["top_logprobs"][0]["logprob"] - e["logprob"]) < 1e-6, f"greedy {e}")
+
+
+def test_eos_bias_min_tokens_ignore_eos():
+    eos = 2
+    base = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    st, r = post("/v1/completions", {**base, "logit_bias": {str(eos): 100}})
+    check(st == 200 and r["choices"][0]["finish_reason"] == "stop"
+          and r["usage"]["completion_tokens"] == 1, f"EOS forced: {r}")
+    st, r = post("/v1/completions", {**base, "logit_bias": {str(eos): 100}, "min_tokens": 3})
+    check(r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 4,
+          f"min_tokens 3, then EOS: {r}")
+    st, r = post("/v1/completions", {**base, "logit_bias": {str(eos): 100}, "ignore_eos": True})
+    check(r["choices"][0]["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 8,
+          f"ignore_eos: {r}")
+    st, plain = post("/v1/completions", {**base, "max_tokens": 30})
+    st, pen = post("/v1/completions", {**base, "max_tokens": 30, "frequency_penalty": 2,
+                                       "presence_penalty": 2})
+    check(pen["choices"][0]["text"] != plain["choices"][0]["text"],
+          f"penalties change greedy text: {pen['choices'][0]['text']!r}")
+    world = 3186  # "▁world" (see test_health_models_tokenize)
+    st, r = post("/v1/completions", {**base, "max_tokens": 3, "logit_bias": {str(world): 100}})
+    check(r["choices"][0]["text"] == " world" * 3, f"bias +100: {r}")
+
+
+def test_versions_and_help():
+    for b in ["burst-server", "burst-generate"]:
+        out = subprocess.run([os.path.join(build_dir(), "bin", b), "--version"],
+                             capture_output=True, check=True).stdout.decode()
+        check(out.startswith(b + " ") and "build" in out, f"{b} --version: {out!r}")
+    server = os.path.join(build_dir(), "bin", "burst-server")
+    helptext = subprocess.run([server, "--help"], capture_output=True,
+                              check=True).stdout.decode()
+    keys = json.loads(subprocess.run([server, "--model", MODEL, "--check-config"],
+                                     capture_output=True, check=True).stdout)
+    for k in keys:
+        check("--" + k.replace("_", "-") in helptext, f"--help lacks --{k}")
+    for flag in ["--config", "--data-dir", "--check-config", "--version", "--log-level",
+                 "--log-format"]:
+        check(flag in helptext, f"--help lacks {flag}")
+
+
+def test_json_logs():
+    js = Server("--log-format", "json", "--log-level", "info")
+    try:
+        js.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        js.json("POST", "/v1/completions", {"prompt": 42})
+        time.sleep(0.3)
+    finally:
+        js.stop()
+    recs = []
+    for line in open(js.log_path, errors="replace").read().splitlines():
+        if '"logger":"burst-server"' in line:
+            recs.append(json.loads(line))
+    check(recs and all({"time", "level", "logger", "msg"} <= set(r) for r in recs),
+          f"JSON log lines: {recs[:3]}")
+    access = [r for r in recs if r["msg"].startswith("access ")]
+    check(any(" 200 " in r["msg"] for r in access) and any(" 400 " in r["msg"] for r in access),
+          f"access records: {access}")
+    bad = subprocess.run([os.path.join(build_dir(), "bin", "burst-server"), "--model", MODEL,
+                          "--log-format", "xml"], capture_output=True)
+    check(bad.returncode == 2 and b"log_format" in bad.stderr, f"bad format: {bad.stderr!r}")
+
+
 def test_metrics():
     st, data, hdr = srv.request("GET", "/metrics")
     text = data.decode()
@@ -227,6 +459,15 @@ def test_metrics():
                  "burst_kv_cache_usage_perc", 'le="300"']:
         check(name in text, f"metrics lack {name}")
     check(srv.metric("burst_generation_tokens_total") > 0, "tokens counted")
+    name = os.path.basename(MODEL)
+    check(f'burst_generation_tokens_total{{model_name="{name}"}}' in text, "model_name label")
+    check(f'burst_time_to_first_token_seconds_bucket{{model_name="{name}",le="0.001"}}' in text,
+          "model_name on histogram buckets")
+    for reason in ["stop", "length", "abort"]:
+        check(f'burst_request_success_total{{model_name="{name}",finished_reason="{reason}"}}'
+              in text, f"request_success_total {reason}")
+    check(srv.metric('burst_request_success_total{finished_reason="length"}') > 0,
+          "length finishes counted")
 
 
 def test_concurrent_clients():
@@ -334,7 +575,10 @@ if __name__ == "__main__":
     try:
         run([test_health_models_tokenize, test_completion_matches_burst_generate,
              test_curl_sse_and_progress, test_keepalive_while_queued, test_chat, test_stop_string,
-             test_bad_inputs, test_metrics, test_concurrent_clients,
+             test_bad_inputs, test_refused_and_validated_parameters,
+             test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
+             test_eos_bias_min_tokens_ignore_eos, test_versions_and_help, test_json_logs,
+             test_metrics, test_concurrent_clients,
              test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])
     finally:
         srv.stop()

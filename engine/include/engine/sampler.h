@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace burst::engine {
@@ -28,6 +31,49 @@ std::string validate(const SamplingParams& p);
 // mass exceeds u * kept mass, else (rounding) the last kept id. p.seed is not used.
 int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& p,
                             double u);
+
+// What is applied to a copy of a sequence's logits before sample_with_uniform (on the host,
+// rank 0), in this order (vLLM's meanings):
+//   logit_bias: logits[id] += bias (OpenAI: bias in [-100, 100]);
+//   min_tokens: eos_id's logit is -inf while fewer than min_tokens tokens were generated;
+//   repetition_penalty r (> 0; 1: off): for every id seen in the prompt or the output, a
+//     positive logit is divided by r, a negative one multiplied by r;
+//   frequency_penalty f, presence_penalty p (in [-2, 2]): logits[id] -= f * c + p * (c > 0),
+//     c = the times id was generated (the output only, not the prompt).
+// Sampling itself stays sample_with_uniform's contract (the GPU twin's too).
+struct LogitAdjust {
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  float repetition_penalty = 1.f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int min_tokens = 0;
+  bool active() const {
+    return presence_penalty != 0.f || frequency_penalty != 0.f || repetition_penalty != 1.f ||
+           !logit_bias.empty() || min_tokens > 0;
+  }
+};
+
+// Empty when valid for a vocabulary of `vocab` ids, else what is wrong.
+std::string validate(const LogitAdjust& a, int64_t vocab);
+
+// A sequence's token history for LogitAdjust: the ids of its prompt (fed chunk by chunk) and
+// how often each id was generated.
+struct TokenHistory {
+  std::unordered_map<int32_t, int> generated;  // id -> count
+  std::unordered_set<int32_t> seen;            // ids of the prompt and the output
+  int64_t generated_total = 0;
+  void add_prompt(const int32_t* ids, size_t n);
+  void add_generated(int32_t id);
+};
+
+// Applies `a` to logits [vocab] in place (see LogitAdjust for the order). eos_id < 0: no EOS.
+void adjust_logits(float* logits, int64_t vocab, const LogitAdjust& a, const TokenHistory& h,
+                   int32_t eos_id);
+
+// log_softmax(logits)[token], computed in double, and (top_n > 0) the top_n largest
+// log-probabilities (descending, ties to the lower id) in *top.
+float log_softmax_at(const float* logits, int64_t vocab, int32_t token, int top_n,
+                     std::vector<std::pair<int32_t, float>>* top);
 
 class Sampler {
  public:

@@ -31,6 +31,12 @@ struct SeqWork {
   // Rank 0 makes the sequence's sampler from these at its first sample and keeps it (one
   // random stream per sequence, as a single-process run has).
   engine::SamplingParams sampling;
+  // Rank 0 applies these to a copy of the logits before sampling (penalties need the
+  // sequence's history, which rank 0 keeps: its prompt chunks and sampled tokens).
+  engine::LogitAdjust adjust;
+  // -1: none; n >= 0: rank 0 returns the sampled token's log-probability (log-softmax of the
+  // model's raw logits, before adjust and temperature) and the n most likely ids'.
+  int logprobs = -1;
 };
 
 struct StepPlan {
@@ -42,6 +48,9 @@ struct StepPlan {
 struct SampledToken {
   uint64_t id = 0;
   int32_t token = 0;
+  bool has_logprob = false;  // SeqWork.logprobs >= 0
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // the SeqWork.logprobs most likely ids
 };
 
 struct StepResult {
@@ -70,6 +79,8 @@ class BatchRunner {
   engine::Communicator& comm_;
   std::unordered_map<uint64_t, engine::Sampler> samplers_;  // rank 0
   std::unordered_map<uint64_t, int64_t> next_pos_;          // next position of each sequence
+  std::unordered_map<uint64_t, engine::TokenHistory> histories_;  // rank 0, with an adjust
+  std::vector<float> adjusted_;                                   // rank 0 scratch
 };
 
 }  // namespace burst::models

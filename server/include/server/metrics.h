@@ -1,9 +1,11 @@
 // Server metrics in the Prometheus text exposition format (version 0.0.4), thread-safe. Names
-// follow vLLM's where one exists (burst_ prefix instead of vllm:), so existing dashboards map
-// over: time_to_first_token_seconds, time_per_output_token_seconds,
-// e2e_request_latency_seconds, request_queue_time_seconds (histograms, buckets up to 600 s:
-// long-context prefills take minutes), prompt/generation token counters, running/waiting
-// request gauges and KV-cache use.
+// follow vLLM's where one exists (burst_ prefix instead of vllm:), and every sample carries
+// vLLM's model_name label, so existing dashboards map over: time_to_first_token_seconds,
+// time_per_output_token_seconds, e2e_request_latency_seconds, request_queue_time_seconds,
+// request_prefill_time_seconds, request_decode_time_seconds, iteration_tokens (histograms,
+// time buckets up to 600 s: long-context prefills take minutes), prompt/generation token
+// counters, request_success_total{finished_reason}, running/waiting request gauges and
+// KV-cache use. README.md has the table of vLLM's names beside burst's.
 #pragma once
 
 #include <atomic>
@@ -19,7 +21,8 @@ class Histogram {
   Histogram(std::string name, std::string help);  // time buckets, 1 ms .. 600 s
   Histogram(std::string name, std::string help, std::vector<double> bounds);
   void observe(double v);
-  void render(std::string* out) const;
+  // `labels`: e.g. model_name="m" (empty: none), put before le on every sample.
+  void render(std::string* out, const std::string& labels = "") const;
 
  private:
   std::string name_, help_;
@@ -47,6 +50,9 @@ struct Metrics {
   std::atomic<uint64_t> prompt_tokens{0};
   std::atomic<uint64_t> generation_tokens{0};
   std::atomic<uint64_t> requests_ok{0};         // finished (stop, length)
+  std::atomic<uint64_t> success_stop{0};        // of requests_ok: EOS or a stop string
+  std::atomic<uint64_t> success_length{0};      // of requests_ok: max_tokens
+  std::atomic<uint64_t> http_errors{0};         // HTTP responses with status >= 400
   std::atomic<uint64_t> requests_cancelled{0};  // client gone or cancelled
   std::atomic<uint64_t> requests_failed{0};     // worker failure or internal error
   std::atomic<uint64_t> requests_rejected{0};   // admission: too large, queue full, draining
@@ -56,6 +62,7 @@ struct Metrics {
   std::atomic<int64_t> kv_used_tokens{0};  // tokens of the KV pages in use, all ranks
   std::atomic<int64_t> kv_capacity_tokens{0};
   std::atomic<int> healthy{0};
+  std::string model_name;  // the model_name label of every sample; set before serving
 
   std::string render() const;
 };

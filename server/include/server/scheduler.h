@@ -63,6 +63,9 @@ struct ScheduledRequest {
   engine::SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings: the text ends before the first match
   bool return_progress = false;
+  engine::LogitAdjust adjust;  // penalties, logit_bias, min_tokens (applied on rank 0)
+  int logprobs = -1;           // -1: none; n >= 0: each token's logprob and the n most likely
+  bool ignore_eos = false;     // EOS does not finish the sequence (max_tokens, stop do)
 };
 
 struct FinishInfo {
@@ -84,6 +87,9 @@ struct Event {
   int32_t token = 0;          // kToken
   std::string text;           // kToken: text this token completes (held back near a stop string)
   double ttft_ms = -1;        // kToken: set on the first token only
+  bool has_logprob = false;   // kToken with request.logprobs >= 0 (not on held-back text)
+  float logprob = 0;          // kToken: log-softmax of the raw logits at `token`
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // kToken: the most likely ids
   FinishInfo finish;          // kFinished
   ApiError error;             // kError
 };

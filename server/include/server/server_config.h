@@ -51,6 +51,8 @@ struct ServerConfig {
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
   int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
   int start_timeout_ms = 120000;
+  std::string log_level = "info";   // trace, debug, info, warn, error, critical, off
+  std::string log_format = "text";  // text or json (one JSON object per line), on stderr
   // Not a config key: where the shipped data was found (empty: nowhere), for messages.
   std::string data_dir;
 };
@@ -59,28 +61,56 @@ constexpr const char* kServerUsage =
     R"(usage: burst-server [--config FILE] [--model DIR | --preset 7b|13b|70b --random-weights SEED]
                     [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
-                    [--host ADDR] [--grpc-port P] [--http-port P] [--port-file FILE]
-                    [--api-key KEY] [--max-context N] [--kv-capacity N] [--max-queue N]
-                    [--keepalive-ms MS] [--drain-timeout-ms MS]
-                    [--remote-workers N [--worker-listen HOST:PORT]]
+                    [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
+                    [--port-file FILE] [--api-key KEY] [--max-context N] [--kv-capacity N]
+                    [--max-tokens-limit N] [--max-queue N] [--max-running N]
+                    [--max-batched-tokens T] [--prefill-chunk T] [--max-body-bytes B]
+                    [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
+                    [--log-level LEVEL] [--log-format text|json]
+                    [--remote-workers N [--worker-listen HOST:PORT]] [--version] [--help]
 
   --config FILE     JSON config (keys as the flags, with '_' for '-'); flags override it.
                     Without it: the data directory's configs/cpu-tiny.json (tiny model, 2 CPU
                     workers)
   --data-dir DIR    the shipped configs/ and models/ (else $BURST_DATA_DIR, else
                     <exe>/../share/burst, else the source tree or install prefix built in)
+  --model DIR       a Hugging Face LLaMA directory (config.json, *.safetensors)
   --preset NAME     random weights of a LLaMA-2 shape (no model directory); the tokenizer is
                     --tokenizer FILE or the data directory's models/kjv-tiny/tokenizer.model
+  --random-weights SEED  the preset's weights' seed
+  --tokenizer FILE  tokenizer.model (default: MODEL/tokenizer.model)
+  --model-name NAME the name clients use (default: the model directory's name)
   --check-config    validate the config and flags, print the resolved settings as JSON and
                     exit (0: valid, 2: not); model files are checked only where present
+  --device D        cpu (default) or cuda
+  --workers N       burst-worker processes (the ring's ranks, default 2)
+  --threads-per-worker N  threads per CPU worker (0: cores / workers)
+  --layout L        sequence sharding: zigzag (default) or contiguous
+  --host ADDR       the address HTTP and gRPC bind (default 127.0.0.1)
   --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
   --port-file FILE  write {"http_port": N, "grpc_port": M, "worker_port": W} once bound
+  --api-key KEY     require "Authorization: Bearer KEY" (HTTP) / authorization metadata (gRPC);
+                    also $BURST_API_KEY
+  --max-context N   longest prompt (0: the model's max_position_embeddings)
+  --kv-capacity N   prompt + generated tokens one request may hold (0: max context)
+  --max-tokens-limit N  largest max_tokens accepted (0: the KV capacity)
+  --max-queue N     waiting requests beyond which new ones get 503 (default 64)
+  --max-running N   sequences batched at once (default 64)
+  --max-batched-tokens T  tokens per engine step (0: chunk + max(max-running, chunk / 4))
+  --prefill-chunk T prompt tokens per prefill chunk (0: 256 on CPU, 8192 on CUDA)
+  --max-body-bytes B  largest HTTP request body (default 8 MiB)
+  --keepalive-ms MS SSE keep-alive comment interval while no token is ready (default 5000)
+  --drain-timeout-ms MS  SIGTERM: how long requests in flight may finish (default 30000)
+  --start-timeout-ms MS  how long the worker group may take to start (default 120000)
+  --log-level LEVEL trace, debug, info (default), warn, error, critical or off
+  --log-format F    text (default) or json (one object per line); logs go to stderr, with one
+                    access-log line per HTTP request (status, route, latency, request id)
   --remote-workers N  multi-node: spawn no worker; wait for N `burst-worker --join HOST:PORT`
                     (same model as the server) to register, then serve. Until they have,
                     /health answers 503: waiting for workers (k/N registered)
   --worker-listen HOST:PORT  where remote workers register and rendezvous (default
                     0.0.0.0:50052; port 0: any free port); unauthenticated: cluster network only
-  --api-key KEY     require "Authorization: Bearer KEY" (HTTP) / authorization metadata (gRPC)
+  --version         print the version and build, then exit
 )";
 
 // Parses argv (defaults, then --config, then the other flags). An error message means usage

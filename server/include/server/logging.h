@@ -1,0 +1,26 @@
+// Version and build information of every burst binary, and the server's logging: one line per
+// record on stderr (stdout stays free for a program's output), as text or as JSON lines, at a
+// chosen level.
+#pragma once
+
+#include <string>
+
+#include "engine/status.h"
+
+namespace burst::server {
+
+constexpr const char* kVersion = "0.1.0";
+
+// "NAME 0.1.0 (CPU+CUDA build, Release, GCC 12.2.0, built Nov 23 2026 11:00:00)".
+std::string version_string(const std::string& binary);
+
+// The default logger: stderr, `level` (trace, debug, info, warn, error, critical, off) and
+// `format` (text: "[time] [binary] [level] message"; json: {"time", "level", "logger", "msg"}
+// per line, time in UTC). An unknown level or format is an error and changes nothing.
+Status setup_logging(const std::string& binary, const std::string& level,
+                     const std::string& format);
+
+// JSON string escaping (quotes included) for log lines built by hand.
+std::string json_quote(const std::string& s);
+
+}  // namespace burst::server
