@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench_batching.sh: continuous batching on the GPU machine (2 GPUs or more), from the repository
-# root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR first). Results under $OUT.
+# root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR burst-server burst-worker
+# libburst_spm.so [burst_gpu_tests burst-generate] first). Results under $OUT.
 #   1. Correctness first: burst_gpu_tests (GPU 0), and the tiny model's greedy text through
 #      burst-generate in-process == 1 and 2 NCCL workers (paged decode, chunked ring).
 #   2. 7B preset (random weights, bf16) through burst-server on $WORKERS GPUs (default 2), for each prefill chunk
