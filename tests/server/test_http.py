@@ -468,6 +468,37 @@ def test_metrics():
               in text, f"request_success_total {reason}")
     check(srv.metric('burst_request_success_total{finished_reason="length"}') > 0,
           "length finishes counted")
+    # The exposition format, as promtool reads it: HELP and TYPE before each family's samples,
+    # well-formed sample lines, histogram buckets ending at +Inf equal to _count.
+    import re
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
+                        r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*\})? (\S+)$')
+    typed, names = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, n, t = line.split(" ", 3)
+            typed[n] = t
+            continue
+        if line.startswith("#") or not line:
+            continue
+        m = sample.match(line)
+        check(m is not None, f"malformed sample line {line!r}")
+        float(m.group(3))
+        n = m.group(1)
+        base = re.sub(r"_(bucket|sum|count)$", "", n) if n not in typed else n
+        check(base in typed, f"{n} has no TYPE line")
+        names.add(n)
+    for n, t in typed.items():
+        if t == "histogram":
+            inf = [ln for ln in text.splitlines() if ln.startswith(n + "_bucket") and 'le="+Inf"' in ln]
+            cnt = [ln for ln in text.splitlines() if ln.startswith(n + "_count")]
+            check(inf and cnt and inf[0].split()[-1] == cnt[0].split()[-1], f"{n}: +Inf != count")
+    # The Grafana dashboard (deploy/grafana) parses and queries only metrics that exist.
+    dash = json.load(open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "deploy", "grafana", "burst-dashboard.json")))
+    queried = {m for p in dash["panels"] for t in p["targets"]
+               for m in re.findall(r"burst_[a-z0-9_]+", t["expr"])}
+    check(queried and queried <= names, f"dashboard queries missing metrics: {queried - names}")
 
 
 def test_concurrent_clients():
