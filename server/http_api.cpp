@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "server/logging.h"
 
@@ -284,8 +285,13 @@ void refuse_unsupported(const json& body, bool chat) {
 }
 
 // What both OpenAI endpoints share: the model check, sampling, max_tokens, stop, streaming.
+// Sequences one request may start (n choices of each prompt of a batch).
+constexpr int64_t kMaxChoices = 64;
+
 struct CommonParams {
   ScheduledRequest request;
+  int n = 1;                // choices per prompt
+  bool seed_given = false;  // choice i then uses seed + i
   bool stream = false;
   bool include_usage = false;
   bool max_tokens_given = false;
@@ -303,8 +309,10 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
     }
   }
   const int64_t n = get_int(body, "n", 1);
-  if (n < 1) throw HttpError{400, "'n' must be >= 1", "", "n"};
-  if (n != 1) unsupported("n", "only n = 1 (send several requests)");
+  if (n < 1 || n > kMaxChoices) {
+    throw HttpError{400, "'n' must be in [1, " + std::to_string(kMaxChoices) + "]", "", "n"};
+  }
+  p.n = static_cast<int>(n);
   auto& s = p.request.sampling;
   s.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
   if (!(s.temperature >= 0)) throw HttpError{400, "'temperature' must be >= 0", "", "temperature"};
@@ -317,6 +325,7 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
   s.top_k = top_k < 0 ? 0 : static_cast<int>(std::min<int64_t>(top_k, 1 << 30));
   const json* seed = field(body, "seed");
   s.seed = seed ? static_cast<uint64_t>(get_int(body, "seed", 0)) : std::random_device{}();
+  p.seed_given = seed != nullptr;
   // The newer name wins; both are validated.
   const json* mct = field(body, "max_completion_tokens");
   const json* mt = field(body, "max_tokens");
@@ -514,17 +523,44 @@ struct LogprobsAcc {
   }
 };
 
+// One sequence of a request: choice `index` (prompt p, sample j: index p * n + j).
+struct Choice {
+  std::shared_ptr<RequestStream> stream;
+  int index = 0;
+  LogprobsAcc acc;
+  bool finished = false;
+  FinishInfo finish;
+  std::string text;  // non-streaming: the whole text
+  bool first_of_prompt = true;  // counts the prompt's tokens in usage (once per prompt)
+};
+
+// Usage over the choices: the prompts once each, every choice's completion.
+FinishInfo total_usage(const std::vector<Choice>& cs) {
+  FinishInfo f = cs.at(0).finish;
+  f.prompt_tokens = f.completion_tokens = 0;
+  for (const Choice& c : cs) {
+    if (c.first_of_prompt) f.prompt_tokens += c.finish.prompt_tokens;
+    f.completion_tokens += c.finish.completion_tokens;
+  }
+  return f;
+}
+
+void cancel_all(std::vector<Choice>& cs) {
+  for (Choice& c : cs) {
+    if (!c.finished) c.stream->cancel();
+  }
+}
+
 // Shared by the SSE provider and its releaser; touched by one httplib worker thread at a time.
 struct SseState {
-  std::shared_ptr<RequestStream> stream;
+  std::vector<Choice> choices;
   bool chat = false;
   bool include_usage = false;
   bool logprobs = false;  // the request asked for them
-  LogprobsAcc acc;
   std::string id, model;
   int64_t created = 0;
   bool finished = false;
-  FinishInfo finish;  // at the end: for the access log
+  size_t next = 0;  // round-robin position among the choices
 };
 
 json chunk(const SseState& st, json choice) {
@@ -537,24 +573,25 @@ json chunk(const SseState& st, json choice) {
   return j;
 }
 
-json choice_json(SseState& st, const std::string& text, const json& finish) {
-  const json lp = st.logprobs && !st.acc.empty() ? st.acc.take() : json(nullptr);
+json choice_json(SseState& st, Choice& c, const std::string& text, const json& finish) {
+  const json lp = st.logprobs && !c.acc.empty() ? c.acc.take() : json(nullptr);
   if (st.chat) {
     json delta = json::object();
     if (!text.empty()) delta["content"] = text;
-    return {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
+    return {{"index", c.index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
   }
-  return {{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
+  return {{"index", c.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
 }
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
-// The SSE text for one event (empty: nothing to send). Sets st.finished at the end.
-std::string render_event(SseState& st, const Event& ev) {
+// The SSE text for one event of choice c (empty: nothing to send). Sets st.finished at the end
+// (every choice finished, or one failed).
+std::string render_event(SseState& st, Choice& c, const Event& ev) {
   switch (ev.kind) {
     case Event::Kind::kStarted:
       if (!st.chat) return "";
-      return sse(chunk(st, {{"index", 0},
+      return sse(chunk(st, {{"index", c.index},
                             {"delta", {{"role", "assistant"}, {"content", ""}}},
                             {"logprobs", nullptr},
                             {"finish_reason", nullptr}}));
@@ -563,33 +600,66 @@ std::string render_event(SseState& st, const Event& ev) {
       // (chunk.choices[0]?.delta) passes over it; the progress object is burst's extension.
       json j = chunk(st, nullptr);
       j["progress"] = {{"prefilled_fraction", ev.fraction}};
+      if (st.choices.size() > 1) j["progress"]["index"] = c.index;
       return sse(j);
     }
     case Event::Kind::kToken:
-      if (st.logprobs) st.acc.add(ev);
+      if (st.logprobs) c.acc.add(ev);
       if (ev.text.empty()) return "";
-      return sse(chunk(st, choice_json(st, ev.text, nullptr)));
+      return sse(chunk(st, choice_json(st, c, ev.text, nullptr)));
     case Event::Kind::kFinished: {
+      c.finished = true;
+      c.finish = ev.finish;
+      std::string out =
+          sse(chunk(st, choice_json(st, c, "", finish_reason_json(ev.finish.reason))));
+      for (const Choice& o : st.choices) {
+        if (!o.finished) return out;
+      }
       st.finished = true;
-      st.finish = ev.finish;
-      note_finish(ev.finish);
-      std::string out = sse(chunk(st, choice_json(st, "", finish_reason_json(ev.finish.reason))));
+      const FinishInfo total = total_usage(st.choices);
+      note_finish(total);
       if (st.include_usage) {
         json u = chunk(st, nullptr);
-        u["usage"] = usage_json(ev.finish);
-        u["timings"] = timings_json(ev.finish);
+        u["usage"] = usage_json(total);
+        u["timings"] = timings_json(total);
         out += sse(u);
       }
       return out + "data: [DONE]\n\n";
     }
     case Event::Kind::kError: {
+      c.finished = true;
       st.finished = true;
+      cancel_all(st.choices);
       access_info().error = ev.error.message.substr(0, 200);
       const int status = http_status(ev.error.code);
       return sse(error_body(status, ev.error.message)) + "data: [DONE]\n\n";
     }
   }
   return "";
+}
+
+// The next SSE text of a stream of several choices, waiting at most `wait` (empty: nothing
+// happened). One choice: blocks on it; more: polls them in turn.
+std::string next_sse(SseState& st, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    size_t open = 0;
+    for (const Choice& c : st.choices) open += c.finished ? 0 : 1;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    for (size_t k = 0; k < st.choices.size(); ++k) {
+      Choice& c = st.choices[(st.next + k) % st.choices.size()];
+      if (c.finished) continue;
+      auto ev = c.stream->next(open == 1 ? std::max(left, std::chrono::milliseconds(0))
+                                         : std::chrono::milliseconds(0));
+      if (!ev) continue;
+      st.next = (st.next + k + 1) % st.choices.size();
+      std::string out = render_event(st, c, *ev);
+      if (!out.empty() || st.finished) return out;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return "";
+    if (open > 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 }  // namespace
@@ -828,7 +898,7 @@ void HttpApi::install_routes() {
   auto serve = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
     const json body = parse_body(req);
     CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
-    std::vector<int32_t>& prompt = p.request.prompt;
+    std::vector<std::vector<int32_t>> prompts(1);
     if (chat) {
       const json* msgs = field(body, "messages");
       if (!msgs || !msgs->is_array()) bad_field("messages", "an array of messages");
@@ -856,55 +926,88 @@ void HttpApi::install_routes() {
       }
       auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
       if (!ids.ok()) throw HttpError{400, ids.message(), "", "messages"};
-      prompt = ids.take();
+      prompts[0] = ids.take();
     } else {
       const json* pr = field(body, "prompt");
       if (!pr) throw HttpError{400, "'prompt' is required", "", "prompt"};
-      const json* one = pr;
+      // A batch ([string, ...] or [[ids], ...]) is several prompts; [ids] is one.
+      std::vector<const json*> items = {pr};
       if (pr->is_array() && !pr->empty() && !(*pr)[0].is_number_integer()) {
-        // A batch ([string] or [[ids]]): one prompt per request here.
-        if (pr->size() != 1) throw HttpError{400, "only one prompt per request", "", "prompt"};
-        one = &(*pr)[0];
+        items.clear();
+        for (const auto& one : *pr) items.push_back(&one);
       }
-      if (one->is_string()) {
-        const std::string text = one->get<std::string>();
-        if (text.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
-        prompt = encode_or_throw(tokenizer_, text, true);
-      } else if (one->is_array()) {
-        for (const auto& id : *one) {
-          if (!id.is_number_integer()) bad_field("prompt", "a string or an array of token ids");
-          const int64_t v = id.get<int64_t>();
-          prompt.push_back(v < INT32_MIN || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
+      if (static_cast<int64_t>(items.size()) * p.n > kMaxChoices) {
+        throw HttpError{400, "a request may start at most " + std::to_string(kMaxChoices) +
+                                 " sequences (prompts x n)", "", "prompt"};
+      }
+      prompts.assign(items.size(), {});
+      for (size_t i = 0; i < items.size(); ++i) {
+        const json* one = items[i];
+        std::vector<int32_t>& prompt = prompts[i];
+        if (one->is_string()) {
+          const std::string text = one->get<std::string>();
+          if (text.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
+          prompt = encode_or_throw(tokenizer_, text, true);
+        } else if (one->is_array()) {
+          for (const auto& id : *one) {
+            if (!id.is_number_integer()) bad_field("prompt", "a string or an array of token ids");
+            const int64_t v = id.get<int64_t>();
+            prompt.push_back(v < INT32_MIN || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
+          }
+          if (prompt.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
+        } else {
+          bad_field("prompt", "a string, an array of token ids, or an array of those");
         }
-        if (prompt.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
-      } else {
-        bad_field("prompt", "a string or an array of token ids");
       }
     }
     if (!p.max_tokens_given) {
       // OpenAI's defaults: 16 for completions, "until done" for chat; both bounded by what is
       // left of the KV capacity, so a default never makes a fitting prompt fail.
-      const int64_t room = scheduler_.kv_capacity() - static_cast<int64_t>(prompt.size());
+      size_t longest = 0;
+      for (const auto& pr : prompts) longest = std::max(longest, pr.size());
+      const int64_t room = scheduler_.kv_capacity() - static_cast<int64_t>(longest);
       const int64_t want = chat ? scheduler_.max_tokens_limit() : 16;
       p.request.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min(want, room)));
     }
     const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    p.request.id = access_info().id.empty() ? id : access_info().id;  // logs: the request id
+    const std::string log_id = access_info().id.empty() ? id : access_info().id;
     const bool logprobs = p.request.logprobs >= 0;
-    ApiError err;
-    auto stream = scheduler_.submit(std::move(p.request), &err);
-    if (!stream) {
-      send_error(res, http_status(err.code), err.message);
-      return;
+    // Every choice is a sequence of its own in the batch; all or none are admitted.
+    std::vector<Choice> choices;
+    for (size_t pi = 0; pi < prompts.size(); ++pi) {
+      for (int j = 0; j < p.n; ++j) {
+        ScheduledRequest r = p.request;
+        r.prompt = prompts[pi];
+        const int index = static_cast<int>(pi) * p.n + j;
+        r.id = choices.empty() && prompts.size() * p.n == 1
+                   ? log_id
+                   : log_id + "/" + std::to_string(index);  // logs: the request id
+        if (index > 0) {
+          r.sampling.seed = p.seed_given ? p.request.sampling.seed + static_cast<uint64_t>(index)
+                                         : std::random_device{}();
+        }
+        ApiError err;
+        auto stream = scheduler_.submit(std::move(r), &err);
+        if (!stream) {
+          cancel_all(choices);
+          send_error(res, http_status(err.code), err.message);
+          return;
+        }
+        Choice c;
+        c.stream = std::move(stream);
+        c.index = index;
+        c.acc.chat = chat;
+        c.acc.tok = &tokenizer_;
+        c.first_of_prompt = j == 0;
+        choices.push_back(std::move(c));
+      }
     }
     if (p.stream) {
       auto st = std::make_shared<SseState>();
-      st->stream = stream;
+      st->choices = std::move(choices);
       st->chat = chat;
       st->include_usage = p.include_usage;
       st->logprobs = logprobs;
-      st->acc.chat = chat;
-      st->acc.tok = &tokenizer_;
       st->id = id;
       st->model = config_.model_name;
       st->created = unix_now();
@@ -918,57 +1021,64 @@ void HttpApi::install_routes() {
               sink.done();
               return true;
             }
-            // Blocks at most one keep-alive interval: a comment line keeps proxies and clients
+            // Waits at most one keep-alive interval: a comment line keeps proxies and clients
             // from timing out during a long prefill, and a failed write detects a gone client.
-            auto ev = st->stream->next(keepalive);
-            const std::string out = ev ? render_event(*st, *ev) : ": keep-alive\n\n";
+            std::string out = next_sse(*st, keepalive);
+            if (out.empty() && !st->finished) out = ": keep-alive\n\n";
             if (!out.empty() && !sink.write(out.data(), out.size())) {
-              st->stream->cancel();
+              cancel_all(st->choices);
               return false;
             }
             if (st->finished) sink.done();
             return true;
           },
           [st](bool) {
-            if (!st->finished) st->stream->cancel();
+            if (!st->finished) cancel_all(st->choices);
           });
       return;
     }
-    std::string text;
-    LogprobsAcc acc;
-    acc.chat = chat;
-    acc.tok = &tokenizer_;
-    for (;;) {
-      auto ev = stream->next(std::chrono::milliseconds(1000));
-      if (!ev) continue;
-      if (ev->kind == Event::Kind::kToken) {
-        text += ev->text;
-        if (logprobs) acc.add(*ev);
+    for (Choice& c : choices) {
+      while (!c.finished) {
+        auto ev = c.stream->next(std::chrono::milliseconds(1000));
+        if (!ev) continue;
+        if (ev->kind == Event::Kind::kToken) {
+          c.text += ev->text;
+          if (logprobs) c.acc.add(*ev);
+        }
+        if (ev->kind == Event::Kind::kError) {
+          c.finished = true;
+          cancel_all(choices);
+          send_error(res, http_status(ev->error.code), ev->error.message);
+          return;
+        }
+        if (ev->kind == Event::Kind::kFinished) {
+          c.finished = true;
+          c.finish = ev->finish;
+        }
       }
-      if (ev->kind == Event::Kind::kError) {
-        send_error(res, http_status(ev->error.code), ev->error.message);
-        return;
-      }
-      if (ev->kind != Event::Kind::kFinished) continue;
-      note_finish(ev->finish);
-      json choice = {{"index", 0},
-                     {"logprobs", logprobs ? acc.take() : json(nullptr)},
-                     {"finish_reason", finish_reason_json(ev->finish.reason)}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-      } else {
-        choice["text"] = text;
-      }
-      send_json(res, 200,
-                {{"id", id},
-                 {"object", chat ? "chat.completion" : "text_completion"},
-                 {"created", unix_now()},
-                 {"model", config_.model_name},
-                 {"choices", json::array({choice})},
-                 {"usage", usage_json(ev->finish)},
-                 {"timings", timings_json(ev->finish)}});
-      return;
     }
+    json out_choices = json::array();
+    for (Choice& c : choices) {
+      json choice = {{"index", c.index},
+                     {"logprobs", logprobs ? c.acc.take() : json(nullptr)},
+                     {"finish_reason", finish_reason_json(c.finish.reason)}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      } else {
+        choice["text"] = c.text;
+      }
+      out_choices.push_back(std::move(choice));
+    }
+    const FinishInfo total = total_usage(choices);
+    note_finish(total);
+    send_json(res, 200,
+              {{"id", id},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", unix_now()},
+               {"model", config_.model_name},
+               {"choices", out_choices},
+               {"usage", usage_json(total)},
+               {"timings", timings_json(total)}});
   };
   s.Post("/v1/completions", guarded([serve](const httplib::Request& req,
                                             httplib::Response& res) { serve(req, res, false); }));

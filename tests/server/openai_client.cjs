@@ -55,10 +55,18 @@ function check(cond, msg) {
         svals.every((v, i) => Math.abs(v - l.token_logprobs[i]) < 1e-6),
         "streamed logprobs " + JSON.stringify([stoks, svals]));
   console.log("ok   completions logprobs, streaming and not");
+  // n = 2 with a seed: two choices, choice i sampled with seed + i.
+  const two = await client.completions.create({ model, prompt, max_tokens: 8, n: 2, seed: 11 });
+  const a = await client.completions.create({ model, prompt, max_tokens: 8, seed: 11 });
+  const b = await client.completions.create({ model, prompt, max_tokens: 8, seed: 12 });
+  const byIndex = Object.fromEntries(two.choices.map((c) => [c.index, c.text]));
+  check(byIndex[0] === a.choices[0].text && byIndex[1] === b.choices[0].text,
+        "n = 2 with seeds: " + JSON.stringify([byIndex, a.choices[0].text, b.choices[0].text]));
+  console.log("ok   n = 2 with a seed");
   // Refused parameters: 400 naming the parameter.
   for (const [extra, param] of [[{ suffix: "amen" }, "suffix"], [{ best_of: 3 }, "best_of"],
                                 [{ frequency_penalty: "abc" }, "frequency_penalty"],
-                                [{ echo: true }, "echo"], [{ n: 2 }, "n"]]) {
+                                [{ echo: true }, "echo"], [{ n: 0 }, "n"]]) {
     try {
       await client.completions.create({ model, prompt, max_tokens: 2, ...extra });
       check(false, `${param} must be refused`);

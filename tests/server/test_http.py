@@ -239,7 +239,8 @@ def test_refused_and_validated_parameters():
 
     for extra, param in [
             ({"suffix": "amen"}, "suffix"), ({"best_of": 2}, "best_of"),
-            ({"echo": True}, "echo"), ({"n": 2}, "n"), ({"n": 0}, "n"),
+            ({"echo": True}, "echo"), ({"n": 65}, "n"), ({"n": 0}, "n"),
+            ({"n": 2, "prompt": [PROMPT] * 33}, "prompt"),
             ({"frequency_penalty": "abc"}, "frequency_penalty"),
             ({"presence_penalty": 2.5}, "presence_penalty"),
             ({"repetition_penalty": 0}, "repetition_penalty"),
@@ -284,6 +285,49 @@ def test_refused_and_validated_parameters():
                   "max_tokens": 9, "max_completion_tokens": 3, "temperature": 0,
                   "ignore_eos": True})
     check(st == 200 and r["usage"]["completion_tokens"] == 3, f"max_completion_tokens: {r}")
+
+
+def test_n_and_prompt_batches():
+    def one(prompt, seed, n=1):
+        st, r = post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "seed": seed,
+                                         "n": n})
+        check(st == 200, f"{st} {r}")
+        return r
+    alone = [one(PROMPT, 7)["choices"][0]["text"], one(PROMPT, 8)["choices"][0]["text"]]
+    r = one(PROMPT, 7, n=2)
+    got = {c["index"]: c["text"] for c in r["choices"]}
+    check(got == {0: alone[0], 1: alone[1]}, f"n=2: choice i samples with seed + i: {got} "
+          f"vs {alone}")
+    check(r["usage"]["prompt_tokens"] == one(PROMPT, 7)["usage"]["prompt_tokens"]
+          and r["usage"]["completion_tokens"] == 16, f"usage counts the prompt once: {r['usage']}")
+    # A batch of prompts, n = 2 each, streamed: choice p * n + j; equal to the requests alone.
+    second = "In the beginning" if HAVE_KJV else "And the"
+    body = {"prompt": [PROMPT, second], "max_tokens": 6, "temperature": 0, "n": 2,
+            "stream": True, "stream_options": {"include_usage": True}}
+    c2, resp = stream("/v1/completions", body)
+    texts, finishes, usage = {}, {}, None
+    for ev, data in sse_events(resp):
+        if ev == "comment":
+            continue
+        if data == "[DONE]":
+            break
+        j = json.loads(data)
+        for ch in j["choices"]:
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+            finishes[ch["index"]] = ch["finish_reason"] or finishes.get(ch["index"])
+        usage = j.get("usage") or usage
+    c2.close()
+    want = [post("/v1/completions", {"prompt": p, "max_tokens": 6,
+                                     "temperature": 0})[1]["choices"][0]["text"]
+            for p in [PROMPT, second]]
+    check(texts == {0: want[0], 1: want[0], 2: want[1], 3: want[1]},
+          f"batch x n: {texts} vs {want}")
+    check(all(finishes[i] for i in range(4)) and usage["completion_tokens"] == 24,
+          f"finishes {finishes} usage {usage}")
+    if HAVE_KJV:
+        st, r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Who?"}],
+                                              "max_tokens": 4, "n": 3, "seed": 1})
+        check(st == 200 and sorted(c["index"] for c in r["choices"]) == [0, 1, 2], f"{r}")
 
 
 def test_routes_and_content_types():
@@ -607,7 +651,7 @@ if __name__ == "__main__":
         run([test_health_models_tokenize, test_completion_matches_burst_generate,
              test_curl_sse_and_progress, test_keepalive_while_queued, test_chat, test_stop_string,
              test_bad_inputs, test_refused_and_validated_parameters,
-             test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
+             test_n_and_prompt_batches, test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
              test_eos_bias_min_tokens_ignore_eos, test_versions_and_help, test_json_logs,
              test_metrics, test_concurrent_clients,
              test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])
