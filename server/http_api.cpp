@@ -273,15 +273,6 @@ void refuse_unsupported(const json& body, bool chat) {
     if (!sfx->is_string()) bad_field("suffix", "a string");
     if (!sfx->get<std::string>().empty()) unsupported("suffix", "no fill-in-the-middle");
   }
-  if (const json* e = field(body, "echo")) {
-    if (!e->is_boolean()) bad_field("echo", "a boolean");
-    if (e->get<bool>()) unsupported("echo", "the prompt is not returned");
-  }
-  if (const json* bo = field(body, "best_of")) {
-    if (!bo->is_number_integer()) bad_field("best_of", "an integer");
-    if (bo->get<int64_t>() < 1) throw HttpError{400, "'best_of' must be >= 1", "", "best_of"};
-    if (bo->get<int64_t>() > 1) unsupported("best_of", "only best_of = 1");
-  }
 }
 
 // What both OpenAI endpoints share: the model check, sampling, max_tokens, stop, streaming.
@@ -291,7 +282,10 @@ constexpr int64_t kMaxChoices = 64;
 struct CommonParams {
   ScheduledRequest request;
   int n = 1;                // choices per prompt
-  bool seed_given = false;  // choice i then uses seed + i
+  int best_of = 1;          // sequences per prompt (>= n; the n most likely are returned)
+  bool echo = false;        // completions: the prompt's text precedes each choice's text
+  bool logprobs = false;    // the client asked for logprobs (best_of also needs them inside)
+  bool seed_given = false;  // sequence i then uses seed + i
   bool stream = false;
   bool include_usage = false;
   bool max_tokens_given = false;
@@ -313,6 +307,7 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
     throw HttpError{400, "'n' must be in [1, " + std::to_string(kMaxChoices) + "]", "", "n"};
   }
   p.n = static_cast<int>(n);
+  p.best_of = p.n;
   auto& s = p.request.sampling;
   s.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
   if (!(s.temperature >= 0)) throw HttpError{400, "'temperature' must be >= 0", "", "temperature"};
@@ -427,6 +422,26 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
     }
     p.request.logprobs = static_cast<int>(lp);
   }
+  p.logprobs = p.request.logprobs >= 0;
+  if (!chat) {
+    p.echo = get_bool(body, "echo", false);
+    if (p.echo && p.logprobs) {
+      unsupported("echo", "with logprobs (the prompt's logprobs are not computed); echo alone "
+                          "returns the prompt's text");
+    }
+    const int64_t best_of = get_int(body, "best_of", p.n);
+    if (best_of < p.n || best_of > kMaxChoices) {
+      throw HttpError{400, "'best_of' must be in [n, " + std::to_string(kMaxChoices) + "]", "",
+                      "best_of"};
+    }
+    if (best_of > p.n && p.stream) {
+      throw HttpError{400, "'best_of' > n cannot stream (the best are known at the end)", "",
+                      "best_of"};
+    }
+    p.best_of = static_cast<int>(best_of);
+    // Ranking by cumulative logprob needs each token's logprob.
+    if (p.best_of > p.n && !p.logprobs) p.request.logprobs = 0;
+  }
   return p;
 }
 
@@ -532,6 +547,9 @@ struct Choice {
   FinishInfo finish;
   std::string text;  // non-streaming: the whole text
   bool first_of_prompt = true;  // counts the prompt's tokens in usage (once per prompt)
+  std::string echo;             // completions with echo: the prompt's text
+  double cum_logprob = 0;       // best_of: the sum of the tokens' logprobs
+  int prompt = 0;               // which prompt of a batch
 };
 
 // Usage over the choices: the prompts once each, every choice's completion.
@@ -590,7 +608,9 @@ std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 std::string render_event(SseState& st, Choice& c, const Event& ev) {
   switch (ev.kind) {
     case Event::Kind::kStarted:
-      if (!st.chat) return "";
+      if (!st.chat) {
+        return c.echo.empty() ? "" : sse(chunk(st, choice_json(st, c, c.echo, nullptr)));
+      }
       return sse(chunk(st, {{"index", c.index},
                             {"delta", {{"role", "assistant"}, {"content", ""}}},
                             {"logprobs", nullptr},
@@ -899,6 +919,7 @@ void HttpApi::install_routes() {
     const json body = parse_body(req);
     CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
     std::vector<std::vector<int32_t>> prompts(1);
+    std::vector<std::string> echoes(1);  // completions with echo: each prompt's text
     if (chat) {
       const json* msgs = field(body, "messages");
       if (!msgs || !msgs->is_array()) bad_field("messages", "an array of messages");
@@ -936,11 +957,12 @@ void HttpApi::install_routes() {
         items.clear();
         for (const auto& one : *pr) items.push_back(&one);
       }
-      if (static_cast<int64_t>(items.size()) * p.n > kMaxChoices) {
+      if (static_cast<int64_t>(items.size()) * p.best_of > kMaxChoices) {
         throw HttpError{400, "a request may start at most " + std::to_string(kMaxChoices) +
                                  " sequences (prompts x n)", "", "prompt"};
       }
       prompts.assign(items.size(), {});
+      echoes.assign(items.size(), "");
       for (size_t i = 0; i < items.size(); ++i) {
         const json* one = items[i];
         std::vector<int32_t>& prompt = prompts[i];
@@ -948,6 +970,7 @@ void HttpApi::install_routes() {
           const std::string text = one->get<std::string>();
           if (text.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
           prompt = encode_or_throw(tokenizer_, text, true);
+          echoes[i] = text;
         } else if (one->is_array()) {
           for (const auto& id : *one) {
             if (!id.is_number_integer()) bad_field("prompt", "a string or an array of token ids");
@@ -955,6 +978,11 @@ void HttpApi::install_routes() {
             prompt.push_back(v < INT32_MIN || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
           }
           if (prompt.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
+          if (p.echo) {
+            std::vector<int> ids(prompt.begin(), prompt.end());
+            for (int& x : ids) x = x < 0 || x >= scheduler_.vocab_size() ? 0 : x;
+            echoes[i] = tokenizer_.decode(ids);
+          }
         } else {
           bad_field("prompt", "a string, an array of token ids, or an array of those");
         }
@@ -971,15 +999,15 @@ void HttpApi::install_routes() {
     }
     const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
     const std::string log_id = access_info().id.empty() ? id : access_info().id;
-    const bool logprobs = p.request.logprobs >= 0;
+    const bool logprobs = p.logprobs;
     // Every choice is a sequence of its own in the batch; all or none are admitted.
     std::vector<Choice> choices;
     for (size_t pi = 0; pi < prompts.size(); ++pi) {
-      for (int j = 0; j < p.n; ++j) {
+      for (int j = 0; j < p.best_of; ++j) {
         ScheduledRequest r = p.request;
         r.prompt = prompts[pi];
-        const int index = static_cast<int>(pi) * p.n + j;
-        r.id = choices.empty() && prompts.size() * p.n == 1
+        const int index = static_cast<int>(pi) * p.best_of + j;
+        r.id = choices.empty() && prompts.size() * p.best_of == 1
                    ? log_id
                    : log_id + "/" + std::to_string(index);  // logs: the request id
         if (index > 0) {
@@ -999,6 +1027,8 @@ void HttpApi::install_routes() {
         c.acc.chat = chat;
         c.acc.tok = &tokenizer_;
         c.first_of_prompt = j == 0;
+        c.prompt = static_cast<int>(pi);
+        if (p.echo) c.echo = echoes[pi];
         choices.push_back(std::move(c));
       }
     }
@@ -1044,6 +1074,7 @@ void HttpApi::install_routes() {
         if (ev->kind == Event::Kind::kToken) {
           c.text += ev->text;
           if (logprobs) c.acc.add(*ev);
+          if (ev->has_logprob) c.cum_logprob += ev->logprob;
         }
         if (ev->kind == Event::Kind::kError) {
           c.finished = true;
@@ -1057,15 +1088,33 @@ void HttpApi::install_routes() {
         }
       }
     }
+    // best_of: per prompt, the n sequences with the highest cumulative logprob, renumbered.
+    std::vector<Choice*> shown;
+    for (size_t pi = 0; pi < prompts.size(); ++pi) {
+      std::vector<Choice*> mine;
+      for (Choice& c : choices) {
+        if (c.prompt == static_cast<int>(pi)) mine.push_back(&c);
+      }
+      if (p.best_of > p.n) {
+        std::stable_sort(mine.begin(), mine.end(), [](const Choice* a, const Choice* b) {
+          return a->cum_logprob > b->cum_logprob;
+        });
+      }
+      for (size_t j = 0; j < static_cast<size_t>(p.n) && j < mine.size(); ++j) {
+        mine[j]->index = static_cast<int>(pi) * p.n + static_cast<int>(j);
+        shown.push_back(mine[j]);
+      }
+    }
     json out_choices = json::array();
-    for (Choice& c : choices) {
+    for (Choice* cp : shown) {
+      Choice& c = *cp;
       json choice = {{"index", c.index},
                      {"logprobs", logprobs ? c.acc.take() : json(nullptr)},
                      {"finish_reason", finish_reason_json(c.finish.reason)}};
       if (chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
-        choice["text"] = c.text;
+        choice["text"] = c.echo + c.text;
       }
       out_choices.push_back(std::move(choice));
     }

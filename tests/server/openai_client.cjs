@@ -64,9 +64,10 @@ function check(cond, msg) {
         "n = 2 with seeds: " + JSON.stringify([byIndex, a.choices[0].text, b.choices[0].text]));
   console.log("ok   n = 2 with a seed");
   // Refused parameters: 400 naming the parameter.
-  for (const [extra, param] of [[{ suffix: "amen" }, "suffix"], [{ best_of: 3 }, "best_of"],
+  for (const [extra, param] of [[{ suffix: "amen" }, "suffix"],
+                                [{ best_of: 3, n: 4 }, "best_of"],
                                 [{ frequency_penalty: "abc" }, "frequency_penalty"],
-                                [{ echo: true }, "echo"], [{ n: 0 }, "n"]]) {
+                                [{ echo: true, logprobs: 1 }, "echo"], [{ n: 0 }, "n"]]) {
     try {
       await client.completions.create({ model, prompt, max_tokens: 2, ...extra });
       check(false, `${param} must be refused`);

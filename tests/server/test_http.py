@@ -238,8 +238,9 @@ def test_refused_and_validated_parameters():
               f"{path} {extra}: want {status} naming {param!r}, got {st} {j}")
 
     for extra, param in [
-            ({"suffix": "amen"}, "suffix"), ({"best_of": 2}, "best_of"),
-            ({"echo": True}, "echo"), ({"n": 65}, "n"), ({"n": 0}, "n"),
+            ({"suffix": "amen"}, "suffix"), ({"best_of": 0}, "best_of"),
+            ({"best_of": 2, "stream": True}, "best_of"), ({"best_of": 2, "n": 3}, "best_of"),
+            ({"echo": True, "logprobs": 1}, "echo"), ({"n": 65}, "n"), ({"n": 0}, "n"),
             ({"n": 2, "prompt": [PROMPT] * 33}, "prompt"),
             ({"frequency_penalty": "abc"}, "frequency_penalty"),
             ({"presence_penalty": 2.5}, "presence_penalty"),
@@ -324,6 +325,32 @@ def test_n_and_prompt_batches():
           f"batch x n: {texts} vs {want}")
     check(all(finishes[i] for i in range(4)) and usage["completion_tokens"] == 24,
           f"finishes {finishes} usage {usage}")
+    # echo: the prompt's text first (string and token-id prompts; streaming too).
+    st, r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                     "echo": True})
+    plain = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                     "temperature": 0})[1]["choices"][0]["text"]
+    check(r["choices"][0]["text"] == PROMPT + plain, f"echo: {r['choices'][0]['text']!r}")
+    ids = post("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    st, r = post("/v1/completions", {"prompt": ids, "max_tokens": 4, "temperature": 0,
+                                     "echo": True})
+    check(r["choices"][0]["text"] == PROMPT + plain, f"echo of ids: {r['choices'][0]['text']!r}")
+    c3, resp = stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                          "echo": True, "stream": True})
+    first = next(json.loads(d) for e, d in sse_events(resp) if e != "comment")
+    c3.close()
+    check(first["choices"][0]["text"] == PROMPT, f"streamed echo first: {first}")
+    # best_of 3, n 1: the most likely of seeds s, s+1, s+2 (cumulative logprob).
+    cands = []
+    for seed in (21, 22, 23):
+        r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "seed": seed,
+                                     "logprobs": 0})[1]["choices"][0]
+        cands.append((sum(r["logprobs"]["token_logprobs"]), r["text"]))
+    st, r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "seed": 21,
+                                     "best_of": 3})
+    check(st == 200 and len(r["choices"]) == 1 and r["choices"][0]["text"] == max(cands)[1]
+          and r["choices"][0]["logprobs"] is None and r["usage"]["completion_tokens"] == 18,
+          f"best_of: {r} vs {cands}")
     if HAVE_KJV:
         st, r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Who?"}],
                                               "max_tokens": 4, "n": 3, "seed": 1})
