@@ -9,6 +9,7 @@
 #include <random>
 
 #include "burst/v1/burst.grpc.pb.h"
+#include "server/http_api.h"  // apply_llama2_chat_template
 
 namespace burst::server {
 
@@ -61,6 +62,15 @@ class GrpcApi::Service final : public pb::Burst::Service {
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
     try {
       return generate(ctx, req, writer);
+    } catch (const std::exception& e) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
+    }
+  }
+
+  grpc::Status Chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
+                    grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    try {
+      return chat(ctx, req, writer);
     } catch (const std::exception& e) {
       return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
     }
@@ -132,7 +142,55 @@ class GrpcApi::Service final : public pb::Burst::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
     }
     r.max_tokens = req->max_tokens();
-    const pb::SamplingParams& sp = req->sampling();
+    if (auto st = apply_options(req->sampling(), req->min_tokens(), req->ignore_eos(),
+                                req->logprobs(), req->top_logprobs(), &r);
+        !st.ok()) {
+      return st;
+    }
+    r.stop.assign(req->stop().begin(), req->stop().end());
+    r.return_progress = req->return_progress();
+    return run(ctx, std::move(r), writer);
+  }
+
+  grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
+                    grpc::ServerWriter<pb::GenerateResponse>* writer) {
+    if (auto st = check_auth(ctx); !st.ok()) return st;
+    if (!req->model().empty() && req->model() != config_.model_name) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "unknown model '" + req->model() + "'; this server serves '" +
+                              config_.model_name + "'");
+    }
+    std::vector<std::string> roles, contents;
+    for (const auto& m : req->messages()) {
+      roles.push_back(m.role());
+      contents.push_back(m.content());
+    }
+    auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
+    if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());
+    ScheduledRequest r;
+    r.id = request_id();
+    r.prompt = ids.take();
+    r.max_tokens = req->max_tokens();
+    if (r.max_tokens == 0) {
+      // As HTTP chat: until EOS, bounded by what is left of the KV capacity.
+      const int64_t room = scheduler_.kv_capacity() - static_cast<int64_t>(r.prompt.size());
+      r.max_tokens = static_cast<int>(
+          std::max<int64_t>(1, std::min<int64_t>(scheduler_.max_tokens_limit(), room)));
+    }
+    if (auto st = apply_options(req->sampling(), req->min_tokens(), req->ignore_eos(),
+                                req->logprobs(), req->top_logprobs(), &r);
+        !st.ok()) {
+      return st;
+    }
+    r.stop.assign(req->stop().begin(), req->stop().end());
+    r.return_progress = req->return_progress();
+    return run(ctx, std::move(r), writer);
+  }
+
+  // Sampling, logits processing and logprobs, with HTTP's defaults and checks.
+  grpc::Status apply_options(const pb::SamplingParams& sp, int32_t min_tokens, bool ignore_eos,
+                             bool logprobs, int32_t top_logprobs, ScheduledRequest* out) {
+    ScheduledRequest& r = *out;
     // HTTP's defaults: temperature 1 and a random seed when unset.
     r.sampling.temperature = sp.has_temperature() ? sp.temperature() : 1.f;
     r.sampling.top_k = sp.top_k();
@@ -150,23 +208,25 @@ class GrpcApi::Service final : public pb::Burst::Service {
     r.adjust.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.f;
     for (const auto& [id, bias] : sp.logit_bias()) r.adjust.logit_bias.emplace_back(id, bias);
     std::sort(r.adjust.logit_bias.begin(), r.adjust.logit_bias.end());
-    if (req->min_tokens() < 0) return bad("min_tokens must be >= 0");
-    if (req->max_tokens() > 0 && req->min_tokens() > req->max_tokens()) {
+    if (min_tokens < 0) return bad("min_tokens must be >= 0");
+    if (r.max_tokens > 0 && min_tokens > r.max_tokens) {
       return bad("min_tokens must not exceed max_tokens");
     }
-    r.adjust.min_tokens = req->min_tokens();
+    r.adjust.min_tokens = min_tokens;
     if (const std::string why = engine::validate(r.adjust, scheduler_.vocab_size());
         !why.empty()) {
       return bad(why);
     }
-    r.ignore_eos = req->ignore_eos();
-    if (req->top_logprobs() < 0 || req->top_logprobs() > 20) {
-      return bad("top_logprobs must be in [0, 20]");
-    }
-    if (req->top_logprobs() > 0 && !req->logprobs()) return bad("top_logprobs needs logprobs");
-    r.logprobs = req->logprobs() ? req->top_logprobs() : -1;
-    r.stop.assign(req->stop().begin(), req->stop().end());
-    r.return_progress = req->return_progress();
+    r.ignore_eos = ignore_eos;
+    if (top_logprobs < 0 || top_logprobs > 20) return bad("top_logprobs must be in [0, 20]");
+    if (top_logprobs > 0 && !logprobs) return bad("top_logprobs needs logprobs");
+    r.logprobs = logprobs ? top_logprobs : -1;
+    return grpc::Status::OK;
+  }
+
+  // Submits and streams the events until the end.
+  grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r,
+                   grpc::ServerWriter<pb::GenerateResponse>* writer) {
     const std::string id = r.id;
     ApiError err;
     auto stream = scheduler_.submit(std::move(r), &err);

@@ -10,7 +10,7 @@ import tempfile
 
 import grpc
 
-from harness import PROMPT, ROOT, Server, check, run
+from harness import HAVE_KJV, PROMPT, ROOT, Server, check, run
 
 KEY = "grpc-key"
 MD = [("authorization", "Bearer " + KEY)]
@@ -100,6 +100,26 @@ def test_defaults_and_parameters_as_http():
     check(c == grpc.StatusCode.INVALID_ARGUMENT and "presence_penalty" in d, f"{c} {d}")
 
 
+def test_chat():
+    msgs = [burst_pb2.ChatMessage(role="user", content="Who made the heaven?")]
+    req = burst_pb2.ChatRequest(messages=msgs, max_tokens=8,
+                                sampling=burst_pb2.SamplingParams(temperature=0))
+    code, detail = code_of(lambda: list(stub.Chat(req, metadata=MD, timeout=60)))
+    if not HAVE_KJV:
+        # The fixture's vocabulary cannot hold the template's [INST] ids.
+        check(code == grpc.StatusCode.INVALID_ARGUMENT, f"{code} {detail}")
+        return
+    events = list(stub.Chat(req, metadata=MD, timeout=60))
+    text = "".join(e.token.text for e in events if e.WhichOneof("event") == "token")
+    st, r = srv.json("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Who made the heaven?"}], "max_tokens": 8,
+        "temperature": 0})
+    check(text == r["choices"][0]["message"]["content"], f"gRPC chat {text!r} != HTTP {r}")
+    bad = burst_pb2.ChatRequest(messages=[burst_pb2.ChatMessage(role="assistant", content="x")])
+    c, d = code_of(lambda: list(stub.Chat(bad, metadata=MD, timeout=30)))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "alternate" in d, f"{c} {d}")
+
+
 def test_tokenize_and_model_info():
     r = stub.Tokenize(burst_pb2.TokenizeRequest(text="Hello world!", add_bos=True), metadata=MD)
     check(list(r.ids) == [1, 15043, 3186, 29991], f"{r.ids}")
@@ -161,7 +181,7 @@ if __name__ == "__main__":
     orig = srv.json
     srv.json = lambda m, p, b=None, h=None: orig(m, p, b, h or srv_headers)
     try:
-        run([test_generate_stream, test_defaults_and_parameters_as_http,
+        run([test_generate_stream, test_defaults_and_parameters_as_http, test_chat,
              test_tokenize_and_model_info, test_errors, test_cancel,
              test_health_service])
     finally:

@@ -95,15 +95,17 @@ def test_file_containing_symbol():
     check(fd.package == "burst.v1", f"package {fd.package}")
     (svc,) = [s for s in fd.service if s.name == "Burst"]
     methods = {m.name: m for m in svc.method}
-    check(set(methods) == {"Generate", "Tokenize", "ModelInfo"}, f"methods {sorted(methods)}")
-    for name, server_streaming in [("Generate", True), ("Tokenize", False),
+    check(set(methods) == {"Generate", "Chat", "Tokenize", "ModelInfo"},
+          f"methods {sorted(methods)}")
+    for name, server_streaming in [("Generate", True), ("Chat", True), ("Tokenize", False),
                                    ("ModelInfo", False)]:
         m = methods[name]
         check(m.server_streaming == server_streaming and not m.client_streaming,
               f"{name}: client_streaming={m.client_streaming} "
               f"server_streaming={m.server_streaming}")
+        reply = "Generate" if name == "Chat" else name  # Chat streams Generate's events
         check(m.input_type == f".burst.v1.{name}Request" and
-              m.output_type == f".burst.v1.{name}Response", f"{name}: {m}")
+              m.output_type == f".burst.v1.{reply}Response", f"{name}: {m}")
     check(fd == reference_file(), "served descriptor differs from protoc's for " + BURST_PROTO)
     check(served_file(by_method, BURST_PROTO) == fd, "by method != by service")
     check(served_file(by_name, BURST_PROTO) == fd, "by file name != by service")
