@@ -1,5 +1,6 @@
 #include "models/batch.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 namespace burst::models {
@@ -40,6 +41,12 @@ Status BatchRunner::validate(const StepPlan& plan) const {
       if (s.logprobs < -1 || s.logprobs > c.vocab_size) {
         return bad(who + "logprobs must be in [-1, vocab]");
       }
+    }
+    if (s.prompt_logprobs < -1 || s.prompt_logprobs > 20) {
+      return bad(who + "prompt_logprobs must be in [-1, 20]");
+    }
+    if (s.next_token < -1 || s.next_token >= c.vocab_size) {
+      return bad(who + "next_token outside the vocabulary");
     }
   }
   return {};
@@ -82,6 +89,8 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
     int64_t logit;   // index of its logits on the owner
   };
   std::vector<Sample> samples;
+  // Prompt logprobs: per such sequence (plan order), this rank's (position, logit index).
+  std::vector<std::pair<size_t, std::vector<std::pair<int64_t, int64_t>>>> prompt_rows;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqWork& s = plan.seqs[i];
     engine::SeqRows sr;
@@ -114,6 +123,21 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
         const int owner = sr.plan.owner(s.start + n - 1, &local);
         samples.push_back({i, owner, rank == owner ? static_cast<int64_t>(logit_rows.size()) : 0});
         if (rank == owner) logit_rows.push_back(sr.row + local);
+      }
+      if (s.prompt_logprobs >= 0) {
+        // Every real row of this rank's shard whose next token is a prompt token.
+        std::vector<std::pair<int64_t, int64_t>> mine;
+        int64_t row = sr.row;
+        for (const auto& sg : sr.plan.segments(rank)) {
+          for (int64_t j = 0; j < sg.len; ++j, ++row) {
+            const int64_t pos = sg.pos + j;
+            if (pos < s.start + n && pos + 1 < s.prompt_len) {
+              mine.emplace_back(pos, static_cast<int64_t>(logit_rows.size()));
+              logit_rows.push_back(row);
+            }
+          }
+        }
+        prompt_rows.emplace_back(i, std::move(mine));
       }
     }
     rows.push_back(std::move(sr));
@@ -164,6 +188,56 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
       t.logprob = engine::log_softmax_at(row, vocab, t.token, s.logprobs, &t.top);
     }
     result.tokens.push_back(std::move(t));
+  }
+  // Prompt logprobs: each rank scores its rows; one all-gather of fixed-size records per
+  // sequence (every rank knows every rank's row count from the plan), merged on rank 0.
+  for (auto& [i, mine] : prompt_rows) {
+    const SeqWork& s = plan.seqs[i];
+    const int k = std::min<int>(s.prompt_logprobs, static_cast<int>(vocab));
+    const size_t rec = 3 + 2 * static_cast<size_t>(k);  // pos, token, logprob, k x (id, lp)
+    const auto sp = engine::ShardPlan::make(plan.layout, static_cast<int64_t>(s.tokens.size()),
+                                            world, s.start);
+    int64_t most = 0;
+    for (int r = 0; r < world; ++r) most = std::max(most, sp.real_rows(r));
+    std::vector<double> send(static_cast<size_t>(most) * rec, -1.0);
+    std::vector<std::pair<int32_t, float>> top;
+    for (size_t m = 0; m < mine.size(); ++m) {
+      const auto [pos, li] = mine[m];
+      const int64_t next = pos + 1;
+      const int32_t tok = next < s.start + static_cast<int64_t>(s.tokens.size())
+                              ? s.tokens[static_cast<size_t>(next - s.start)]
+                              : s.next_token;
+      double* out = send.data() + m * rec;
+      out[0] = static_cast<double>(next);
+      out[1] = tok;
+      out[2] = tok < 0 ? 0.0
+                       : engine::log_softmax_at(logits.data() + li * vocab, vocab, tok, k, &top);
+      if (tok < 0) top.clear();
+      for (size_t t = 0; t < top.size(); ++t) {
+        out[3 + 2 * t] = top[t].first;
+        out[4 + 2 * t] = top[t].second;
+      }
+    }
+    std::vector<double> all(send.size() * static_cast<size_t>(world));
+    BURST_RETURN_IF_ERROR(comm_.all_gather(send.data(), all.data(), send.size() * 8));
+    if (rank != 0) continue;
+    PromptLogprobs pl;
+    pl.id = s.id;
+    for (size_t r = 0; r < all.size(); r += rec) {
+      if (all[r] < 0 || all[r + 1] < 0) continue;
+      PromptTokenLogprob e;
+      e.pos = static_cast<int64_t>(all[r]);
+      e.token = static_cast<int32_t>(all[r + 1]);
+      e.logprob = static_cast<float>(all[r + 2]);
+      for (int t = 0; t < k; ++t) {
+        e.top.emplace_back(static_cast<int32_t>(all[r + 3 + 2 * t]),
+                           static_cast<float>(all[r + 4 + 2 * t]));
+      }
+      pl.entries.push_back(std::move(e));
+    }
+    std::sort(pl.entries.begin(), pl.entries.end(),
+              [](const PromptTokenLogprob& a, const PromptTokenLogprob& b) { return a.pos < b.pos; });
+    result.prompt_logprobs.push_back(std::move(pl));
   }
   result.kv = ring_.cache().usage();
   result.rows = static_cast<int64_t>(ids.size());

@@ -283,6 +283,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
         }
         case Event::Kind::kError:
           return grpc::Status(grpc_code(ev->error.code), ev->error.message);
+        case Event::Kind::kPromptLogprobs:
+          continue;  // not requested by this API
       }
       if (!writer->Write(out)) {
         stream->cancel();

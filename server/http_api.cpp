@@ -425,10 +425,9 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
   p.logprobs = p.request.logprobs >= 0;
   if (!chat) {
     p.echo = get_bool(body, "echo", false);
-    if (p.echo && p.logprobs) {
-      unsupported("echo", "with logprobs (the prompt's logprobs are not computed); echo alone "
-                          "returns the prompt's text");
-    }
+    // echo with logprobs: the prompt's tokens' logprobs too, computed by every rank for its
+    // shard of each prefill chunk.
+    if (p.echo && p.logprobs) p.request.prompt_logprobs = p.request.logprobs;
     const int64_t best_of = get_int(body, "best_of", p.n);
     if (best_of < p.n || best_of > kMaxChoices) {
       throw HttpError{400, "'best_of' must be in [n, " + std::to_string(kMaxChoices) + "]", "",
@@ -466,6 +465,7 @@ json finish_reason_json(const std::string& r) {
 // A token's text as logprobs show it: the SentencePiece piece with U+2581 as a space and a
 // byte piece (<0xNN>) as its byte (alone it may be half a UTF-8 character; dump() replaces it).
 std::string token_text(const Tokenizer& tok, int32_t id) {
+  if (id == tok.bos_id() || id == tok.eos_id()) return "";
   std::string p = tok.piece(id);
   if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>') {
     return std::string(1, static_cast<char>(std::stoi(p.substr(3, 2), nullptr, 16)));
@@ -500,6 +500,23 @@ struct LogprobsAcc {
   size_t offset = 0;  // completions: characters of the completion before the next token
 
   bool empty() const { return content.empty() && tokens.empty(); }
+  // Completions with echo: a prompt token (no logprob for the first one: null).
+  void add_prompt(int32_t id, const float* logprob, const std::vector<std::pair<int32_t, float>>& t) {
+    const std::string text = token_text(*tok, id);
+    json alts = json::object();
+    for (const auto& [aid, lp] : t) alts[token_text(*tok, aid)] = lp;
+    tokens.push_back(text);
+    token_logprobs.push_back(logprob ? json(*logprob) : json(nullptr));
+    top.push_back(logprob ? alts : json(nullptr));
+    offsets.push_back(offset);
+    offset += text.size();
+  }
+  void add_prompt_event(const Event& ev, int32_t first_token) {
+    for (const auto& e : ev.prompt_logprobs) {
+      if (e.pos == 1) add_prompt(first_token, nullptr, {});
+      add_prompt(e.token, &e.logprob, e.top);
+    }
+  }
   void add(const Event& ev) {
     if (!ev.has_logprob) return;
     const std::string t = token_text(*tok, ev.token);
@@ -550,6 +567,8 @@ struct Choice {
   std::string echo;             // completions with echo: the prompt's text
   double cum_logprob = 0;       // best_of: the sum of the tokens' logprobs
   int prompt = 0;               // which prompt of a batch
+  int32_t first_token = 0;      // echo with logprobs: the prompt's first id (no logprob)
+  bool echo_pending = false;    // streaming echo with logprobs: sent with the prompt's logprobs
 };
 
 // Usage over the choices: the prompts once each, every choice's completion.
@@ -603,13 +622,25 @@ json choice_json(SseState& st, Choice& c, const std::string& text, const json& f
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+// Streaming echo with logprobs: the prompt's text and logprobs, once they are all in.
+std::string flush_echo(SseState& st, Choice& c) {
+  if (!c.echo_pending) return "";
+  c.echo_pending = false;
+  return sse(chunk(st, choice_json(st, c, c.echo, nullptr)));
+}
+
 // The SSE text for one event of choice c (empty: nothing to send). Sets st.finished at the end
 // (every choice finished, or one failed).
 std::string render_event(SseState& st, Choice& c, const Event& ev) {
   switch (ev.kind) {
     case Event::Kind::kStarted:
       if (!st.chat) {
-        return c.echo.empty() ? "" : sse(chunk(st, choice_json(st, c, c.echo, nullptr)));
+        // With logprobs the prompt's text waits for its logprobs (they come with the prefill).
+        if (c.echo.empty() || st.logprobs) {
+          c.echo_pending = !c.echo.empty();
+          return "";
+        }
+        return sse(chunk(st, choice_json(st, c, c.echo, nullptr)));
       }
       return sse(chunk(st, {{"index", c.index},
                             {"delta", {{"role", "assistant"}, {"content", ""}}},
@@ -623,15 +654,20 @@ std::string render_event(SseState& st, Choice& c, const Event& ev) {
       if (st.choices.size() > 1) j["progress"]["index"] = c.index;
       return sse(j);
     }
-    case Event::Kind::kToken:
+    case Event::Kind::kPromptLogprobs:
+      c.acc.add_prompt_event(ev, c.first_token);
+      return "";
+    case Event::Kind::kToken: {
+      std::string out = flush_echo(st, c);
       if (st.logprobs) c.acc.add(ev);
-      if (ev.text.empty()) return "";
-      return sse(chunk(st, choice_json(st, c, ev.text, nullptr)));
+      if (ev.text.empty()) return out;
+      return out + sse(chunk(st, choice_json(st, c, ev.text, nullptr)));
+    }
     case Event::Kind::kFinished: {
       c.finished = true;
       c.finish = ev.finish;
-      std::string out =
-          sse(chunk(st, choice_json(st, c, "", finish_reason_json(ev.finish.reason))));
+      std::string out = flush_echo(st, c);
+      out += sse(chunk(st, choice_json(st, c, "", finish_reason_json(ev.finish.reason))));
       for (const Choice& o : st.choices) {
         if (!o.finished) return out;
       }
@@ -1028,6 +1064,7 @@ void HttpApi::install_routes() {
         c.acc.tok = &tokenizer_;
         c.first_of_prompt = j == 0;
         c.prompt = static_cast<int>(pi);
+        c.first_token = prompts[pi].front();
         if (p.echo) c.echo = echoes[pi];
         choices.push_back(std::move(c));
       }
@@ -1071,6 +1108,7 @@ void HttpApi::install_routes() {
       while (!c.finished) {
         auto ev = c.stream->next(std::chrono::milliseconds(1000));
         if (!ev) continue;
+        if (ev->kind == Event::Kind::kPromptLogprobs) c.acc.add_prompt_event(*ev, c.first_token);
         if (ev->kind == Event::Kind::kToken) {
           c.text += ev->text;
           if (logprobs) c.acc.add(*ev);

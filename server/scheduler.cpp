@@ -557,6 +557,10 @@ bool Scheduler::run_step() {
     w.sampling = s.job.request.sampling;
     w.adjust = s.job.request.adjust;
     w.logprobs = s.job.request.logprobs;
+    w.prompt_logprobs = s.job.request.prompt_logprobs;
+    if (w.prompt_logprobs >= 0 && s.prefilled + len < s.prompt_len()) {
+      w.next_token = s.job.request.prompt[static_cast<size_t>(s.prefilled + len)];
+    }
     plan.seqs.push_back(std::move(w));
     chunks.push_back({&s, s.prefilled, len});
     progress = progress || s.job.request.return_progress;
@@ -605,6 +609,16 @@ bool Scheduler::run_step() {
     if (c.seq->prefilled == c.seq->prompt_len()) {
       c.seq->prefill_done = now;
       c.seq->prefill_ms = ms_between(c.seq->admitted, now);
+    }
+  }
+  // Prompt logprobs go out before the step's tokens (those pass through output processing).
+  for (const auto& pl : out.prompt_logprobs) {
+    for (auto& sp : running_) {
+      if (sp->id != pl.id) continue;
+      Event e;
+      e.kind = Event::Kind::kPromptLogprobs;
+      e.prompt_logprobs = pl.entries;
+      sp->job.stream->push(std::move(e));
     }
   }
   std::unordered_map<uint64_t, const models::SampledToken*> sampled;

@@ -631,6 +631,8 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     }
     w->set_min_tokens(s.adjust.min_tokens);
     w->set_logprobs(s.logprobs + 1);
+    w->set_prompt_logprobs(s.prompt_logprobs + 1);
+    w->set_next_token(s.next_token + 1);
   }
   // A broken stream: the rank died or cannot be reached. The session is gone with it, and the
   // group too (the ranks are mid-step, out of lockstep).
@@ -707,6 +709,19 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
         st.logprob = t.logprob();
         for (const auto& tl : t.top()) st.top.emplace_back(tl.token(), tl.logprob());
         out.tokens.push_back(std::move(st));
+      }
+      for (const auto& pl : reply.prompt_logprobs()) {
+        models::PromptLogprobs m;
+        m.id = pl.id();
+        for (const auto& e : pl.entries()) {
+          models::PromptTokenLogprob me;
+          me.pos = e.pos();
+          me.token = e.token();
+          me.logprob = e.logprob();
+          for (const auto& t : e.top()) me.top.emplace_back(t.token(), t.logprob());
+          m.entries.push_back(std::move(me));
+        }
+        out.prompt_logprobs.push_back(std::move(m));
       }
       out.rows = reply.rows();
       out.ring_compute_ms = reply.ring_compute_ms();

@@ -189,6 +189,8 @@ models::StepPlan to_plan(const pb::StepRequest& req) {
     for (const auto& b : w.logit_bias()) s.adjust.logit_bias.emplace_back(b.token(), b.bias());
     s.adjust.min_tokens = w.min_tokens();
     s.logprobs = w.logprobs() - 1;
+    s.prompt_logprobs = w.prompt_logprobs() - 1;
+    s.next_token = w.next_token() - 1;
     plan.seqs.push_back(std::move(s));
   }
   return plan;
@@ -272,6 +274,21 @@ class WorkerService final : public pb::WorkerControl::Service {
           auto* tl = o->add_top();
           tl->set_token(id);
           tl->set_logprob(lp);
+        }
+      }
+      for (const auto& pl : result.value().prompt_logprobs) {
+        auto* o = reply.add_prompt_logprobs();
+        o->set_id(pl.id);
+        for (const auto& e : pl.entries) {
+          auto* oe = o->add_entries();
+          oe->set_pos(e.pos);
+          oe->set_token(e.token);
+          oe->set_logprob(e.logprob);
+          for (const auto& [id, lp] : e.top) {
+            auto* t = oe->add_top();
+            t->set_token(id);
+            t->set_logprob(lp);
+          }
         }
       }
       reply.set_kv_used_pages(result.value().kv.used_pages);

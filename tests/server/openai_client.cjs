@@ -55,6 +55,16 @@ function check(cond, msg) {
         svals.every((v, i) => Math.abs(v - l.token_logprobs[i]) < 1e-6),
         "streamed logprobs " + JSON.stringify([stoks, svals]));
   console.log("ok   completions logprobs, streaming and not");
+  // echo with logprobs: the prompt's tokens first (the first without a logprob), then the
+  // generated ones.
+  const ec = await client.completions.create({
+    model, prompt, max_tokens: 2, temperature: 0, echo: true, logprobs: 1 });
+  const el = ec.choices[0].logprobs;
+  check(ec.choices[0].text.startsWith(prompt) && el.token_logprobs[0] === null &&
+        el.token_logprobs.slice(1).every((v) => typeof v === "number" && v <= 0) &&
+        el.tokens.length === ec.usage.prompt_tokens + 2,
+        "echo + logprobs " + JSON.stringify(ec));
+  console.log(`ok   echo with prompt logprobs (${el.tokens.length} tokens)`);
   // n = 2 with a seed: two choices, choice i sampled with seed + i.
   const two = await client.completions.create({ model, prompt, max_tokens: 8, n: 2, seed: 11 });
   const a = await client.completions.create({ model, prompt, max_tokens: 8, seed: 11 });
@@ -67,7 +77,7 @@ function check(cond, msg) {
   for (const [extra, param] of [[{ suffix: "amen" }, "suffix"],
                                 [{ best_of: 3, n: 4 }, "best_of"],
                                 [{ frequency_penalty: "abc" }, "frequency_penalty"],
-                                [{ echo: true, logprobs: 1 }, "echo"], [{ n: 0 }, "n"]]) {
+                                [{ echo: "yes" }, "echo"], [{ n: 0 }, "n"]]) {
     try {
       await client.completions.create({ model, prompt, max_tokens: 2, ...extra });
       check(false, `${param} must be refused`);

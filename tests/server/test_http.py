@@ -240,7 +240,7 @@ def test_refused_and_validated_parameters():
     for extra, param in [
             ({"suffix": "amen"}, "suffix"), ({"best_of": 0}, "best_of"),
             ({"best_of": 2, "stream": True}, "best_of"), ({"best_of": 2, "n": 3}, "best_of"),
-            ({"echo": True, "logprobs": 1}, "echo"), ({"n": 65}, "n"), ({"n": 0}, "n"),
+            ({"echo": "yes"}, "echo"), ({"n": 65}, "n"), ({"n": 0}, "n"),
             ({"n": 2, "prompt": [PROMPT] * 33}, "prompt"),
             ({"frequency_penalty": "abc"}, "frequency_penalty"),
             ({"presence_penalty": 2.5}, "presence_penalty"),
@@ -355,6 +355,59 @@ def test_n_and_prompt_batches():
         st, r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Who?"}],
                                               "max_tokens": 4, "n": 3, "seed": 1})
         check(st == 200 and sorted(c["index"] for c in r["choices"]) == [0, 1, 2], f"{r}")
+
+
+def prompt_logprobs(server, prompt, headers=AUTH, stream_it=False):
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 2}
+    if not stream_it:
+        st, r = server.json("POST", "/v1/completions", body, headers)
+        check(st == 200, f"{st} {r}")
+        return r["choices"][0]["logprobs"], r["choices"][0]["text"]
+    c = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+              headers={**headers, "Content-Type": "application/json"})
+    lp = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    text = ""
+    for ev, data in sse_events(c.getresponse()):
+        if ev == "comment":
+            continue
+        if data == "[DONE]":
+            break
+        for ch in json.loads(data)["choices"]:
+            text += ch["text"]
+            for k in lp:
+                lp[k] += (ch["logprobs"] or {}).get(k, [])
+    c.close()
+    return lp, text
+
+
+def test_echo_prompt_logprobs_any_worker_count():
+    ids = post("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    lp, text = prompt_logprobs(srv, PROMPT)
+    n = len(ids)
+    check(text.startswith(PROMPT) and len(lp["tokens"]) == n + 1
+          and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+          and all(isinstance(v, float) and v <= 0 for v in lp["token_logprobs"][1:]),
+          f"echo + logprobs: {lp}")
+    slp, stext = prompt_logprobs(srv, PROMPT, stream_it=True)
+    check(stext == text and slp["tokens"] == lp["tokens"] and all(
+        (a is None and b is None) or abs(a - b) < 1e-6
+        for a, b in zip(slp["token_logprobs"], lp["token_logprobs"])), f"streamed: {slp}")
+    # A long prompt (about 1500 tokens, 6 prefill chunks): each rank scores its own shard of each
+    # chunk; 1, 2 and 3 workers agree within fp32 noise.
+    text = "And God said, Let there be light: and there was light. " * 110
+    long_ids = post("/tokenize", {"prompt": text})[1]["tokens"][:1500]
+    got = {2: prompt_logprobs(srv, long_ids)[0]["token_logprobs"]}
+    for w in (1, 3):
+        other = Server(workers=w)
+        try:
+            got[w] = prompt_logprobs(other, long_ids, headers={})[0]["token_logprobs"]
+        finally:
+            other.stop()
+    for w in (2, 3):
+        check(len(got[w]) == len(got[1]) == 1501, f"{w} workers: {len(got[w])} entries")
+        worst = max(abs(a - b) for a, b in zip(got[w][1:1500], got[1][1:1500]))
+        check(worst < 1e-3, f"{w} workers vs 1: prompt logprobs differ by {worst}")
 
 
 def test_routes_and_content_types():
@@ -678,7 +731,8 @@ if __name__ == "__main__":
         run([test_health_models_tokenize, test_completion_matches_burst_generate,
              test_curl_sse_and_progress, test_keepalive_while_queued, test_chat, test_stop_string,
              test_bad_inputs, test_refused_and_validated_parameters,
-             test_n_and_prompt_batches, test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
+             test_n_and_prompt_batches, test_echo_prompt_logprobs_any_worker_count,
+             test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
              test_eos_bias_min_tokens_ignore_eos, test_versions_and_help, test_json_logs,
              test_metrics, test_concurrent_clients,
              test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])

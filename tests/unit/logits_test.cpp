@@ -40,6 +40,14 @@ struct Fixture {
     ring = r.take();
     ok = true;
   }
+  // The logits of every position of a fresh, whole forward of `ids` (its own cache).
+  std::vector<std::vector<float>> all_logits(const std::vector<int32_t>& ids) {
+    std::vector<std::vector<float>> out;
+    for (size_t n = 1; n <= ids.size(); ++n) {
+      out.push_back(reference_logits(std::vector<int32_t>(ids.begin(), ids.begin() + n)));
+    }
+    return out;
+  }
   // The last row's logits of a fresh, whole forward of `ids` (its own cache).
   std::vector<float> reference_logits(const std::vector<int32_t>& ids) {
     auto r = engine::RingAttention::create(*backend, *comm, model->attention_shape(), 1024);
@@ -114,6 +122,46 @@ TEST(Logprobs, EqualLogSoftmaxOfTheEnginesLogits) {
     p = StepPlan();
     p.seqs.push_back(work(7, true, {t.token}, static_cast<int64_t>(seq.size()) - 1));
     p.seqs.back().logprobs = 5;
+  }
+}
+
+// Prompt logprobs of a prompt prefilled in chunks of 7: every token from position 1 on, its
+// log-probability given the tokens before it, equal to the naive log-softmax of an independent
+// forward's logits at the previous position.
+TEST(Logprobs, PromptLogprobsOverChunks) {
+  Fixture f;
+  ASSERT_TRUE(f.ok);
+  BatchRunner runner(*f.model, *f.ring, *f.comm);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back(i == 0 ? 1 : kPrompt[i % kPrompt.size()] + i);
+  const auto n = static_cast<int64_t>(prompt.size());
+  std::vector<PromptTokenLogprob> got;
+  for (int64_t start = 0; start < n; start += 7) {
+    StepPlan p;
+    SeqWork w;
+    w.id = 9;
+    w.start = start;
+    w.tokens.assign(prompt.begin() + start, prompt.begin() + std::min(n, start + 7));
+    w.prompt_len = n;
+    w.sample = start + 7 >= n;
+    w.prompt_logprobs = 3;
+    w.next_token = start + 7 < n ? prompt[static_cast<size_t>(start + 7)] : -1;
+    p.seqs.push_back(w);
+    auto r = runner.step(p);
+    ASSERT_TRUE(r.ok()) << r.message();
+    ASSERT_EQ(r.value().prompt_logprobs.size(), 1u);
+    for (const auto& e : r.value().prompt_logprobs[0].entries) got.push_back(e);
+  }
+  ASSERT_EQ(static_cast<int64_t>(got.size()), n - 1);
+  const auto ref = f.all_logits(prompt);
+  for (int64_t pos = 1; pos < n; ++pos) {
+    const auto& e = got[static_cast<size_t>(pos - 1)];
+    ASSERT_EQ(e.pos, pos);
+    ASSERT_EQ(e.token, prompt[static_cast<size_t>(pos)]);
+    const auto want = naive_log_softmax(ref[static_cast<size_t>(pos - 1)]);
+    EXPECT_NEAR(e.logprob, want[static_cast<size_t>(e.token)], 1e-4) << "position " << pos;
+    ASSERT_EQ(e.top.size(), 3u);
+    for (const auto& [id, lp] : e.top) EXPECT_NEAR(lp, want[static_cast<size_t>(id)], 1e-4);
   }
 }
 

@@ -37,6 +37,24 @@ struct SeqWork {
   // -1: none; n >= 0: rank 0 returns the sampled token's log-probability (log-softmax of the
   // model's raw logits, before adjust and temperature) and the n most likely ids'.
   int logprobs = -1;
+  // Prefill chunks: -1: none; k >= 0: the log-probability of every prompt token this chunk's
+  // rows predict (row p predicts token p + 1; the chunk's last row predicts next_token, the
+  // first token of the next chunk) and the k most likely ids. Each rank computes its own rows'
+  // (its shard of the chunk) and rank 0 gathers them in position order.
+  int prompt_logprobs = -1;
+  int32_t next_token = -1;
+};
+
+struct PromptTokenLogprob {
+  int64_t pos = 0;  // of the token (>= 1: the first prompt token has none)
+  int32_t token = 0;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct PromptLogprobs {
+  uint64_t id = 0;
+  std::vector<PromptTokenLogprob> entries;  // in position order
 };
 
 struct StepPlan {
@@ -57,6 +75,7 @@ struct StepResult {
   std::vector<SampledToken> tokens;  // rank 0: one per SeqWork with sample, in plan order
   engine::KvUsage kv;                // this rank's cache after the step
   int64_t rows = 0;                  // rows of this rank's forward
+  std::vector<PromptLogprobs> prompt_logprobs;  // rank 0: SeqWorks with prompt_logprobs >= 0
 };
 
 class BatchRunner {

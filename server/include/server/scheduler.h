@@ -66,6 +66,7 @@ struct ScheduledRequest {
   engine::LogitAdjust adjust;  // penalties, logit_bias, min_tokens (applied on rank 0)
   int logprobs = -1;           // -1: none; n >= 0: each token's logprob and the n most likely
   bool ignore_eos = false;     // EOS does not finish the sequence (max_tokens, stop do)
+  int prompt_logprobs = -1;    // -1: none; k >= 0: kPromptLogprobs events (prompt tokens 1..)
 };
 
 struct FinishInfo {
@@ -79,7 +80,7 @@ struct FinishInfo {
 };
 
 struct Event {
-  enum class Kind { kStarted, kProgress, kToken, kFinished, kError };
+  enum class Kind { kStarted, kProgress, kToken, kFinished, kError, kPromptLogprobs };
   Kind kind = Kind::kToken;
   int64_t prompt_tokens = 0;  // kStarted
   double queue_ms = 0;        // kStarted
@@ -90,6 +91,7 @@ struct Event {
   bool has_logprob = false;   // kToken with request.logprobs >= 0 (not on held-back text)
   float logprob = 0;          // kToken: log-softmax of the raw logits at `token`
   std::vector<std::pair<int32_t, float>> top_logprobs;  // kToken: the most likely ids
+  std::vector<models::PromptTokenLogprob> prompt_logprobs;  // kPromptLogprobs: a chunk's
   FinishInfo finish;          // kFinished
   ApiError error;             // kError
 };

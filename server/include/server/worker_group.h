@@ -87,6 +87,7 @@ struct StepOutcome {
   std::vector<int64_t> kv_used_pages;  // per rank
   int64_t rows = 0;                    // rows of rank 0's forward
   double ring_compute_ms = 0, ring_wait_ms = 0;  // rank 0, cumulative
+  std::vector<models::PromptLogprobs> prompt_logprobs;  // rank 0's
 };
 // Called on rank 0's progress replies during a step: layers done of all layers.
 using LayerProgress = std::function<void(int layers_done, int layers)>;
