@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -826,7 +827,10 @@ void HttpApi::install_routes() {
     a.start = std::chrono::steady_clock::now();
     a.started = true;
     a.id = req.get_header_value("X-Request-Id");
-    if (a.id.empty() || a.id.size() > 200) a.id = random_id("req-");
+    // A client's id is taken when it is short printable ASCII (it goes into headers and logs).
+    const bool printable = std::all_of(a.id.begin(), a.id.end(),
+                                       [](char ch) { return ch > 0x20 && ch < 0x7f; });
+    if (a.id.empty() || a.id.size() > 200 || !printable) a.id = random_id("req-");
     if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics") {
       return httplib::Server::HandlerResponse::Unhandled;
     }

@@ -454,6 +454,8 @@ def test_request_id_and_access_log():
     check(st == 401 and hdr.get("X-Request-Id") == "my-401", f"{st} {hdr}")
     st, data, hdr = srv.request("GET", "/v1/models", headers=AUTH)
     check(hdr.get("X-Request-Id", "").startswith("req-"), f"a fresh id: {hdr}")
+    st, data, hdr = srv.request("GET", "/v1/models", headers={**AUTH, "X-Request-Id": "a b\"c"})
+    check(hdr.get("X-Request-Id", "").startswith("req-"), f"not printable: a fresh id: {hdr}")
     deadline = time.time() + 10
     want = {"my-req-42": " 200 ", "my-bad-43": " 400 ", "my-401": " 401 "}
     while time.time() < deadline:
