@@ -84,7 +84,7 @@ RUN set -eu; \
     cat /opt/burst/share/burst/runtime-packages.txt; \
     /opt/burst/bin/burst-server --check-config > /dev/null
 
-FROM ${RUNTIME_IMAGE}
+FROM ${RUNTIME_IMAGE} AS runtime-base
 COPY --from=build /opt/burst/share/burst/runtime-packages.txt /tmp/runtime-packages.txt
 # Packages the runtime image already has (the CUDA libraries of a CUDA runtime image, some of
 # them held at their version) are left alone. (No ENV or ARG before this: with --cache-from,
@@ -99,6 +99,8 @@ RUN set -eu; \
     rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt; \
     useradd --system --user-group --uid 10001 --home-dir /var/lib/burst --create-home \
             --shell /usr/sbin/nologin burst
+
+FROM runtime-base
 COPY --from=build /opt/burst /opt/burst
 COPY compose/burst-node-workers.sh /opt/burst/bin/burst-node-workers
 # BURST_DATA_DIR: explicit, though bin/../share/burst finds the same. OMP_WAIT_POLICY: idle
