@@ -863,13 +863,23 @@ void HttpApi::install_routes() {
               " finish=" + (a.finish.empty() ? "-" : a.finish);
     }
     if (!a.error.empty()) line += " error=" + json_quote(a.error);
-    if (res.status >= 500) {
-      spdlog::warn("{}", line);
-    } else if (res.status < 400 && (req.path == "/health" || req.path == "/metrics")) {
-      spdlog::debug("{}", line);  // probes and scrapes, every few seconds: --log-level debug
-    } else {
-      spdlog::info("{}", line);
+    std::string fields = "\"method\":" + json_quote(req.method) + ",\"path\":" +
+                         json_quote(req.path) + ",\"status\":" + std::to_string(res.status) +
+                         ",\"latency_ms\":" + fmt_ms(ms) + ",\"request_id\":" +
+                         json_quote(a.started ? a.id : "-") + ",\"client\":" +
+                         json_quote(req.remote_addr);
+    if (a.prompt_tokens >= 0) {
+      fields += ",\"prompt_tokens\":" + std::to_string(a.prompt_tokens) +
+                ",\"completion_tokens\":" + std::to_string(a.completion_tokens) +
+                ",\"finish\":" + json_quote(a.finish);
     }
+    if (!a.error.empty()) fields += ",\"error\":" + json_quote(a.error);
+    // Probes and scrapes come every few seconds (and /health is 503 while loading): debug
+    // level (--log-level debug shows them).
+    const int level = req.path == "/health" || req.path == "/metrics" ? SPDLOG_LEVEL_DEBUG
+                      : res.status >= 500                            ? SPDLOG_LEVEL_WARN
+                                                                     : SPDLOG_LEVEL_INFO;
+    log_access(level, line, fields);
     a = AccessInfo{};
   });
 

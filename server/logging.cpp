@@ -47,7 +47,18 @@ class EscapedMessage final : public spdlog::custom_flag_formatter {
   }
 };
 
+std::shared_ptr<spdlog::logger> g_access;  // json format only; set once, before serving
+
 }  // namespace
+
+void log_access(int level, const std::string& text, const std::string& json_fields) {
+  const auto lvl = static_cast<spdlog::level::level_enum>(level);
+  if (g_access) {
+    g_access->log(lvl, "{}", json_fields);
+  } else {
+    spdlog::log(lvl, "{}", text);
+  }
+}
 
 std::string json_quote(const std::string& s) {
   std::string out = "\"";
@@ -94,8 +105,18 @@ Status setup_logging(const std::string& binary, const std::string& level,
   } else {
     sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   }
-  auto logger = std::make_shared<spdlog::logger>(binary, std::move(sink));
+  auto logger = std::make_shared<spdlog::logger>(binary, sink);
+  g_access.reset();
   if (format == "json") {
+    // Access records carry their fields as members of the object, not inside "msg".
+    // Its own sink: a sink has one formatter.
+    g_access = std::make_shared<spdlog::logger>(
+        "access", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    g_access->set_formatter(std::make_unique<spdlog::pattern_formatter>(
+        "{\"time\":\"%Y-%m-%dT%H:%M:%S.%fZ\",\"level\":\"%l\",\"logger\":\"access\",%v}",
+        spdlog::pattern_time_type::utc));
+    g_access->set_level(lvl);
+    g_access->flush_on(spdlog::level::info);
     auto f = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc);
     f->add_flag<EscapedMessage>('*').set_pattern(
         "{\"time\":\"%Y-%m-%dT%H:%M:%S.%fZ\",\"level\":\"%l\",\"logger\":\"%n\",\"msg\":\"%*\"}");

@@ -560,14 +560,19 @@ def test_json_logs():
         time.sleep(0.3)
     finally:
         js.stop()
-    recs = []
+    recs, access = [], []
     for line in open(js.log_path, errors="replace").read().splitlines():
         if '"logger":"burst-server"' in line:
             recs.append(json.loads(line))
+        if '"logger":"access"' in line:
+            access.append(json.loads(line))
     check(recs and all({"time", "level", "logger", "msg"} <= set(r) for r in recs),
           f"JSON log lines: {recs[:3]}")
-    access = [r for r in recs if r["msg"].startswith("access ")]
-    check(any(" 200 " in r["msg"] for r in access) and any(" 400 " in r["msg"] for r in access),
+    # Access records: the fields as members.
+    ok = [r for r in access if r["status"] == 200 and r["path"] == "/v1/completions"]
+    bad = [r for r in access if r["status"] == 400]
+    check(ok and bad and ok[0]["completion_tokens"] == 2 and ok[0]["latency_ms"] >= 0
+          and ok[0]["request_id"].startswith("req-") and "prompt" in bad[0]["error"],
           f"access records: {access}")
     bad = subprocess.run([os.path.join(build_dir(), "bin", "burst-server"), "--model", MODEL,
                           "--log-format", "xml"], capture_output=True)

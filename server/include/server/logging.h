@@ -23,4 +23,9 @@ Status setup_logging(const std::string& binary, const std::string& level,
 // JSON string escaping (quotes included) for log lines built by hand.
 std::string json_quote(const std::string& s);
 
+// One access-log record at `level` (spdlog's: 1 debug, 2 info, 3 warn): `text` in the text
+// format; in the json format an object with time, level, logger "access" and `json_fields`
+// (a fragment of JSON members, e.g. "status":200,"path":"/x").
+void log_access(int level, const std::string& text, const std::string& json_fields);
+
 }  // namespace burst::server
