@@ -624,6 +624,11 @@ def test_metrics():
             inf = [ln for ln in text.splitlines() if ln.startswith(n + "_bucket") and 'le="+Inf"' in ln]
             cnt = [ln for ln in text.splitlines() if ln.startswith(n + "_count")]
             check(inf and cnt and inf[0].split()[-1] == cnt[0].split()[-1], f"{n}: +Inf != count")
+    # promtool (Debian's prometheus package), where installed.
+    import shutil
+    if shutil.which("promtool"):
+        r = subprocess.run(["promtool", "check", "metrics"], input=data, capture_output=True)
+        check(r.returncode == 0, f"promtool check metrics: {r.stdout!r} {r.stderr!r}")
     # The Grafana dashboard (deploy/grafana) parses and queries only metrics that exist.
     dash = json.load(open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))), "deploy", "grafana", "burst-dashboard.json")))
