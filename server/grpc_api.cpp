@@ -6,10 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "burst/v1/burst.grpc.pb.h"
 #include "server/http_api.h"  // apply_llama2_chat_template
+#include "server/logging.h"
 
 namespace burst::server {
 
@@ -53,6 +55,65 @@ std::string piece_text(const Tokenizer& tok, int32_t id) {
 
 }  // namespace
 
+const char* code_name(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    default: return "OTHER";
+  }
+}
+
+// One call's access-log record (as HTTP's): method, status, latency, request id (the client's
+// x-request-id metadata when printable, else a fresh one), tokens.
+struct CallLog {
+  std::string path, id, peer;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t prompt_tokens = -1, completion_tokens = 0;
+  std::string finish;
+
+  CallLog(grpc::ServerContext* ctx, const char* method)
+      : path(std::string("/burst.v1.Burst/") + method), peer(ctx->peer()) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("x-request-id");
+    if (it != md.end()) id.assign(it->second.data(), it->second.size());
+    const bool printable =
+        std::all_of(id.begin(), id.end(), [](char ch) { return ch > 0x20 && ch < 0x7f; });
+    if (id.empty() || id.size() > 200 || !printable) id = request_id();
+  }
+  grpc::Status done(grpc::Status st) const {
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start).count();
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f", ms);
+    std::string line = std::string("access gRPC ") + path + " " + code_name(st.error_code()) +
+                       " " + buf + " ms request_id=" + id + " client=" + peer;
+    std::string fields = "\"method\":\"gRPC\",\"path\":" + json_quote(path) +
+                         ",\"status\":" + json_quote(code_name(st.error_code())) +
+                         ",\"latency_ms\":" + buf + ",\"request_id\":" + json_quote(id) +
+                         ",\"client\":" + json_quote(peer);
+    if (prompt_tokens >= 0) {
+      line += " prompt_tokens=" + std::to_string(prompt_tokens) +
+              " completion_tokens=" + std::to_string(completion_tokens) + " finish=" + finish;
+      fields += ",\"prompt_tokens\":" + std::to_string(prompt_tokens) +
+                ",\"completion_tokens\":" + std::to_string(completion_tokens) +
+                ",\"finish\":" + json_quote(finish);
+    }
+    if (!st.ok()) {
+      line += " error=" + json_quote(st.error_message().substr(0, 200));
+      fields += ",\"error\":" + json_quote(st.error_message().substr(0, 200));
+    }
+    log_access(st.error_code() == grpc::StatusCode::INTERNAL ? SPDLOG_LEVEL_WARN
+                                                             : SPDLOG_LEVEL_INFO,
+               line, fields);
+    return st;
+  }
+};
+
 class GrpcApi::Service final : public pb::Burst::Service {
  public:
   Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
@@ -60,24 +121,41 @@ class GrpcApi::Service final : public pb::Burst::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    CallLog log(ctx, "Generate");
     try {
-      return generate(ctx, req, writer);
+      return log.done(generate(ctx, req, writer, &log));
     } catch (const std::exception& e) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
+      return log.done(
+          grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what()));
     }
   }
 
   grpc::Status Chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
                     grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    CallLog log(ctx, "Chat");
     try {
-      return chat(ctx, req, writer);
+      return log.done(chat(ctx, req, writer, &log));
     } catch (const std::exception& e) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
+      return log.done(
+          grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what()));
     }
   }
 
   grpc::Status Tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
                         pb::TokenizeResponse* resp) override {
+    CallLog log(ctx, "Tokenize");
+    return log.done(tokenize(ctx, req, resp));
+  }
+
+  grpc::Status ModelInfo(grpc::ServerContext* ctx, const pb::ModelInfoRequest* req,
+                         pb::ModelInfoResponse* resp) override {
+    CallLog log(ctx, "ModelInfo");
+    return log.done(model_info(ctx, req, resp));
+  }
+
+ private:
+  grpc::Status tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
+                        pb::TokenizeResponse* resp) {
     if (auto st = check_auth(ctx); !st.ok()) return st;
     auto ids = tokenizer_.encode(req->text(), req->add_bos(), false);
     if (!ids.ok()) {
@@ -87,8 +165,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ModelInfo(grpc::ServerContext* ctx, const pb::ModelInfoRequest*,
-                         pb::ModelInfoResponse* resp) override {
+  grpc::Status model_info(grpc::ServerContext* ctx, const pb::ModelInfoRequest*,
+                          pb::ModelInfoResponse* resp) {
     if (auto st = check_auth(ctx); !st.ok()) return st;
     resp->set_model(config_.model_name);
     resp->set_vocab_size(scheduler_.vocab_size());
@@ -98,7 +176,6 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return grpc::Status::OK;
   }
 
- private:
   grpc::Status check_auth(grpc::ServerContext* ctx) const {
     if (config_.api_key.empty()) return grpc::Status::OK;
     const auto& md = ctx->client_metadata();
@@ -114,7 +191,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
   }
 
   grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                        grpc::ServerWriter<pb::GenerateResponse>* writer) {
+                        grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
     if (auto st = check_auth(ctx); !st.ok()) return st;
     if (!req->model().empty() && req->model() != config_.model_name) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -122,7 +199,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
                               config_.model_name + "'");
     }
     ScheduledRequest r;
-    r.id = request_id();
+    r.id = log->id;
     switch (req->prompt_case()) {
       case pb::GenerateRequest::kText: {
         if (req->text().empty()) {
@@ -149,11 +226,11 @@ class GrpcApi::Service final : public pb::Burst::Service {
     }
     r.stop.assign(req->stop().begin(), req->stop().end());
     r.return_progress = req->return_progress();
-    return run(ctx, std::move(r), writer);
+    return run(ctx, std::move(r), writer, log);
   }
 
   grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
-                    grpc::ServerWriter<pb::GenerateResponse>* writer) {
+                    grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
     if (auto st = check_auth(ctx); !st.ok()) return st;
     if (!req->model().empty() && req->model() != config_.model_name) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -168,7 +245,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
     auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
     if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());
     ScheduledRequest r;
-    r.id = request_id();
+    r.id = log->id;
     r.prompt = ids.take();
     r.max_tokens = req->max_tokens();
     if (r.max_tokens == 0) {
@@ -184,7 +261,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
     }
     r.stop.assign(req->stop().begin(), req->stop().end());
     r.return_progress = req->return_progress();
-    return run(ctx, std::move(r), writer);
+    return run(ctx, std::move(r), writer, log);
   }
 
   // Sampling, logits processing and logprobs, with HTTP's defaults and checks.
@@ -226,7 +303,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
 
   // Submits and streams the events until the end.
   grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r,
-                   grpc::ServerWriter<pb::GenerateResponse>* writer) {
+                   grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
     const std::string id = r.id;
     ApiError err;
     auto stream = scheduler_.submit(std::move(r), &err);
@@ -271,6 +348,9 @@ class GrpcApi::Service final : public pb::Burst::Service {
         case Event::Kind::kFinished: {
           auto* f = out.mutable_finished();
           const FinishInfo& fi = ev->finish;
+          log->prompt_tokens = fi.prompt_tokens;
+          log->completion_tokens = fi.completion_tokens;
+          log->finish = fi.reason;
           f->set_finish_reason(fi.reason);
           f->set_prompt_tokens(static_cast<int32_t>(fi.prompt_tokens));
           f->set_completion_tokens(static_cast<int32_t>(fi.completion_tokens));

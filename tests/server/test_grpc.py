@@ -120,6 +120,25 @@ def test_chat():
     check(c == grpc.StatusCode.INVALID_ARGUMENT and "alternate" in d, f"{c} {d}")
 
 
+def test_access_log():
+    list(stub.Generate(burst_pb2.GenerateRequest(text=PROMPT, max_tokens=2), timeout=60,
+                       metadata=[*MD, ("x-request-id", "grpc-77")]))
+    code_of(lambda: list(stub.Generate(burst_pb2.GenerateRequest(text=PROMPT, max_tokens=0),
+                                       metadata=[*MD, ("x-request-id", "grpc-78")])))
+    import time
+    deadline, lines = time.time() + 10, []
+    while time.time() < deadline:
+        lines = [ln for ln in open(srv.log_path, errors="replace").read().splitlines()
+                 if "access gRPC /burst.v1.Burst/Generate" in ln]
+        if any("grpc-78" in ln for ln in lines):
+            break
+        time.sleep(0.1)
+    ok = [ln for ln in lines if "request_id=grpc-77" in ln]
+    bad = [ln for ln in lines if "request_id=grpc-78" in ln]
+    check(ok and " OK " in ok[0] and "completion_tokens=2" in ok[0], f"access: {ok}")
+    check(bad and "INVALID_ARGUMENT" in bad[0] and "max_tokens" in bad[0], f"access: {bad}")
+
+
 def test_tokenize_and_model_info():
     r = stub.Tokenize(burst_pb2.TokenizeRequest(text="Hello world!", add_bos=True), metadata=MD)
     check(list(r.ids) == [1, 15043, 3186, 29991], f"{r.ids}")
@@ -182,6 +201,7 @@ if __name__ == "__main__":
     srv.json = lambda m, p, b=None, h=None: orig(m, p, b, h or srv_headers)
     try:
         run([test_generate_stream, test_defaults_and_parameters_as_http, test_chat,
+             test_access_log,
              test_tokenize_and_model_info, test_errors, test_cancel,
              test_health_service])
     finally:
