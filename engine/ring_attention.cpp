@@ -46,11 +46,14 @@ int64_t RingAttention::rows_on(uint64_t seq, int r) const {
 Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
   const int world = comm_.world_size(), rank = comm_.rank();
   if (in_step_) return Status::error("ring: a step is already in progress");
-  // Check every reservation before taking any page, so a refusal changes nothing.
+  // Rows each sequence adds on this rank: its real rows of a chunk, or a decode token cached
+  // here (position mod N). Every reservation is checked before any page is taken, so a
+  // refusal changes nothing.
+  std::vector<int64_t> adds;
   int64_t need = 0;
   for (const SeqRows& s : seqs) {
-    const int64_t add = s.decode ? (s.pos % world == rank ? 1 : 0) : s.plan.real_rows(rank);
-    need += cache_->pages_needed(s.seq, add);
+    adds.push_back(s.decode ? (s.pos % world == rank ? 1 : 0) : s.plan.real_rows(rank));
+    need += cache_->pages_needed(s.seq, adds.back());
     if (!s.decode && cache_->length(s.seq) != rows_on(s.seq, rank)) {
       return Status::error("ring: sequence " + std::to_string(s.seq) + " holds " +
                            std::to_string(cache_->length(s.seq)) + " rows, expected " +
@@ -65,8 +68,9 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
   }
   std::vector<int32_t> tables, kv_lens;
   table_offset_.clear();
-  for (const SeqRows& s : seqs) {
-    const int64_t add = s.decode ? (s.pos % world == rank ? 1 : 0) : s.plan.real_rows(rank);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqRows& s = seqs[i];
+    const int64_t add = adds[i];
     BURST_RETURN_IF_ERROR(cache_->reserve(s.seq, add));
     rows_.try_emplace(s.seq, static_cast<size_t>(world), 0);
     if (s.decode) {
@@ -76,6 +80,7 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
       tables.insert(tables.end(), pages.begin(), pages.end());
     }
   }
+  decode_max_kv_ = kv_lens.empty() ? 0 : *std::max_element(kv_lens.begin(), kv_lens.end());
   if (!kv_lens.empty()) {
     // After the page tables: each decode token's key count and page-table offset, the
     // per-row arrays of one batched decode launch (AttnParams::row_kv_len).
@@ -416,12 +421,7 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
     p.kv_heads = shape_.kv_heads;
     p.head_dim = shape_.head_dim;
     p.n_q = static_cast<int32_t>(n);
-    p.n_kv = 0;
-    for (int64_t b = 0; b < n; ++b) {
-      const SeqRows& s = *batch[static_cast<size_t>(b)];
-      p.n_kv = std::max<int32_t>(
-          p.n_kv, static_cast<int32_t>(cache_->length(s.seq) + (s.pos % world == rank ? 1 : 0)));
-    }
+    p.n_kv = decode_max_kv_;  // the longest row_kv_len of the step (begin_step)
     kernels::set_packed_strides(p);  // lse [heads, n] with head stride n
     p.q = at(q, batch[0]->row * qw);
     p.k = cache_->k_pool(layer).data;

@@ -121,13 +121,7 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
   };
   StepPlan plan;
   plan.layout = layout;
-  SeqWork w;
-  w.id = kSeq;
-  w.tokens = request.prompt;
-  w.prompt_len = n;
-  w.sample = true;
-  w.sampling = request.sampling;
-  plan.seqs.push_back(w);
+  plan.seqs.push_back(prefill_work(kSeq, request.prompt, 0, n, request.sampling));
   auto r = runner.step(plan, hook);
   if (cancelled) {
     runner.release_all();
@@ -159,15 +153,7 @@ Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention&
     }
     if (!stats.finish_reason.empty()) break;
     StepPlan d;
-    SeqWork dw;
-    dw.id = kSeq;
-    dw.decode = true;
-    dw.tokens = {token};
-    dw.start = pos;
-    dw.prompt_len = n;
-    dw.sample = true;
-    dw.sampling = request.sampling;
-    d.seqs.push_back(std::move(dw));
+    d.seqs.push_back(decode_work(kSeq, token, pos, n, request.sampling));
     r = runner.step(d);
     if (!r.ok()) return r.status();
     if (rank == 0) msg[0] = r.value().tokens.at(0).token;

@@ -38,21 +38,6 @@ std::string request_id() {
   return buf;
 }
 
-// A token's piece with U+2581 shown as a space (byte pieces stay "<0xNN>": a proto string must
-// be valid UTF-8).
-std::string piece_text(const Tokenizer& tok, int32_t id) {
-  std::string p = tok.piece(id), out;
-  for (size_t i = 0; i < p.size();) {
-    if (p.compare(i, 3, "\xe2\x96\x81") == 0) {
-      out += ' ';
-      i += 3;
-    } else {
-      out += p[i++];
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 const char* code_name(grpc::StatusCode c) {
@@ -122,19 +107,21 @@ class GrpcApi::Service final : public pb::Burst::Service {
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
     CallLog log(ctx, "Generate");
-    try {
-      return log.done(generate(ctx, req, writer, &log));
-    } catch (const std::exception& e) {
-      return log.done(
-          grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what()));
-    }
+    return guarded(log, [&] { return generate(ctx, req, writer, &log); });
   }
 
   grpc::Status Chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
                     grpc::ServerWriter<pb::GenerateResponse>* writer) override {
     CallLog log(ctx, "Chat");
+    return guarded(log, [&] { return chat(ctx, req, writer, &log); });
+  }
+
+  // Runs a streaming call's body: no exception leaves the service (it would end the process),
+  // and the access log gets the final status either way.
+  template <typename F>
+  static grpc::Status guarded(CallLog& log, F&& body) {
     try {
-      return log.done(chat(ctx, req, writer, &log));
+      return log.done(body());
     } catch (const std::exception& e) {
       return log.done(
           grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what()));
@@ -339,7 +326,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
             for (const auto& [id, lp] : ev->top_logprobs) {
               auto* a = t->add_top_logprobs();
               a->set_id(id);
-              a->set_text(piece_text(tokenizer_, id));
+              a->set_text(tokenizer_.piece_text(id));  // byte pieces stay <0xNN>: valid UTF-8
               a->set_logprob(lp);
             }
           }

@@ -467,20 +467,11 @@ json finish_reason_json(const std::string& r) {
 // byte piece (<0xNN>) as its byte (alone it may be half a UTF-8 character; dump() replaces it).
 std::string token_text(const Tokenizer& tok, int32_t id) {
   if (id == tok.bos_id() || id == tok.eos_id()) return "";
-  std::string p = tok.piece(id);
+  const std::string p = tok.piece(id);
   if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>') {
     return std::string(1, static_cast<char>(std::stoi(p.substr(3, 2), nullptr, 16)));
   }
-  std::string out;
-  for (size_t i = 0; i < p.size();) {
-    if (p.compare(i, 3, "\xe2\x96\x81") == 0) {
-      out += ' ';
-      i += 3;
-    } else {
-      out += p[i++];
-    }
-  }
-  return out;
+  return tok.piece_text(id);
 }
 
 json token_bytes(const std::string& t) {

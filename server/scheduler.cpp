@@ -506,14 +506,9 @@ bool Scheduler::run_step() {
   for (auto& sp : running_) {
     Seq& s = *sp;
     if (s.prefilled < s.prompt_len()) continue;
-    models::SeqWork w;
-    w.id = s.id;
-    w.decode = true;
-    w.tokens = {s.last_token};
-    w.start = s.prompt_len() + s.generated - 1;
-    w.prompt_len = s.prompt_len();
-    w.sample = true;
-    w.sampling = s.job.request.sampling;
+    models::SeqWork w = models::decode_work(s.id, s.last_token,
+                                            s.prompt_len() + s.generated - 1, s.prompt_len(),
+                                            s.job.request.sampling);
     w.adjust = s.job.request.adjust;
     w.logprobs = s.job.request.logprobs;
     plan.seqs.push_back(std::move(w));
@@ -547,14 +542,8 @@ bool Scheduler::run_step() {
     }
     const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), s.prompt_len() - s.prefilled);
     if (len > budget && !plan.seqs.empty()) continue;
-    models::SeqWork w;
-    w.id = s.id;
-    w.tokens.assign(s.job.request.prompt.begin() + s.prefilled,
-                    s.job.request.prompt.begin() + s.prefilled + len);
-    w.start = s.prefilled;
-    w.prompt_len = s.prompt_len();
-    w.sample = s.prefilled + len == s.prompt_len();
-    w.sampling = s.job.request.sampling;
+    models::SeqWork w =
+        models::prefill_work(s.id, s.job.request.prompt, s.prefilled, len, s.job.request.sampling);
     w.adjust = s.job.request.adjust;
     w.logprobs = s.job.request.logprobs;
     w.prompt_logprobs = s.job.request.prompt_logprobs;
@@ -640,8 +629,7 @@ bool Scheduler::run_step() {
     const ScheduledRequest* r = &s.job.request;
     const bool is_eos = token == eos && !r->ignore_eos;
     Metrics* m = &metrics_;
-    std::vector<std::string> stops = r->stop;
-    enqueue_output([o, stop_hit, token, now, is_eos, m, stops, st = std::move(st)] {
+    enqueue_output([o, stop_hit, token, now, is_eos, m, st = std::move(st)] {
       if (o->stop_hit || o->stream->cancelled()) return;
       ++o->completion;
       if (o->completion == 1) {
@@ -664,9 +652,11 @@ bool Scheduler::run_step() {
       };
       if (is_eos) return;  // the sequence stops after EOS; EOS has no text
       o->held += o->decoder.push(token);
+      // The request's stop strings, copied once into its Output at admission.
+      const std::vector<std::string>& stops = o->stop;
       if (!stops.empty()) {
         size_t cut = std::string::npos;
-        for (const auto& st : stops) cut = std::min(cut, o->held.find(st));
+        for (const auto& x : stops) cut = std::min(cut, o->held.find(x));
         if (cut != std::string::npos) {
           emit(o->held.substr(0, cut));
           o->held.clear();

@@ -262,6 +262,20 @@ int Tokenizer::vocab_size() const { return module_->vocab_size(spm_); }
 int Tokenizer::bos_id() const { return module_->bos(spm_); }
 int Tokenizer::eos_id() const { return module_->eos(spm_); }
 
+std::string Tokenizer::piece_text(int id) const {
+  const std::string p = piece(id);
+  std::string out;
+  for (size_t i = 0; i < p.size();) {
+    if (p.compare(i, 3, "\xe2\x96\x81") == 0) {
+      out += ' ';
+      i += 3;
+    } else {
+      out += p[i++];
+    }
+  }
+  return out;
+}
+
 std::string Tokenizer::piece(int id) const {
   if (id < 0 || id >= vocab_size()) return {};
   size_t len = 0;

@@ -769,14 +769,7 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
     const int64_t len = std::min(chunk, n - start);
     models::StepPlan plan;
     plan.layout = options_.layout;
-    models::SeqWork w;
-    w.id = id;
-    w.tokens.assign(request.prompt.begin() + start, request.prompt.begin() + start + len);
-    w.start = start;
-    w.prompt_len = n;
-    w.sample = start + len == n;
-    w.sampling = request.sampling;
-    plan.seqs.push_back(std::move(w));
+    plan.seqs.push_back(models::prefill_work(id, request.prompt, start, len, request.sampling));
     LayerProgress layer;
     if (on_progress) {
       layer = [&](int done, int layers) {
@@ -810,15 +803,7 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
       break;
     }
     models::StepPlan plan;
-    models::SeqWork w;
-    w.id = id;
-    w.decode = true;
-    w.tokens = {token};
-    w.start = pos++;
-    w.prompt_len = n;
-    w.sample = true;
-    w.sampling = request.sampling;
-    plan.seqs.push_back(std::move(w));
+    plan.seqs.push_back(models::decode_work(id, token, pos++, n, request.sampling));
     r = step_locked(plan, nullptr);
   }
   if (!r.ok()) {

@@ -111,6 +111,7 @@ class RingAttention final : public AttentionContext {
   Tensor block_[2], o_part_, lse_part_, o_acc_, lse_acc_, pairs_, gathered_, tables_;
   std::vector<int64_t> table_offset_;  // per decode entry of the step, into tables_
   int64_t decode_meta_ = 0;            // tables_: row_kv_len then row_page_offset start here
+  int32_t decode_max_kv_ = 0;          // the step's longest decode key count on this rank
   int64_t decode_dst_ = 0;             // tables_: each decode token's pool row here (-1: none)
   std::unordered_map<uint64_t, int64_t> prefill_table_;  // a prefill sequence's table in tables_
   RingStats stats_;

@@ -45,6 +45,15 @@ struct SeqWork {
   int32_t next_token = -1;
 };
 
+// The work of prefilling prompt tokens [start, start + len) of sequence id (sampling after
+// the prompt's last chunk), and of feeding `token` at position pos after a prompt_len-token
+// prompt: what every step planner (the scheduler, WorkerGroup::generate, generate_sharded)
+// builds; adjust and logprobs stay at their defaults for the caller to set.
+SeqWork prefill_work(uint64_t id, const std::vector<int32_t>& prompt, int64_t start, int64_t len,
+                     const engine::SamplingParams& sampling);
+SeqWork decode_work(uint64_t id, int32_t token, int64_t pos, int64_t prompt_len,
+                    const engine::SamplingParams& sampling);
+
 struct PromptTokenLogprob {
   int64_t pos = 0;  // of the token (>= 1: the first prompt token has none)
   int32_t token = 0;

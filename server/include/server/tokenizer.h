@@ -31,6 +31,8 @@ class Tokenizer {
   int bos_id() const;
   int eos_id() const;
   std::string piece(int id) const;  // empty for an id outside [0, vocab_size)
+  // piece(id) with SentencePiece's word marker U+2581 shown as a space (what logprobs print).
+  std::string piece_text(int id) const;
 
   struct Module;  // the loaded libburst_spm.so (one per process, tokenizer.cpp)
 
