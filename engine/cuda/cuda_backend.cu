@@ -4,9 +4,13 @@
 // prefill kernel, or split-KV decode for one query row), merge through merge_cuda.
 //
 // Contract beyond backend.h:
-// - Tensors are plain cudaMalloc memory (never managed memory), zeroed at allocation, freed
-//   when the last view drops them. Out of memory is an error naming the tensor, what it
-//   needs and what is free; engine/cuda/cuda_backend.h offers the same check up front.
+// - Tensors are device memory (never managed memory) from a stream-ordered pool of the
+//   backend's own (cudaMallocFromPoolAsync / cudaFreeAsync on the compute stream), zeroed at
+//   allocation, freed when the last view drops them. A tensor freed mid-forward is reused by
+//   the next allocation without a device synchronisation (cudaFree waits for the whole device:
+//   with it, a decode step of the 7B preset stalled the GPU hundreds of times). Out of memory
+//   is an error naming the tensor, what it needs and what is free (the pool's cached bytes
+//   count as free); engine/cuda/cuda_backend.h offers the same check up front.
 // - Every op is queued on one compute stream in call order; only download() and
 //   synchronize() wait. Host inputs of ops (token ids, positions, RoPE frequencies) are copied
 //   to device scratch on that stream, so the caller may reuse its vectors once an op returns.
@@ -184,6 +188,22 @@ struct Scratch {
   size_t bytes = 0;
 };
 
+// What the tensors of a backend allocate from, shared with their deleters (tensors may outlive
+// the backend): the compute stream that orders every allocation and free, and the pool. Both
+// go when the backend and its last tensor have gone.
+struct TensorMemory {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaMemPool_t pool = nullptr;
+  std::atomic<int64_t> held{0};  // bytes of live tensors
+  ~TensorMemory() {
+    cudaSetDevice(device);
+    if (stream) cudaStreamSynchronize(stream);
+    if (pool) cudaMemPoolDestroy(pool);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
 std::string describe(const kernels::AttnParams& p) {
   return "n_q=" + std::to_string(p.n_q) + " n_kv=" + std::to_string(p.n_kv) + " heads=" +
          std::to_string(p.heads) + "/" + std::to_string(p.kv_heads) + " head_dim=" +
@@ -206,7 +226,7 @@ class CudaBackend final : public Backend {
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (cublas_) cublasDestroy(cublas_);
     if (comm_) cudaStreamDestroy(comm_);
-    if (compute_) cudaStreamDestroy(compute_);
+    // compute_ and the pool belong to mem_, which the last tensor releases.
   }
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
@@ -219,8 +239,16 @@ class CudaBackend final : public Backend {
     BURST_RETURN_IF_ERROR(use_device("memory info"));
     size_t free = 0, total = 0;
     BURST_CUDA_TRY(device_, "memory info", cudaMemGetInfo(&free, &total));
-    return CudaMemoryInfo{static_cast<int64_t>(free), static_cast<int64_t>(total),
-                          held_->load()};
+    // Bytes the pool keeps for reuse are free for our allocations (they are trimmed on demand).
+    uint64_t reserved = 0, used = 0;
+    BURST_CUDA_TRY(device_, "memory info",
+                   cudaMemPoolGetAttribute(mem_->pool, cudaMemPoolAttrReservedMemCurrent,
+                                           &reserved));
+    BURST_CUDA_TRY(device_, "memory info",
+                   cudaMemPoolGetAttribute(mem_->pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    const int64_t cached = reserved > used ? static_cast<int64_t>(reserved - used) : 0;
+    return CudaMemoryInfo{static_cast<int64_t>(free) + cached, static_cast<int64_t>(total),
+                          mem_->held.load()};
   }
 
   Status check_fits(int64_t bytes, const std::string& what, int64_t reserve) const {
@@ -247,29 +275,38 @@ class CudaBackend final : public Backend {
     // At least 256 bytes: an empty tensor still gets a distinct, aligned, non-null pointer.
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.bytes(), 256));
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
+    cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, mem_->pool, compute_);
     if (err == cudaErrorMemoryAllocation) {
+      // The pool may cache blocks that it cannot hand out for this size: give them back to
+      // the device once queued work is done with them, and try again.
       cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
+      BURST_CUDA_TRY(device_, "alloc", cudaStreamSynchronize(compute_));
+      BURST_CUDA_TRY(device_, "alloc", cudaMemPoolTrimTo(mem_->pool, 0));
+      err = cudaMallocFromPoolAsync(&p, bytes, mem_->pool, compute_);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
       const std::string what = name() + " alloc " + t.describe();
       const Status fits = check_fits(static_cast<int64_t>(bytes), what, 0);
       if (!fits.ok()) return Status::error("out of GPU memory: " + fits.message());
-      return Status::error(what + ": cudaMalloc of " + gib(double(bytes)) +
+      return Status::error(what + ": allocation of " + gib(double(bytes)) +
                            " GiB failed although that much is free (fragmentation)");
     }
-    if (err != cudaSuccess) return cuda_failure(device_, "alloc", "cudaMalloc", err, __FILE__,
-                                                __LINE__);
+    if (err != cudaSuccess) {
+      return cuda_failure(device_, "alloc", "cudaMallocFromPoolAsync", err, __FILE__, __LINE__);
+    }
     // Zeroed so that a bug reads zeros rather than an earlier request's data (as on CPU).
     const cudaError_t zero = cudaMemsetAsync(p, 0, bytes, compute_);
     if (zero != cudaSuccess) {
-      cudaFree(p);
+      cudaFreeAsync(p, compute_);
       return cuda_failure(device_, "alloc", "cudaMemsetAsync", zero, __FILE__, __LINE__);
     }
-    held_->fetch_add(static_cast<int64_t>(bytes));
-    // cudaFree waits for the device to finish queued work first, so a tensor dropped while
-    // kernels that read it are still queued is not freed under them.
-    t.storage = std::shared_ptr<void>(p, [held = held_, bytes](void* q) {
-      cudaFree(q);
-      held->fetch_sub(static_cast<int64_t>(bytes));
+    mem_->held.fetch_add(static_cast<int64_t>(bytes));
+    // Freed in stream order: work queued on the compute stream before the free (and transfers
+    // it waits for, see NcclHandle) completes before the memory is handed out again.
+    t.storage = std::shared_ptr<void>(p, [mem = mem_, bytes](void* q) {
+      cudaFreeAsync(q, mem->stream);
+      mem->held.fetch_sub(static_cast<int64_t>(bytes));
     });
     t.data = p;
     return t;
@@ -660,8 +697,9 @@ class CudaBackend final : public Backend {
   Scratch staging_, ids_, positions_, inv_freq_, decode_ws_;
   std::vector<int64_t> positions_host_;
   std::vector<float> inv_freq_host_;
-  // Shared with the deleters of the tensors this backend allocated, which may outlive it.
-  std::shared_ptr<std::atomic<int64_t>> held_ = std::make_shared<std::atomic<int64_t>>(0);
+  // Shared with the deleters of the tensors this backend allocated, which may outlive it;
+  // owns compute_.
+  std::shared_ptr<TensorMemory> mem_ = std::make_shared<TensorMemory>();
 };
 
 Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
@@ -691,6 +729,24 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   // Non-blocking: the legacy default stream (used by libraries we do not control) must not
   // serialise against our work.
   BURST_CUDA_TRY(device, op, cudaStreamCreateWithFlags(&b->compute_, cudaStreamNonBlocking));
+  b->mem_->device = device;
+  b->mem_->stream = b->compute_;
+  int pools = 0;
+  BURST_CUDA_TRY(device, op,
+                 cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+  if (!pools) {
+    return Status::error("cuda:" + std::to_string(device) + " (" + b->gpu_name_ +
+                         "): stream-ordered memory pools are not supported (driver too old?)");
+  }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  BURST_CUDA_TRY(device, op, cudaMemPoolCreate(&b->mem_->pool, &props));
+  // Keep freed memory for reuse (the default gives it back at every synchronisation).
+  uint64_t keep = UINT64_MAX;
+  BURST_CUDA_TRY(device, op,
+                 cudaMemPoolSetAttribute(b->mem_->pool, cudaMemPoolAttrReleaseThreshold, &keep));
   BURST_CUDA_TRY(device, op,
                  cudaStreamCreateWithPriority(&b->comm_, cudaStreamNonBlocking, greatest));
   BURST_CUBLAS_TRY(device, op, cublasCreate(&b->cublas_));

@@ -38,17 +38,24 @@ std::string here(const char* file, int line, int rank) {
 class NcclHandle final : public CommHandle {
  public:
   NcclHandle(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
-  ~NcclHandle() override { cudaEventDestroy(done_); }
+  // A handle dropped unwaited (an error path) still orders later compute after the transfer:
+  // the buffers it reads and writes go back to a stream-ordered pool on the compute stream.
+  ~NcclHandle() override {
+    if (!waited_) cudaStreamWaitEvent(compute_, done_, 0);
+    cudaEventDestroy(done_);
+  }
   // Stream-ordered: later compute waits for the transfer; the host does not block.
   Status wait() override {
     const cudaError_t e = cudaStreamWaitEvent(compute_, done_, 0);
     if (e != cudaSuccess) return Status::error(std::string("nccl wait: ") + cudaGetErrorString(e));
+    waited_ = true;
     return {};
   }
 
  private:
   cudaEvent_t done_;
   cudaStream_t compute_;
+  bool waited_ = false;
 };
 
 class NcclCommunicator final : public Communicator {

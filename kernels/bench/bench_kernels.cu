@@ -4,7 +4,9 @@
 //
 // Prefill: 32 heads x 128, bf16, q = kv = S tokens, full and causal, TFLOP/s by the
 // FlashAttention convention (4 * S * S * head_dim * heads, halved for causal). Decode: one
-// token, 32 query / 8 kv heads, against S keys, GB/s of K and V read.
+// token, 32 query / 8 kv heads, against S keys, GB/s of K and V read, for one sequence and for
+// a batched step of 16 paged sequences; beside it the device-to-device copy bandwidth of this
+// GPU (the floor decode is judged against).
 // Timing: CUDA events around each call, one warm-up call, then the median of several calls
 // (at least 3, more while they take under ~2 s in total). Inputs are random, never zero.
 #include <cuda_bf16.h>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -137,30 +140,78 @@ Row bench_prefill(int64_t s, MaskKind mask, burst::kernels::AttnKernel kernel) {
           runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
 }
 
-Row bench_decode(int64_t s) {
-  constexpr int kHeads = 32, kKvHeads = 8, kD = 128;
-  const int64_t nkv = s * kKvHeads * kD;
-  Buffer q(kHeads * kD * 2), k(nkv * 2), v(nkv * 2), o(kHeads * kD * 2), lse(kHeads * 4);
-  fill(q.ptr, kHeads * kD, 4);
-  fill(k.ptr, nkv, 5);
-  fill(v.ptr, nkv, 6);
-  AttnParams p = base_params(1, s, kHeads, kKvHeads, kD, MaskKind::kNone);
+// Decode of `seqs` sequences of s keys each, one token each, 32 query / kv_heads kv heads x 128
+// (8: GQA as LLaMA-3; 32: the LLaMA-2-7B preset, "decode_mha"): seqs == 1 is one sequence in
+// contiguous K/V; seqs > 1 is the server's batched step ("..._batched16"): every sequence's
+// K/V in shuffled 256-row pages of one pool, one launch with per-row K/V. GB/s counts the K and V bytes read.
+Row bench_decode(int64_t s, int seqs, int kv_heads) {
+  constexpr int kHeads = 32, kD = 128, kPage = 256;
+  const int64_t row_elems = int64_t{kv_heads} * kD;
+  const int64_t pages_per_seq = (s + kPage - 1) / kPage;
+  const int64_t rows = seqs == 1 ? s : pages_per_seq * seqs * kPage;
+  Buffer q(int64_t{seqs} * kHeads * kD * 2), k(rows * row_elems * 2), v(rows * row_elems * 2),
+      o(int64_t{seqs} * kHeads * kD * 2), lse(int64_t{seqs} * kHeads * 4);
+  fill(q.ptr, int64_t{seqs} * kHeads * kD, 4);
+  fill(k.ptr, rows * row_elems, 5);
+  fill(v.ptr, rows * row_elems, 6);
+  AttnParams p = base_params(seqs, s, kHeads, kv_heads, kD, MaskKind::kNone);
   p.q = q.ptr;
   p.k = k.ptr;
   p.v = v.ptr;
   p.o = o.ptr;
   p.lse = static_cast<float*>(lse.ptr);
+  std::unique_ptr<Buffer> meta;
+  if (seqs > 1) {
+    // Page tables (a shuffled pool), then row_kv_len[seqs], then row_page_offset[seqs].
+    std::vector<int32_t> table(static_cast<size_t>(pages_per_seq * seqs));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    uint32_t h = 12345;
+    for (size_t i = table.size(); i > 1; --i) {
+      h = h * 1664525u + 1013904223u;
+      std::swap(table[i - 1], table[h % i]);
+    }
+    const size_t lens_at = table.size();
+    for (int b = 0; b < seqs; ++b) table.push_back(static_cast<int32_t>(s));
+    for (int b = 0; b < seqs; ++b) table.push_back(static_cast<int32_t>(b * pages_per_seq));
+    meta = std::make_unique<Buffer>(table.size() * 4);
+    CUDA_CHECK(cudaMemcpy(meta->ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    const auto* m = static_cast<const int32_t*>(meta->ptr);
+    p.kv_pages = m;
+    p.page_size = kPage;
+    p.row_kv_len = m + lens_at;
+    p.row_page_offset = m + lens_at + seqs;
+  }
   const size_t ws_bytes = burst::kernels::attention_decode_workspace_bytes(p);
-  Buffer ws(std::max<size_t>(ws_bytes, 16));
+  if (ws_bytes == 0) {
+    std::fprintf(stderr, "decode: no workspace size for S=%lld x %d\n",
+                 static_cast<long long>(s), seqs);
+    std::exit(1);
+  }
+  Buffer ws(ws_bytes);
   int runs = 0;
   const double ms = median_ms(
       [&] {
         CUDA_CHECK(burst::kernels::attention_decode_cuda(p, ws.ptr, ws_bytes, nullptr));
       },
       &runs);
-  const double bytes = 2.0 * nkv * 2;  // K and V, bf16
-  return {"decode", "full", s, kHeads, kKvHeads, kD, runs, ms, 4.0 * s * kD * kHeads /
-          (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9};
+  const double bytes = 2.0 * double(s) * row_elems * 2 * seqs;  // K and V, bf16
+  const std::string op = kv_heads == kHeads ? "decode_mha" : "decode";
+  return {seqs == 1 ? op : op + "_batched" + std::to_string(seqs), "full", s, kHeads,
+          kv_heads, kD, runs, ms, 4.0 * s * kD * kHeads * seqs / (ms * 1e-3) / 1e12,
+          bytes / (ms * 1e-3) / 1e9};
+}
+
+// Device-to-device copy of 2 GiB: the bandwidth a memory-bound kernel can hope for, measured
+// here (GB/s counts the bytes read plus the bytes written).
+Row bench_copy() {
+  const int64_t bytes = int64_t{1} << 31;
+  Buffer a(bytes), b(bytes);
+  fill(a.ptr, bytes / 2, 7);
+  int runs = 0;
+  const double ms = median_ms(
+      [&] { CUDA_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); },
+      &runs);
+  return {"copy", "-", bytes, 0, 0, 0, runs, ms, 0.0, 2.0 * bytes / (ms * 1e-3) / 1e9};
 }
 
 std::vector<int64_t> parse_sizes(const char* arg) {
@@ -179,7 +230,7 @@ std::vector<int64_t> parse_sizes(const char* arg) {
 int main(int argc, char** argv) {
   std::string out_path;
   std::vector<int64_t> sizes = {4096, 16384, 65536};
-  std::vector<int64_t> decode_sizes = {32768, 131072};
+  std::vector<int64_t> decode_sizes = {8192, 32768, 65536, 131072};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
@@ -190,7 +241,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out results.json] [--sizes 4096,16384,65536] "
-                   "[--decode-sizes 32768,131072]\n",
+                   "[--decode-sizes 8192,32768,65536,131072]\n",
                    argv[0]);
       return 2;
     }
@@ -211,7 +262,12 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (int64_t s : decode_sizes) rows.push_back(bench_decode(s));
+  rows.push_back(bench_copy());
+  for (int64_t s : decode_sizes) rows.push_back(bench_decode(s, 1, 8));
+  // The 7B preset's shape (no GQA) at the largest size; the server's batched step: 16
+  // sequences of 2K and of 8K keys in one launch.
+  if (!decode_sizes.empty()) rows.push_back(bench_decode(decode_sizes.back(), 1, 32));
+  for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows.push_back(bench_decode(s, 16, 8));
 
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::printf("%-15s %-7s %8s %6s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "ms",
@@ -220,6 +276,16 @@ int main(int argc, char** argv) {
     std::printf("%-15s %-7s %8lld %3d/%-2d %10.3f %9.1f %8.0f %5d\n", r.op.c_str(),
                 r.mask.c_str(), static_cast<long long>(r.s), r.heads, r.kv_heads, r.ms,
                 r.tflops, r.gbps, r.runs);
+  }
+  double copy_gbps = 0;
+  for (const Row& r : rows) {
+    if (r.op == "copy") copy_gbps = r.gbps;
+  }
+  for (const Row& r : rows) {
+    if (r.op.rfind("decode", 0) == 0 && copy_gbps > 0) {
+      std::printf("%s S=%lld: %.0f GB/s = %.1f%% of copy (%.0f GB/s)\n", r.op.c_str(),
+                  static_cast<long long>(r.s), r.gbps, 100.0 * r.gbps / copy_gbps, copy_gbps);
+    }
   }
   if (!out_path.empty()) {
     FILE* f = std::fopen(out_path.c_str(), "w");

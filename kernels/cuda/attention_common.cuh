@@ -130,4 +130,67 @@ __device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
   }
 }
 
+// ---- tensor-core fragments (mma.sync m16n8k16, ldmatrix): the sm_80 prefill and the decode --
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A.B + D, m16n8k16, fp32 accumulators; A row-major 16x16, B column-major 16x8.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// ---- shared-memory tiles ---------------------------------------------------------------------
+
+// Element offset of (row, 16-byte chunk) in a [rows, kD] tile. The chunk index is XORed with
+// row % 8 so that the 8 rows one ldmatrix phase reads (rows are 128 or 256 bytes, i.e. all in
+// the same banks) land in 8 different bank groups: conflict-free without padding.
+template <int kD>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * kD + ((chunk ^ (row & 7)) << 3);
+}
+
+// ldmatrix addresses without a register per (row block, chunk) pair. Every ldmatrix of the
+// kernels that use it reads rows whose row % 8 is lane % 8 and chunk 2j + b (+ 8m), b in
+// {0, 1} fixed per lane; since the XOR touches only the low 3 bits, the swizzled chunk is
+// 8m + (2j ^ (b ^ lane % 8)). So 4 base addresses (j = 0..3) per operand suffice, and the row
+// block and m become immediate offsets.
+template <int kD, typename T>
+struct LdmBases {
+  uint32_t base[4];
+  __device__ __forceinline__ LdmBases(const T* tile, int row, int b, int lane) {
+    const int c = b ^ (lane & 7);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      base[j] = smem_addr(tile + row * kD + (((2 * j) ^ c) << 3));
+    }
+  }
+  // Byte address of (row + row_off, chunk 2 * slice + b) for compile-time slice and row_off.
+  __device__ __forceinline__ uint32_t at(int slice, int row_off) const {
+    return base[slice & 3] + ((slice >> 2) * 8 * 8 + row_off * kD) * int(sizeof(T));
+  }
+};
+
 }  // namespace burst::kernels::detail

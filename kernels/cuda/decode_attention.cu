@@ -1,20 +1,29 @@
 // Split-KV flash-decoding (kernels/attention_cuda.h): a few query rows against a long KV.
 //
-// Decode is bound by reading K and V once, so the work is cut along the keys: CTA (split,
-// kv head, row chunk) takes one range of keys and up to kRows query rows that share the kv
-// head (GQA: the heads of a group and the n_q tokens are all rows of it, so K/V are read once
-// per group, not once per query head). Its 4 warps take 32-key tiles in turn: lane j scores key
-// j against every row (K staged through shared memory, q broadcast from shared memory), then
-// the lanes split head_dim for P.V. K and V of a tile are copied into shared memory together
-// with cp.async, so the V copy is in flight while the scores and the softmax run.
-// Each split writes a normalised partial (o, lse) in fp32 to the workspace; a second kernel
-// merges the splits in split order, so the result does not depend on scheduling.
-// Scores are kept in log2 units (q is pre-multiplied by scale * log2(e)); softmax and
+// Decode is bound by reading K and V once, so the work is cut along the keys, and the kernel's
+// job is to keep enough bytes in flight while spending few instructions per byte. CTA (split,
+// kv head, row chunk) takes one range of keys and up to kRows = 16 query rows that share the
+// kv head (GQA: the heads of a group and the n_q tokens are all rows of it, so K/V are read once
+// per group, not once per query head): one m16 tensor-core atom. The keys stream through
+// shared memory in stages of kBlockN = 64 keys (K and V of a stage copied together by cp.async,
+// kStages stages in flight); warp w of 4 takes keys [16w, 16w + 16) of every stage: S = Q.K^T
+// is 2 x head_dim/16 mma.sync, O += P.V is head_dim/8 more, with K and V fragments read by
+// ldmatrix (V transposed), Q kept in registers for the whole range.
+// P enters the tensor cores as two 16-bit terms, P = hi + lo (hi = P rounded, lo = the rest
+// rounded), so P.V keeps ~16 bits of P instead of 8: the result does not depend on where the
+// split and stage boundaries fall (which move the running maximum P is taken against) beyond
+// fp32 rounding, as with the fp32 CUDA-core kernel this one replaced.
+// Each warp keeps its own online softmax; at the end the 4 warps' partials are combined in
+// shared memory and each split writes a normalised partial (o, lse) in fp32 to the workspace; a
+// second kernel merges the splits in split order, so the result does not depend on scheduling.
+// Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -30,24 +39,46 @@ using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::exp2_approx;
 using detail::kLog2e;
-using detail::smem_addr;
+using detail::LdmBases;
+using detail::ldmatrix_x4;
+using detail::ldmatrix_x4_trans;
+using detail::mma_16816;
+using detail::swz;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
+constexpr int kMinKeysPerSplit = 512;  // below this a split's fixed cost dominates
 
 template <int kHeadDim>
 struct DecodeTile {
   static constexpr int kD = kHeadDim;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = 8;                // query rows per CTA
-  static constexpr int kKeys = 32;               // keys per warp tile: one per lane
-  static constexpr int kChunks = kD / 8;         // 16-byte chunks per K row
-  static constexpr int kKStride = kD + 8;        // padded: lane j reads row j, 8 rows per
-                                                 // phase land 16 bytes apart in the banks
-  static constexpr int kDimsPerLane = kD / 32;   // of O, in P.V
+  static constexpr int kRows = 16;                  // query rows per CTA: one m16 atom
+  static constexpr int kBlockN = 64;                // keys per stage
+  static constexpr int kWarpKeys = kBlockN / kWarps;  // 16: one k16 slice of P.V
+  static constexpr int kStages = 3;                 // stages in flight
+  static constexpr int kPageRun = 32;               // keys that share a page-table read
+  static constexpr int kChunks = kD / 8;            // 16-byte chunks per K/V row
+  static constexpr int kRowStep = kThreads / kChunks;  // rows one pass of the CTA copies
+  static constexpr int kOAtoms = kD / 8;            // n8 atoms of O
+  static constexpr int kKSlices = kD / 16;          // k16 slices of head_dim in S = Q.K^T
+  static constexpr int kStageElems = 2 * kBlockN * kD;  // K then V
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
-  static_assert(kDimsPerLane == 2 || kDimsPerLane == 4, "4- or 8-byte V loads per lane");
-  static_assert((kKeys * kChunks) % 32 == 0, "a warp stages whole K tiles");
+  static_assert(kWarpKeys == 16, "a warp's keys are one k16 slice of P.V");
+  static_assert(kBlockN % kPageRun == 0 && kPageRun % kRowStep == 0,
+                "a thread's rows of one page run share its page-table read");
+  static_assert(kRowStep % 8 == 0, "the swizzle repeats every kRowStep rows");
+};
+
+template <int kD>
+struct DecodeSmem {
+  using Tl = DecodeTile<kD>;
+  // Q, then the stages; the combine area aliases the stages once the key loop is done.
+  static constexpr size_t kQBytes = Tl::kRows * kD * 2;
+  static constexpr size_t kStageBytes = Tl::kStageElems * 2;
+  static constexpr size_t kCombineBytes =
+      (size_t(Tl::kWarps) * Tl::kRows * kD + 2 * Tl::kWarps * Tl::kRows) * sizeof(float);
+  static_assert(kCombineBytes <= Tl::kStages * kStageBytes, "the combine area fits the stages");
+  static constexpr size_t kBytes = kQBytes + Tl::kStages * kStageBytes;
 };
 
 template <typename T>
@@ -62,7 +93,7 @@ struct DecodeArgs {
   int64_t v_row_stride, v_head_stride;
   int64_t delta;  // q_start - kv_start
   int32_t n_q, n_kv, heads, group, causal;
-  int32_t keys_per_split;
+  int32_t keys_per_split;  // a multiple of kBlockN
   float scale_log2;
   const int32_t* pages;  // paged K/V (AttnParams::kv_pages), or null
   int32_t page_size;
@@ -72,58 +103,43 @@ struct DecodeArgs {
   const int32_t* row_page_offset;
 };
 
-// The physical row of logical key t0, the first key of a warp tile. A tile never crosses a page
-// (page_size is a multiple of kKeys and tiles start at multiples of kKeys, checked at launch),
-// so one page-table read per tile maps all of its rows: row t0 + i is key_row(t0) + i.
-__device__ __forceinline__ int64_t tile_row(const int32_t* pages, int page_size, int t0) {
+// The physical row of logical key t0, the first of a run of kPageRun keys. A run never crosses
+// a page (page_size is a multiple of kPageRun and runs start at multiples of it, checked at
+// launch), so one page-table read maps all of its rows: row t0 + i is key_row(t0) + i.
+__device__ __forceinline__ int64_t run_row(const int32_t* pages, int page_size, int t0) {
   return pages ? int64_t{__ldg(pages + t0 / page_size)} * page_size + t0 % page_size : t0;
 }
 
-template <int kD>
-struct DecodeSmem {
-  using Tl = DecodeTile<kD>;
-  float q[Tl::kRows][kD];
-  union {
-    struct {
-      uint16_t k[Tl::kWarps][Tl::kKeys][Tl::kKStride];  // T bits
-      uint16_t v[Tl::kWarps][Tl::kKeys][kD];            // T bits; lanes read along a row
-      float p[Tl::kWarps][Tl::kRows][Tl::kKeys];
-    } loop;
-    struct {
-      float acc[Tl::kWarps][Tl::kRows][kD];
-      float m[Tl::kWarps][Tl::kRows];
-      float l[Tl::kWarps][Tl::kRows];
-    } combine;
-  };
-};
-
+// P as the A operand of P.V in two 16-bit terms: hi = p rounded to T, lo = p - hi rounded.
 template <typename T>
-__device__ __forceinline__ float to_f32(T x) {
+__device__ __forceinline__ void split2(float p0, float p1, uint32_t& hi, uint32_t& lo) {
+  hi = detail::pack2<T>(p0, p1);
+  const T* h = reinterpret_cast<const T*>(&hi);
+  float h0, h1;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(x);
+    h0 = __bfloat162float(h[0]);
+    h1 = __bfloat162float(h[1]);
   } else {
-    return __half2float(x);
+    h0 = __half2float(h[0]);
+    h1 = __half2float(h[1]);
   }
+  lo = detail::pack2<T>(p0 - h0, p1 - h1);
 }
 
-// 8 values of T packed in a uint4 -> fp32.
-template <typename T>
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  const T* t = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = to_f32(t[e]);
-}
-
-// 3 CTAs per multiprocessor: the residency make_plan sizes its single wave for.
-constexpr int kCtasPerSm = 3;
+// The most CTAs of this kernel a multiprocessor holds (registers are bounded for 2 by the
+// launch bounds; shared memory decides the rest).
+constexpr int kMinCtasPerSm = 2;
 
 template <typename T, int kD>
-__global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
+__global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     decode_split_kernel(const DecodeArgs<T> a) {
   using Tl = DecodeTile<kD>;
-  constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, kDL = Tl::kDimsPerLane;
-  extern __shared__ uint4 smem_raw[];  // 16-byte aligned for cp.async
-  DecodeSmem<kD>& sm = *reinterpret_cast<DecodeSmem<kD>*>(smem_raw);
+  using Sm = DecodeSmem<kD>;
+  constexpr int kRows = Tl::kRows, kBlockN = Tl::kBlockN, kOA = Tl::kOAtoms;
+  constexpr int kStages = Tl::kStages;
+  extern __shared__ uint4 smem_raw[];  // 16-byte aligned for cp.async and ldmatrix
+  T* s_q = reinterpret_cast<T*>(smem_raw);
+  T* s_stage = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_raw) + Sm::kQBytes);
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // Per-row K/V: this CTA serves the `group` rows of query blockIdx.z (group <= kRows, checked
@@ -133,158 +149,182 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
   const int rows_total = per_row ? row0 + a.group : a.n_q * a.group;
   const int n_kv = per_row ? __ldg(a.row_kv_len + blockIdx.z) : a.n_kv;
   const int32_t* pages = per_row ? a.pages + __ldg(a.row_page_offset + blockIdx.z) : a.pages;
-
-  // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r.
-  for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
-    const int r = idx / kD, d = idx % kD, rr = row0 + r;
-    float x = 0.f;
-    if (rr < rows_total) {
-      const int i = rr / a.group, h = kvh * a.group + rr % a.group;
-      x = to_f32(a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + d]);
-    }
-    sm.q[r][d] = x * a.scale_log2;
-  }
-  // The last key each row may see (-1: none; rows past rows_total see none).
-  int limit[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int rr = row0 + r;
-    const int64_t i = rr / a.group;
-    limit[r] = rr >= rows_total ? -1
-               : a.causal      ? static_cast<int>(std::clamp<int64_t>(i + a.delta, -1,
-                                                                      n_kv - 1))
-                               : n_kv - 1;
-  }
   const int kb = split * a.keys_per_split;
   const int ke = min(n_kv, kb + a.keys_per_split);
-  // sm.q is written by all threads and read by all warps.
-  __syncthreads();
+  const int n_stages = ke > kb ? (ke - kb + kBlockN - 1) / kBlockN : 0;
 
-  float m[kRows], l[kRows], acc[kRows][kDL];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.f;
-#pragma unroll
-    for (int e = 0; e < kDL; ++e) acc[r][e] = 0.f;
+  // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r; rows past
+  // rows_total are zero (and masked below).
+  for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
+    const int r = idx / kD, d = idx % kD, rr = row0 + r;
+    T x = T(0.f);
+    if (rr < rows_total) {
+      const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+      x = a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + d];
+    }
+    s_q[swz<kD>(r, d / 8) + d % 8] = x;
   }
+
+  // K and V rows [t0, t0 + kBlockN) of the split into stage buffer `buf`; rows at or past ke
+  // are zero-filled (their P is 0, and 0 * V must not meet stale NaN bits). Thread tid copies
+  // chunk tid % kChunks of rows tid / kChunks + j * kRowStep.
   const T* k_head = a.k + int64_t{kvh} * a.k_head_stride;
   const T* v_head = a.v + int64_t{kvh} * a.v_head_stride;
-
-  // The next tile's first row is read one tile ahead, so the page-table load is not on the
-  // critical path of the K/V copies.
-  int64_t next_row = kb + warp * kKeys < ke ? tile_row(pages, a.page_size, kb + warp * kKeys) : 0;
-  for (int t0 = kb + warp * kKeys; t0 < ke; t0 += Tl::kWarps * kKeys) {
-    const int nk = min(kKeys, ke - t0);
-    const int64_t key0 = next_row;
-    if (t0 + Tl::kWarps * kKeys < ke) {
-      next_row = tile_row(pages, a.page_size, t0 + Tl::kWarps * kKeys);
-    }
-    // Stage K and V rows t0 .. t0 + nk - 1 as two copy groups; rows past nk are zero-filled
-    // (their P is 0, and 0 * V must not meet stale NaN bits).
+  const int copy_row = tid / Tl::kChunks, copy_chunk = tid % Tl::kChunks;
+  auto load_stage = [&](int stage, int buf) {
+    const int t0 = kb + stage * kBlockN;
+    T* sk = s_stage + buf * Tl::kStageElems;
+    T* sv = sk + kBlockN * kD;
 #pragma unroll
-    for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
-      const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
-      const bool ok = row < nk;
-      const T* src = k_head + (key0 + (ok ? row : 0)) * a.k_row_stride + c * 8;
-      cp_async_16(&sm.loop.k[warp][row][c * 8], src, ok ? 16 : 0);
-    }
-    cp_async_commit();
+    for (int run = 0; run < kBlockN / Tl::kPageRun; ++run) {
+      const int r0 = t0 + run * Tl::kPageRun;
+      const int64_t base = r0 < ke ? run_row(pages, a.page_size, r0) : 0;
 #pragma unroll
-    for (int i = 0; i < kKeys * Tl::kChunks / 32; ++i) {
-      const int idx = i * 32 + lane, row = idx / Tl::kChunks, c = idx % Tl::kChunks;
-      const bool ok = row < nk;
-      const T* src = v_head + (key0 + (ok ? row : 0)) * a.v_row_stride + c * 8;
-      cp_async_16(&sm.loop.v[warp][row][c * 8], src, ok ? 16 : 0);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    // This lane's K copies are complete; the warp barrier makes every lane's visible to all.
-    __syncwarp();
-
-    float s[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) s[r] = 0.f;
-#pragma unroll 4
-    for (int c = 0; c < Tl::kChunks; ++c) {
-      float kf[8];
-      unpack8<T>(*reinterpret_cast<const uint4*>(&sm.loop.k[warp][lane][c * 8]), kf);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float4 q0 = *reinterpret_cast<const float4*>(&sm.q[r][c * 8]);
-        const float4 q1 = *reinterpret_cast<const float4*>(&sm.q[r][c * 8 + 4]);
-        s[r] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
-                q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+      for (int j = 0; j < Tl::kPageRun / Tl::kRowStep; ++j) {
+        const int row = run * Tl::kPageRun + j * Tl::kRowStep + copy_row;
+        const bool ok = t0 + row < ke;
+        const int64_t src = ok ? base + row - run * Tl::kPageRun : 0;
+        const int off = swz<kD>(row, copy_chunk);
+        cp_async_16(sk + off, k_head + src * a.k_row_stride + copy_chunk * 8, ok ? 16 : 0);
+        cp_async_16(sv + off, v_head + src * a.v_row_stride + copy_chunk * 8, ok ? 16 : 0);
       }
     }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_stages) load_stage(s, s);
+    cp_async_commit();  // empty groups keep the wait counts uniform
+  }
 
-    const int key = t0 + lane;
+  // This thread's rows: lane / 4 and lane / 4 + 8 of the atom. limit is the last key the row
+  // may see (-1: none; rows past rows_total see none).
+  int limit[2];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float sr = (lane < nk && key <= limit[r]) ? s[r] : -INFINITY;
-      float mx = sr;
+  for (int hf = 0; hf < 2; ++hf) {
+    const int rr = row0 + (lane >> 2) + hf * 8;
+    const int64_t i = rr / a.group;
+    limit[hf] = rr >= rows_total ? -1
+                : a.causal       ? static_cast<int>(std::clamp<int64_t>(i + a.delta, -1,
+                                                                        n_kv - 1))
+                                 : n_kv - 1;
+  }
+
+  // Q copied by all threads is visible to all; its fragments stay in registers.
+  __syncthreads();
+  uint32_t qa[Tl::kKSlices][4];
+  {
+    const LdmBases<kD, T> q_ldm(s_q, lane & 15, lane >> 4, lane);
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    for (int ks = 0; ks < Tl::kKSlices; ++ks) ldmatrix_x4(qa[ks], q_ldm.at(ks, 0));
+  }
+  // K: matrices keys 0-7 x d 0-7, keys 0-7 x d 8-15, keys 8-15 x d 0-7, keys 8-15 x d 8-15 of
+  // this warp's 16 keys = (b0, b1) of key atom 0, then of atom 1. V (transposed): keys 0-7 x
+  // d 0-7, keys 8-15 x d 0-7, keys 0-7 x d 8-15, keys 8-15 x d 8-15 = (b0, b1) of d atom 2dp,
+  // then of 2dp + 1. Offsets from stage buffer 0; buffer b adds b * kStageElems elements.
+  const int wk = warp * Tl::kWarpKeys;
+  const LdmBases<kD, T> k_ldm(s_stage, wk + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1,
+                              lane);
+  const LdmBases<kD, T> v_ldm(s_stage + kBlockN * kD, wk + (lane & 7) + (((lane >> 3) & 1) << 3),
+                              lane >> 4, lane);
+
+  float acc[kOA][4];
+#pragma unroll
+  for (int na = 0; na < kOA; ++na) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[na][e] = 0.f;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (before scale)
+  float row_sum[2] = {0.f, 0.f};              // per thread until the end's quad reduction
+
+  for (int it = 0; it < n_stages; ++it) {
+    cp_async_wait<kStages - 2>();
+    // Stage it (copied by all threads) is visible to all, and every warp is done with the
+    // buffer of stage it - 1, which the copy below overwrites.
+    __syncthreads();
+    if (it + kStages - 1 < n_stages) load_stage(it + kStages - 1, (it + kStages - 1) % kStages);
+    cp_async_commit();
+    const uint32_t buf_bytes = (it % kStages) * Tl::kStageElems * sizeof(T);
+
+    float s[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < Tl::kKSlices; ++ks) {
+      uint32_t kf[4];
+      ldmatrix_x4(kf, k_ldm.at(ks, 0) + buf_bytes);
+      mma_16816<T>(s[0], qa[ks], kf[0], kf[1]);
+      mma_16816<T>(s[1], qa[ks], kf[2], kf[3]);
+    }
+    // Mask keys past the range (zero-filled) or past a row's limit: -inf, so exp2 gives 0.
+    const int key0 = kb + it * kBlockN + wk + (lane & 3) * 2;
+#pragma unroll
+    for (int na = 0; na < 2; ++na) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + na * 8 + (e & 1);
+        if (key >= ke || key > limit[e >> 1]) s[na][e] = -INFINITY;
       }
-      mx = fmaxf(mx, m[r]);
+    }
+    uint32_t p_hi[4], p_lo[4];  // the A fragment of P (16 rows x this warp's 16 keys)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = fmaxf(row_max[hf], fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]),
+                                          fmaxf(s[1][2 * hf], s[1][2 * hf + 1])));
+      // The 4 threads of a quad hold the same row.
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // Nothing seen yet (max -inf): offset 0 keeps exp2(-inf - offset) = 0, never NaN.
-      const float offset = mx == -INFINITY ? 0.f : mx;
-      const float corr = exp2_approx(m[r] - offset);
-      const float p = exp2_approx(sr - offset);
-      m[r] = mx;
-      l[r] = l[r] * corr + p;  // per-lane partial sum, reduced once at the end
+      const float offset = mx == -INFINITY ? 0.f : mx * a.scale_log2;
+      const float corr = exp2_approx(row_max[hf] * a.scale_log2 - offset);
+      row_max[hf] = mx;
+      float p[2][2];
 #pragma unroll
-      for (int e = 0; e < kDL; ++e) acc[r][e] *= corr;
-      sm.loop.p[warp][r][lane] = p;
-    }
-
-    cp_async_wait<0>();
-    // V copies complete and visible to the warp; P written above is visible too.
-    __syncwarp();
-    const T* v_lane = reinterpret_cast<const T*>(&sm.loop.v[warp][0][lane * kDL]);
+      for (int na = 0; na < 2; ++na) {
 #pragma unroll
-    for (int j0 = 0; j0 < kKeys; j0 += 4) {
-      float4 p4[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        p4[r] = *reinterpret_cast<const float4*>(&sm.loop.p[warp][r][j0]);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        // kDL consecutive elements in one 8- or 4-byte load.
-        using Vec = std::conditional_t<kDL == 4, uint2, uint32_t>;
-        const Vec w = *reinterpret_cast<const Vec*>(v_lane + (j0 + u) * kD);
-        const T* wt = reinterpret_cast<const T*>(&w);
-        float vf[kDL];
-#pragma unroll
-        for (int e = 0; e < kDL; ++e) vf[e] = to_f32(wt[e]);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float p = u == 0 ? p4[r].x : u == 1 ? p4[r].y : u == 2 ? p4[r].z : p4[r].w;
-#pragma unroll
-          for (int e = 0; e < kDL; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
+        for (int e = 0; e < 2; ++e) {
+          p[na][e] = exp2_approx(fmaf(s[na][2 * hf + e], a.scale_log2, -offset));
         }
       }
+      row_sum[hf] = row_sum[hf] * corr + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+      // A fragment order: (rows g, keys 0-7), (rows g+8, keys 0-7), (g, 8-15), (g+8, 8-15).
+      split2<T>(p[0][0], p[0][1], p_hi[hf], p_lo[hf]);
+      split2<T>(p[1][0], p[1][1], p_hi[2 + hf], p_lo[2 + hf]);
+#pragma unroll
+      for (int na = 0; na < kOA; ++na) {
+        acc[na][2 * hf] *= corr;
+        acc[na][2 * hf + 1] *= corr;
+      }
     }
-    // Every lane is done reading this tile's K, V and P before the next tile overwrites them.
-    __syncwarp();
+#pragma unroll
+    for (int dp = 0; dp < kOA / 2; ++dp) {
+      uint32_t vf[4];
+      ldmatrix_x4_trans(vf, v_ldm.at(dp, 0) + buf_bytes);
+      mma_16816<T>(acc[2 * dp], p_hi, vf[0], vf[1]);
+      mma_16816<T>(acc[2 * dp + 1], p_hi, vf[2], vf[3]);
+      mma_16816<T>(acc[2 * dp], p_lo, vf[0], vf[1]);
+      mma_16816<T>(acc[2 * dp + 1], p_lo, vf[2], vf[3]);
+    }
   }
 
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
-  }
-  // The combine area aliases the K/V/P tiles: every warp must be done with them first.
+  // The combine area aliases the stages: no copy may still be landing and every warp must be
+  // done reading them.
+  cp_async_wait<0>();
   __syncthreads();
+  float* c_acc = reinterpret_cast<float*>(s_stage);             // [warps][kRows][kD]
+  float* c_m = c_acc + Tl::kWarps * kRows * kD;                  // [warps][kRows], log2 units
+  float* c_l = c_m + Tl::kWarps * kRows;                         // [warps][kRows]
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int hf = 0; hf < 2; ++hf) {
+    float sum = row_sum[hf];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = (lane >> 2) + hf * 8;
+    float* dst = c_acc + (warp * kRows + r) * kD + (lane & 3) * 2;
 #pragma unroll
-    for (int e = 0; e < kDL; ++e) sm.combine.acc[warp][r][lane * kDL + e] = acc[r][e];
-    if (lane == 0) {
-      sm.combine.m[warp][r] = m[r];
-      sm.combine.l[warp][r] = l[r];
+    for (int na = 0; na < kOA; ++na) {
+      *reinterpret_cast<float2*>(dst + na * 8) = make_float2(acc[na][2 * hf], acc[na][2 * hf + 1]);
+    }
+    if ((lane & 3) == 0) {
+      c_m[warp * kRows + r] = row_max[hf] == -INFINITY ? -INFINITY : row_max[hf] * a.scale_log2;
+      c_l[warp * kRows + r] = sum;
     }
   }
   // Every warp's partial (m, l, acc) is visible to the threads that combine them.
@@ -295,15 +335,15 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kCtasPerSm)
     if (rr >= rows_total) continue;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Tl::kWarps; ++w) mx = fmaxf(mx, sm.combine.m[w][r]);
+    for (int w = 0; w < Tl::kWarps; ++w) mx = fmaxf(mx, c_m[w * kRows + r]);
     float o = 0.f, lse = -INFINITY;  // the split saw no key of this row: empty partial
     if (mx != -INFINITY) {
       float sum = 0.f, num = 0.f;
 #pragma unroll
       for (int w = 0; w < Tl::kWarps; ++w) {
-        const float wgt = exp2_approx(sm.combine.m[w][r] - mx);  // -inf warps weigh 0
-        sum += sm.combine.l[w][r] * wgt;
-        num += sm.combine.acc[w][r][d] * wgt;
+        const float wgt = exp2_approx(c_m[w * kRows + r] - mx);  // -inf warps weigh 0
+        sum += c_l[w * kRows + r] * wgt;
+        num += c_acc[(w * kRows + r) * kD + d] * wgt;
       }
       o = num / sum;
       lse = (mx + log2f(sum)) * kLn2;  // log2 units back to natural log
@@ -353,29 +393,80 @@ struct DecodePlan {
   size_t o_part_bytes = 0, workspace_bytes = 0;
 };
 
+// Readies the split kernel of (T, kD) on the current device (above 48 KiB a kernel must opt
+// in to dynamic shared memory, per device) and returns how many of its CTAs one
+// multiprocessor holds; cached per device, since the queries cost more than a launch.
+template <typename T, int kD>
+cudaError_t split_kernel_residency(int device, int& ctas) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0: not readied yet
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  ctas = cache[size_t(device)].load(std::memory_order_acquire);
+  if (ctas > 0) return cudaSuccess;
+  auto* kernel = decode_split_kernel<T, kD>;
+  constexpr int kSmem = static_cast<int>(DecodeSmem<kD>::kBytes);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kSmem);
+  if (err != cudaSuccess) return err;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, DecodeTile<kD>::kThreads,
+                                                      kSmem);
+  if (err != cudaSuccess) return err;
+  if (ctas < 1) return cudaErrorInvalidConfiguration;
+  cache[size_t(device)].store(ctas, std::memory_order_release);
+  return cudaSuccess;
+}
+
+cudaError_t residency(const AttnParams& p, int device, int& ctas) {
+  const bool bf16 = p.dtype == DType::kBF16;
+  if (p.head_dim == 128) {
+    return bf16 ? split_kernel_residency<__nv_bfloat16, 128>(device, ctas)
+                : split_kernel_residency<__half, 128>(device, ctas);
+  }
+  return bf16 ? split_kernel_residency<__nv_bfloat16, 64>(device, ctas)
+              : split_kernel_residency<__half, 64>(device, ctas);
+}
+
 // The same plan for the workspace query and the launch (both read the current device).
 cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, ctas_per_sm = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  constexpr int kRows = DecodeTile<128>::kRows;
-  static_assert(kRows == DecodeTile<64>::kRows, "one plan for both head dims");
+  err = residency(p, device, ctas_per_sm);
+  if (err != cudaSuccess) return err;
+  constexpr int kRows = DecodeTile<128>::kRows, kBlockN = DecodeTile<128>::kBlockN;
+  static_assert(kRows == DecodeTile<64>::kRows && kBlockN == DecodeTile<64>::kBlockN,
+                "one plan for both head dims");
   const int64_t rows_total = int64_t{p.n_q} * (p.heads / p.kv_heads);
   // Per-row K/V: one query (its group of heads) per row chunk, since its keys are its own.
   plan.row_chunks = p.row_kv_len ? p.n_q : static_cast<int>((rows_total + kRows - 1) / kRows);
-  // One full wave of kCtasPerSm CTAs per multiprocessor (the launch bounds hold registers to
-  // that; shared memory allows it on sm_90, 75 KiB a CTA). Never splits shorter than
-  // kMinKeysPerSplit.
+  // The split count that finishes first: CTAs run in waves of `slots` (as many as the
+  // multiprocessors hold at once), each CTA's time grows with its keys, so minimise
+  // waves x keys per split; ties go to fewer splits. Splits are never shorter than
+  // kMinKeysPerSplit (a split's fixed cost), and their lengths are whole stages (so stages
+  // and page runs stay aligned).
   const int64_t base = int64_t{p.kv_heads} * plan.row_chunks;
-  const int64_t want = (kCtasPerSm * int64_t{sms} + base - 1) / base;
+  const int64_t slots = int64_t{ctas_per_sm} * sms;
   const int64_t most = std::max<int64_t>(1, (int64_t{p.n_kv} + kMinKeysPerSplit - 1) /
                                                 kMinKeysPerSplit);
-  int64_t splits = std::clamp<int64_t>(want, 1, most);
-  int64_t per = (int64_t{p.n_kv} + splits - 1) / splits;
-  per = std::max<int64_t>(32, (per + 31) / 32 * 32);
-  splits = std::max<int64_t>(1, (int64_t{p.n_kv} + per - 1) / per);
+  auto per_split = [&](int64_t n) {
+    const int64_t per = (int64_t{p.n_kv} + n - 1) / n;
+    return std::max<int64_t>(kBlockN, (per + kBlockN - 1) / kBlockN * kBlockN);
+  };
+  // Beyond two waves more splits only add fixed costs.
+  const int64_t last = std::min<int64_t>(most, std::max<int64_t>(1, (2 * slots + base - 1) / base));
+  int64_t splits = 1, best = -1;
+  for (int64_t n = 1; n <= last; ++n) {
+    const int64_t per = per_split(n), used = (int64_t{p.n_kv} + per - 1) / per;
+    if (used != n) continue;  // rounding made some splits empty: the same as fewer splits
+    const int64_t cost = (base * n + slots - 1) / slots * per;
+    if (best < 0 || cost < best) {
+      best = cost;
+      splits = n;
+    }
+  }
+  const int64_t per = per_split(splits);
   plan.splits = static_cast<int>(splits);
   plan.keys_per_split = static_cast<int>(per);
   const size_t items = size_t(plan.splits) * p.heads * p.n_q;
@@ -412,14 +503,10 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.row_kv_len = p.row_kv_len;
   a.row_page_offset = p.row_page_offset;
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
-  auto* kernel = decode_split_kernel<T, kD>;
-  constexpr int kSmemBytes = sizeof(DecodeSmem<kD>);
-  // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<grid, DecodeTile<kD>::kThreads, kSmemBytes, stream>>>(a);
-  err = cudaGetLastError();
+  // make_plan readied the kernel for this device (split_kernel_residency).
+  decode_split_kernel<T, kD>
+      <<<grid, DecodeTile<kD>::kThreads, DecodeSmem<kD>::kBytes, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   decode_combine_kernel<OutT, kD><<<p.n_q * p.heads, kD, 0, stream>>>(
       a.o_part, a.lse_part, static_cast<OutT*>(p.o), p.lse, p.o_row_stride, p.o_head_stride,
@@ -457,15 +544,15 @@ cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t w
   if (p.n_q == 0) return cudaSuccess;
   const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
   for (int64_t s : strides) {
-    if (s % 8 != 0) return cudaErrorInvalidValue;  // 16-byte K loads, 8-byte V loads
+    if (s % 8 != 0) return cudaErrorInvalidValue;  // 16-byte K and V copies
   }
   if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
   if (!aligned16(workspace)) return cudaErrorInvalidValue;
-  // Paged K/V: a warp tile (kKeys rows from a multiple of kKeys) must lie in one page.
-  if (p.kv_pages && p.page_size % DecodeTile<128>::kKeys != 0) return cudaErrorInvalidValue;
+  // Paged K/V: a page run (kPageRun rows from a multiple of kPageRun) must lie in one page.
+  if (p.kv_pages && p.page_size % DecodeTile<128>::kPageRun != 0) return cudaErrorInvalidValue;
   // Per-row K/V: a CTA holds one query's group of heads.
   if (p.row_kv_len && p.heads / p.kv_heads > DecodeTile<128>::kRows) return cudaErrorInvalidValue;
-  static_assert(DecodeTile<128>::kKeys == DecodeTile<64>::kKeys, "one tile height");
+  static_assert(DecodeTile<128>::kPageRun == DecodeTile<64>::kPageRun, "one page run");
   DecodePlan plan;
   cudaError_t err = make_plan(p, plan);
   if (err != cudaSuccess) return err;

@@ -47,6 +47,21 @@ def time_torch(backend, s, heads, d, causal):
     return ms, runs
 
 
+def time_torch_decode(backend, s, heads, kv_heads, d):
+    """One query token against s keys (GQA), the decode shape of bench_decode."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, heads, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    with sdpa_kernel(BACKENDS[backend]):
+        try:
+            ms, _ = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        except RuntimeError as e:  # backend unavailable for this shape
+            print(f"  {backend} decode S={s}: {str(e).splitlines()[0]}")
+            return None
+    return ms
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True, help="JSON written by burst-bench-kernels --out")
@@ -82,10 +97,36 @@ def main():
         print(f"{r['S']:>7} {r['mask']:<7} {r['ours_tflops']:>10.1f} "
               f"{fmt(r['flash_tflops'], '>11.1f')} {fmt(r['cudnn_tflops'], '>11.1f')} "
               f"{fmt(rf, '>11.2f')} {fmt(rc, '>11.2f')}")
+    copy = next((r["gbps"] for r in ours["results"] if r["op"] == "copy"), None)
+    decode_rows = []
+    for r in ours["results"]:
+        if r["op"] != "decode":
+            continue
+        s, heads, kvh, d = r["S"], r["heads"], r["kv_heads"], r["head_dim"]
+        kv_bytes = 2.0 * s * kvh * d * 2
+        row = dict(S=s, ours_ms=r["ms"], ours_gbps=r["gbps"])
+        for backend in BACKENDS:
+            ms = time_torch_decode(backend, s, heads, kvh, d)
+            row[f"{backend}_ms"] = ms
+            row[f"{backend}_gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+            torch.cuda.empty_cache()
+        decode_rows.append(row)
+    if decode_rows:
+        print(f"\ndecode, one token, 32 q / 8 kv heads x 128, bf16; device copy "
+              f"{fmt(copy, '.0f')} GB/s (read + write)")
+        print(f"{'keys':>7} {'ours ms':>8} {'ours GB/s':>10} {'% copy':>7} {'flash ms':>9} "
+              f"{'cudnn ms':>9} {'flash/ours':>11} {'cudnn/ours':>11}")
+        for r in decode_rows:
+            pc = 100.0 * r["ours_gbps"] / copy if copy else None
+            rf = r["flash_ms"] / r["ours_ms"] if r["flash_ms"] else None
+            rc = r["cudnn_ms"] / r["ours_ms"] if r["cudnn_ms"] else None
+            print(f"{r['S']:>7} {r['ours_ms']:>8.3f} {r['ours_gbps']:>10.0f} {fmt(pc, '>7.1f')} "
+                  f"{fmt(r['flash_ms'], '>9.3f')} {fmt(r['cudnn_ms'], '>9.3f')} "
+                  f"{fmt(rf, '>11.2f')} {fmt(rc, '>11.2f')}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+                       "rows": rows, "decode": decode_rows, "copy_gbps": copy}, f, indent=1)
 
 
 if __name__ == "__main__":

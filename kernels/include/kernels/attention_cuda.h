@@ -46,8 +46,9 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream,
 // the keys are cut into splits that run in parallel, each writes a partial (o, lse) into
 // `workspace`, and a second kernel merges them in split order (deterministic). Same contract
 // and constraints as attention_cuda (kNone or kCausal). The workspace must hold
-// attention_decode_workspace_bytes(p) bytes (it depends on p and on the current device's
-// multiprocessor count) and be 16-byte aligned.
+// attention_decode_workspace_bytes(p) bytes (it depends on p and on the current device: its
+// multiprocessor count and how many CTAs one holds) and be 16-byte aligned. Paged K/V needs
+// page_size a multiple of 32.
 size_t attention_decode_workspace_bytes(const AttnParams& p);
 cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream);
