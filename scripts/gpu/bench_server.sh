@@ -13,7 +13,8 @@
 # MIXED_REQS (50) requests at MIXED_RATE (0.5) req/s, no concurrency limit.
 # Results under $OUT (default ./gpu-out): bench_KIND_<point>.json (burst-bench --result-json,
 # vLLM field names), bench_KIND_table.md, bench_KIND_plots/, bench_KIND_server.log.
-# LENGTHS (comma list) overrides the lengths; STEP_TIMEOUT (s, default 300) bounds each point.
+# LENGTHS (comma list) overrides the lengths; MIXED=1 adds the mixed workload on any kind;
+# STEP_TIMEOUT (s, default 300) bounds each point.
 set -uo pipefail
 kind=${1:-}
 case "$kind" in
@@ -23,6 +24,7 @@ case "$kind" in
   *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac
 lengths=${LENGTHS:-$def_lengths}
+mixed=${MIXED:-$mixed}
 out=${OUT:-$PWD/gpu-out}
 reqs=${REQS:-3}
 output_len=${OUTPUT_LEN:-32}
