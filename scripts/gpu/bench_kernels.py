@@ -100,11 +100,11 @@ def main():
     copy = next((r["gbps"] for r in ours["results"] if r["op"] == "copy"), None)
     decode_rows = []
     for r in ours["results"]:
-        if r["op"] != "decode":
+        if r["op"] not in ("decode", "decode_mha"):
             continue
         s, heads, kvh, d = r["S"], r["heads"], r["kv_heads"], r["head_dim"]
         kv_bytes = 2.0 * s * kvh * d * 2
-        row = dict(S=s, ours_ms=r["ms"], ours_gbps=r["gbps"])
+        row = dict(S=s, kv_heads=kvh, ours_ms=r["ms"], ours_gbps=r["gbps"])
         for backend in BACKENDS:
             ms = time_torch_decode(backend, s, heads, kvh, d)
             row[f"{backend}_ms"] = ms
@@ -112,15 +112,15 @@ def main():
             torch.cuda.empty_cache()
         decode_rows.append(row)
     if decode_rows:
-        print(f"\ndecode, one token, 32 q / 8 kv heads x 128, bf16; device copy "
+        print(f"\ndecode, one token, 32 q heads x 128 (kv heads as listed), bf16; device copy "
               f"{fmt(copy, '.0f')} GB/s (read + write)")
-        print(f"{'keys':>7} {'ours ms':>8} {'ours GB/s':>10} {'% copy':>7} {'flash ms':>9} "
+        print(f"{'keys':>7} {'kv':>3} {'ours ms':>8} {'ours GB/s':>10} {'% copy':>7} {'flash ms':>9} "
               f"{'cudnn ms':>9} {'flash/ours':>11} {'cudnn/ours':>11}")
         for r in decode_rows:
             pc = 100.0 * r["ours_gbps"] / copy if copy else None
             rf = r["flash_ms"] / r["ours_ms"] if r["flash_ms"] else None
             rc = r["cudnn_ms"] / r["ours_ms"] if r["cudnn_ms"] else None
-            print(f"{r['S']:>7} {r['ours_ms']:>8.3f} {r['ours_gbps']:>10.0f} {fmt(pc, '>7.1f')} "
+            print(f"{r['S']:>7} {r['kv_heads']:>3} {r['ours_ms']:>8.3f} {r['ours_gbps']:>10.0f} {fmt(pc, '>7.1f')} "
                   f"{fmt(r['flash_ms'], '>9.3f')} {fmt(r['cudnn_ms'], '>9.3f')} "
                   f"{fmt(rf, '>11.2f')} {fmt(rc, '>11.2f')}")
     if args.out:

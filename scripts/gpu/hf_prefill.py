@@ -9,6 +9,10 @@ builds (BOS, then 259 + splitmix64(i) % 31741), with the KV cache kept (use_cach
 server's prefill must) and logits for the last position only, then the argmax: the time to the
 first token. torch.no_grad, CUDA synchronised around each run, one warm-up, median of --reps.
 
+With --decode-tokens N, each length also times N greedy decode steps after a fresh prefill
+(transformers' default DynamicCache, one token per forward, synchronised per step): the
+median ms per token, HF's TPOT beside burst-generate's decode rate.
+
 The second form prints the ratio table of our JSON lines (tests/gpu/cuda_backend_test.cpp,
 CudaPrefillBench) against HF's, with TFLOP/s from FLOPs = 2 * 6.48e9 * S + 262144 * S^2 (the
 7B linear layers, plus causal attention in the FlashAttention convention) against the 770
@@ -39,7 +43,7 @@ def flops(s):
     return 2 * 6.48e9 * s + 262144.0 * s * s
 
 
-def bench(lengths, reps, out_path):
+def bench(lengths, reps, out_path, decode_tokens=0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -71,12 +75,33 @@ def bench(lengths, reps, out_path):
             torch.cuda.empty_cache()
             if rep > 0:
                 times.append(ms)
+        decode_ms = None
+        if decode_tokens > 0:
+            steps = []
+            with torch.no_grad():
+                res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                past, tok = res.past_key_values, res.logits[:, -1:].argmax(-1)
+                del res
+                for _ in range(decode_tokens):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    res = model(input_ids=tok, past_key_values=past, use_cache=True,
+                                logits_to_keep=1)
+                    past, tok = res.past_key_values, res.logits[:, -1:].argmax(-1)
+                    tok.item()  # waits for the GPU, as a server's sampling would
+                    steps.append((time.perf_counter() - t0) * 1e3)
+                    del res
+            del past
+            torch.cuda.empty_cache()
+            decode_ms = statistics.median(steps[1:] if len(steps) > 1 else steps)
         peak = torch.cuda.max_memory_allocated() / 2**30
         rec = {"tokens": n, "median_ms": statistics.median(times), "min_ms": min(times),
-               "max_ms": max(times), "reps": reps, "first_token": first, "peak_gib": peak}
+               "max_ms": max(times), "reps": reps, "first_token": first, "peak_gib": peak,
+               "decode_ms_per_token": decode_ms}
         out.write(json.dumps(rec) + "\n")
         out.flush()
-        print(f"hf: {n} tokens: median {rec['median_ms']:.1f} ms (peak {peak:.1f} GiB)",
+        dec = f", decode {decode_ms:.2f} ms/token" if decode_ms is not None else ""
+        print(f"hf: {n} tokens: median {rec['median_ms']:.1f} ms (peak {peak:.1f} GiB){dec}",
               flush=True)
 
 
@@ -113,11 +138,13 @@ def main():
     ap.add_argument("--out", default="hf_prefill.jsonl")
     ap.add_argument("--report", nargs=2, metavar=("OURS", "HF"))
     ap.add_argument("--cli", default="")
+    ap.add_argument("--decode-tokens", type=int, default=0,
+                    help="also time this many greedy decode steps per length")
     args = ap.parse_args()
     if args.report:
         report(args.report[0], args.report[1], args.cli)
         return 0
-    bench([int(x) for x in args.lengths.split(",")], args.reps, args.out)
+    bench([int(x) for x in args.lengths.split(",")], args.reps, args.out, args.decode_tokens)
     return 0
 
 
