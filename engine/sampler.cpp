@@ -125,6 +125,52 @@ double to_double(Mass q) {
          static_cast<double>(static_cast<uint64_t>(q));
 }
 
+// Descending by logit, ties by id, so the kept set never depends on sort stability.
+bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+
+// The candidates in descending order, sorted only as far as the draw needs: without top-k
+// (the OpenAI default) the whole vocabulary is kept, and a full sort of 32000 ids per token per
+// sequence cost milliseconds on the step loop's thread. The masses' total needs no order (the
+// fixed-point sums are exact), and the draw stops at the first prefix whose mass passes the
+// target, which a peaked distribution reaches within the first few dozen ids. The candidates
+// are the first `kept` of c, of which the first `sorted` are in order already; extend(n) sorts
+// the first n (in chunks that double) and appends their running masses to `cum`.
+class SortedPrefix {
+ public:
+  SortedPrefix(Scratch& c, size_t kept, size_t sorted, double mx)
+      : c_(c), kept_(kept), sorted_(sorted), mx_(mx) {}
+  size_t size() const { return cum_.size(); }
+  Mass cum(size_t i) const { return cum_[i]; }
+  int32_t id(size_t i) const { return c_[i].second; }
+  void extend(size_t n) {
+    n = std::min(n, kept_);
+    if (n <= sorted_) return append_masses(n);
+    const size_t want = std::max(n, std::min(kept_, std::max<size_t>(64, 2 * sorted_)));
+    auto first = c_.begin() + static_cast<std::ptrdiff_t>(sorted_);
+    auto mid = c_.begin() + static_cast<std::ptrdiff_t>(want);
+    auto last = c_.begin() + static_cast<std::ptrdiff_t>(kept_);
+    if (mid != last) std::nth_element(first, mid, last, by_logit);
+    std::sort(first, mid, by_logit);
+    sorted_ = want;
+    append_masses(n);
+  }
+
+ private:
+  void append_masses(size_t n) {
+    Mass run = cum_.empty() ? Mass{0} : cum_.back();
+    while (cum_.size() < n) {
+      run += to_mass(std::exp(c_[cum_.size()].first - mx_));
+      cum_.push_back(run);
+    }
+  }
+  Scratch& c_;
+  size_t kept_, sorted_;
+  double mx_;
+  std::vector<Mass> cum_;
+};
+
 int32_t sample_impl(const float* logits, int64_t vocab, const SamplingParams& p, double u,
                     Scratch& scratch) {
   if (p.temperature == 0.f) {
@@ -138,40 +184,42 @@ int32_t sample_impl(const float* logits, int64_t vocab, const SamplingParams& p,
   for (int64_t i = 0; i < vocab; ++i) {
     scratch[i] = {logits[i] / p.temperature, static_cast<int32_t>(i)};
   }
-  // Descending by logit, ties by id, so the kept set never depends on sort stability.
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  };
   size_t keep = scratch.size();
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
     keep = static_cast<size_t>(p.top_k);
     std::partial_sort(scratch.begin(), scratch.begin() + keep, scratch.end(), by_logit);
-  } else {
-    std::sort(scratch.begin(), scratch.end(), by_logit);
   }
   // Softmax in double over the kept ids, shifted by the max for stability; cumulative masses
   // are exact sums of fixed-point masses (see to_mass), so the GPU twin, which adds in another
   // order, gets the very same prefixes.
-  const double mx = scratch[0].first;
-  std::vector<Mass> cum(keep);
-  Mass run = 0;
-  for (size_t i = 0; i < keep; ++i) cum[i] = run += to_mass(std::exp(scratch[i].first - mx));
+  double mx = scratch[0].first;
+  for (size_t i = 1; i < keep; ++i) mx = std::max(mx, static_cast<double>(scratch[i].first));
+  Mass total = 0;
+  for (size_t i = 0; i < keep; ++i) total += to_mass(std::exp(scratch[i].first - mx));
+  SortedPrefix sorted(scratch, keep, keep < scratch.size() ? keep : 0, mx);
+  // cut: the last kept id in descending order (top-p keeps the shortest prefix whose
+  // normalised mass reaches top_p); mass: the running mass through it.
   size_t cut = keep - 1;
+  Mass mass = total;
   if (p.top_p < 1.f) {
-    const double total = to_double(cum[keep - 1]);
+    const double whole = to_double(total);
     for (size_t i = 0; i < keep; ++i) {
-      if (to_double(cum[i]) / total >= p.top_p) {
+      if (i == sorted.size()) sorted.extend(i + 1);
+      if (to_double(sorted.cum(i)) / whole >= p.top_p) {
         cut = i;
+        mass = sorted.cum(i);
         break;
       }
     }
   }
   // The last kept id absorbs rounding (u * kept rounded up to kept).
-  const double target = u * to_double(cum[cut]);
+  const double target = u * to_double(mass);
   for (size_t i = 0; i <= cut; ++i) {
-    if (target < to_double(cum[i])) return scratch[i].second;
+    if (i == sorted.size()) sorted.extend(i + 1);
+    if (target < to_double(sorted.cum(i))) return sorted.id(i);
   }
-  return scratch[cut].second;
+  sorted.extend(cut + 1);
+  return sorted.id(cut);
 }
 
 }  // namespace
