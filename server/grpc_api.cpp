@@ -144,6 +144,9 @@ class GrpcApi::Service final : public pb::Burst::Service {
   grpc::Status tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
                         pb::TokenizeResponse* resp) {
     if (auto st = check_auth(ctx); !st.ok()) return st;
+    if (auto e = scheduler_.check_prompt_text(req->text().size())) {
+      return grpc::Status(grpc_code(e->code), e->message);
+    }
     auto ids = tokenizer_.encode(req->text(), req->add_bos(), false);
     if (!ids.ok()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text: " + ids.message());
@@ -192,6 +195,9 @@ class GrpcApi::Service final : public pb::Burst::Service {
         if (req->text().empty()) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
         }
+        if (auto e = scheduler_.check_prompt_text(req->text().size())) {
+          return grpc::Status(grpc_code(e->code), e->message);
+        }
         auto ids = tokenizer_.encode(req->text(), true, false);
         if (!ids.ok()) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: " + ids.message());
@@ -225,9 +231,14 @@ class GrpcApi::Service final : public pb::Burst::Service {
                               config_.model_name + "'");
     }
     std::vector<std::string> roles, contents;
+    size_t text_bytes = 0;
     for (const auto& m : req->messages()) {
       roles.push_back(m.role());
       contents.push_back(m.content());
+      text_bytes += m.content().size();
+    }
+    if (auto e = scheduler_.check_prompt_text(text_bytes)) {
+      return grpc::Status(grpc_code(e->code), e->message);
     }
     auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
     if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());

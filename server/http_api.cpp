@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "server/http_frontend.h"
 #include "server/logging.h"
 
 namespace burst::server {
@@ -36,6 +37,8 @@ const char* error_type(int status) {
     case 404: return "not_found_error";
     case 413: return "request_too_large";
     case 415: return "invalid_request_error";
+    case 408: return "timeout";
+    case 499: return "client_disconnected";
     case 503: return "service_unavailable";
     default: return "server_error";
   }
@@ -96,6 +99,41 @@ void note_finish(const FinishInfo& f) {
   a.prompt_tokens = f.prompt_tokens;
   a.completion_tokens = f.completion_tokens;
   a.finish = f.reason;
+}
+
+// The access-log line of the request on this thread (then forgotten): text, or a JSON record.
+void write_access_log(const std::string& method, const std::string& path, int status,
+                      const std::string& client) {
+  AccessInfo& a = access_info();
+  const double ms = a.started ? std::chrono::duration<double, std::milli>(
+                                    std::chrono::steady_clock::now() - a.start).count()
+                              : 0.0;
+  std::string line = "access " + method + " " + path + " " + std::to_string(status) + " " +
+                     fmt_ms(ms) + " ms request_id=" + (a.started ? a.id : "-") +
+                     " client=" + client;
+  if (a.prompt_tokens >= 0) {
+    line += " prompt_tokens=" + std::to_string(a.prompt_tokens) +
+            " completion_tokens=" + std::to_string(a.completion_tokens) +
+            " finish=" + (a.finish.empty() ? "-" : a.finish);
+  }
+  if (!a.error.empty()) line += " error=" + json_quote(a.error);
+  std::string fields = "\"method\":" + json_quote(method) + ",\"path\":" + json_quote(path) +
+                       ",\"status\":" + std::to_string(status) + ",\"latency_ms\":" +
+                       fmt_ms(ms) + ",\"request_id\":" + json_quote(a.started ? a.id : "-") +
+                       ",\"client\":" + json_quote(client);
+  if (a.prompt_tokens >= 0) {
+    fields += ",\"prompt_tokens\":" + std::to_string(a.prompt_tokens) +
+              ",\"completion_tokens\":" + std::to_string(a.completion_tokens) +
+              ",\"finish\":" + json_quote(a.finish);
+  }
+  if (!a.error.empty()) fields += ",\"error\":" + json_quote(a.error);
+  // Probes and scrapes come every few seconds (and /health is 503 while loading): debug
+  // level (--log-level debug shows them).
+  const int level = path == "/health" || path == "/metrics" ? SPDLOG_LEVEL_DEBUG
+                    : status >= 500                        ? SPDLOG_LEVEL_WARN
+                                                           : SPDLOG_LEVEL_INFO;
+  log_access(level, line, fields);
+  a = AccessInfo{};
 }
 
 void send_error(httplib::Response& res, int status, const std::string& message,
@@ -750,39 +788,50 @@ Result<std::vector<int32_t>> apply_llama2_chat_template(const Tokenizer& tok,
 HttpApi::HttpApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer,
                  Metrics& metrics)
     : config_(config), scheduler_(scheduler), tokenizer_(tokenizer), metrics_(metrics),
-      server_(std::make_unique<httplib::Server>()) {
+      server_(std::make_unique<HttpRouter>()) {
   install_routes();
 }
 
 HttpApi::~HttpApi() { stop(); }
 
 Result<int> HttpApi::start() {
-  int port = config_.http_port;
-  if (port == 0) {
-    port = server_->bind_to_any_port(config_.host);
-    if (port < 0) return Status::error("cannot bind HTTP on " + config_.host);
-  } else if (!server_->bind_to_port(config_.host, port)) {
-    return Status::error("cannot bind HTTP on " + config_.host + ":" + std::to_string(port));
-  }
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  return port;
+  HttpFrontendOptions o;
+  o.host = config_.host;
+  o.port = config_.http_port;
+  o.backlog = config_.http_backlog;
+  o.max_connections = config_.http_max_connections;
+  o.header_timeout = std::chrono::milliseconds(config_.http_header_timeout_ms);
+  o.body_timeout = std::chrono::milliseconds(config_.http_body_timeout_ms);
+  o.max_body_bytes = config_.max_body_bytes;
+  frontend_ = std::make_unique<HttpFrontend>(
+      *server_, o, [this](int status, const std::string& message, const std::string& client) {
+        return refusal(status, message, client);
+      });
+  return frontend_->start();
 }
 
 void HttpApi::stop() {
-  if (thread_.joinable()) {
-    server_->stop();
-    thread_.join();
-  }
+  if (frontend_) frontend_->stop();
+}
+
+std::string HttpApi::refusal(int status, const std::string& message, const std::string& client) {
+  ++metrics_.http_errors;
+  AccessInfo& a = access_info();
+  a = AccessInfo{};
+  a.start = std::chrono::steady_clock::now();
+  a.started = true;
+  a.id = random_id("req-");
+  a.error = message.substr(0, 200);
+  write_access_log("-", "-", status, client);
+  return dump(error_body(status, message));
 }
 
 void HttpApi::install_routes() {
   httplib::Server& s = *server_;
-  // Streams hold a thread each for their whole life; a large pool keeps /health and /metrics
-  // answering while many clients stream (requests beyond it wait for a free thread).
-  s.new_task_queue = [] { return new httplib::ThreadPool(128); };
+  // Sockets, threads and timeouts are HttpFrontend's; cpp-httplib reads a request from memory.
   s.set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
-  s.set_read_timeout(30, 0);
-  s.set_write_timeout(30, 0);
+  s.set_keep_alive_timeout(HttpFrontend::kKeepAliveIdle.count() / 1000);
+  s.set_keep_alive_max_count(HttpFrontend::kRequestsPerConnection);
 
   // Fills in the body of errors cpp-httplib produces itself (404 route, 413 body size, 400).
   // cpp-httplib parses an application/x-www-form-urlencoded body (what `curl -d` sends without
@@ -840,38 +889,8 @@ void HttpApi::install_routes() {
     if (a.started) res.set_header("X-Request-Id", a.id);
   });
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    AccessInfo& a = access_info();
-    const double ms = a.started ? std::chrono::duration<double, std::milli>(
-                                      std::chrono::steady_clock::now() - a.start).count()
-                                : 0.0;
     if (res.status >= 400) ++metrics_.http_errors;
-    std::string line = "access " + req.method + " " + req.path + " " +
-                       std::to_string(res.status) + " " + fmt_ms(ms) + " ms request_id=" +
-                       (a.started ? a.id : "-") + " client=" + req.remote_addr;
-    if (a.prompt_tokens >= 0) {
-      line += " prompt_tokens=" + std::to_string(a.prompt_tokens) +
-              " completion_tokens=" + std::to_string(a.completion_tokens) +
-              " finish=" + (a.finish.empty() ? "-" : a.finish);
-    }
-    if (!a.error.empty()) line += " error=" + json_quote(a.error);
-    std::string fields = "\"method\":" + json_quote(req.method) + ",\"path\":" +
-                         json_quote(req.path) + ",\"status\":" + std::to_string(res.status) +
-                         ",\"latency_ms\":" + fmt_ms(ms) + ",\"request_id\":" +
-                         json_quote(a.started ? a.id : "-") + ",\"client\":" +
-                         json_quote(req.remote_addr);
-    if (a.prompt_tokens >= 0) {
-      fields += ",\"prompt_tokens\":" + std::to_string(a.prompt_tokens) +
-                ",\"completion_tokens\":" + std::to_string(a.completion_tokens) +
-                ",\"finish\":" + json_quote(a.finish);
-    }
-    if (!a.error.empty()) fields += ",\"error\":" + json_quote(a.error);
-    // Probes and scrapes come every few seconds (and /health is 503 while loading): debug
-    // level (--log-level debug shows them).
-    const int level = req.path == "/health" || req.path == "/metrics" ? SPDLOG_LEVEL_DEBUG
-                      : res.status >= 500                            ? SPDLOG_LEVEL_WARN
-                                                                     : SPDLOG_LEVEL_INFO;
-    log_access(level, line, fields);
-    a = AccessInfo{};
+    write_access_log(req.method, req.path, res.status, req.remote_addr);
   });
 
   using Fn = std::function<void(const httplib::Request&, httplib::Response&)>;
@@ -888,6 +907,13 @@ void HttpApi::install_routes() {
         send_error(res, 500, "internal error");
       }
     };
+  };
+
+  // Text over the prompt byte limit is refused before the tokenizer spends time on it.
+  auto check_prompt_text = [this](size_t bytes, const char* param) {
+    if (auto e = scheduler_.check_prompt_text(bytes)) {
+      throw HttpError{http_status(e->code), e->message, "", param};
+    }
   };
 
   s.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
@@ -943,12 +969,13 @@ void HttpApi::install_routes() {
     }
     send_json(res, 200, {{"prompt", tokenizer_.decode(v)}});
   }));
-  s.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/tokenize", guarded([this, check_prompt_text](const httplib::Request& req, httplib::Response& res) {
     const json body = parse_body(req);
     const json* text = field(body, "prompt");
     if (!text) text = field(body, "text");
     if (!text || !text->is_string()) bad_field("prompt", "a string");
     const bool special = get_bool(body, "add_special_tokens", true);
+    check_prompt_text(text->get<std::string>().size(), "prompt");
     const auto ids = encode_or_throw(tokenizer_, text->get<std::string>(), special);
     send_json(res, 200, {{"tokens", ids},
                          {"count", ids.size()},
@@ -956,7 +983,7 @@ void HttpApi::install_routes() {
   }));
 
   // Both OpenAI endpoints: build the request, submit, then stream or collect.
-  auto serve = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
+  auto serve = [this, check_prompt_text](const httplib::Request& req, httplib::Response& res, bool chat) {
     const json body = parse_body(req);
     CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
     std::vector<std::vector<int32_t>> prompts(1);
@@ -965,6 +992,7 @@ void HttpApi::install_routes() {
       const json* msgs = field(body, "messages");
       if (!msgs || !msgs->is_array()) bad_field("messages", "an array of messages");
       std::vector<std::string> roles, contents;
+      size_t text_bytes = 0;
       for (const auto& m : *msgs) {
         if (!m.is_object()) bad_field("messages", "an array of {role, content} objects");
         const json* role = field(m, "role");
@@ -983,9 +1011,11 @@ void HttpApi::install_routes() {
         } else {
           bad_field("messages", "objects with a string 'content'");
         }
+        text_bytes += text.size();
         roles.push_back(role->get<std::string>());
         contents.push_back(std::move(text));
       }
+      check_prompt_text(text_bytes, "messages");
       auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
       if (!ids.ok()) throw HttpError{400, ids.message(), "", "messages"};
       prompts[0] = ids.take();
@@ -1010,6 +1040,7 @@ void HttpApi::install_routes() {
         if (one->is_string()) {
           const std::string text = one->get<std::string>();
           if (text.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
+          check_prompt_text(text.size(), "prompt");
           prompt = encode_or_throw(tokenizer_, text, true);
           echoes[i] = text;
         } else if (one->is_array()) {
@@ -1109,9 +1140,22 @@ void HttpApi::install_routes() {
           });
       return;
     }
+    // Nothing is written until the end, so a client that leaves is found by polling its socket
+    // between events; its sequences are then cancelled as a departed stream's are (their KV
+    // pages are freed at the next step, not after a generation nobody reads).
+    constexpr auto kDisconnectPoll = std::chrono::milliseconds(100);
+    auto next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
     for (Choice& c : choices) {
       while (!c.finished) {
-        auto ev = c.stream->next(std::chrono::milliseconds(1000));
+        if (std::chrono::steady_clock::now() >= next_poll) {
+          if (client_disconnected()) {
+            cancel_all(choices);
+            send_error(res, 499, "the client closed the connection; the request was cancelled");
+            return;
+          }
+          next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
+        }
+        auto ev = c.stream->next(kDisconnectPoll);
         if (!ev) continue;
         if (ev->kind == Event::Kind::kPromptLogprobs) c.acc.add_prompt_event(*ev, c.first_token);
         if (ev->kind == Event::Kind::kToken) {

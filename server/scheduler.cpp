@@ -138,6 +138,17 @@ std::string Scheduler::waiting_status() const {
   return options_.group.registry->waiting_status();
 }
 
+std::optional<ApiError> Scheduler::check_prompt_text(size_t bytes) {
+  const int64_t limit = options_.max_prompt_bytes;
+  if (limit <= 0 || static_cast<int64_t>(bytes) <= limit) return std::nullopt;
+  ++metrics_.requests_rejected;
+  return ApiError{ErrorCode::kTooLarge,
+                  "the prompt is " + std::to_string(bytes) + " bytes of text, over the limit of " +
+                      std::to_string(limit) + " bytes (--max-prompt-bytes; by default the most "
+                      "text " + std::to_string(options_.max_context) +
+                      " tokens of context can hold); it was not tokenized"};
+}
+
 std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* error) {
   auto refuse = [&](ErrorCode code, std::string msg) -> std::shared_ptr<RequestStream> {
     *error = {code, std::move(msg)};

@@ -52,6 +52,11 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"max_batched_tokens", {K::kInt64, &c->max_batched_tokens}},
       {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
       {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
+      {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
+      {"http_backlog", {K::kInt, &c->http_backlog}},
+      {"http_max_connections", {K::kInt, &c->http_max_connections}},
+      {"http_header_timeout_ms", {K::kInt, &c->http_header_timeout_ms}},
+      {"http_body_timeout_ms", {K::kInt, &c->http_body_timeout_ms}},
       {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
       {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
       {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
@@ -108,6 +113,12 @@ Status validate(const ServerConfig& c) {
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
   if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
+  if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");
+  if (c.http_backlog < 1) return Status::error("http_backlog must be >= 1");
+  if (c.http_max_connections < 1) return Status::error("http_max_connections must be >= 1");
+  if (c.http_header_timeout_ms < 10 || c.http_body_timeout_ms < 10) {
+    return Status::error("http_header_timeout_ms and http_body_timeout_ms must be >= 10");
+  }
   if (c.remote_workers < 0 || c.remote_workers > 64) {
     return Status::error("remote_workers must be in 0..64");
   }

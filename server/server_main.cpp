@@ -123,6 +123,11 @@ int main(int argc, char** argv) {
   if (cfg.max_context == 0) cfg.max_context = model_cfg.value().max_position_embeddings;
   if (cfg.kv_capacity == 0) cfg.kv_capacity = cfg.max_context;
   if (cfg.max_tokens_limit == 0) cfg.max_tokens_limit = static_cast<int>(cfg.kv_capacity);
+  // No token stands for more text than the vocabulary's longest piece, so longer text can never
+  // fit max_context tokens: refusing it untokenized never refuses a prompt that would fit.
+  if (cfg.max_prompt_bytes == 0) {
+    cfg.max_prompt_bytes = cfg.max_context * static_cast<int64_t>(tokenizer->max_piece_bytes());
+  }
 
   SchedulerOptions so;
   so.group.model = cfg.preset.empty()
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
   so.group.layout = cfg.layout == "contiguous" ? engine::ShardLayout::kContiguous
                                                : engine::ShardLayout::kZigzag;
   so.max_context = cfg.max_context;
+  so.max_prompt_bytes = cfg.max_prompt_bytes;
   so.max_tokens_limit = cfg.max_tokens_limit;
   so.max_queue = cfg.max_queue;
   so.max_running = cfg.max_running;
@@ -192,14 +198,15 @@ int main(int argc, char** argv) {
     grpc_port = p.value();
   }
   spdlog::info("serving model '{}' ({}): HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, "
-               "max context {}, KV capacity {}, auth {}",
+               "max context {}, KV capacity {}, prompt text limit {} bytes, auth {}",
                cfg.model_name,
                cfg.preset.empty() ? cfg.model
                                   : "preset " + cfg.preset + ", random weights, seed " +
                                         std::to_string(cfg.random_weights),
                cfg.host, http_port, cfg.host, grpc_port,
                registry ? cfg.remote_workers : cfg.workers,
-               cfg.device, cfg.max_context, cfg.kv_capacity, cfg.api_key.empty() ? "off" : "on");
+               cfg.device, cfg.max_context, cfg.kv_capacity, cfg.max_prompt_bytes,
+               cfg.api_key.empty() ? "off" : "on");
   if (!cfg.port_file.empty()) {
     // Written whole then renamed, so a reader never sees half a file.
     const std::string tmp = cfg.port_file + ".tmp";

@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -274,6 +275,14 @@ std::string Tokenizer::piece_text(int id) const {
     }
   }
   return out;
+}
+
+size_t Tokenizer::max_piece_bytes() const {
+  size_t longest = 1;
+  for (int id = 0; id < vocab_size(); ++id) {
+    if (!is_byte(id)) longest = std::max(longest, piece_text(id).size());
+  }
+  return longest;
 }
 
 std::string Tokenizer::piece(int id) const {

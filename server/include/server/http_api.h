@@ -3,34 +3,37 @@
 // comments while no token is ready, optional `event: progress` events, data: [DONE]) or not;
 // GET /v1/models, GET /health (503 while loading, unhealthy or draining), POST /tokenize, GET
 // /metrics (Prometheus). Every error is an OpenAI-style object {"error": {"message", "type",
-// "param", "code"}} with 400/401/404/413/503/500. A client that disconnects mid-stream cancels
-// its request at the next token. Handlers catch everything: no exception reaches cpp-httplib.
+// "param", "code"}} with 400/401/404/413/503/500. A client that disconnects cancels its request
+// (a stream at its next write, a non-streaming request within 100 ms). Handlers catch
+// everything: no exception reaches cpp-httplib. Connections, deadlines and framing belong to
+// HttpFrontend (http_frontend.h); cpp-httplib parses and routes each request it is handed.
 #pragma once
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "server/server_config.h"
 #include "server/tokenizer.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace burst::server {
+
+class HttpRouter;
+class HttpFrontend;
 
 class HttpApi {
  public:
   HttpApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer,
           Metrics& metrics);
   ~HttpApi();
-  // Binds config.host:config.http_port (0: any free port) and serves on a background thread.
+  // Binds config.host:config.http_port (0: any free port) and serves on background threads.
   Result<int> start();
   // Stops listening and waits for the handlers in progress.
   void stop();
+  // The OpenAI-style error body for a refusal the front end writes itself (over the connection
+  // limit, a timeout, bad framing), counted and access-logged like any error response.
+  std::string refusal(int status, const std::string& message, const std::string& client);
 
  private:
   void install_routes();
@@ -39,8 +42,8 @@ class HttpApi {
   Scheduler& scheduler_;
   const Tokenizer& tokenizer_;
   Metrics& metrics_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<HttpRouter> server_;
+  std::unique_ptr<HttpFrontend> frontend_;
 };
 
 // The LLaMA-2 chat template (Meta's reference `chat_completion`): an optional system message

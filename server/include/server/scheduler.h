@@ -121,6 +121,7 @@ struct SchedulerOptions {
   int vocab_size = 0;  // prompt ids must be below it (the model's config)
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk / 4)
   int max_running = 64;            // sequences in flight at once
+  int64_t max_prompt_bytes = 0;    // prompt text beyond this is refused untokenized; 0: no limit
 };
 
 // KV pages each rank needs for a request of `prompt` tokens and `max_tokens` new ones, prefilled
@@ -138,6 +139,10 @@ class Scheduler {
 
   // Validates and queues; on refusal returns nullptr and sets *error.
   std::shared_ptr<RequestStream> submit(ScheduledRequest request, ApiError* error);
+  // The check both APIs make on prompt text before tokenizing it (tokenizing megabytes costs
+  // seconds of CPU): more than max_prompt_bytes is kTooLarge, naming both sizes.
+  std::optional<ApiError> check_prompt_text(size_t bytes);
+  int64_t max_prompt_bytes() const { return options_.max_prompt_bytes; }
   // True once the worker group serves and while it stays up.
   bool healthy() const { return healthy_.load(); }
   bool draining() const { return draining_.load(); }

@@ -48,6 +48,14 @@ struct ServerConfig {
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk/4)
   int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: 256 on cpu, 8192 on cuda
   int64_t max_body_bytes = 8 << 20;
+  // Prompt text (bytes) refused before tokenizing; 0: max_context x the tokenizer's longest
+  // piece, the most text max_context tokens can stand for.
+  int64_t max_prompt_bytes = 0;
+  // The HTTP front end (http_frontend.h).
+  int http_backlog = 1024;           // listen() backlog (the kernel caps it at somaxconn)
+  int http_max_connections = 512;    // beyond: 503 at once
+  int http_header_timeout_ms = 10000;  // a request's head must arrive within this
+  int http_body_timeout_ms = 30000;    // its body within this after the head
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
   int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
   int start_timeout_ms = 120000;
@@ -65,6 +73,8 @@ constexpr const char* kServerUsage =
                     [--port-file FILE] [--api-key KEY] [--max-context N] [--kv-capacity N]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--max-body-bytes B]
+                    [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
+                    [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
                     [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
                     [--log-level LEVEL] [--log-format text|json]
                     [--remote-workers N [--worker-listen HOST:PORT]] [--version] [--help]
@@ -99,6 +109,15 @@ constexpr const char* kServerUsage =
   --max-batched-tokens T  tokens per engine step (0: chunk + max(max-running, chunk / 4))
   --prefill-chunk T prompt tokens per prefill chunk (0: 256 on CPU, 8192 on CUDA)
   --max-body-bytes B  largest HTTP request body (default 8 MiB)
+  --max-prompt-bytes B  prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is
+                    tokenized (0, the default: max context x the longest token's text, the most
+                    text that can fit the context)
+  --http-backlog N  listen backlog of the HTTP socket (default 1024; capped by the kernel's
+                    net.core.somaxconn)
+  --http-max-connections N  open HTTP connections at most; more get 503 at once (default 512)
+  --http-header-timeout-ms MS  a request's head must arrive within this (from its first byte;
+                    from the accept for a connection's first request), else 408 (default 10000)
+  --http-body-timeout-ms MS  its body within this after the head, else 408 (default 30000)
   --keepalive-ms MS SSE keep-alive comment interval while no token is ready (default 5000)
   --drain-timeout-ms MS  SIGTERM: how long requests in flight may finish (default 30000)
   --start-timeout-ms MS  how long the worker group may take to start (default 120000)

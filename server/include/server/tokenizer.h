@@ -33,6 +33,10 @@ class Tokenizer {
   std::string piece(int id) const;  // empty for an id outside [0, vocab_size)
   // piece(id) with SentencePiece's word marker U+2581 shown as a space (what logprobs print).
   std::string piece_text(int id) const;
+  // The most input bytes one token can stand for: the longest piece_text (a byte piece: 1).
+  // With SentencePiece's identity normaliser (LLaMA's) text of B bytes needs at least
+  // B / max_piece_bytes() tokens, which bounds prompt text by bytes before tokenizing it.
+  size_t max_piece_bytes() const;
 
   struct Module;  // the loaded libburst_spm.so (one per process, tokenizer.cpp)
 

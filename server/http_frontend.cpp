@@ -1,0 +1,645 @@
+#include "server/http_frontend.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace burst::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxHeadBytes = 64 * 1024;
+constexpr int kMaxHeaderLines = 100;
+// A refused connection's answer is written, its sending side shut, and its socket kept until
+// the client's EOF or this long: closing with unread bytes would reset the connection, and the
+// client might lose the answer.
+constexpr auto kLinger = std::chrono::milliseconds(1000);
+
+// The request a handler runs for on this thread (client_disconnected()).
+thread_local int t_connection_fd = -1;
+
+int ms_until(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// RFC 9110 token characters (header names, methods).
+bool is_tchar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) ||
+         std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
+}
+
+// A printable quote of a client's bytes for an error message.
+std::string quoted(std::string_view s) {
+  std::string out = "'";
+  for (char c : s.substr(0, 60)) {
+    out += c >= 0x20 && c < 0x7f ? std::string(1, c) : "\\x" + [&] {
+      char b[4];
+      std::snprintf(b, sizeof(b), "%02x", static_cast<unsigned char>(c));
+      return std::string(b);
+    }();
+  }
+  return out + (s.size() > 60 ? "...'" : "'");
+}
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 400: return "Bad Request";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Error";
+  }
+}
+
+// Waits until fd is readable, the front end stops, or the deadline: 1 readable, 0 timeout or
+// stop, -1 error.
+int wait_readable(int fd, int wake_fd, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const int n = poll(p, 2, ms_until(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (p[1].revents != 0) return 0;
+    if (p[0].revents != 0) return 1;
+    if (Clock::now() >= deadline) return 0;
+  }
+}
+
+bool send_all(int fd, std::string_view data, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p = {fd, POLLOUT, 0};
+      if (poll(&p, 1, ms_until(deadline)) <= 0 || (p.revents & (POLLERR | POLLHUP)) != 0) {
+        return false;
+      }
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+std::string peer_address(int fd, int* port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  *port = -1;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv,
+                  sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "";
+  }
+  *port = std::atoi(serv);
+  return host;
+}
+
+// One request's bytes for cpp-httplib: reads never go past them (so it can never take a byte
+// of the next pipelined request); writes go to the socket under the write timeout.
+class OneRequestStream : public httplib::Stream {
+ public:
+  OneRequestStream(int fd, std::string_view request, std::chrono::milliseconds write_timeout,
+                   const std::string& ip, int port)
+      : fd_(fd), request_(request), write_timeout_(write_timeout), ip_(ip), port_(port) {}
+
+  bool is_readable() const override { return pos_ < request_.size(); }
+  bool is_writable() const override {
+    pollfd p = {fd_, POLLOUT, 0};
+    const int n = poll(&p, 1, static_cast<int>(write_timeout_.count()));
+    return n > 0 && (p.revents & (POLLERR | POLLHUP)) == 0;
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, request_.size() - pos_);
+    std::memcpy(ptr, request_.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    return send_all(fd_, std::string_view(ptr, size), write_timeout_) ? static_cast<ssize_t>(size)
+                                                                      : -1;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = ip_;
+    port = port_;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip.clear();
+    port = -1;
+  }
+  // cpp-httplib reads this only to refuse descriptors beyond select()'s FD_SETSIZE; this stream
+  // never selects (its socket is polled), so it names no descriptor.
+  socket_t socket() const override { return -1; }
+
+ private:
+  int fd_;
+  std::string_view request_;
+  size_t pos_ = 0;
+  std::chrono::milliseconds write_timeout_;
+  std::string ip_;
+  int port_;
+};
+
+std::string canned_response(int status, const std::string& body) {
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
+         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n" + (status == 503 ? "Retry-After: 1\r\n" : "") + "\r\n" +
+         body;
+}
+
+}  // namespace
+
+RequestHead parse_request_head(std::string_view head) {
+  RequestHead h;
+  auto bad = [&](int status, std::string message) {
+    h.status = status;
+    h.message = std::move(message);
+    return h;
+  };
+  h.head_bytes = head.size();
+  // Every line ends with CRLF; a lone CR or LF is how one parser's line becomes two of another's.
+  for (size_t i = 0; i < head.size(); ++i) {
+    if (head[i] == '\r' && (i + 1 >= head.size() || head[i + 1] != '\n')) {
+      return bad(400, "a bare CR in the request head (lines must end with CRLF)");
+    }
+    if (head[i] == '\n' && (i == 0 || head[i - 1] != '\r')) {
+      return bad(400, "a bare LF in the request head (lines must end with CRLF)");
+    }
+  }
+  std::vector<std::string_view> lines;
+  for (size_t pos = 0; pos < head.size();) {
+    const size_t eol = head.find("\r\n", pos);
+    if (eol == std::string_view::npos) return bad(400, "the request head does not end in CRLF");
+    lines.push_back(head.substr(pos, eol - pos));
+    pos = eol + 2;
+  }
+  if (lines.size() < 2 || !lines.back().empty()) return bad(400, "incomplete request head");
+  lines.pop_back();
+  const std::string_view request_line = lines[0];
+  const size_t sp1 = request_line.find(' ');
+  const size_t sp2 = sp1 == std::string_view::npos ? sp1 : request_line.find(' ', sp1 + 1);
+  if (sp1 == 0 || sp2 == std::string_view::npos || sp2 == sp1 + 1 ||
+      request_line.find(' ', sp2 + 1) != std::string_view::npos) {
+    return bad(400, "malformed request line " + quoted(request_line) +
+                        " (want METHOD SP TARGET SP HTTP/1.1)");
+  }
+  const std::string_view version = request_line.substr(sp2 + 1);
+  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
+    if (version.size() == 8 && version.substr(0, 5) == "HTTP/") {
+      return bad(505, "HTTP version " + quoted(version) + " is not supported (HTTP/1.1, 1.0)");
+    }
+    return bad(400, "malformed request line " + quoted(request_line));
+  }
+  if (lines.size() - 1 > kMaxHeaderLines) {
+    return bad(431, "more than " + std::to_string(kMaxHeaderLines) + " header lines");
+  }
+  int content_lengths = 0, transfer_encodings = 0;
+  size_t offset = lines[0].size() + 2;
+  for (size_t i = 1; i < lines.size(); offset += lines[i].size() + 2, ++i) {
+    const std::string_view line = lines[i];
+    if (line.front() == ' ' || line.front() == '\t') {
+      return bad(400, "header line " + std::to_string(i) + " " + quoted(line) +
+                          " starts with whitespace (obsolete line folding is refused)");
+    }
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) {
+      return bad(400, "header line " + std::to_string(i) + " " + quoted(line) + " has no colon");
+    }
+    const std::string_view name = line.substr(0, colon);
+    if (name.empty() || !std::all_of(name.begin(), name.end(), is_tchar)) {
+      return bad(400, "header name " + quoted(name) + " is not a token (whitespace before the "
+                          "colon or a character a header name cannot hold)");
+    }
+    const std::string_view value = trim_ows(line.substr(colon + 1));
+    for (char c : value) {
+      const auto u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\t') || u == 0x7f) {
+        return bad(400, "header " + quoted(name) + " holds a control character");
+      }
+    }
+    const std::string key = lower(name);
+    if (key == "content-length") {
+      if (++content_lengths > 1) return bad(400, "more than one Content-Length header");
+      if (value.empty() || value.size() > 18 ||
+          !std::all_of(value.begin(), value.end(),
+                       [](char c) { return c >= '0' && c <= '9'; })) {
+        return bad(400, "Content-Length " + quoted(value) + " is not a number of bytes");
+      }
+      h.content_length = std::stoll(std::string(value));
+    } else if (key == "transfer-encoding") {
+      if (++transfer_encodings > 1) return bad(400, "more than one Transfer-Encoding header");
+      if (lower(value) != "chunked") {
+        return bad(501, "Transfer-Encoding " + quoted(value) + " is not supported (only "
+                            "chunked)");
+      }
+      h.chunked = true;
+    } else if (key == "expect") {
+      if (lower(value) != "100-continue") {
+        return bad(417, "Expect " + quoted(value) + " is not supported (only 100-continue)");
+      }
+      h.expect_continue = true;
+      h.expect_begin = offset;
+      h.expect_end = offset + line.size() + 2;
+    }
+  }
+  if (content_lengths > 0 && h.chunked) {
+    return bad(400, "Content-Length together with Transfer-Encoding: chunked (a request "
+                    "smuggling pattern) is refused");
+  }
+  if (h.chunked && version == "HTTP/1.0") {
+    return bad(400, "Transfer-Encoding in an HTTP/1.0 request is refused");
+  }
+  return h;
+}
+
+ChunkScan scan_chunked_body(std::string_view data, int64_t max_body, size_t* end,
+                            std::string* why) {
+  size_t pos = 0;
+  int64_t total = 0;
+  for (;;) {
+    const size_t eol = data.find("\r\n", pos);
+    if (eol == std::string_view::npos) {
+      if (data.size() - pos > 1024) {
+        *why = "a chunk-size line over 1024 bytes";
+        return ChunkScan::kBad;
+      }
+      return ChunkScan::kNeedMore;
+    }
+    std::string_view size_text = data.substr(pos, eol - pos);
+    size_text = size_text.substr(0, size_text.find(';'));  // chunk extensions are ignored
+    int64_t size = 0;
+    if (size_text.empty() || size_text.size() > 15) {
+      *why = "bad chunk size " + quoted(size_text);
+      return ChunkScan::kBad;
+    }
+    for (char c : size_text) {
+      const int d = std::isxdigit(static_cast<unsigned char>(c))
+                        ? (std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                                                                        : std::tolower(c) - 'a' + 10)
+                        : -1;
+      if (d < 0) {
+        *why = "bad chunk size " + quoted(size_text);
+        return ChunkScan::kBad;
+      }
+      size = size * 16 + d;
+    }
+    total += size;
+    if (total > max_body) {
+      *why = "over " + std::to_string(max_body) + " bytes";
+      return ChunkScan::kTooLarge;
+    }
+    pos = eol + 2;
+    if (size == 0) {
+      if (data.size() < pos + 2) return ChunkScan::kNeedMore;
+      if (data.substr(pos, 2) != "\r\n") {
+        *why = "trailer fields after the last chunk are not supported";
+        return ChunkScan::kBad;
+      }
+      *end = pos + 2;
+      return ChunkScan::kDone;
+    }
+    if (data.size() < pos + static_cast<size_t>(size) + 2) return ChunkScan::kNeedMore;
+    if (data.substr(pos + static_cast<size_t>(size), 2) != "\r\n") {
+      *why = "a chunk's data is not followed by CRLF";
+      return ChunkScan::kBad;
+    }
+    pos += static_cast<size_t>(size) + 2;
+  }
+}
+
+bool client_disconnected() {
+  const int fd = t_connection_fd;
+  if (fd < 0) return false;
+  pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLERR | POLLHUP | POLLRDHUP)) != 0) return true;
+  // Readable: bytes of a pipelined request, or the EOF of a closed connection.
+  char byte;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+HttpFrontend::HttpFrontend(HttpRouter& router, HttpFrontendOptions options, HttpRefusal refusal)
+    : router_(router), options_(std::move(options)), refusal_(std::move(refusal)) {}
+
+HttpFrontend::~HttpFrontend() { stop(); }
+
+Result<int> HttpFrontend::start() {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(options_.port);
+  const std::string where = options_.host + ":" + port;
+  if (const int rc = getaddrinfo(options_.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return Status::error("cannot bind HTTP on " + where + ": " + gai_strerror(rc));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, options_.backlog) != 0) {
+      why = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    listen_fd_ = fd;
+  }
+  freeaddrinfo(found);
+  if (listen_fd_ < 0) return Status::error("cannot bind HTTP on " + where + ": " + why);
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int bound = ntohs(addr.ss_family == AF_INET6
+                              ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                              : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) return Status::error(std::string("eventfd: ") + std::strerror(errno));
+  router_.set_listening(listen_fd_);
+  acceptor_ = std::thread([this] { accept_loop(); });
+  rejecter_ = std::thread([this] { reject_loop(); });
+  return bound;
+}
+
+void HttpFrontend::stop() {
+  if (listen_fd_ < 0 || stopping_.exchange(true)) return;
+  router_.set_listening(-1);  // streams in progress end at their next write
+  const uint64_t one = 1;
+  if (::write(wake_fd_, &one, sizeof(one)) < 0) spdlog::warn("HTTP: cannot wake the front end");
+  cv_.notify_all();
+  acceptor_.join();
+  rejecter_.join();
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    workers.swap(workers_);
+  }
+  for (auto& t : workers) t.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+void HttpFrontend::accept_loop() {
+  while (!stopping_) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR) break;
+    if (p[1].revents != 0) break;
+    if (p[0].revents == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: the connection stays in the backlog until one frees up.
+        spdlog::warn("HTTP accept: {}", std::strerror(errno));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // SSE tokens go out at once
+    if (active_.load() >= options_.max_connections) {
+      int port = -1;
+      refuse(fd, 503, "too many connections: this server serves at most " +
+                          std::to_string(options_.max_connections) +
+                          " at once (--http-max-connections); retry",
+             peer_address(fd, &port));
+      continue;
+    }
+    ++active_;
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(fd);
+    // A connection holds its worker for its whole life (a stream runs on it); active_ bounds
+    // both, so a worker is started whenever none is idle.
+    if (idle_workers_ < static_cast<int>(pending_.size())) {
+      workers_.emplace_back([this] { worker_loop(); });
+      ++idle_workers_;
+    }
+    cv_.notify_one();
+  }
+}
+
+void HttpFrontend::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) break;  // stopping
+    const int fd = pending_.front();
+    pending_.pop_front();
+    --idle_workers_;
+    lock.unlock();
+    serve(fd);
+    ::close(fd);
+    --active_;
+    lock.lock();
+    ++idle_workers_;
+  }
+}
+
+void HttpFrontend::refuse(int fd, int status, const std::string& message,
+                          const std::string& client) {
+  // A fresh socket's send buffer takes the short answer at once: the accept loop never waits.
+  const std::string response = canned_response(status, refusal_(status, message, client));
+  send_all(fd, response, std::chrono::milliseconds(0));
+  shutdown(fd, SHUT_WR);
+  std::lock_guard<std::mutex> lock(mu_);
+  rejected_.push_back(fd);
+}
+
+void HttpFrontend::reject_loop() {
+  // Refused connections, each kept until its client's EOF or kLinger.
+  std::vector<std::pair<int, Clock::time_point>> open;
+  std::vector<pollfd> p;
+  while (!stopping_ || !open.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : rejected_) open.emplace_back(fd, Clock::now() + kLinger);
+      rejected_.clear();
+    }
+    p.assign(1, {wake_fd_, POLLIN, 0});
+    for (const auto& [fd, t] : open) p.push_back({fd, POLLIN, 0});
+    poll(p.data(), p.size(), 50);
+    std::vector<std::pair<int, Clock::time_point>> keep;
+    for (size_t i = 0; i < open.size(); ++i) {
+      bool done = stopping_ || Clock::now() >= open[i].second;
+      if (!done && p[i + 1].revents != 0) {
+        char sink[4096];
+        const ssize_t n = ::recv(open[i].first, sink, sizeof(sink), MSG_DONTWAIT);
+        done = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+      }
+      if (done) {
+        ::close(open[i].first);
+      } else {
+        keep.push_back(open[i]);
+      }
+    }
+    open.swap(keep);
+    if (stopping_ && open.empty()) break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int fd : rejected_) ::close(fd);
+  rejected_.clear();
+}
+
+void HttpFrontend::serve(int fd) {
+  int port = -1;
+  const std::string ip = peer_address(fd, &port);
+  std::string in;  // bytes received and not yet served (pipelined requests wait here)
+  // A connection's first request has header_timeout from the accept; later ones may idle
+  // kKeepAliveIdle before their first byte, then have header_timeout.
+  Clock::time_point deadline = Clock::now() + options_.header_timeout;
+  bool idle = false;
+  // Reads more bytes until `deadline`: false on EOF, timeout, stop or error (*timed_out says
+  // which).
+  auto receive = [&](bool* timed_out) {
+    *timed_out = false;
+    const int r = wait_readable(fd, wake_fd_, deadline);
+    if (r == 0) {
+      *timed_out = !stopping_;
+      return false;
+    }
+    if (r < 0) return false;
+    char buf[64 * 1024];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+    if (n <= 0) return false;
+    in.append(buf, static_cast<size_t>(n));
+    return true;
+  };
+  auto refuse_here = [&](int status, const std::string& message) {
+    send_all(fd, canned_response(status, refusal_(status, message, ip)), options_.write_timeout);
+    shutdown(fd, SHUT_WR);
+    // Waits briefly for the client's EOF so that unread bytes do not reset the connection.
+    deadline = Clock::now() + kLinger;
+    bool t = false;
+    in.clear();
+    while (receive(&t)) in.clear();
+  };
+
+  for (int served = 0; served < kRequestsPerConnection && !stopping_; ++served) {
+    if (served > 0 && in.empty()) {
+      deadline = Clock::now() + HttpFrontend::kKeepAliveIdle;
+      idle = true;
+    }
+    size_t head_end = std::string::npos;
+    bool timed_out = false;
+    for (;;) {
+      // Empty lines before a request line are ignored (RFC 9112 2.2: some clients send a CRLF
+      // after a body).
+      while (in.compare(0, 2, "\r\n") == 0) in.erase(0, 2);
+      if ((head_end = in.find("\r\n\r\n")) != std::string::npos) break;
+      if (in.size() > kMaxHeadBytes) {
+        return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
+                                    " bytes");
+      }
+      if (!receive(&timed_out)) {
+        // An idle keep-alive connection simply closes; a started request is told why.
+        if (timed_out && !(idle && in.empty())) {
+          refuse_here(408, "the request head did not arrive within " +
+                               std::to_string(options_.header_timeout.count()) +
+                               " ms (--http-header-timeout-ms)");
+        }
+        return;
+      }
+      if (idle) {
+        idle = false;
+        deadline = Clock::now() + options_.header_timeout;
+      }
+    }
+    if (head_end + 4 > kMaxHeadBytes) {
+      return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
+                                  " bytes");
+    }
+    const RequestHead head = parse_request_head(std::string_view(in).substr(0, head_end + 4));
+    if (head.status != 0) return refuse_here(head.status, head.message);
+    if (head.content_length > options_.max_body_bytes) {
+      return refuse_here(413, "the request body (" + std::to_string(head.content_length) +
+                                  " bytes) is over the size limit (" +
+                                  std::to_string(options_.max_body_bytes) + " bytes)");
+    }
+    const size_t body_at = head.head_bytes;
+    const bool has_body = head.chunked || head.content_length > 0;
+    if (head.expect_continue && has_body && in.size() == body_at) {
+      send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", options_.write_timeout);
+    }
+    deadline = Clock::now() + options_.body_timeout;
+    size_t body_bytes = 0;
+    for (;;) {
+      if (head.chunked) {
+        std::string why;
+        const ChunkScan s = scan_chunked_body(std::string_view(in).substr(body_at),
+                                              options_.max_body_bytes, &body_bytes, &why);
+        if (s == ChunkScan::kBad) return refuse_here(400, "malformed chunked body: " + why);
+        if (s == ChunkScan::kTooLarge) {
+          return refuse_here(413, "the request body is over the size limit (" +
+                                      std::to_string(options_.max_body_bytes) + " bytes)");
+        }
+        if (s == ChunkScan::kDone) break;
+      } else {
+        body_bytes = static_cast<size_t>(head.content_length);
+        if (in.size() >= body_at + body_bytes) break;
+      }
+      if (!receive(&timed_out)) {
+        if (timed_out) {
+          refuse_here(408, "the request body did not arrive within " +
+                               std::to_string(options_.body_timeout.count()) +
+                               " ms (--http-body-timeout-ms)");
+        }
+        return;
+      }
+    }
+    // cpp-httplib would answer Expect itself a second time: the line is left out.
+    std::string request;
+    const size_t total = body_at + body_bytes;
+    if (head.expect_continue) {
+      request = in.substr(0, head.expect_begin) + in.substr(head.expect_end, total - head.expect_end);
+    } else {
+      request = in.substr(0, total);
+    }
+    in.erase(0, total);
+    const bool last = served + 1 >= kRequestsPerConnection || stopping_;
+    bool closed = false;
+    OneRequestStream stream(fd, request, options_.write_timeout, ip, port);
+    t_connection_fd = fd;
+    const bool ok = router_.process_request(stream, last, closed, nullptr);
+    t_connection_fd = -1;
+    if (!ok || closed || last) return;
+  }
+}
+
+}  // namespace burst::server
