@@ -563,6 +563,12 @@ void HttpFrontend::serve(int fd) {
       // after a body).
       while (in.compare(0, 2, "\r\n") == 0) in.erase(0, 2);
       if ((head_end = in.find("\r\n\r\n")) != std::string::npos) break;
+      // A head with a bare LF never ends in CRLF CRLF: refused now, not after the deadline.
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (in[i] == '\n' && (i == 0 || in[i - 1] != '\r')) {
+          return refuse_here(400, "a bare LF in the request head (lines must end with CRLF)");
+        }
+      }
       if (in.size() > kMaxHeadBytes) {
         return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
                                     " bytes");
@@ -592,12 +598,13 @@ void HttpFrontend::serve(int fd) {
                                   " bytes) is over the size limit (" +
                                   std::to_string(options_.max_body_bytes) + " bytes)");
     }
-    const size_t body_at = head.head_bytes;
+    size_t body_at = head.head_bytes;
     const bool has_body = head.chunked || head.content_length > 0;
     if (head.expect_continue && has_body && in.size() == body_at) {
       send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", options_.write_timeout);
     }
     deadline = Clock::now() + options_.body_timeout;
+    if (!head.chunked) in.reserve(body_at + static_cast<size_t>(head.content_length));
     size_t body_bytes = 0;
     for (;;) {
       if (head.chunked) {
@@ -624,20 +631,20 @@ void HttpFrontend::serve(int fd) {
       }
     }
     // cpp-httplib would answer Expect itself a second time: the line is left out.
-    std::string request;
-    const size_t total = body_at + body_bytes;
     if (head.expect_continue) {
-      request = in.substr(0, head.expect_begin) + in.substr(head.expect_end, total - head.expect_end);
-    } else {
-      request = in.substr(0, total);
+      in.erase(head.expect_begin, head.expect_end - head.expect_begin);
+      body_at -= head.expect_end - head.expect_begin;
     }
-    in.erase(0, total);
+    const size_t request_bytes = body_at + body_bytes;
     const bool last = served + 1 >= kRequestsPerConnection || stopping_;
     bool closed = false;
-    OneRequestStream stream(fd, request, options_.write_timeout, ip, port);
+    OneRequestStream stream(fd, std::string_view(in).substr(0, request_bytes),
+                            options_.write_timeout, ip, port);
     t_connection_fd = fd;
     const bool ok = router_.process_request(stream, last, closed, nullptr);
     t_connection_fd = -1;
+    in.erase(0, request_bytes);
+    if (in.capacity() > kMaxHeadBytes && in.size() < kMaxHeadBytes) in.shrink_to_fit();
     if (!ok || closed || last) return;
   }
 }

@@ -6,6 +6,7 @@
 // drain_timeout_ms to finish and are then cancelled, the listeners close, the workers stop, and
 // the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
 // the config and flags, prints the resolved settings and exits (deployment checks, CI).
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -178,6 +179,11 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a process kill
+  // Request bodies of megabytes come and go on many connection threads. glibc raises its mmap
+  // threshold after the first large free, and from then on keeps such buffers in per-thread
+  // arenas: five refused 8 MB prompts left 140 MB resident. A fixed threshold keeps every
+  // allocation of 1 MiB or more mmapped, so it goes back to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
   Metrics metrics;
   metrics.model_name = cfg.model_name;

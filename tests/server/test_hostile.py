@@ -1,0 +1,350 @@
+"""End-to-end tests of burst-server's HTTP front end against bursts and hostile clients, on the
+embedded default (kjv-tiny, 2 CPU workers), with raw sockets where a well-behaved client library
+would hide the fault: the listen backlog and a burst of 64 streams with no reset; 200 slow-header
+clients dropped with 408 while a normal client is served; pipelined requests answered in order;
+smuggling-style framing refused with 400 and the connection closed; a non-streaming client that
+disconnects cancels its request (KV back to 0, the next request not delayed); 8 MB prompts
+refused before tokenizing (HTTP and gRPC) with the server's RSS bounded; the connection limit
+answered with 503. Run: /usr/bin/python3 test_hostile.py --build BUILD_DIR."""
+import http.client
+import json
+import os
+import re
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from harness import PROMPT, ROOT, Server, check, run, sse_events
+
+HEADER_TIMEOUT_MS = 2000
+srv = None
+
+
+def connect(server=None, timeout=30):
+    return socket.create_connection(("127.0.0.1", (server or srv).http_port), timeout=timeout)
+
+
+def read_response(sock_file):
+    """One HTTP/1.1 response from a socket's file: (status, headers dict, body bytes) or None at
+    EOF. Bodies by Content-Length or chunked."""
+    line = sock_file.readline()
+    if not line:
+        return None
+    status = int(line.split()[1])
+    headers = {}
+    while True:
+        h = sock_file.readline().decode().rstrip("\r\n")
+        if not h:
+            break
+        k, v = h.split(":", 1)
+        headers[k.strip().lower()] = v.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            size = int(sock_file.readline().split(b";")[0], 16)
+            chunk = sock_file.read(size + 2)
+            if size == 0:
+                break
+            body += chunk[:-2]
+    else:
+        body = sock_file.read(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def exchange(data, server=None):
+    """Writes raw bytes, reads every response until the server closes: [(status, headers,
+    body)], seconds taken."""
+    t0 = time.time()
+    s = connect(server)
+    s.sendall(data)
+    f = s.makefile("rb")
+    out = []
+    while True:
+        r = read_response(f)
+        if r is None:
+            break
+        out.append(r)
+    s.close()
+    return out, time.time() - t0
+
+
+def completion(body, server=None):
+    return json.dumps({"prompt": PROMPT, "temperature": 0, **body}).encode()
+
+
+def post_bytes(path, body, extra=b""):
+    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
+
+
+def vm_rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise KeyError("VmRSS")
+
+
+def test_backlog_and_burst_of_64_streams():
+    # The listening socket's backlog is what --http-backlog says (ss: Send-Q of a LISTEN socket),
+    # capped by the kernel's somaxconn; cpp-httplib's own was 5.
+    somaxconn = int(open("/proc/sys/net/core/somaxconn").read())
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{srv.http_port}"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    check(int(out[2]) == min(1024, somaxconn), f"listen backlog: {out}")
+    # 64 streams connect at the same moment: every one is answered (no reset, no refusal) and
+    # ends with [DONE].
+    barrier = threading.Barrier(64)
+    results = []
+
+    def one(i):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
+            barrier.wait()
+            c.request("POST", "/v1/completions", body=completion(
+                {"max_tokens": 4, "stream": True}), headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            done = any(d == "[DONE]" for _, d in sse_events(r))
+            results.append((r.status, done))
+            c.close()
+        except Exception as e:  # noqa: BLE001 - a reset is what this test counts
+            results.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failures = [r for r in results if r != (200, True)]
+    check(len(results) == 64 and not failures, f"{len(failures)} of 64 failed: {failures[:5]}")
+
+
+def test_slow_header_clients_are_dropped_while_others_are_served():
+    # 200 clients send a header byte every 0.5 s (more than cpp-httplib's 128-thread pool had):
+    # each is answered 408 once its head is HEADER_TIMEOUT_MS late, and a normal client is
+    # served meanwhile.
+    slow = []
+    for _ in range(200):
+        s = connect()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\n")
+        s.setblocking(False)
+        slow.append(s)
+    t0 = time.time()
+    got = {s: b"" for s in slow}
+    closed = set()
+    served = {}
+
+    def normal():
+        t = time.time()
+        st, _ = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+        served["status"], served["s"] = st, time.time() - t
+
+    n = threading.Thread(target=normal)
+    n.start()
+    while len(closed) < len(slow) and time.time() - t0 < HEADER_TIMEOUT_MS / 1000 + 8:
+        readable, _, _ = select.select([s for s in slow if s not in closed], [], [], 0.5)
+        for s in readable:
+            try:
+                data = s.recv(4096)
+            except OSError:
+                data = b""
+            got[s] += data
+            if not data:
+                closed.add(s)
+        for s in slow:
+            if s not in closed and not got[s]:
+                try:
+                    s.send(b"X")  # a byte of a header name, never finished
+                except OSError:
+                    pass
+    elapsed = time.time() - t0
+    n.join(30)
+    for s in slow:
+        s.close()
+    answered = sum(1 for s in slow if got[s].startswith(b"HTTP/1.1 408 "))
+    check(answered == 200 and len(closed) == 200,
+          f"{answered} of 200 slow clients got 408, {len(closed)} closed in {elapsed:.1f} s")
+    check(elapsed < HEADER_TIMEOUT_MS / 1000 + 4, f"dropped after {elapsed:.1f} s")
+    check(b"did not arrive within" in got[slow[0]], f"the 408 says why: {got[slow[0]][-300:]}")
+    check(served.get("status") == 200 and served["s"] < 10,
+          f"a normal client is served meanwhile: {served}")
+
+
+def test_pipelined_requests_are_answered_in_order():
+    body = completion({"max_tokens": 3})
+    data = (post_bytes("/v1/completions", body) + b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n" +
+            b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    responses, _ = exchange(data)
+    check([r[0] for r in responses] == [200, 200, 200], f"{[r[:2] for r in responses]}")
+    check(json.loads(responses[0][2])["object"] == "text_completion", "first: the completion")
+    check(json.loads(responses[1][2]) == {"status": "ok"}, "second: /health")
+    check(json.loads(responses[2][2])["object"] == "list", "third: /v1/models")
+    check(responses[2][1].get("connection") == "close", "the last one closes")
+    # A chunked request body, with the next request right behind it.
+    chunked = (b"POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n6\r\n{\"prom\r\n0d\r\npt\": \"hello\"}\r\n"
+               b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    responses, _ = exchange(chunked)
+    check([r[0] for r in responses] == [200, 200], f"chunked: {responses}")
+    check(json.loads(responses[0][2])["count"] == 2, f"chunked body read: {responses[0]}")
+
+
+def test_smuggling_and_malformed_heads_get_400():
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
+    cases = [
+        ("CL + chunked", b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400, "Transfer-Encoding"),
+        ("chunked + CL", b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: "
+         b"chunked\r\nContent-Length: 40\r\n\r\n0\r\n\r\n" + smuggled, 400, "Content-Length"),
+        ("no colon", b"GET /health HTTP/1.1\r\nHost t\r\n\r\n" + smuggled, 400, "no colon"),
+        ("space before colon", b"POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Length : 2\r\n"
+         b"\r\n{}" + smuggled, 400, "not a token"),
+        ("two Content-Lengths", b"POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n"
+         b"Content-Length: 40\r\n\r\n{}" + smuggled, 400, "more than one Content-Length"),
+        ("bad Content-Length", b"POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Length: 2, 2\r\n"
+         b"\r\n{}" + smuggled, 400, "not a number"),
+        ("obs-fold", b"GET /health HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n  folded\r\n\r\n", 400,
+         "folding"),
+        ("bare LF", b"GET /health HTTP/1.1\nHost: t\n\n", 400, "bare LF"),
+        ("bare CR", b"GET /health HTTP/1.1\r\nX-A: 1\r2\r\n\r\n", 400, "bare CR"),
+        ("TE gzip", b"POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n"
+         b"\r\n0\r\n\r\n", 501, "only chunked"),
+        ("bad chunk", b"POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+         b"zz\r\n{}\r\n0\r\n\r\n", 400, "chunk size"),
+        ("HTTP/2.0", b"GET /health HTTP/2.0\r\nHost: t\r\n\r\n", 505, "not supported"),
+        ("garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "request line"),
+    ]
+    for name, data, status, words in cases:
+        responses, secs = exchange(data)
+        check(len(responses) == 1, f"{name}: one response, then close (nothing smuggled): "
+                                   f"{[r[:2] for r in responses]}")
+        st, headers, body = responses[0]
+        msg = json.loads(body)["error"]["message"]
+        check(st == status and words in msg, f"{name}: {st} {msg}")
+        check(headers.get("connection") == "close" and secs < 3, f"{name}: closed at once")
+    st, _ = srv.json("GET", "/health")
+    check(st == 200, "still healthy")
+
+
+def test_disconnected_non_streaming_request_is_cancelled():
+    cancelled0 = srv.metric('burst_requests_total{outcome="cancelled"}')
+    s = connect()
+    s.sendall(post_bytes("/v1/completions",
+                         completion({"max_tokens": 1500, "ignore_eos": True})))
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.metric("burst_kv_cache_used_tokens") == 0:
+        time.sleep(0.05)
+    check(srv.metric("burst_kv_cache_used_tokens") > 0, "the request runs")
+    s.close()
+    t0 = time.time()
+    while time.time() - t0 < 10 and srv.metric("burst_kv_cache_used_tokens") > 0:
+        time.sleep(0.05)
+    freed = time.time() - t0
+    check(srv.metric("burst_kv_cache_used_tokens") == 0 and freed < 3,
+          f"KV freed {freed:.1f} s after the client left")
+    check(srv.metric('burst_requests_total{outcome="cancelled"}') == cancelled0 + 1,
+          "counted as cancelled")
+    t0 = time.time()
+    st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+    check(st == 200 and time.time() - t0 < 5, f"the next request is not delayed: "
+                                               f"{time.time() - t0:.1f} s, {st}")
+
+
+def test_huge_prompts_refused_before_tokenizing():
+    text = ("And God said, Let there be light: and there was light. " * 150000)[:8_000_000]
+    rss0 = vm_rss_kb(srv.proc.pid)
+    bodies = [
+        ("/v1/completions", {"prompt": text, "max_tokens": 1}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, "messages"),
+        ("/tokenize", {"prompt": text}, "prompt"),
+        ("/v1/completions", {"prompt": [PROMPT, text], "max_tokens": 1}, "prompt"),
+        ("/v1/completions", {"prompt": text, "max_tokens": 1}, "prompt"),
+    ]
+    for path, body, param in bodies * 2:
+        t0 = time.time()
+        status, data, _ = srv.request("POST", path, json.dumps(body))
+        secs = time.time() - t0
+        err = json.loads(data)["error"]
+        check(status == 413 and "8000000 bytes" in err["message"] and
+              "--max-prompt-bytes" in err["message"] and err["param"] == param,
+              f"{path}: {status} {err}")
+        check(secs < 1, f"{path}: refused in {secs:.2f} s")
+    grew = vm_rss_kb(srv.proc.pid) - rss0
+    check(grew < 64_000, f"server RSS grew by {grew} KB over 10 refused 8 MB prompts")
+    # The limit is the most text the context can hold: text of exactly the limit reaches the
+    # tokenizer (and is refused by the token count), one byte more is refused untokenized.
+    limit = int(re.search(r"prompt text limit (\d+) bytes", open(srv.log_path).read()).group(1))
+    status, data, _ = srv.request("POST", "/v1/completions",
+                                  json.dumps({"prompt": text[:limit], "max_tokens": 1}))
+    check(status == 400 and "tokens, over the model's limit" in data.decode(),
+          f"at the limit: {status} {data[:200]!r}")
+    status, data, _ = srv.request("POST", "/v1/completions",
+                                  json.dumps({"prompt": text[:limit + 1], "max_tokens": 1}))
+    check(status == 413 and f"{limit + 1} bytes" in data.decode(), f"over: {status}")
+
+
+def test_huge_prompts_refused_over_grpc():
+    out = tempfile.mkdtemp(prefix="burst-pb-")
+    subprocess.run(["protoc", f"--proto_path={os.path.join(ROOT, 'proto')}",
+                    f"--python_out={out}", f"--grpc_out={out}",
+                    "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+                    "burst/v1/burst.proto"], check=True)
+    sys.path.insert(0, out)
+    import grpc
+    from burst.v1 import burst_pb2, burst_pb2_grpc
+    stub = burst_pb2_grpc.BurstStub(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
+    text = "And God said, Let there be light. " * 90000  # 3 MB: under gRPC's 4 MB message limit
+    calls = [
+        lambda: list(stub.Generate(burst_pb2.GenerateRequest(text=text, max_tokens=1))),
+        lambda: list(stub.Chat(burst_pb2.ChatRequest(
+            messages=[burst_pb2.ChatMessage(role="user", content=text)], max_tokens=1))),
+        lambda: stub.Tokenize(burst_pb2.TokenizeRequest(text=text)),
+    ]
+    for call in calls:
+        t0 = time.time()
+        try:
+            call()
+            code, msg = None, ""
+        except grpc.RpcError as e:
+            code, msg = e.code(), e.details()
+        check(code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-prompt-bytes" in msg,
+              f"{code} {msg}")
+        check(time.time() - t0 < 1, f"refused in {time.time() - t0:.2f} s")
+
+
+def test_connection_limit_gets_503():
+    small = Server("--http-max-connections", 8, "--grpc-port", -1)
+    try:
+        held = [connect(small) for _ in range(8)]
+        time.sleep(0.3)  # every one accepted
+        responses, secs = exchange(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n", small)
+        check(len(responses) == 1 and responses[0][0] == 503, f"over the limit: {responses}")
+        st, headers, body = responses[0]
+        check("too many connections" in json.loads(body)["error"]["message"]
+              and headers.get("retry-after") and headers.get("connection") == "close",
+              f"503 says why: {headers} {body}")
+        check(secs < 2, f"answered at once ({secs:.1f} s)")
+        for s in held:
+            s.close()
+        time.sleep(0.3)
+        st, _ = small.json("GET", "/health")
+        check(st == 200, "served again once connections closed")
+    finally:
+        small.stop()
+
+
+if __name__ == "__main__":
+    srv = Server("--http-header-timeout-ms", HEADER_TIMEOUT_MS)
+    try:
+        run([test_backlog_and_burst_of_64_streams,
+             test_slow_header_clients_are_dropped_while_others_are_served,
+             test_pipelined_requests_are_answered_in_order,
+             test_smuggling_and_malformed_heads_get_400,
+             test_disconnected_non_streaming_request_is_cancelled,
+             test_huge_prompts_refused_before_tokenizing, test_huge_prompts_refused_over_grpc,
+             test_connection_limit_gets_503])
+    finally:
+        srv.stop()
