@@ -25,6 +25,9 @@ constexpr int kMaxHeaderLines = 100;
 // the client's EOF or this long: closing with unread bytes would reset the connection, and the
 // client might lose the answer.
 constexpr auto kLinger = std::chrono::milliseconds(1000);
+// Beyond this many lingering refused connections (a flood), a refused one is closed at once:
+// descriptors stay bounded.
+constexpr size_t kMaxLingering = 1024;
 
 // The request a handler runs for on this thread (client_disconnected()).
 thread_local int t_connection_fd = -1;
@@ -404,8 +407,8 @@ void HttpFrontend::stop() {
   const uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof(one)) < 0) spdlog::warn("HTTP: cannot wake the front end");
   cv_.notify_all();
-  acceptor_.join();
-  rejecter_.join();
+  if (acceptor_.joinable()) acceptor_.join();
+  if (rejecter_.joinable()) rejecter_.join();
   std::vector<std::thread> workers;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -478,6 +481,10 @@ void HttpFrontend::refuse(int fd, int status, const std::string& message,
   send_all(fd, response, std::chrono::milliseconds(0));
   shutdown(fd, SHUT_WR);
   std::lock_guard<std::mutex> lock(mu_);
+  if (rejected_.size() + lingering_ >= kMaxLingering) {
+    ::close(fd);
+    return;
+  }
   rejected_.push_back(fd);
 }
 
@@ -509,6 +516,7 @@ void HttpFrontend::reject_loop() {
       }
     }
     open.swap(keep);
+    lingering_ = open.size();
     if (stopping_ && open.empty()) break;
   }
   std::lock_guard<std::mutex> lock(mu_);

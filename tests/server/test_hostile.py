@@ -21,6 +21,7 @@ import time
 from harness import PROMPT, ROOT, Server, check, run, sse_events
 
 HEADER_TIMEOUT_MS = 2000
+BODY_TIMEOUT_MS = 1500
 srv = None
 
 
@@ -171,6 +172,28 @@ def test_slow_header_clients_are_dropped_while_others_are_served():
     check(b"did not arrive within" in got[slow[0]], f"the 408 says why: {got[slow[0]][-300:]}")
     check(served.get("status") == 200 and served["s"] < 10,
           f"a normal client is served meanwhile: {served}")
+
+
+def test_slow_body_gets_408_and_expect_continue_is_answered():
+    # A head that announces 100 bytes and sends 10: 408 once the body is BODY_TIMEOUT_MS late.
+    t0 = time.time()
+    responses, _ = exchange(b"POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                            b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    check(len(responses) == 1 and responses[0][0] == 408 and
+          b"body did not arrive" in responses[0][2], f"slow body: {responses}")
+    check(time.time() - t0 < BODY_TIMEOUT_MS / 1000 + 2, f"after {time.time() - t0:.1f} s")
+    # curl sends "Expect: 100-continue" before a body over 1 MB and waits up to 1 s for the
+    # interim answer: it comes at once, and the 2 MB prompt is refused by its size at once.
+    body = json.dumps({"prompt": "a " * 1_000_000, "max_tokens": 1})
+    t0 = time.time()
+    out = subprocess.run(["curl", "-sS", "-v", "--max-time", "30", "-H",
+                          "Content-Type: application/json", "--data-binary", "@-",
+                          f"http://127.0.0.1:{srv.http_port}/v1/completions"], input=body,
+                         capture_output=True, text=True, check=False)
+    secs = time.time() - t0
+    check("100 Continue" in out.stderr and "HTTP/1.1 413" in out.stderr and
+          "2000000 bytes" in out.stdout, f"curl: {out.stderr[-600:]} {out.stdout[:300]}")
+    check(secs < 0.9, f"no wait for the 100-continue timeout: {secs:.2f} s")
 
 
 def test_pipelined_requests_are_answered_in_order():
@@ -337,10 +360,12 @@ def test_connection_limit_gets_503():
 
 
 if __name__ == "__main__":
-    srv = Server("--http-header-timeout-ms", HEADER_TIMEOUT_MS)
+    srv = Server("--http-header-timeout-ms", HEADER_TIMEOUT_MS, "--http-body-timeout-ms",
+                 BODY_TIMEOUT_MS)
     try:
         run([test_backlog_and_burst_of_64_streams,
              test_slow_header_clients_are_dropped_while_others_are_served,
+             test_slow_body_gets_408_and_expect_continue_is_answered,
              test_pipelined_requests_are_answered_in_order,
              test_smuggling_and_malformed_heads_get_400,
              test_disconnected_non_streaming_request_is_cancelled,

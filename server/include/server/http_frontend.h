@@ -132,7 +132,8 @@ class HttpFrontend {
   std::deque<int> pending_;     // accepted connections waiting for a worker
   std::vector<std::thread> workers_;
   int idle_workers_ = 0;
-  std::deque<int> rejected_;    // over the limit: 503 written, waiting for the client's EOF
+  std::deque<int> rejected_;    // over the limit: 503 written, for reject_loop()
+  std::atomic<size_t> lingering_{0};  // refused connections reject_loop() waits on
 };
 
 }  // namespace burst::server
