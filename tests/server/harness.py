@@ -126,6 +126,19 @@ class Server:
         self.stop()
 
 
+def compile_protos(*protos, proto_path=os.path.join(ROOT, "proto"), out=None):
+    """Python message and gRPC stubs of protos (paths under proto_path), made by protoc and
+    Debian's grpc_python_plugin into `out` (default: a fresh temporary directory), which is put
+    on sys.path so that they import. Returns `out`."""
+    out = out or tempfile.mkdtemp(prefix="burst-pb-")
+    subprocess.run(["protoc", f"--proto_path={proto_path}", f"--python_out={out}",
+                    f"--grpc_out={out}", "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+                    *protos], check=True)
+    if out not in sys.path:
+        sys.path.insert(0, out)
+    return out
+
+
 def sse_events(resp):
     """Yields (event_name, data) from an http.client response of text/event-stream; comment
     lines are yielded as ("comment", text)."""

@@ -4,13 +4,11 @@ grpc_python_plugin: a streaming Generate (started, tokens, finished; text equal 
 API's), Tokenize, ModelInfo, the error codes, the API key, and the grpc.health.v1 service.
 Run: /usr/bin/python3 test_grpc.py --build BUILD_DIR."""
 import os
-import subprocess
-import sys
 import tempfile
 
 import grpc
 
-from harness import HAVE_KJV, PROMPT, ROOT, Server, check, run
+from harness import HAVE_KJV, PROMPT, Server, check, compile_protos, run
 
 KEY = "grpc-key"
 MD = [("authorization", "Bearer " + KEY)]
@@ -27,12 +25,8 @@ service Health { rpc Check(HealthCheckRequest) returns (HealthCheckResponse); }
 out = tempfile.mkdtemp(prefix="burst-pb-")
 with open(os.path.join(out, "health.proto"), "w") as f:
     f.write(HEALTH_PROTO)
-for proto_path, proto in [(os.path.join(ROOT, "proto"), "burst/v1/burst.proto"),
-                          (out, "health.proto")]:
-    subprocess.run(["protoc", f"--proto_path={proto_path}", f"--python_out={out}",
-                    f"--grpc_out={out}", "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
-                    proto], check=True)
-sys.path.insert(0, out)
+compile_protos("burst/v1/burst.proto", out=out)
+compile_protos("health.proto", proto_path=out, out=out)
 from burst.v1 import burst_pb2, burst_pb2_grpc  # noqa: E402
 import health_pb2, health_pb2_grpc  # noqa: E402
 

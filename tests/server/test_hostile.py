@@ -8,17 +8,14 @@ refused before tokenizing (HTTP and gRPC) with the server's RSS bounded; the con
 answered with 503. Run: /usr/bin/python3 test_hostile.py --build BUILD_DIR."""
 import http.client
 import json
-import os
 import re
 import select
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 
-from harness import PROMPT, ROOT, Server, check, run, sse_events
+from harness import PROMPT, Server, check, compile_protos, run, sse_events
 
 HEADER_TIMEOUT_MS = 2000
 BODY_TIMEOUT_MS = 1500
@@ -310,12 +307,7 @@ def test_huge_prompts_refused_before_tokenizing():
 
 
 def test_huge_prompts_refused_over_grpc():
-    out = tempfile.mkdtemp(prefix="burst-pb-")
-    subprocess.run(["protoc", f"--proto_path={os.path.join(ROOT, 'proto')}",
-                    f"--python_out={out}", f"--grpc_out={out}",
-                    "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
-                    "burst/v1/burst.proto"], check=True)
-    sys.path.insert(0, out)
+    compile_protos("burst/v1/burst.proto")
     import grpc
     from burst.v1 import burst_pb2, burst_pb2_grpc
     stub = burst_pb2_grpc.BurstStub(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))

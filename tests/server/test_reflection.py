@@ -16,7 +16,7 @@ import tempfile
 import grpc
 from google.protobuf import descriptor_pb2
 
-from harness import ROOT, Server, check, run
+from harness import ROOT, Server, check, compile_protos, run
 
 REFLECTION_DIR = "/usr/share/grpc-proto/grpc/reflection/v1alpha"
 BURST_PROTO = "burst/v1/burst.proto"
@@ -29,9 +29,7 @@ out = tempfile.mkdtemp(prefix="burst-refl-pb-")
 # The proto is compiled from its own directory, so the module is reflection_pb2 at the top level:
 # under its upstream path it would be grpc.reflection.v1alpha, shadowed by the grpc package
 # itself. The proto package (and so the method path on the wire) stays grpc.reflection.v1alpha.
-subprocess.run(["protoc", f"--proto_path={REFLECTION_DIR}", f"--python_out={out}",
-                f"--grpc_out={out}", "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
-                "reflection.proto"], check=True)
+compile_protos("reflection.proto", proto_path=REFLECTION_DIR, out=out)
 # The reference for what the server must serve: protoc's own descriptor of our proto.
 reference_set = os.path.join(out, "burst.pb")
 subprocess.run(["protoc", f"--proto_path={os.path.join(ROOT, 'proto')}",

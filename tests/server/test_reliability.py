@@ -286,14 +286,8 @@ def worker_pb():
     """Python stubs of proto/burst/v1/worker.proto (protoc + Debian's grpc plugin)."""
     global _worker_pb
     if _worker_pb is None:
-        import sys
-        from harness import ROOT
-        out = tempfile.mkdtemp(prefix="burst-pb-")
-        subprocess.run(["protoc", f"--proto_path={os.path.join(ROOT, 'proto')}",
-                        f"--python_out={out}", f"--grpc_out={out}",
-                        "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
-                        "burst/v1/worker.proto"], check=True)
-        sys.path.insert(0, out)
+        from harness import compile_protos
+        compile_protos("burst/v1/worker.proto")
         from burst.v1 import worker_pb2, worker_pb2_grpc
         _worker_pb = (worker_pb2, worker_pb2_grpc)
     return _worker_pb
