@@ -88,6 +88,15 @@ AccessInfo& access_info() {
   return a;
 }
 
+// Starts the access record of a new request on this thread.
+AccessInfo& begin_access() {
+  AccessInfo& a = access_info();
+  a = AccessInfo{};
+  a.start = std::chrono::steady_clock::now();
+  a.started = true;
+  return a;
+}
+
 std::string fmt_ms(double ms) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f", ms);
@@ -816,10 +825,7 @@ void HttpApi::stop() {
 
 std::string HttpApi::refusal(int status, const std::string& message, const std::string& client) {
   ++metrics_.http_errors;
-  AccessInfo& a = access_info();
-  a = AccessInfo{};
-  a.start = std::chrono::steady_clock::now();
-  a.started = true;
+  AccessInfo& a = begin_access();
   a.id = random_id("req-");
   a.error = message.substr(0, 200);
   write_access_log("-", "-", status, client);
@@ -862,10 +868,7 @@ void HttpApi::install_routes() {
   // X-Request-Id header and written with its status, route and latency to the access log. The
   // whole exchange runs on one httplib thread: the id and timing live in a thread_local.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    AccessInfo& a = access_info();
-    a = AccessInfo{};
-    a.start = std::chrono::steady_clock::now();
-    a.started = true;
+    AccessInfo& a = begin_access();
     a.id = req.get_header_value("X-Request-Id");
     // A client's id is taken when it is short printable ASCII (it goes into headers and logs).
     const bool printable = std::all_of(a.id.begin(), a.id.end(),

@@ -565,22 +565,28 @@ void HttpFrontend::serve(int fd) {
       idle = true;
     }
     size_t head_end = std::string::npos;
+    size_t scanned = 0;  // bytes of `in` already searched (a head may arrive a byte at a time)
     bool timed_out = false;
     for (;;) {
       // Empty lines before a request line are ignored (RFC 9112 2.2: some clients send a CRLF
       // after a body).
-      while (in.compare(0, 2, "\r\n") == 0) in.erase(0, 2);
-      if ((head_end = in.find("\r\n\r\n")) != std::string::npos) break;
+      if (scanned == 0) {
+        while (in.compare(0, 2, "\r\n") == 0) in.erase(0, 2);
+      }
+      head_end = in.find("\r\n\r\n", scanned < 3 ? 0 : scanned - 3);
+      const size_t head_size = head_end == std::string::npos ? in.size() : head_end + 4;
+      if (head_size > kMaxHeadBytes) {
+        return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
+                                    " bytes");
+      }
+      if (head_end != std::string::npos) break;
       // A head with a bare LF never ends in CRLF CRLF: refused now, not after the deadline.
-      for (size_t i = 0; i < in.size(); ++i) {
+      for (size_t i = scanned; i < in.size(); ++i) {
         if (in[i] == '\n' && (i == 0 || in[i - 1] != '\r')) {
           return refuse_here(400, "a bare LF in the request head (lines must end with CRLF)");
         }
       }
-      if (in.size() > kMaxHeadBytes) {
-        return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
-                                    " bytes");
-      }
+      scanned = in.size();
       if (!receive(&timed_out)) {
         // An idle keep-alive connection simply closes; a started request is told why.
         if (timed_out && !(idle && in.empty())) {
@@ -594,10 +600,6 @@ void HttpFrontend::serve(int fd) {
         idle = false;
         deadline = Clock::now() + options_.header_timeout;
       }
-    }
-    if (head_end + 4 > kMaxHeadBytes) {
-      return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
-                                  " bytes");
     }
     const RequestHead head = parse_request_head(std::string_view(in).substr(0, head_end + 4));
     if (head.status != 0) return refuse_here(head.status, head.message);

@@ -235,6 +235,10 @@ def test_smuggling_and_malformed_heads_get_400():
         ("bad chunk", b"POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
          b"zz\r\n{}\r\n0\r\n\r\n", 400, "chunk size"),
         ("HTTP/2.0", b"GET /health HTTP/2.0\r\nHost: t\r\n\r\n", 505, "not supported"),
+        ("70 KB head", b"GET /health HTTP/1.1\r\nX-A: " + b"a" * 70000 + b"\r\n\r\n", 431,
+         "over 65536 bytes"),
+        ("101 header lines", b"GET /health HTTP/1.1\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n", 431,
+         "more than 100"),
         ("garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "request line"),
     ]
     for name, data, status, words in cases:
