@@ -117,6 +117,7 @@ def test_backlog_and_burst_of_64_streams():
     for t in threads:
         t.join()
     failures = [r for r in results if r != (200, True)]
+    print(f"burst: tried 64 streams, served {64 - len(failures)}, failed {len(failures)}")
     check(len(results) == 64 and not failures, f"{len(failures)} of 64 failed: {failures[:5]}")
 
 
@@ -163,6 +164,8 @@ def test_slow_header_clients_are_dropped_while_others_are_served():
     for s in slow:
         s.close()
     answered = sum(1 for s in slow if got[s].startswith(b"HTTP/1.1 408 "))
+    print(f"slow headers: tried 200, 408 {answered}, all closed after {elapsed:.1f} s; "
+          f"a normal client meanwhile: {served}")
     check(answered == 200 and len(closed) == 200,
           f"{answered} of 200 slow clients got 408, {len(closed)} closed in {elapsed:.1f} s")
     check(elapsed < HEADER_TIMEOUT_MS / 1000 + 4, f"dropped after {elapsed:.1f} s")
@@ -241,6 +244,7 @@ def test_smuggling_and_malformed_heads_get_400():
          "more than 100"),
         ("garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "request line"),
     ]
+    print(f"malformed heads: tried {len(cases)}")
     for name, data, status, words in cases:
         responses, secs = exchange(data)
         check(len(responses) == 1, f"{name}: one response, then close (nothing smuggled): "
@@ -267,6 +271,7 @@ def test_disconnected_non_streaming_request_is_cancelled():
     while time.time() - t0 < 10 and srv.metric("burst_kv_cache_used_tokens") > 0:
         time.sleep(0.05)
     freed = time.time() - t0
+    print(f"disconnected non-streaming request: KV freed {freed:.2f} s after the close")
     check(srv.metric("burst_kv_cache_used_tokens") == 0 and freed < 3,
           f"KV freed {freed:.1f} s after the client left")
     check(srv.metric('burst_requests_total{outcome="cancelled"}') == cancelled0 + 1,
@@ -280,6 +285,7 @@ def test_disconnected_non_streaming_request_is_cancelled():
 def test_huge_prompts_refused_before_tokenizing():
     text = ("And God said, Let there be light: and there was light. " * 150000)[:8_000_000]
     rss0 = vm_rss_kb(srv.proc.pid)
+    slowest = 0
     bodies = [
         ("/v1/completions", {"prompt": text, "max_tokens": 1}, "prompt"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, "messages"),
@@ -296,7 +302,10 @@ def test_huge_prompts_refused_before_tokenizing():
               "--max-prompt-bytes" in err["message"] and err["param"] == param,
               f"{path}: {status} {err}")
         check(secs < 1, f"{path}: refused in {secs:.2f} s")
+        slowest = max(slowest, secs)
     grew = vm_rss_kb(srv.proc.pid) - rss0
+    print(f"8 MB prompts: tried {len(bodies) * 2}, 413 each, slowest {slowest:.2f} s, server "
+          f"RSS {rss0} KB -> {rss0 + grew} KB")
     check(grew < 64_000, f"server RSS grew by {grew} KB over 10 refused 8 MB prompts")
     # The limit is the most text the context can hold: text of exactly the limit reaches the
     # tokenizer (and is refused by the token count), one byte more is refused untokenized.
