@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 namespace burst::server {
 
@@ -406,6 +407,8 @@ void HttpFrontend::stop() {
   router_.set_listening(-1);  // streams in progress end at their next write
   const uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof(one)) < 0) spdlog::warn("HTTP: cannot wake the front end");
+  // Taking the lock orders stopping_ before any worker's next look at it: none waits forever.
+  { std::lock_guard<std::mutex> lock(mu_); }
   cv_.notify_all();
   if (acceptor_.joinable()) acceptor_.join();
   if (rejecter_.joinable()) rejecter_.join();
@@ -436,23 +439,30 @@ void HttpFrontend::accept_loop() {
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // SSE tokens go out at once
+    int port = -1;
     if (active_.load() >= options_.max_connections) {
-      int port = -1;
       refuse(fd, 503, "too many connections: this server serves at most " +
                           std::to_string(options_.max_connections) +
                           " at once (--http-max-connections); retry",
              peer_address(fd, &port));
       continue;
     }
-    ++active_;
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(fd);
+    std::unique_lock<std::mutex> lock(mu_);
     // A connection holds its worker for its whole life (a stream runs on it); active_ bounds
     // both, so a worker is started whenever none is idle.
-    if (idle_workers_ < static_cast<int>(pending_.size())) {
-      workers_.emplace_back([this] { worker_loop(); });
+    if (idle_workers_ <= static_cast<int>(pending_.size())) {
+      try {
+        workers_.emplace_back([this] { worker_loop(); });
+      } catch (const std::system_error& e) {
+        lock.unlock();
+        refuse(fd, 503, std::string("no thread for another connection (") + e.what() +
+                            "); retry", peer_address(fd, &port));
+        continue;
+      }
       ++idle_workers_;
     }
+    ++active_;
+    pending_.push_back(fd);
     cv_.notify_one();
   }
 }
