@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <system_error>
 
 namespace burst::server {
@@ -22,6 +23,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxHeadBytes = 64 * 1024;
 constexpr int kMaxHeaderLines = 100;
+// cpp-httplib's own limits, checked here first so that the refusal says what is wrong (it
+// answers a bare 400): the longest request line and header line it reads, the methods it knows.
+constexpr size_t kMaxRequestLine = 8192;
+constexpr size_t kMaxHeaderLine = 8192;
+constexpr const char* kMethods[] = {"GET",     "HEAD",    "POST",  "PUT", "DELETE",
+                                    "CONNECT", "OPTIONS", "TRACE", "PATCH"};
 // A refused connection's answer is written, its sending side shut, and its socket kept until
 // the client's EOF or this long: closing with unread bytes would reset the connection, and the
 // client might lose the answer.
@@ -75,6 +82,7 @@ const char* reason_phrase(int status) {
     case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
     case 417: return "Expectation Failed";
     case 431: return "Request Header Fields Too Large";
     case 501: return "Not Implemented";
@@ -214,6 +222,9 @@ RequestHead parse_request_head(std::string_view head) {
   if (lines.size() < 2 || !lines.back().empty()) return bad(400, "incomplete request head");
   lines.pop_back();
   const std::string_view request_line = lines[0];
+  if (request_line.size() > kMaxRequestLine) {
+    return bad(414, "the request line is over " + std::to_string(kMaxRequestLine) + " bytes");
+  }
   const size_t sp1 = request_line.find(' ');
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : request_line.find(' ', sp1 + 1);
   if (sp1 == 0 || sp2 == std::string_view::npos || sp2 == sp1 + 1 ||
@@ -228,6 +239,11 @@ RequestHead parse_request_head(std::string_view head) {
     }
     return bad(400, "malformed request line " + quoted(request_line));
   }
+  const std::string_view method = request_line.substr(0, sp1);
+  if (std::none_of(std::begin(kMethods), std::end(kMethods),
+                   [&](const char* m) { return method == m; })) {
+    return bad(501, "method " + quoted(method) + " is not supported");
+  }
   if (lines.size() - 1 > kMaxHeaderLines) {
     return bad(431, "more than " + std::to_string(kMaxHeaderLines) + " header lines");
   }
@@ -235,6 +251,10 @@ RequestHead parse_request_head(std::string_view head) {
   size_t offset = lines[0].size() + 2;
   for (size_t i = 1; i < lines.size(); offset += lines[i].size() + 2, ++i) {
     const std::string_view line = lines[i];
+    if (line.size() > kMaxHeaderLine) {
+      return bad(431, "header line " + std::to_string(i) + " is over " +
+                          std::to_string(kMaxHeaderLine) + " bytes");
+    }
     if (line.front() == ' ' || line.front() == '\t') {
       return bad(400, "header line " + std::to_string(i) + " " + quoted(line) +
                           " starts with whitespace (obsolete line folding is refused)");

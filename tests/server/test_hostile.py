@@ -242,6 +242,8 @@ def test_smuggling_and_malformed_heads_get_400():
          "over 65536 bytes"),
         ("101 header lines", b"GET /health HTTP/1.1\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n", 431,
          "more than 100"),
+        ("unknown method", b"BREW /pot HTTP/1.1\r\nHost: t\r\n\r\n", 501, "method 'BREW'"),
+        ("9 KB URL", b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 414, "over 8192"),
         ("garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "request line"),
     ]
     print(f"malformed heads: tried {len(cases)}")

@@ -63,6 +63,10 @@ TEST(HttpFrontend, BadHeadsAreRefusedNamingTheFault) {
     EXPECT_NE(h.message.find(c.words), std::string::npos) << c.head << " -> " << h.message;
   }
   EXPECT_EQ(parse_request_head("GET / HTTP/2.0\r\n\r\n").status, 505);
+  EXPECT_EQ(parse_request_head("BREW / HTTP/1.1\r\n\r\n").status, 501);
+  EXPECT_EQ(parse_request_head("GET /" + std::string(9000, 'a') + " HTTP/1.1\r\n\r\n").status,
+            414);
+  EXPECT_EQ(head_of("X-A: " + std::string(9000, 'a') + "\r\n").status, 431);
   EXPECT_EQ(parse_request_head("GET  / HTTP/1.1\r\n\r\n").status, 400);
   EXPECT_EQ(parse_request_head("GET /\r\n\r\n").status, 400);
   EXPECT_EQ(parse_request_head("GET / HTTP/1.1\nHost: x\r\n\r\n").status, 400);
