@@ -1053,7 +1053,8 @@ void HttpApi::install_routes() {
             prompt.push_back(v < INT32_MIN || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
           }
           if (prompt.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
-          if (p.echo) {
+          // A prompt over the context is refused by submit(): it is not decoded for echo first.
+          if (p.echo && static_cast<int64_t>(prompt.size()) <= scheduler_.max_context()) {
             std::vector<int> ids(prompt.begin(), prompt.end());
             for (int& x : ids) x = x < 0 || x >= scheduler_.vocab_size() ? 0 : x;
             echoes[i] = tokenizer_.decode(ids);
