@@ -972,7 +972,8 @@ void HttpApi::install_routes() {
     }
     send_json(res, 200, {{"prompt", tokenizer_.decode(v)}});
   }));
-  s.Post("/tokenize", guarded([this, check_prompt_text](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/tokenize", guarded([this, check_prompt_text](const httplib::Request& req,
+                                                        httplib::Response& res) {
     const json body = parse_body(req);
     const json* text = field(body, "prompt");
     if (!text) text = field(body, "text");
@@ -986,7 +987,8 @@ void HttpApi::install_routes() {
   }));
 
   // Both OpenAI endpoints: build the request, submit, then stream or collect.
-  auto serve = [this, check_prompt_text](const httplib::Request& req, httplib::Response& res, bool chat) {
+  auto serve = [this, check_prompt_text](const httplib::Request& req, httplib::Response& res,
+                                         bool chat) {
     const json body = parse_body(req);
     CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
     std::vector<std::vector<int32_t>> prompts(1);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
@@ -331,10 +332,8 @@ ChunkScan scan_chunked_body(std::string_view data, int64_t max_body, size_t* end
       return ChunkScan::kBad;
     }
     for (char c : size_text) {
-      const int d = std::isxdigit(static_cast<unsigned char>(c))
-                        ? (std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
-                                                                        : std::tolower(c) - 'a' + 10)
-                        : -1;
+      const auto u = static_cast<unsigned char>(c);
+      const int d = std::isdigit(u) ? c - '0' : std::isxdigit(u) ? std::tolower(u) - 'a' + 10 : -1;
       if (d < 0) {
         *why = "bad chunk size " + quoted(size_text);
         return ChunkScan::kBad;
