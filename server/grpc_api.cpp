@@ -2,11 +2,13 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <random>
 
 #include "burst/v1/burst.grpc.pb.h"
@@ -36,6 +38,61 @@ std::string request_id() {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "req-%016llx", static_cast<unsigned long long>(rng()));
   return buf;
+}
+
+// Why `bytes` do not parse as a message of type `desc` (`path` names it in the message), or ""
+// when the check finds nothing. Protobuf's own parser only says "failed", so this walks the
+// wire format again as an UnknownFieldSet (which accepts any well-formed encoding) and checks
+// what the typed parser also checks: every string field (nested messages, repeated fields and
+// map entries included) must be well-formed UTF-8 (proto3).
+std::string diagnose_request(const std::string& bytes, const google::protobuf::Descriptor* desc,
+                             const std::string& path, int depth) {
+  namespace gp = google::protobuf;
+  gp::UnknownFieldSet fields;
+  if (!fields.ParseFromString(bytes)) {
+    return "malformed protobuf: " + path +
+           " is not a valid encoding (truncated, a bad tag or wire type, or a length past the "
+           "end)";
+  }
+  std::map<int, int> seen;  // field number -> occurrences so far, to name repeated elements
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const gp::UnknownField& f = fields.field(i);
+    const int index = seen[f.number()]++;
+    const gp::FieldDescriptor* fd = desc->FindFieldByNumber(f.number());
+    if (f.type() != gp::UnknownField::TYPE_LENGTH_DELIMITED || fd == nullptr) continue;
+    const std::string name =
+        path + "." + fd->name() + (fd->is_repeated() ? "[" + std::to_string(index) + "]" : "");
+    if (fd->type() == gp::FieldDescriptor::TYPE_STRING) {
+      if (Status st = validate_utf8(f.length_delimited()); !st.ok()) {
+        return "field " + name + " (a string) is not valid UTF-8: " + st.message() +
+               " (send text as UTF-8, or token ids)";
+      }
+    } else if (fd->type() == gp::FieldDescriptor::TYPE_MESSAGE) {
+      if (depth >= 32) return "malformed protobuf: " + name + " is nested too deeply";
+      std::string why = diagnose_request(f.length_delimited(), fd->message_type(), name, depth + 1);
+      if (!why.empty()) return why;
+    }
+  }
+  return "";
+}
+
+// Parses a request as received. The methods take raw bytes (see Service's constructor) so that
+// a request that does not parse gets INVALID_ARGUMENT with the reason, not gRPC's own INTERNAL
+// with empty details.
+grpc::Status parse_request(const grpc::ByteBuffer& raw, google::protobuf::Message* msg) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (raw.Valid() && raw.Dump(&slices).ok()) {
+    bytes.reserve(raw.Length());
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  if (msg->ParseFromString(bytes)) return grpc::Status::OK;
+  std::string why = diagnose_request(bytes, msg->GetDescriptor(),
+                                     msg->GetDescriptor()->full_name(), 0);
+  if (why.empty()) why = "malformed protobuf: not a valid " + msg->GetDescriptor()->full_name();
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
 }
 
 }  // namespace
@@ -101,23 +158,100 @@ struct CallLog {
 
 class GrpcApi::Service final : public pb::Burst::Service {
  public:
+  // Every method is installed with a raw-bytes request: gRPC's generated handlers parse the
+  // request before the method runs and answer a parse failure (malformed protobuf, invalid
+  // UTF-8 in a proto3 string field) with INTERNAL and empty details, which tells the client
+  // neither that the fault is theirs nor what it is. The handlers below are the ones the
+  // generated WithSplitStreamingMethod_* / WithStreamedUnaryMethod_* classes install, with
+  // grpc::ByteBuffer as the request type; parse_request turns the bytes into the message or
+  // into INVALID_ARGUMENT naming the field. (Declaring the fields `bytes` in the .proto would
+  // be wire-compatible, but the generated clients and grpcurl's JSON would then take base64 and
+  // byte strings instead of text; a generic service would lose the typed responses.) The method
+  // indexes are the order of the rpcs in burst.proto.
+  using Streamer = grpc::ServerSplitStreamer<grpc::ByteBuffer, pb::GenerateResponse>;
+
   Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
-      : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {}
-
-  grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                        grpc::ServerWriter<pb::GenerateResponse>* writer) override {
-    CallLog log(ctx, "Generate");
-    return guarded(log, [&] { return generate(ctx, req, writer, &log); });
+      : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {
+    MarkMethodStreamed(0, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer,
+                                                                        pb::GenerateResponse>(
+                              [this](grpc::ServerContext* ctx, Streamer* s) {
+                                return streamed<pb::GenerateRequest>(ctx, s, "Generate",
+                                                                     &Service::generate);
+                              }));
+    MarkMethodStreamed(1, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer,
+                                                                        pb::GenerateResponse>(
+                              [this](grpc::ServerContext* ctx, Streamer* s) {
+                                return streamed<pb::ChatRequest>(ctx, s, "Chat", &Service::chat);
+                              }));
+    MarkMethodStreamed(
+        2, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, pb::TokenizeResponse>(
+               [this](grpc::ServerContext* ctx,
+                      grpc::ServerUnaryStreamer<grpc::ByteBuffer, pb::TokenizeResponse>* s) {
+                 return unary<pb::TokenizeRequest>(ctx, s, "Tokenize", &Service::tokenize);
+               }));
+    MarkMethodStreamed(
+        3, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, pb::ModelInfoResponse>(
+               [this](grpc::ServerContext* ctx,
+                      grpc::ServerUnaryStreamer<grpc::ByteBuffer, pb::ModelInfoResponse>* s) {
+                 return unary<pb::ModelInfoRequest>(ctx, s, "ModelInfo", &Service::model_info);
+               }));
   }
 
-  grpc::Status Chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
-                    grpc::ServerWriter<pb::GenerateResponse>* writer) override {
-    CallLog log(ctx, "Chat");
-    return guarded(log, [&] { return chat(ctx, req, writer, &log); });
+  // The typed entry points are replaced by the raw handlers above and never called.
+  grpc::Status Generate(grpc::ServerContext*, const pb::GenerateRequest*,
+                        grpc::ServerWriter<pb::GenerateResponse>*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status Chat(grpc::ServerContext*, const pb::ChatRequest*,
+                    grpc::ServerWriter<pb::GenerateResponse>*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status Tokenize(grpc::ServerContext*, const pb::TokenizeRequest*,
+                        pb::TokenizeResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status ModelInfo(grpc::ServerContext*, const pb::ModelInfoRequest*,
+                         pb::ModelInfoResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
   }
 
-  // Runs a streaming call's body: no exception leaves the service (it would end the process),
-  // and the access log gets the final status either way.
+  // A server-streaming call: reads the one request, parses it, runs `body`.
+  template <typename Req>
+  grpc::Status streamed(grpc::ServerContext* ctx, Streamer* stream, const char* method,
+                        grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Streamer*,
+                                                      CallLog*)) {
+    CallLog log(ctx, method);
+    if (grpc::Status st = check_auth(ctx); !st.ok()) return log.done(st);
+    grpc::ByteBuffer raw;
+    if (!stream->Read(&raw)) {
+      return log.done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
+    }
+    Req req;
+    if (grpc::Status st = parse_request(raw, &req); !st.ok()) return log.done(st);
+    return guarded(log, [&] { return (this->*body)(ctx, &req, stream, &log); });
+  }
+
+  // A unary call: reads the request, parses it, runs `body`, sends the response when OK.
+  template <typename Req, typename Resp>
+  grpc::Status unary(grpc::ServerContext* ctx, grpc::ServerUnaryStreamer<grpc::ByteBuffer, Resp>* s,
+                     const char* method,
+                     grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Resp*)) {
+    CallLog log(ctx, method);
+    if (grpc::Status st = check_auth(ctx); !st.ok()) return log.done(st);
+    grpc::ByteBuffer raw;
+    if (!s->Read(&raw)) {
+      return log.done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
+    }
+    Req req;
+    if (grpc::Status st = parse_request(raw, &req); !st.ok()) return log.done(st);
+    Resp resp;
+    grpc::Status st = guarded(log, [&] { return (this->*body)(ctx, &req, &resp); });
+    if (st.ok()) s->Write(resp);
+    return st;
+  }
+
+  // Runs a call's body: no exception leaves the service (it would end the process), and the
+  // access log gets the final status either way.
   template <typename F>
   static grpc::Status guarded(CallLog& log, F&& body) {
     try {
@@ -128,22 +262,9 @@ class GrpcApi::Service final : public pb::Burst::Service {
     }
   }
 
-  grpc::Status Tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
-                        pb::TokenizeResponse* resp) override {
-    CallLog log(ctx, "Tokenize");
-    return log.done(tokenize(ctx, req, resp));
-  }
-
-  grpc::Status ModelInfo(grpc::ServerContext* ctx, const pb::ModelInfoRequest* req,
-                         pb::ModelInfoResponse* resp) override {
-    CallLog log(ctx, "ModelInfo");
-    return log.done(model_info(ctx, req, resp));
-  }
-
  private:
-  grpc::Status tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
+  grpc::Status tokenize(grpc::ServerContext*, const pb::TokenizeRequest* req,
                         pb::TokenizeResponse* resp) {
-    if (auto st = check_auth(ctx); !st.ok()) return st;
     if (auto e = scheduler_.check_prompt_text(req->text().size())) {
       return grpc::Status(grpc_code(e->code), e->message);
     }
@@ -155,9 +276,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status model_info(grpc::ServerContext* ctx, const pb::ModelInfoRequest*,
+  grpc::Status model_info(grpc::ServerContext*, const pb::ModelInfoRequest*,
                           pb::ModelInfoResponse* resp) {
-    if (auto st = check_auth(ctx); !st.ok()) return st;
     resp->set_model(config_.model_name);
     resp->set_vocab_size(scheduler_.vocab_size());
     resp->set_max_context(scheduler_.max_context());
@@ -181,8 +301,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
   }
 
   grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                        grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
-    if (auto st = check_auth(ctx); !st.ok()) return st;
+                        Streamer* writer, CallLog* log) {
     if (!req->model().empty() && req->model() != config_.model_name) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "unknown model '" + req->model() + "'; this server serves '" +
@@ -223,8 +342,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
   }
 
   grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
-                    grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
-    if (auto st = check_auth(ctx); !st.ok()) return st;
+                    Streamer* writer, CallLog* log) {
     if (!req->model().empty() && req->model() != config_.model_name) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "unknown model '" + req->model() + "'; this server serves '" +
@@ -300,8 +418,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
   }
 
   // Submits and streams the events until the end.
-  grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r,
-                   grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
+  grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r, Streamer* writer,
+                   CallLog* log) {
     const std::string id = r.id;
     ApiError err;
     auto stream = scheduler_.submit(std::move(r), &err);

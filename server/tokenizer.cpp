@@ -38,6 +38,8 @@ std::string offset_error(size_t offset, const char* why) {
   return "invalid UTF-8 at byte offset " + std::to_string(offset) + ": " + why;
 }
 
+}  // namespace
+
 // Well-formed UTF-8 as in Unicode table 3-7: no overlongs, no surrogates (U+D800..U+DFFF), nothing
 // above U+10FFFF, no truncated sequence. SentencePiece would otherwise map such bytes silently,
 // and the caller asked for an error instead.
@@ -90,6 +92,8 @@ Status validate_utf8(std::string_view text) {
   }
   return Status();
 }
+
+namespace {
 
 // Length of the longest prefix of `text` that ends on a UTF-8 character boundary. SentencePiece
 // only emits whole characters, so this is a guard, not a path the tests expect to take.

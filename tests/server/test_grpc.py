@@ -168,6 +168,53 @@ def test_errors():
     check(c == grpc.StatusCode.UNAUTHENTICATED, f"{c} {d}")
 
 
+def test_malformed_requests():
+    """Raw bytes that are not the method's message: INVALID_ARGUMENT naming the fault (gRPC's
+    own parser answered INTERNAL with empty details)."""
+    ch = grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}")
+
+    def raw(method, data, streaming=True, md=MD):
+        path = "/burst.v1.Burst/" + method
+        if streaming:
+            call = ch.unary_stream(path, request_serializer=None, response_deserializer=None)
+            return code_of(lambda: list(call(data, metadata=md, timeout=30)))
+        call = ch.unary_unary(path, request_serializer=None, response_deserializer=None)
+        return code_of(lambda: call(data, metadata=md, timeout=30))
+
+    bad_utf8 = b"\x41\xff\xfe"  # 'A', then two bytes never valid in UTF-8
+    cases = [
+        # text (field 2) says 5 bytes, 2 follow
+        ("Generate", b"\x12\x05ab", True, ["malformed", "burst.v1.GenerateRequest"]),
+        # a tag with wire type 7 (none such)
+        ("Generate", b"\x0f\x01", True, ["malformed"]),
+        ("Generate", b"\x12\x03" + bad_utf8 + b"\x20\x05", True,
+         ["burst.v1.GenerateRequest.text", "UTF-8", "byte offset 1"]),
+        ("Generate", b"\x20\x05\x32\x03" + bad_utf8, True,
+         ["burst.v1.GenerateRequest.stop[0]", "UTF-8"]),
+        # messages[1].content: a good message, then one with bad content
+        ("Chat", b"\x12\x06\x0a\x04user" + b"\x12\x05\x12\x03" + bad_utf8, True,
+         ["burst.v1.ChatRequest.messages[1].content", "UTF-8"]),
+        # a nested message cut short: messages[0] claims 9 bytes inside its 2
+        ("Chat", b"\x12\x02\x0a\x09", True, ["malformed", "messages[0]"]),
+        ("Tokenize", b"\x0a\x03" + bad_utf8, False, ["burst.v1.TokenizeRequest.text", "UTF-8"]),
+        ("Tokenize", b"\xff\xff\xff", False, ["malformed"]),
+        ("ModelInfo", b"\x0a", False, ["malformed", "burst.v1.ModelInfoRequest"]),
+    ]
+    for method, data, streaming, words in cases:
+        c, d = raw(method, data, streaming)
+        check(c == grpc.StatusCode.INVALID_ARGUMENT and all(w in d for w in words),
+              f"{method} {data!r}: {c} {d!r}")
+    # The key is checked before the bytes are read.
+    c, d = raw("Generate", b"\x12\x05ab", md=[])
+    check(c == grpc.StatusCode.UNAUTHENTICATED, f"no key: {c} {d}")
+    # Raw bytes of a well-formed request still work, and the server keeps serving.
+    good = burst_pb2.TokenizeRequest(text="Hello world!", add_bos=True).SerializeToString()
+    c, d = raw("Tokenize", good, False)
+    check(c == grpc.StatusCode.OK, f"good raw bytes: {c} {d}")
+    r = stub.Tokenize(burst_pb2.TokenizeRequest(text="Hello world!", add_bos=True), metadata=MD)
+    check(list(r.ids) == [1, 15043, 3186, 29991], f"{r.ids}")
+
+
 def test_cancel():
     call = stub.Generate(burst_pb2.GenerateRequest(text=PROMPT, max_tokens=200), metadata=MD)
     next(call)
@@ -196,7 +243,7 @@ if __name__ == "__main__":
     try:
         run([test_generate_stream, test_defaults_and_parameters_as_http, test_chat,
              test_access_log,
-             test_tokenize_and_model_info, test_errors, test_cancel,
+             test_tokenize_and_model_info, test_errors, test_malformed_requests, test_cancel,
              test_health_service])
     finally:
         srv.stop()

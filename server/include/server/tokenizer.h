@@ -15,6 +15,9 @@ struct BurstSpm;
 
 namespace burst::server {
 
+// OK when text is well-formed UTF-8; else an error naming the first bad byte's offset and why.
+Status validate_utf8(std::string_view text);
+
 class Tokenizer {
  public:
   static Result<std::unique_ptr<Tokenizer>> load(const std::string& model_path);
