@@ -23,6 +23,7 @@
 
 #include "models/config.h"
 #include "server/grpc_api.h"
+#include "server/heap.h"
 #include "server/http_api.h"
 #include "server/logging.h"
 #include "server/metrics.h"
@@ -79,6 +80,8 @@ int check_config(const burst::server::ServerConfig& cfg) {
 int main(int argc, char** argv) {
   using namespace burst;
   using namespace burst::server;
+  // First, before any thread exists (the arena bound applies to threads created after it).
+  HeapKeeper heap;
   (void)setup_logging("burst-server", "info", "text");
   // --check-config and --version take no value, unlike every config flag: taken out before
   // parsing.

@@ -435,8 +435,51 @@ def test_cluster_token_for_joining_workers():
         subprocess.run(["rm", "-rf", tmp])
 
 
+def rss_mb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_memory_returns_after_large_prompts():
+    """Large prompts (refused after tokenizing: longer than the context) cost ~60 MB each on
+    the thread that serves them; once they are done the server's resident memory must come
+    back near where it started (docs/reliability.md, "Memory"). Before the bound, glibc's
+    per-thread arenas kept each one's peak: +60 MB per prompt that never came back."""
+    words = ("and the LORD said unto Moses in that day of his people which were before "
+             "them thou shalt not").split()
+    text = " ".join(words[(i * 7919) % len(words)] for i in range(120000))  # ~0.5 MiB
+    body = json.dumps({"prompt": text, "max_tokens": 1})
+    with Server() as srv:
+        before = rss_mb(srv.proc.pid)
+
+        def one():
+            c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
+            c.request("POST", "/v1/completions", body=body,
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            check(r.status == 400, f"a prompt over the context: {r.status}")
+
+        for _ in range(3):
+            ts = [threading.Thread(target=one) for _ in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        deadline, after = time.time() + 5, None
+        while time.time() < deadline:
+            after = rss_mb(srv.proc.pid)
+            if after < before + 60:
+                break
+            time.sleep(0.2)
+        check(after < before + 60, f"RSS {before:.0f} MB before, {after:.0f} MB 5 s after 9 "
+                                   "prompts of 0.5 MiB")
+
+
 if __name__ == "__main__":
-    run([test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
+    run([test_memory_returns_after_large_prompts,test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
          test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir,
          test_loader_refuses_hostile_model_dirs,
          test_worker_port_refuses_calls_without_the_group_secret,
