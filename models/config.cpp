@@ -414,7 +414,15 @@ Result<LlamaConfig> preset_config(const std::string& name) {
   c.torch_dtype = engine::DType::kBF16;
   c.bos_token_id = 1;
   c.eos_token_id = 2;
-  if (name == "7b") {
+  if (name == "1b") {
+    // TinyLlama-1.1B's shape (LLaMA-2 architecture and vocabulary, GQA 32/4): a model a CPU
+    // host holds (4.4 GB in fp32), big enough that loading it takes seconds.
+    c.hidden_size = 2048;
+    c.intermediate_size = 5632;
+    c.num_layers = 22;
+    c.num_heads = 32;
+    c.num_kv_heads = 4;
+  } else if (name == "7b") {
     c.hidden_size = 4096;
     c.intermediate_size = 11008;
     c.num_layers = 32;
@@ -437,10 +445,10 @@ Result<LlamaConfig> preset_config(const std::string& name) {
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
     return Status::error("unknown model preset \"" + name + "\" (known: " + known + ")");
   }
-  c.head_dim = c.hidden_size / c.num_heads;  // 128 for every LLaMA-2 size
+  c.head_dim = c.hidden_size / c.num_heads;  // 128 for every LLaMA-2 size, 64 for 1b
   return c;
 }
 
-std::vector<std::string> preset_names() { return {"7b", "13b", "70b"}; }
+std::vector<std::string> preset_names() { return {"1b", "7b", "13b", "70b"}; }
 
 }  // namespace burst::models

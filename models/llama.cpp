@@ -13,8 +13,6 @@ namespace burst::models {
 
 using engine::Tensor;
 
-namespace {
-
 // Every weight of the model with its HF name, shape and (for random init) fan-in.
 struct WeightSpec {
   std::string name;
@@ -22,6 +20,8 @@ struct WeightSpec {
   Tensor* dst;
   bool is_norm;
 };
+
+namespace {
 
 std::vector<WeightSpec> weight_specs(const LlamaConfig& c, Tensor& embed, Tensor& final_norm,
                                      Tensor& lm_head, std::vector<LayerWeights>& layers) {
@@ -47,59 +47,79 @@ std::vector<WeightSpec> weight_specs(const LlamaConfig& c, Tensor& embed, Tensor
   return s;
 }
 
+int64_t weight_bytes(const std::vector<int64_t>& shape, engine::DType dtype) {
+  int64_t n = engine::dtype_size(dtype);
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 }  // namespace
+
+int64_t model_weight_bytes(const LlamaConfig& config, engine::DType dtype) {
+  Tensor embed, final_norm, lm_head;
+  std::vector<LayerWeights> layers(static_cast<size_t>(config.num_layers));
+  int64_t bytes = 0;
+  for (const auto& w : weight_specs(config, embed, final_norm, lm_head, layers)) {
+    bytes += weight_bytes(w.shape, dtype);
+  }
+  return bytes;
+}
 
 engine::AttentionShape LlamaModel::attention_shape() const {
   return {static_cast<int>(config_.num_layers), static_cast<int>(config_.num_heads),
           static_cast<int>(config_.num_kv_heads), static_cast<int>(config_.head_dim)};
 }
 
-Status LlamaModel::alloc_weights() {
-  layers_.resize(static_cast<size_t>(config_.num_layers));
-  const auto specs = weight_specs(config_, embed_, final_norm_, lm_head_, layers_);
-  int64_t bytes = 0;
-  for (const auto& w : specs) {
-    int64_t n = engine::dtype_size(backend_.compute_dtype());
-    for (int64_t d : w.shape) n *= d;
-    bytes += n;
-  }
-  BURST_RETURN_IF_ERROR(backend_.check_fits(bytes, "the model's weights"));
-  for (auto& w : specs) {
-    auto t = backend_.alloc(w.shape, backend_.compute_dtype());
-    if (!t.ok()) return Status::error("allocating " + w.name + ": " + t.message());
-    *w.dst = t.take();
-  }
-  if (config_.tie_word_embeddings) lm_head_ = embed_;
-  return {};
-}
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(engine::Backend& backend,
-                                                     const std::string& model_dir) {
+                                                     const std::string& model_dir,
+                                                     const LoadProgress& on_progress) {
   auto config = load_config(model_dir);
   if (!config.ok()) return config.status();
   auto files = WeightFiles::open_dir(model_dir);
   if (!files.ok()) return files.status();
   std::unique_ptr<LlamaModel> m(new LlamaModel(backend, config.take()));
-  BURST_RETURN_IF_ERROR(m->alloc_weights());
-  for (auto& w : weight_specs(m->config_, m->embed_, m->final_norm_, m->lm_head_, m->layers_)) {
+  BURST_RETURN_IF_ERROR(m->fill_weights(on_progress, [&](const WeightSpec& w, uint64_t) {
     auto view = files.value().get(w.name, w.shape);
     if (!view.ok()) return view.status();
-    BURST_RETURN_IF_ERROR(backend.upload(view.value().data, view.value().dtype, *w.dst));
-  }
+    return backend.upload(view.value().data, view.value().dtype, *w.dst);
+  }));
   return m;
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::random(engine::Backend& backend,
-                                                       const LlamaConfig& config, uint64_t seed) {
+                                                       const LlamaConfig& config, uint64_t seed,
+                                                       const LoadProgress& on_progress) {
   std::unique_ptr<LlamaModel> m(new LlamaModel(backend, config));
-  BURST_RETURN_IF_ERROR(m->alloc_weights());
-  uint64_t index = 0;
-  for (auto& w : weight_specs(m->config_, m->embed_, m->final_norm_, m->lm_head_, m->layers_)) {
+  BURST_RETURN_IF_ERROR(m->fill_weights(on_progress, [&](const WeightSpec& w, uint64_t index) {
     // Uniform(-a, a) with a = 1/sqrt(fan_in) keeps activations O(1) through the layers.
     const float a = w.is_norm ? 1.f : 1.f / std::sqrt(static_cast<float>(w.shape.back()));
-    BURST_RETURN_IF_ERROR(backend.fill_random(*w.dst, seed * 1000003ull + index++, a, w.is_norm));
-  }
+    return backend.fill_random(*w.dst, seed * 1000003ull + index, a, w.is_norm);
+  }));
   return m;
+}
+
+Status LlamaModel::fill_weights(const LoadProgress& on_progress,
+                                const std::function<Status(const WeightSpec&, uint64_t)>& fill) {
+  layers_.resize(static_cast<size_t>(config_.num_layers));
+  const engine::DType dt = backend_.compute_dtype();
+  const int64_t total = model_weight_bytes(config_, dt);
+  BURST_RETURN_IF_ERROR(backend_.check_fits(total, "the model's weights"));
+  // Each weight is allocated just before it is filled, so the progress counts the time of both
+  // (allocating touches the memory too: on CPU, most of a load).
+  int64_t done = 0;
+  uint64_t index = 0;
+  if (on_progress) on_progress(0, total);
+  for (auto& w : weight_specs(config_, embed_, final_norm_, lm_head_, layers_)) {
+    auto t = backend_.alloc(w.shape, dt);
+    if (!t.ok()) return Status::error("allocating " + w.name + ": " + t.message());
+    *w.dst = t.take();
+    BURST_RETURN_IF_ERROR(fill(w, index++));
+    done += weight_bytes(w.shape, dt);
+    if (on_progress) on_progress(done, total);
+  }
+  if (config_.tie_word_embeddings) lm_head_ = embed_;
+  return {};
 }
 
 Status LlamaModel::ensure_scratch(int64_t rows) {
@@ -243,14 +263,15 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   return {};
 }
 
-Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec) {
+Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,
+                                               const LoadProgress& on_progress) {
   if (spec.dir.empty() == spec.preset.empty()) {
     return Status::error("give exactly one of a model directory or a preset");
   }
-  if (!spec.dir.empty()) return LlamaModel::load(backend, spec.dir);
+  if (!spec.dir.empty()) return LlamaModel::load(backend, spec.dir, on_progress);
   auto config = preset_config(spec.preset);
   if (!config.ok()) return config.status();
-  return LlamaModel::random(backend, config.value(), spec.random_seed);
+  return LlamaModel::random(backend, config.value(), spec.random_seed, on_progress);
 }
 
 }  // namespace burst::models

@@ -928,6 +928,14 @@ void HttpApi::install_routes() {
                                                        : "loading";
     json body = {{"status", state}};
     if (!waiting.empty() && !scheduler_.draining()) body["message"] = waiting;
+    if (const Scheduler::Loading l = scheduler_.loading();
+        !scheduler_.healthy() && !scheduler_.draining() && waiting.empty()) {
+      // A group starting (first start or restart): how far the ranks' weights have loaded.
+      body["loaded_fraction"] =
+          l.total > 0 ? static_cast<double>(l.done) / static_cast<double>(l.total) : 0.0;
+      body["message"] = l.total > 0 ? "loading the model: " + bytes_progress(l.done, l.total)
+                                    : std::string("starting the workers");
+    }
     send_json(res, std::string(state) == "ok" ? 200 : 503, body);
   }));
   s.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {

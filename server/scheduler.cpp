@@ -114,6 +114,9 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
     options_.max_batched_tokens = chunk + std::max<int64_t>(options_.max_running, chunk / 4);
   }
   metrics_.kv_capacity_tokens = options_.group.kv_capacity;
+  if (!options_.group.start_progress) {
+    options_.group.start_progress = std::make_shared<StartProgress>();
+  }
   out_thread_ = std::thread([this] { output_loop(); });
   thread_ = std::thread([this] { loop(); });
 }
@@ -241,6 +244,10 @@ Scheduler::GroupState Scheduler::ensure_group() {
                                                     : options_.group.model.dir);
     }
     auto g = WorkerGroup::start(options_.group);
+    if (!g.ok() && stop_) {
+      spdlog::info("worker group start abandoned: {}", g.message());
+      return GroupState::kFailed;
+    }
     if (!g.ok()) {
       spdlog::error("worker group failed to start: {}", g.message());
       fail_queued("the worker group failed to start: " + g.message());
@@ -744,6 +751,9 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   while (!idle() && Clock::now() < hard && healthy_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // A group still starting (minutes for a large model) is abandoned at once: its ranks are
+  // stopped and the scheduler's thread returns.
+  options_.group.start_progress->cancel = true;
   stop_ = true;
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();

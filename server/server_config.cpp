@@ -119,6 +119,10 @@ Status validate(const ServerConfig& c) {
   if (c.http_header_timeout_ms < 10 || c.http_body_timeout_ms < 10) {
     return Status::error("http_header_timeout_ms and http_body_timeout_ms must be >= 10");
   }
+  if (c.drain_timeout_ms < 0) return Status::error("drain_timeout_ms must be >= 0");
+  if (c.start_timeout_ms < 0) {
+    return Status::error("start_timeout_ms must be >= 0 (0: scaled to the model's size)");
+  }
   if (c.remote_workers < 0 || c.remote_workers > 64) {
     return Status::error("remote_workers must be in 0..64");
   }

@@ -22,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include "models/config.h"
+#include "models/llama.h"
 #include "server/grpc_api.h"
 #include "server/heap.h"
 #include "server/http_api.h"
@@ -142,7 +143,13 @@ int main(int argc, char** argv) {
   so.group.device = cfg.device;
   so.group.kv_capacity = cfg.kv_capacity;
   so.group.threads_per_worker = cfg.threads_per_worker;
-  so.group.start_timeout = std::chrono::milliseconds(cfg.start_timeout_ms);
+  // Every rank holds the whole model (sharded by sequence) in the backend's compute dtype.
+  const int64_t weight_bytes = models::model_weight_bytes(
+      model_cfg.value(),
+      cfg.device.rfind("cuda", 0) == 0 ? engine::DType::kBF16 : engine::DType::kF32);
+  so.group.start_timeout = cfg.start_timeout_ms > 0
+                               ? std::chrono::milliseconds(cfg.start_timeout_ms)
+                               : default_start_timeout(weight_bytes);
   so.group.layout = cfg.layout == "contiguous" ? engine::ShardLayout::kContiguous
                                                : engine::ShardLayout::kZigzag;
   so.max_context = cfg.max_context;
@@ -206,12 +213,15 @@ int main(int argc, char** argv) {
     if (!p.ok()) return fail(p.message());
     grpc_port = p.value();
   }
-  spdlog::info("serving model '{}' ({}): HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, "
-               "max context {}, KV capacity {}, prompt text limit {} bytes, auth {}",
+  spdlog::info("serving model '{}' ({}, {:.2f} GB of weights per worker, start timeout {} s): "
+               "HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, max context {}, KV capacity {}, "
+               "prompt text limit {} bytes, auth {}",
                cfg.model_name,
                cfg.preset.empty() ? cfg.model
                                   : "preset " + cfg.preset + ", random weights, seed " +
                                         std::to_string(cfg.random_weights),
+               static_cast<double>(weight_bytes) / 1e9,
+               std::chrono::duration_cast<std::chrono::seconds>(so.group.start_timeout).count(),
                cfg.host, http_port, cfg.host, grpc_port,
                registry ? cfg.remote_workers : cfg.workers,
                cfg.device, cfg.max_context, cfg.kv_capacity, cfg.max_prompt_bytes,

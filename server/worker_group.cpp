@@ -1,6 +1,7 @@
 #include "server/worker_group.h"
 
 #include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 
 #include "burst/v1/worker.grpc.pb.h"
+#include "server/logging.h"
 #include "server/worker_registry.h"
 
 namespace burst::server {
@@ -45,10 +47,71 @@ std::string describe_exit(int status) {
   return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
+// Where a spawned rank writes its loading progress: beside its port file.
+std::string progress_file(const WorkerGroup::Rank& r) { return r.port_file + ".progress"; }
+
 std::string rank_name(const WorkerGroup::Rank& r) {
   return "worker rank " + std::to_string(r.rank) +
          (r.pid ? " (pid " + std::to_string(r.pid) + ")" : " (" + r.address + ")");
 }
+
+// Follows the ranks' loading while a local group starts: reads their progress files every
+// 200 ms, publishes the sum to the owner's StartProgress (what /health shows) and logs it
+// every 5 s, so a load of minutes is seen moving (and a stuck one seen stuck).
+class LoadWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  LoadWatch(std::shared_ptr<StartProgress> progress,
+            const std::vector<std::unique_ptr<WorkerGroup::Rank>>& ranks)
+      : progress_(std::move(progress)), ranks_(ranks) {
+    if (progress_) {
+      progress_->bytes_done = 0;
+      progress_->bytes_total = 0;
+    }
+  }
+  ~LoadWatch() {
+    if (progress_) progress_->bytes_done = progress_->bytes_total.load();  // loaded (or over)
+  }
+
+  void poll() {
+    const auto now = Clock::now();
+    if (now - last_read_ < std::chrono::milliseconds(200)) return;
+    last_read_ = now;
+    done_ = total_ = 0;
+    int reporting = 0;
+    for (const auto& rk : ranks_) {
+      int64_t d = 0, t = 0;
+      std::ifstream f(progress_file(*rk));
+      if (f >> d >> t && t > 0) {
+        done_ += d;
+        total_ += t;
+        ++reporting;
+      }
+    }
+    // Until every rank has reported its total, the sum would overstate the fraction.
+    if (reporting < static_cast<int>(ranks_.size())) done_ = total_ = 0;
+    if (progress_) {
+      progress_->bytes_total = total_;
+      progress_->bytes_done = done_;
+    }
+    if (now - last_log_ >= std::chrono::seconds(5)) {
+      last_log_ = now;
+      spdlog::info("worker group starting: {}", describe());
+    }
+  }
+
+  std::string describe() const {
+    if (total_ == 0) return "no rank has reported loading progress yet";
+    return "weights loaded " + bytes_progress(done_, total_) + " over " +
+           std::to_string(ranks_.size()) + " rank(s)";
+  }
+
+ private:
+  std::shared_ptr<StartProgress> progress_;
+  const std::vector<std::unique_ptr<WorkerGroup::Rank>>& ranks_;
+  Clock::time_point last_read_{}, last_log_ = Clock::now();
+  int64_t done_ = 0, total_ = 0;
+};
 
 // A duration from the environment, if set: a whole number of milliseconds >= 0.
 Status env_ms(const char* name, std::chrono::milliseconds& out) {
@@ -105,6 +168,10 @@ std::string default_worker_binary() {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   return ec ? "burst-worker" : (self.parent_path() / "burst-worker").string();
+}
+
+std::chrono::milliseconds default_start_timeout(int64_t weight_bytes_per_rank) {
+  return std::chrono::milliseconds(120000 + weight_bytes_per_rank * 30 / 1000000);
 }
 
 int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk) {
@@ -209,7 +276,8 @@ Status WorkerGroup::spawn() {
         options_.worker_binary, "--rank", std::to_string(r), "--world", std::to_string(n),
         "--store", store, "--port-file", rk->port_file, "--device", device,
         "--kv-capacity", std::to_string(per_rank), "--threads", std::to_string(threads),
-        "--comm-timeout-ms", std::to_string(options_.comm_timeout.count())};
+        "--comm-timeout-ms", std::to_string(options_.comm_timeout.count()),
+        "--progress-file", progress_file(*rk)};
     if (!options_.model.dir.empty()) {
       args.insert(args.end(), {"--model", options_.model.dir});
     } else {
@@ -229,8 +297,10 @@ Status WorkerGroup::spawn() {
     ranks_.push_back(std::move(rk));
   }
 
-  // Wait for every rank's port file, failing early if a rank dies during start-up.
+  // Wait for every rank's port file, failing early if a rank dies during start-up, and at
+  // once when the owner cancels (SIGTERM while loading).
   std::vector<std::string> addresses;
+  LoadWatch watch(options_.start_progress, ranks_);
   const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
   for (auto& rk : ranks_) {
     while (!fs::exists(rk->port_file)) {
@@ -244,11 +314,18 @@ Status WorkerGroup::spawn() {
           return Status::error(why);
         }
       }
+      if (options_.start_progress && options_.start_progress->cancel) {
+        stop_all();
+        return Status::error("the start was cancelled (shutting down)");
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         stop_all();
         return Status::error(rank_name(*rk) + " did not start within " +
-                             std::to_string(options_.start_timeout.count()) + " ms");
+                             std::to_string(options_.start_timeout.count()) + " ms (" +
+                             watch.describe() +
+                             "; burst-server --start-timeout-ms sets the limit)");
       }
+      watch.poll();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     int port = 0;
@@ -496,6 +573,7 @@ void WorkerGroup::stop_all() {
     generation_ = 0;
     return;
   }
+  bool asked = false;
   for (auto& rk : ranks_) {
     if (rk->pid && rk->stub) {
       grpc::ClientContext ctx;
@@ -503,10 +581,13 @@ void WorkerGroup::stop_all() {
       authorize(ctx);
       pb::ShutdownResponse resp;
       rk->stub->Shutdown(&ctx, pb::ShutdownRequest(), &resp);
+      asked = true;
     }
   }
-  // Polite first (Shutdown, then SIGTERM), then SIGKILL: stop_all must always return.
+  // Polite first (Shutdown, then SIGTERM), then SIGKILL: stop_all must always return. Ranks
+  // still loading have no control service yet: SIGTERM at once (they exit on it).
   for (int sig : {0, SIGTERM, SIGKILL}) {
+    if (sig == 0 && !asked) continue;
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     for (auto& rk : ranks_) {
       if (rk->pid && sig) {

@@ -43,6 +43,7 @@
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
 #include "models/batch.h"
+#include "server/logging.h"
 #include "server/worker_registry.h"
 #ifdef BURST_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
@@ -63,7 +64,7 @@ constexpr const char* kRejoinEnv = "BURST_WORKER_REJOIN";
 struct Args {
   models::ModelSpec model;
   int rank = -1, world = 0, threads = 0;
-  std::string store, port_file, device = "cpu";
+  std::string store, port_file, progress_file, device = "cpu";
   int64_t kv_capacity = 4096;
   int comm_timeout_ms = 30000;
   std::string join, advertise_host;
@@ -71,21 +72,41 @@ struct Args {
   bool local_flags = false;  // any of --rank --world --store --port-file --kv-capacity ...
 };
 
+constexpr const char* kUsage =
+    R"(usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R --world N
+                    --store DIR --port-file FILE [--progress-file FILE] [--device D]
+                    [--kv-capacity TOKENS] [--threads T] [--comm-timeout-ms MS]
+   or: burst-worker (--model DIR | --preset NAME --random-weights SEED) --join HOST:PORT
+                    [--advertise-host H] [--cluster-token-file F] [--device D] [--threads T]
+   or: burst-worker --version | --help
+
+The first form is started by burst-server / burst-generate --workers N (with the group's secret
+in $BURST_WORKER_SECRET); the second joins `burst-server --remote-workers N --worker-listen
+HOST:PORT` (multi-node), which sends rank, world size and KV capacity.
+
+  --model DIR       a Hugging Face LLaMA directory (config.json, *.safetensors)
+  --preset NAME     random weights of a LLaMA-2 shape: 1b, 7b, 13b or 70b
+  --random-weights SEED  the preset's weights' seed
+  --device D        cpu (default), cuda or cuda:N
+  --threads T       CPU threads (0: cores / world size; with --join: all cores)
+  --rank R, --world N  this worker's rank and the group's size (spawned form)
+  --store DIR       the group's rendezvous directory (spawned form)
+  --port-file FILE  where the control service's port is written once the rank is up
+  --progress-file FILE  where loading progress ("BYTES_DONE BYTES_TOTAL") is written while the
+                    weights load; the coordinator reads it (spawned form)
+  --kv-capacity TOKENS  KV rows this rank caches (spawned form; default 4096)
+  --comm-timeout-ms MS  the communicator's timeout (spawned form; default 30000)
+  --join HOST:PORT  register with burst-server's worker registry (multi-node)
+  --advertise-host H  the address the server and the other workers reach this one at
+                    (default: this host's address on the route to the server)
+  --cluster-token-file F  the cluster token (else $BURST_CLUSTER_TOKEN)
+  --version         print the version and build, exit
+  --help            print this, exit
+SIGTERM stops the worker at any moment, loading included.
+)";
+
 [[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "burst-worker: " << msg << "\n"
-            << "usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R "
-               "--world N --store DIR --port-file FILE [--device cpu] [--kv-capacity TOKENS] "
-               "[--threads T] [--comm-timeout-ms MS]\n"
-               "   or: burst-worker (--model DIR | --preset NAME --random-weights SEED) "
-               "--join HOST:PORT [--advertise-host H] [--cluster-token-file F] "
-               "[--device cpu|cuda:N] [--threads T]\n"
-               "The first form is started by burst-server / burst-generate --workers N. The "
-               "second joins `burst-server --remote-workers N --worker-listen HOST:PORT` "
-               "(multi-node); rank, world size and KV capacity come from the server; "
-               "--advertise-host (default: this host's address on the route to the server) is "
-               "where the other workers and the server reach this one. The server's cluster "
-               "token comes from --cluster-token-file or $BURST_CLUSTER_TOKEN; a spawned worker "
-               "gets its group's secret in $BURST_WORKER_SECRET.\n";
+  std::cerr << "burst-worker: " << msg << "\n" << kUsage;
   std::exit(2);
 }
 
@@ -122,10 +143,20 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
+    // The only flags without a value.
+    if (f == "--help" || f == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (f == "--version") {
+      std::cout << burst::server::version_string("burst-worker") << "\n";
+      std::exit(0);
+    }
     if (i + 1 >= argc) usage("missing value for " + f);
     const std::string v = argv[++i];
     const bool local = f == "--rank" || f == "--world" || f == "--store" ||
-                       f == "--port-file" || f == "--kv-capacity" || f == "--comm-timeout-ms";
+                       f == "--port-file" || f == "--progress-file" || f == "--kv-capacity" ||
+                       f == "--comm-timeout-ms";
     a.local_flags = a.local_flags || local;
     if (f == "--model") a.model.dir = v;
     else if (f == "--preset") a.model.preset = v;
@@ -134,6 +165,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--world") a.world = static_cast<int>(to_int(f, v));
     else if (f == "--store") a.store = v;
     else if (f == "--port-file") a.port_file = v;
+    else if (f == "--progress-file") a.progress_file = v;
     else if (f == "--device") a.device = v;
     else if (f == "--kv-capacity") a.kv_capacity = to_int(f, v);
     else if (f == "--threads") a.threads = static_cast<int>(to_int(f, v));
@@ -146,8 +178,8 @@ Args parse(int argc, char** argv) {
   if (a.threads < 0) usage("--threads must be >= 0");
   if (!a.join.empty()) {
     if (a.local_flags) {
-      usage("--rank, --world, --store, --port-file, --kv-capacity and --comm-timeout-ms come "
-            "from the server with --join; drop them");
+      usage("--rank, --world, --store, --port-file, --progress-file, --kv-capacity and "
+            "--comm-timeout-ms come from the server with --join; drop them");
     }
     if (auto hp = burst::server::split_host_port(a.join); !hp.ok()) {
       usage("--join: " + hp.message());
@@ -389,8 +421,9 @@ std::unique_ptr<grpc::Server> start_control(WorkerService& service, const std::s
 }
 
 // SIGTERM (blocked in every thread since main's start) is taken by this thread with sigwait,
-// so the exit path runs in normal context, not in a signal handler. A --join worker that is not
-// in a group has nothing to tear down and exits at once.
+// so the exit path runs in normal context, not in a signal handler. Started before the model
+// loads: a worker that is not in a group yet (loading, joining its communicator, registering)
+// has nothing to tear down and exits at once, so a stop never waits for a load of minutes.
 void start_sigterm_thread() {
   std::thread([] {
     sigset_t set;
@@ -401,6 +434,28 @@ void start_sigterm_thread() {
     g_exit.request(0);
     if (!g_in_group) std::_Exit(0);
   }).detach();
+}
+
+// Loading progress: written to `progress_file` ("DONE TOTAL", bytes; write then rename, at most
+// every 200 ms and at the end) for the coordinator, which logs it and shows it on /health; a
+// --join worker has no file and logs a line every 5 s itself.
+models::LoadProgress load_reporter(const std::string& progress_file) {
+  using Clock = std::chrono::steady_clock;
+  auto last = std::make_shared<Clock::time_point>();
+  auto last_log = std::make_shared<Clock::time_point>(Clock::now());
+  return [progress_file, last, last_log](int64_t done, int64_t total) {
+    const auto now = Clock::now();
+    if (!progress_file.empty()) {
+      if (done < total && now - *last < std::chrono::milliseconds(200)) return;
+      *last = now;
+      const std::string tmp = progress_file + ".tmp";
+      std::ofstream(tmp) << done << " " << total << "\n";
+      std::rename(tmp.c_str(), progress_file.c_str());
+    } else if (done == total || now - *last_log >= std::chrono::seconds(5)) {
+      *last_log = now;
+      say("loading the weights: " + burst::server::bytes_progress(done, total));
+    }
+  };
 }
 
 int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model,
@@ -425,7 +480,6 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
     }
   }
   g_in_group = true;
-  start_sigterm_thread();
   const int code = g_exit.wait();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   std::_Exit(code);  // skip destructors of a possibly broken communicator
@@ -487,7 +541,6 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
   ch_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   auto channel = grpc::CreateCustomChannel(a.join, grpc::InsecureChannelCredentials(), ch_args);
   auto stub = pb::WorkerRegistry::NewStub(channel);
-  start_sigterm_thread();
   say(std::string(rejoining ? "registering again" : "registering") + " as " + host + " (pid " +
       std::to_string(getpid()) + ")");
 
@@ -604,9 +657,12 @@ int main(int argc, char** argv) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   omp_set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / std::max(1, a.world)));
 
+  start_sigterm_thread();
+  say(burst::server::version_string("burst-worker"));
+
   auto backend = engine::make_backend(a.device);
   if (!backend.ok()) return fail(backend.message());
-  auto model = models::load_model(*backend.value(), a.model);
+  auto model = models::load_model(*backend.value(), a.model, load_reporter(a.progress_file));
   if (!model.ok()) return fail(model.message());
   if (!a.join.empty()) return run_join(a, *backend.value(), *model.value(), argv);
   return run_local(a, *backend.value(), *model.value(), secret);

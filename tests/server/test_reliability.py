@@ -435,6 +435,60 @@ def test_cluster_token_for_joining_workers():
         subprocess.run(["rm", "-rf", tmp])
 
 
+def test_slow_load_shows_progress_and_stops_on_sigterm():
+    """A load that takes seconds (the 1b preset: 4.4 GB of fp32 weights generated on one
+    thread): /health reports the loaded fraction while it runs, and SIGTERM in the middle ends
+    the server and its worker within 5 s (before, SIGTERM waited for the load and the start
+    timeout)."""
+    from harness import TOKENIZER
+    tmp = tempfile.mkdtemp(prefix="burst-rel-load-")
+    port_file = os.path.join(tmp, "ports.json")
+    log_path = os.path.join(tmp, "server.log")
+    args = [os.path.join(build_dir(), "bin", "burst-server"), "--preset", "1b",
+            "--random-weights", "1", "--tokenizer", TOKENIZER, "--workers", "1",
+            "--threads-per-worker", "1", "--http-port", "0", "--grpc-port", "-1",
+            "--port-file", port_file]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) and time.time() < deadline:
+            time.sleep(0.05)
+        port = json.load(open(port_file))["http_port"]
+        seen, workers = [], []
+        while time.time() < deadline:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            body = json.loads(r.read())
+            c.close()
+            check(r.status == 503 and body["status"] == "loading", f"health: {r.status} {body}")
+            seen.append(body)
+            if 0 < body["loaded_fraction"] < 1:
+                break
+            time.sleep(0.05)
+        f = seen[-1]["loaded_fraction"]
+        check(0 < f < 1 and "GB" in seen[-1]["message"], f"no loading progress: {seen[-3:]}")
+        workers = [int(d) for d in os.listdir("/proc") if d.isdigit() and
+                   os.path.exists(f"/proc/{d}/stat") and
+                   open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1] == str(proc.pid)]
+        check(len(workers) == 1, f"the loading worker: {workers}")
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        took = time.time() - t0
+        check(code == 0 and took < 5, f"SIGTERM while loading ({f:.0%}): exit {code} after "
+                                      f"{took:.1f} s:\n" + open(log_path).read()[-2000:])
+        gone = not os.path.exists(f"/proc/{workers[0]}") or \
+            open(f"/proc/{workers[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        check(gone, f"worker {workers[0]} still runs after the server exited")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["rm", "-rf", tmp])
+
+
 def rss_mb(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -479,7 +533,8 @@ def test_memory_returns_after_large_prompts():
 
 
 if __name__ == "__main__":
-    run([test_memory_returns_after_large_prompts,test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
+    run([test_slow_load_shows_progress_and_stops_on_sigterm,
+         test_memory_returns_after_large_prompts,test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
          test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir,
          test_loader_refuses_hostile_model_dirs,
          test_worker_port_refuses_calls_without_the_group_secret,

@@ -29,15 +29,23 @@ struct RopeSpan {
   int64_t row = 0, rows = 0, seq_len = 0;
 };
 
+// Called after each weight is loaded or generated: bytes of the model's weights (in the
+// backend's compute dtype) done so far, of all. A 7B model takes minutes: this is what shows it.
+using LoadProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
+
+struct WeightSpec;  // one weight: name, shape, destination (llama.cpp)
+
 class LlamaModel {
  public:
   // Loads config.json and the safetensors weights of an HF model directory onto the backend.
   static Result<std::unique_ptr<LlamaModel>> load(engine::Backend& backend,
-                                                  const std::string& model_dir);
+                                                  const std::string& model_dir,
+                                                  const LoadProgress& on_progress = nullptr);
   // A model of `config` with weights drawn from a counter-based generator keyed by `seed`
   // (uniform, scaled by 1/sqrt(fan_in); norms at 1): the benchmark presets need no files.
   static Result<std::unique_ptr<LlamaModel>> random(engine::Backend& backend,
-                                                    const LlamaConfig& config, uint64_t seed);
+                                                    const LlamaConfig& config, uint64_t seed,
+                                                    const LoadProgress& on_progress = nullptr);
 
   const LlamaConfig& config() const { return config_; }
   engine::Backend& backend() const { return backend_; }
@@ -64,7 +72,9 @@ class LlamaModel {
  private:
   LlamaModel(engine::Backend& backend, LlamaConfig config)
       : backend_(backend), config_(std::move(config)) {}
-  Status alloc_weights();
+  // Allocates each weight and runs fill(weight, index) on it, in order, reporting progress.
+  Status fill_weights(const LoadProgress& on_progress,
+                      const std::function<Status(const WeightSpec&, uint64_t)>& fill);
   Status ensure_scratch(int64_t rows);
 
   engine::Backend& backend_;
@@ -80,12 +90,17 @@ class LlamaModel {
   engine::Tensor head_in_, head_normed_, head_out_;
 };
 
+// Bytes of a model's weights of `config` held in `dtype` (what every rank holds: the model is
+// sharded by sequence, not by weight).
+int64_t model_weight_bytes(const LlamaConfig& config, engine::DType dtype);
+
 // Where a model comes from: an HF directory, or a preset with seeded random weights.
 struct ModelSpec {
   std::string dir;
   std::string preset;
   uint64_t random_seed = 0;
 };
-Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec);
+Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,
+                                               const LoadProgress& on_progress = nullptr);
 
 }  // namespace burst::models

@@ -20,6 +20,9 @@ std::string version_string(const std::string& binary);
 Status setup_logging(const std::string& binary, const std::string& level,
                      const std::string& format);
 
+// "1.2 of 4.4 GB (27%)": weights loaded of all, for the loading log lines and /health.
+std::string bytes_progress(int64_t done, int64_t total);
+
 // JSON string escaping (quotes included) for log lines built by hand.
 std::string json_quote(const std::string& s);
 

@@ -149,6 +149,15 @@ class Scheduler {
   // Remote workers: "waiting for workers (k/N registered ...)" while the group is not serving;
   // otherwise empty.
   std::string waiting_status() const;
+  // While a local group starts: the weights loaded and in all, bytes summed over the ranks
+  // (total 0 until every rank has reported; done == total once loaded).
+  struct Loading {
+    int64_t done = 0, total = 0;
+  };
+  Loading loading() const {
+    const StartProgress& p = *options_.group.start_progress;
+    return {p.bytes_done.load(), p.bytes_total.load()};
+  }
   // Refuses new requests, lets queued and running ones finish for up to `grace`, cancels the
   // rest, then stops the worker group. Safe to call once from any thread.
   void drain(std::chrono::milliseconds grace);

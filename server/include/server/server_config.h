@@ -58,7 +58,9 @@ struct ServerConfig {
   int http_body_timeout_ms = 30000;    // its body within this after the head
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
   int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
-  int start_timeout_ms = 120000;
+  // Spawn to serving, the weights' loading included; 0: scaled to the weights' size
+  // (default_start_timeout in worker_group.h: 120 s + 30 s per GB each rank holds).
+  int start_timeout_ms = 0;
   std::string log_level = "info";   // trace, debug, info, warn, error, critical, off
   std::string log_format = "text";  // text or json (one JSON object per line), on stderr
   // Not a config key: where the shipped data was found (empty: nowhere), for messages.
@@ -66,7 +68,7 @@ struct ServerConfig {
 };
 
 constexpr const char* kServerUsage =
-    R"(usage: burst-server [--config FILE] [--model DIR | --preset 7b|13b|70b --random-weights SEED]
+    R"(usage: burst-server [--config FILE] [--model DIR | --preset 1b|7b|13b|70b --random-weights SEED]
                     [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
                     [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
@@ -120,7 +122,10 @@ constexpr const char* kServerUsage =
   --http-body-timeout-ms MS  its body within this after the head, else 408 (default 30000)
   --keepalive-ms MS SSE keep-alive comment interval while no token is ready (default 5000)
   --drain-timeout-ms MS  SIGTERM: how long requests in flight may finish (default 30000)
-  --start-timeout-ms MS  how long the worker group may take to start (default 120000)
+  --start-timeout-ms MS  how long the worker group may take to start, loading the weights
+                    included (0, the default: 120 s + 30 s per GB of weights per worker;
+                    kjv-tiny 120 s, 7b on GPUs 524 s); progress is logged every 5 s and
+                    shown on /health
   --log-level LEVEL trace, debug, info (default), warn, error, critical or off
   --log-format F    text (default) or json (one object per line); logs go to stderr, with one
                     access-log line per HTTP request (status, route, latency, request id)

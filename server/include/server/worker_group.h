@@ -39,6 +39,16 @@ namespace burst::server {
 
 class WorkerRegistry;
 
+// A group's start as its owner sees it: the weights' loading progress summed over the ranks (a
+// local group reads it from the ranks' progress files while they load), and a flag that
+// abandons the start at once (SIGTERM while a 7B model loads). The owner keeps it across
+// starts and restarts.
+struct StartProgress {
+  std::atomic<int64_t> bytes_done{0};
+  std::atomic<int64_t> bytes_total{0};  // 0: nothing reported yet
+  std::atomic<bool> cancel{false};
+};
+
 struct WorkerGroupOptions {
   std::string worker_binary;  // path of burst-worker (default: beside the running binary)
   models::ModelSpec model;
@@ -47,7 +57,10 @@ struct WorkerGroupOptions {
   int64_t kv_capacity = 4096;  // KV tokens of the whole group, shared by every sequence
   int64_t prefill_chunk = 0;   // generate(): prefill in chunks of this many tokens (0: whole)
   engine::ShardLayout layout = engine::ShardLayout::kZigzag;
+  // From the spawn until every rank answers (loading the weights included): see
+  // default_start_timeout().
   std::chrono::milliseconds start_timeout{120000};
+  std::shared_ptr<StartProgress> start_progress;  // optional
   std::chrono::milliseconds comm_timeout{30000};
   int threads_per_worker = 0;  // 0: cores / workers (local mode)
   // Liveness of ranks that are alive but hung (SIGSTOP, a wedged process): a monitor thread
@@ -67,6 +80,12 @@ struct WorkerGroupOptions {
   // its world size is `workers`.
   std::shared_ptr<WorkerRegistry> registry;
 };
+
+// The start timeout when none is given: 120 s plus 30 s per GB of weights each rank holds (a
+// rank loads the whole model: it is sharded by sequence), i.e. ~35 MB/s, which a slow network
+// volume still reaches: kjv-tiny 120 s, 1b (fp32 on CPU) 4.4 GB -> 252 s, 7b bf16 13.5 GB ->
+// 524 s, 70b bf16 138 GB -> ~73 min.
+std::chrono::milliseconds default_start_timeout(int64_t weight_bytes_per_rank);
 
 // KV rows each rank caches for a group holding `total` tokens: its share (zigzag: each chunk of
 // a prompt gives a rank at most 2 rows over its exact share) plus that slack for prompts cut in
