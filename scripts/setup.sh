@@ -48,6 +48,24 @@ for shipped in "$root"/models/*/tokenizer.model; do
   [ -f "$shipped" ] || continue
   cmp -s "$tok" "$shipped" || { echo "setup: $shipped differs from the rebuilt tokenizer" >&2; exit 1; }
 done
+# promtool, for test_http's `promtool check metrics`: only that binary (48 MB), taken out of
+# Debian's prometheus package (a 19 MB download). Installing the package would add 96 MB more and
+# install and start a Prometheus server (a daemon on :9090) on the machine.
+prom_dir="$root/build/third_party/prometheus"
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$prom_dir/usr/bin/promtool" ]; then
+  mkdir -p "$prom_dir"
+  fetch_promtool() {
+    (cd "$prom_dir" && apt-get download prometheus >/dev/null 2>&1 &&
+      dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool && rm -f prometheus_*.deb)
+  }
+  if ! fetch_promtool; then
+    # The package lists may be missing (a fresh container): update them once and retry.
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq || true
+    fetch_promtool || echo "setup: could not fetch promtool; test_http skips its check" >&2
+  fi
+fi
 # The official OpenAI Node SDK, for the server's end-to-end test (tests/server/test_openai_node.sh):
 # installed here so the tests run offline.
 node_dir="$root/build/node"

@@ -80,45 +80,45 @@ std::string Metrics::render() const {
                              &iteration_tokens}) {
     h->render(&out, l);
   }
-  scalar(&out, l, "burst_prompt_tokens_total", "counter", "Prompt tokens processed.",
+  scalar(&out, l, "burst:prompt_tokens_total", "counter", "Prompt tokens processed.",
          static_cast<double>(prompt_tokens.load()));
-  scalar(&out, l, "burst_generation_tokens_total", "counter", "Tokens generated.",
+  scalar(&out, l, "burst:generation_tokens_total", "counter", "Tokens generated.",
          static_cast<double>(generation_tokens.load()));
-  out += "# HELP burst_requests_total Requests by outcome.\n# TYPE burst_requests_total counter\n";
+  out += "# HELP burst:requests_total Requests by outcome.\n# TYPE burst:requests_total counter\n";
   const std::pair<const char*, uint64_t> outcomes[] = {
       {"ok", requests_ok.load()},
       {"cancelled", requests_cancelled.load()},
       {"failed", requests_failed.load()},
       {"rejected", requests_rejected.load()}};
   for (const auto& [label, v] : outcomes) {
-    out += "burst_requests_total{" + l + ",outcome=\"" + label + "\"} " + std::to_string(v) +
+    out += "burst:requests_total{" + l + ",outcome=\"" + label + "\"} " + std::to_string(v) +
            "\n";
   }
-  out += "# HELP burst_request_success_total Finished requests by finish reason (vLLM's "
-         "request_success_total).\n# TYPE burst_request_success_total counter\n";
+  out += "# HELP burst:request_success_total Finished requests by finish reason (vLLM's "
+         "request_success_total).\n# TYPE burst:request_success_total counter\n";
   const std::pair<const char*, uint64_t> reasons[] = {{"stop", success_stop.load()},
                                                       {"length", success_length.load()},
                                                       {"abort", requests_cancelled.load()}};
   for (const auto& [label, v] : reasons) {
-    out += "burst_request_success_total{" + l + ",finished_reason=\"" + label + "\"} " +
+    out += "burst:request_success_total{" + l + ",finished_reason=\"" + label + "\"} " +
            std::to_string(v) + "\n";
   }
-  scalar(&out, l, "burst_http_errors_total", "counter", "HTTP responses with a 4xx or 5xx status.",
+  scalar(&out, l, "burst:http_errors_total", "counter", "HTTP responses with a 4xx or 5xx status.",
          static_cast<double>(http_errors.load()));
-  scalar(&out, l, "burst_worker_restarts_total", "counter",
+  scalar(&out, l, "burst:worker_restarts_total", "counter",
          "Worker-group restarts after a failure.", static_cast<double>(worker_restarts.load()));
-  scalar(&out, l, "burst_num_requests_running", "gauge", "Requests on the workers.",
+  scalar(&out, l, "burst:num_requests_running", "gauge", "Requests on the workers.",
          static_cast<double>(running.load()));
-  scalar(&out, l, "burst_num_requests_waiting", "gauge", "Requests in the queue.",
+  scalar(&out, l, "burst:num_requests_waiting", "gauge", "Requests in the queue.",
          static_cast<double>(waiting.load()));
-  scalar(&out, l, "burst_kv_cache_used_tokens", "gauge", "Tokens held in the workers' KV shards.",
+  scalar(&out, l, "burst:kv_cache_used_tokens", "gauge", "Tokens held in the workers' KV shards.",
          static_cast<double>(kv_used_tokens.load()));
-  scalar(&out, l, "burst_kv_cache_capacity_tokens", "gauge", "KV capacity (tokens, whole group).",
+  scalar(&out, l, "burst:kv_cache_capacity_tokens", "gauge", "KV capacity (tokens, whole group).",
          static_cast<double>(kv_capacity_tokens.load()));
   const int64_t cap = kv_capacity_tokens.load();
-  scalar(&out, l, "burst_kv_cache_usage_perc", "gauge", "KV-cache use, 0 to 1.",
+  scalar(&out, l, "burst:kv_cache_usage_perc", "gauge", "KV-cache use, 0 to 1.",
          cap > 0 ? static_cast<double>(kv_used_tokens.load()) / static_cast<double>(cap) : 0.0);
-  scalar(&out, l, "burst_healthy", "gauge", "1 when the worker group serves requests.",
+  scalar(&out, l, "burst:healthy", "gauge", "1 when the worker group serves requests.",
          healthy.load());
   return out;
 }

@@ -51,8 +51,8 @@ def text_and_ttft(srv, prompt, max_tokens):
 def wait_kv_empty(srv, timeout=20):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if srv.metric("burst_kv_cache_used_tokens") == 0 and \
-           srv.metric("burst_num_requests_running") == 0:
+        if srv.metric("burst:kv_cache_used_tokens") == 0 and \
+           srv.metric("burst:num_requests_running") == 0:
             return True
         time.sleep(0.05)
     return False

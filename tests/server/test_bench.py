@@ -185,7 +185,7 @@ def test_interrupt_keeps_partial_results():
                           "--token-id-range", IDS, "--result-json", out, "--no-progress"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
-    while time.time() < deadline and srv.metric("burst_num_requests_running") == 0:
+    while time.time() < deadline and srv.metric("burst:num_requests_running") == 0:
         time.sleep(0.05)
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
@@ -197,9 +197,9 @@ def test_interrupt_keeps_partial_results():
     check(j["error_counts"].get("interrupted") == j["interrupted"], f"{j['error_counts']}")
     check("Serving Benchmark Result" in stdout, "the summary is printed")
     deadline = time.time() + 20
-    while time.time() < deadline and srv.metric("burst_num_requests_running") != 0:
+    while time.time() < deadline and srv.metric("burst:num_requests_running") != 0:
         time.sleep(0.1)
-    check(srv.metric("burst_num_requests_running") == 0, "the server saw the cancel")
+    check(srv.metric("burst:num_requests_running") == 0, "the server saw the cancel")
 
 
 def test_report():

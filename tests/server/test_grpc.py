@@ -222,9 +222,9 @@ def test_cancel():
     call.cancel()
     import time
     deadline = time.time() + 20
-    while time.time() < deadline and srv.metric("burst_num_requests_running") != 0:
+    while time.time() < deadline and srv.metric("burst:num_requests_running") != 0:
         time.sleep(0.1)
-    check(srv.metric("burst_kv_cache_used_tokens") == 0, "KV freed after a gRPC cancel")
+    check(srv.metric("burst:kv_cache_used_tokens") == 0, "KV freed after a gRPC cancel")
 
 
 def test_health_service():

@@ -113,7 +113,7 @@ def test_sigstop_idle_worker():
             srv.wait_healthy()
             st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
             check(st == 200 and r["usage"]["completion_tokens"] == 3, f"next request: {st} {r}")
-            check(srv.metric("burst_worker_restarts_total") >= 1, "restart counted")
+            check(srv.metric("burst:worker_restarts_total") >= 1, "restart counted")
         finally:
             resume(pids[0])
 
@@ -125,10 +125,10 @@ def test_drain_timeout_ends_streams_with_a_message():
     try:
         streams = [stream_request(srv, max_tokens=2000) for _ in range(3)]
         deadline = time.time() + 20
-        while (srv.metric("burst_num_requests_running") != 1 or
-               srv.metric("burst_num_requests_waiting") != 2) and time.time() < deadline:
+        while (srv.metric("burst:num_requests_running") != 1 or
+               srv.metric("burst:num_requests_waiting") != 2) and time.time() < deadline:
             time.sleep(0.02)
-        check(srv.metric("burst_num_requests_waiting") == 2, "two streams queued")
+        check(srv.metric("burst:num_requests_waiting") == 2, "two streams queued")
         srv.proc.send_signal(signal.SIGTERM)
         results = []
         for c, resp in streams:

@@ -118,7 +118,7 @@ def test_sigkill_remote_worker_then_fresh_worker_rejoins():
     srv.wait_healthy(60)
     text = greedy_text()
     check(PROMPT + text == expected, f"after the rejoin {text!r} vs {expected!r}")
-    check(srv.metric("burst_worker_restarts_total") >= 1, "the restart is counted")
+    check(srv.metric("burst:worker_restarts_total") >= 1, "the restart is counted")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ def test_sigkill_worker_mid_stream():
     check(took < 5, f"failed within 5 s (took {took:.2f} s)")
     # Unhealthy was reported (the restart counter), then the group comes back.
     deadline = time.time() + 60
-    while srv.metric("burst_worker_restarts_total") < 1 and time.time() < deadline:
+    while srv.metric("burst:worker_restarts_total") < 1 and time.time() < deadline:
         time.sleep(0.05)
-    check(srv.metric("burst_worker_restarts_total") >= 1, "the group was restarted")
+    check(srv.metric("burst:worker_restarts_total") >= 1, "the group was restarted")
     srv.wait_healthy()
     st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
     check(st == 200 and r["usage"]["completion_tokens"] == 4, f"next request: {st} {r}")
@@ -48,7 +48,7 @@ def test_sigkill_worker_non_stream_503():
     t = threading.Thread(target=req)
     t.start()
     deadline = time.time() + 10
-    while srv.metric("burst_num_requests_running") != 1 and time.time() < deadline:
+    while srv.metric("burst:num_requests_running") != 1 and time.time() < deadline:
         time.sleep(0.01)
     t0 = time.time()
     os.kill(srv.worker_pids()[0], signal.SIGKILL)

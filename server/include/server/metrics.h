@@ -1,5 +1,5 @@
 // Server metrics in the Prometheus text exposition format (version 0.0.4), thread-safe. Names
-// follow vLLM's where one exists (burst_ prefix instead of vllm:), and every sample carries
+// follow vLLM's where one exists (burst: prefix instead of vllm:), and every sample carries
 // vLLM's model_name label, so existing dashboards map over: time_to_first_token_seconds,
 // time_per_output_token_seconds, e2e_request_latency_seconds, request_queue_time_seconds,
 // request_prefill_time_seconds, request_decode_time_seconds, iteration_tokens (histograms,
@@ -34,16 +34,16 @@ class Histogram {
 };
 
 struct Metrics {
-  Histogram ttft{"burst_time_to_first_token_seconds",
+  Histogram ttft{"burst:time_to_first_token_seconds",
                  "Time from request arrival to its first token (queue + prefill)."};
-  Histogram tpot{"burst_time_per_output_token_seconds", "Time between consecutive tokens."};
-  Histogram e2e{"burst_e2e_request_latency_seconds", "Time from arrival to the last token."};
-  Histogram queue{"burst_request_queue_time_seconds", "Time a request waited in the queue."};
-  Histogram prefill_time{"burst_request_prefill_time_seconds",
+  Histogram tpot{"burst:time_per_output_token_seconds", "Time between consecutive tokens."};
+  Histogram e2e{"burst:e2e_request_latency_seconds", "Time from arrival to the last token."};
+  Histogram queue{"burst:request_queue_time_seconds", "Time a request waited in the queue."};
+  Histogram prefill_time{"burst:request_prefill_time_seconds",
                          "Time from admission to the end of a request's prefill."};
-  Histogram decode_time{"burst_request_decode_time_seconds",
+  Histogram decode_time{"burst:request_decode_time_seconds",
                         "Time from a request's first token to its last."};
-  Histogram iteration_tokens{"burst_iteration_tokens",
+  Histogram iteration_tokens{"burst:iteration_tokens",
                              "Tokens per engine step (decode tokens + prefill chunk tokens).",
                              {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                               32768, 65536, 131072}};
