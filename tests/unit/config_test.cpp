@@ -391,13 +391,15 @@ TEST(Config, LoadFromDirectory) {
 }
 
 TEST(Config, Presets) {
-  EXPECT_EQ(preset_names(), (std::vector<std::string>{"7b", "13b", "70b"}));
+  EXPECT_EQ(preset_names(), (std::vector<std::string>{"1b", "7b", "13b", "70b"}));
   struct Want {
     const char* name;
-    int64_t hidden, inter, layers, heads, kv;
+    int64_t hidden, inter, layers, heads, kv, head_dim;
   };
-  for (const Want& w : {Want{"7b", 4096, 11008, 32, 32, 32}, Want{"13b", 5120, 13824, 40, 40, 40},
-                        Want{"70b", 8192, 28672, 80, 64, 8}}) {
+  for (const Want& w : {Want{"1b", 2048, 5632, 22, 32, 4, 64},
+                        Want{"7b", 4096, 11008, 32, 32, 32, 128},
+                        Want{"13b", 5120, 13824, 40, 40, 40, 128},
+                        Want{"70b", 8192, 28672, 80, 64, 8, 128}}) {
     auto r = preset_config(w.name);
     ASSERT_TRUE(r.ok()) << r.message();
     const LlamaConfig& c = r.value();
@@ -406,7 +408,7 @@ TEST(Config, Presets) {
     EXPECT_EQ(c.num_layers, w.layers) << w.name;
     EXPECT_EQ(c.num_heads, w.heads) << w.name;
     EXPECT_EQ(c.num_kv_heads, w.kv) << w.name;
-    EXPECT_EQ(c.head_dim, 128) << w.name;
+    EXPECT_EQ(c.head_dim, w.head_dim) << w.name;
     EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f) << w.name;
     EXPECT_FLOAT_EQ(c.rope_theta, 10000.f) << w.name;
     EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kNone) << w.name;
