@@ -70,7 +70,6 @@ engine::AttentionShape LlamaModel::attention_shape() const {
           static_cast<int>(config_.num_kv_heads), static_cast<int>(config_.head_dim)};
 }
 
-
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(engine::Backend& backend,
                                                      const std::string& model_dir,
                                                      const LoadProgress& on_progress) {

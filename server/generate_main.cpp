@@ -18,7 +18,8 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: burst-generate (--model DIR | --preset 1b|7b|13b|70b --random-weights SEED)
+constexpr const char* kUsage =
+    R"(usage: burst-generate (--model DIR | --preset 1b|7b|13b|70b --random-weights SEED)
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]

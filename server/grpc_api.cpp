@@ -1,8 +1,8 @@
 #include "server/grpc_api.h"
 
+#include <google/protobuf/unknown_field_set.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <google/protobuf/unknown_field_set.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
@@ -89,8 +89,8 @@ grpc::Status parse_request(const grpc::ByteBuffer& raw, google::protobuf::Messag
     }
   }
   if (msg->ParseFromString(bytes)) return grpc::Status::OK;
-  std::string why = diagnose_request(bytes, msg->GetDescriptor(),
-                                     msg->GetDescriptor()->full_name(), 0);
+  std::string why =
+      diagnose_request(bytes, msg->GetDescriptor(), msg->GetDescriptor()->full_name(), 0);
   if (why.empty()) why = "malformed protobuf: not a valid " + msg->GetDescriptor()->full_name();
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
 }
@@ -172,17 +172,16 @@ class GrpcApi::Service final : public pb::Burst::Service {
 
   Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
       : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {
-    MarkMethodStreamed(0, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer,
-                                                                        pb::GenerateResponse>(
-                              [this](grpc::ServerContext* ctx, Streamer* s) {
-                                return streamed<pb::GenerateRequest>(ctx, s, "Generate",
-                                                                     &Service::generate);
-                              }));
-    MarkMethodStreamed(1, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer,
-                                                                        pb::GenerateResponse>(
-                              [this](grpc::ServerContext* ctx, Streamer* s) {
-                                return streamed<pb::ChatRequest>(ctx, s, "Chat", &Service::chat);
-                              }));
+    MarkMethodStreamed(
+        0, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, pb::GenerateResponse>(
+               [this](grpc::ServerContext* ctx, Streamer* s) {
+                 return streamed<pb::GenerateRequest>(ctx, s, "Generate", &Service::generate);
+               }));
+    MarkMethodStreamed(
+        1, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, pb::GenerateResponse>(
+               [this](grpc::ServerContext* ctx, Streamer* s) {
+                 return streamed<pb::ChatRequest>(ctx, s, "Chat", &Service::chat);
+               }));
     MarkMethodStreamed(
         2, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, pb::TokenizeResponse>(
                [this](grpc::ServerContext* ctx,
@@ -300,8 +299,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                        Streamer* writer, CallLog* log) {
+  grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req, Streamer* writer,
+                        CallLog* log) {
     if (!req->model().empty() && req->model() != config_.model_name) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "unknown model '" + req->model() + "'; this server serves '" +
@@ -341,8 +340,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return run(ctx, std::move(r), writer, log);
   }
 
-  grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
-                    Streamer* writer, CallLog* log) {
+  grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req, Streamer* writer,
+                    CallLog* log) {
     if (!req->model().empty() && req->model() != config_.model_name) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "unknown model '" + req->model() + "'; this server serves '" +
@@ -418,8 +417,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
   }
 
   // Submits and streams the events until the end.
-  grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r, Streamer* writer,
-                   CallLog* log) {
+  grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r, Streamer* writer, CallLog* log) {
     const std::string id = r.id;
     ApiError err;
     auto stream = scheduler_.submit(std::move(r), &err);

@@ -1,10 +1,9 @@
 #include "server/heap.h"
 
 #include <malloc.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
-
-#include <spdlog/spdlog.h>
 
 namespace burst::server {
 
@@ -32,11 +31,11 @@ void HeapKeeper::run() {
     if (static_cast<int64_t>(mi.fordblks) <= options_.trim_above_bytes) continue;
     const auto t0 = std::chrono::steady_clock::now();
     malloc_trim(0);
-    spdlog::debug("heap: returned free memory to the system ({} MB were free in malloc's "
-                  "arenas; {:.1f} ms)",
-                  mi.fordblks >> 20,
-                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count());
+    spdlog::debug(
+        "heap: returned free memory to the system ({} MB were free in malloc's "
+        "arenas; {:.1f} ms)",
+        mi.fordblks >> 20,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 

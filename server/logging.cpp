@@ -68,11 +68,11 @@ std::string json_quote(const std::string& s) {
 
 std::string bytes_progress(int64_t done, int64_t total) {
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "%.2f of %.2f GB (%d%%)", static_cast<double>(done) / 1e9,
-                static_cast<double>(total) / 1e9,
-                total > 0 ? static_cast<int>(100.0 * static_cast<double>(done) /
-                                             static_cast<double>(total))
-                          : 0);
+  std::snprintf(
+      buf, sizeof(buf), "%.2f of %.2f GB (%d%%)", static_cast<double>(done) / 1e9,
+      static_cast<double>(total) / 1e9,
+      total > 0 ? static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total))
+                : 0);
   return buf;
 }
 

@@ -396,10 +396,9 @@ TEST(Config, Presets) {
     const char* name;
     int64_t hidden, inter, layers, heads, kv, head_dim;
   };
-  for (const Want& w : {Want{"1b", 2048, 5632, 22, 32, 4, 64},
-                        Want{"7b", 4096, 11008, 32, 32, 32, 128},
-                        Want{"13b", 5120, 13824, 40, 40, 40, 128},
-                        Want{"70b", 8192, 28672, 80, 64, 8, 128}}) {
+  for (const Want& w :
+       {Want{"1b", 2048, 5632, 22, 32, 4, 64}, Want{"7b", 4096, 11008, 32, 32, 32, 128},
+        Want{"13b", 5120, 13824, 40, 40, 40, 128}, Want{"70b", 8192, 28672, 80, 64, 8, 128}}) {
     auto r = preset_config(w.name);
     ASSERT_TRUE(r.ok()) << r.message();
     const LlamaConfig& c = r.value();

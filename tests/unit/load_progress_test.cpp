@@ -35,12 +35,13 @@ TEST(LoadProgress, DirectoryLoadReportsEveryWeight) {
   ASSERT_TRUE(m.ok()) << m.message();
   const LlamaConfig& c = cfg.value();
   // embed, 9 per layer, final norm, and lm_head unless tied.
-  const size_t weights = 2 + 9 * static_cast<size_t>(c.num_layers) + (c.tie_word_embeddings ? 0 : 1);
+  const size_t weights =
+      2 + 9 * static_cast<size_t>(c.num_layers) + (c.tie_word_embeddings ? 0 : 1);
   const int64_t total = model_weight_bytes(c, engine::DType::kF32);
   int64_t params = c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) + c.hidden_size;
   const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-  params += c.num_layers * (2 * c.hidden_size + 2 * qd * c.hidden_size +
-                            2 * kvd * c.hidden_size + 3 * c.hidden_size * c.intermediate_size);
+  params += c.num_layers * (2 * c.hidden_size + 2 * qd * c.hidden_size + 2 * kvd * c.hidden_size +
+                            3 * c.hidden_size * c.intermediate_size);
   EXPECT_EQ(total, params * 4);
   expect_progress(seen, total, weights);
 }

@@ -22,7 +22,7 @@
 namespace burst::server {
 
 struct HeapOptions {
-  int arena_max = 4;                  // 0: glibc's default (8 x cores)
+  int arena_max = 4;                    // 0: glibc's default (8 x cores)
   int64_t trim_above_bytes = 64 << 20;  // free bytes held by malloc that trigger a trim
   std::chrono::milliseconds interval{1000};
 };
