@@ -214,35 +214,37 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
   }
 
-  // A server-streaming call: reads the one request, parses it, runs `body`.
+  // What every call starts with: the API key (before any byte of the request is looked at),
+  // then the one request message, read raw and parsed.
+  template <typename Req, typename Reader>
+  grpc::Status receive(grpc::ServerContext* ctx, Reader* reader, Req* req) const {
+    if (grpc::Status st = check_auth(ctx); !st.ok()) return st;
+    grpc::ByteBuffer raw;
+    if (!reader->Read(&raw)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message");
+    }
+    return parse_request(raw, req);
+  }
+
+  // A server-streaming call: receives the request, runs `body`.
   template <typename Req>
   grpc::Status streamed(grpc::ServerContext* ctx, Streamer* stream, const char* method,
                         grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Streamer*,
                                                       CallLog*)) {
     CallLog log(ctx, method);
-    if (grpc::Status st = check_auth(ctx); !st.ok()) return log.done(st);
-    grpc::ByteBuffer raw;
-    if (!stream->Read(&raw)) {
-      return log.done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
-    }
     Req req;
-    if (grpc::Status st = parse_request(raw, &req); !st.ok()) return log.done(st);
+    if (grpc::Status st = receive(ctx, stream, &req); !st.ok()) return log.done(st);
     return guarded(log, [&] { return (this->*body)(ctx, &req, stream, &log); });
   }
 
-  // A unary call: reads the request, parses it, runs `body`, sends the response when OK.
+  // A unary call: receives the request, runs `body`, sends the response when OK.
   template <typename Req, typename Resp>
   grpc::Status unary(grpc::ServerContext* ctx, grpc::ServerUnaryStreamer<grpc::ByteBuffer, Resp>* s,
                      const char* method,
                      grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Resp*)) {
     CallLog log(ctx, method);
-    if (grpc::Status st = check_auth(ctx); !st.ok()) return log.done(st);
-    grpc::ByteBuffer raw;
-    if (!s->Read(&raw)) {
-      return log.done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
-    }
     Req req;
-    if (grpc::Status st = parse_request(raw, &req); !st.ok()) return log.done(st);
+    if (grpc::Status st = receive(ctx, s, &req); !st.ok()) return log.done(st);
     Resp resp;
     grpc::Status st = guarded(log, [&] { return (this->*body)(ctx, &req, &resp); });
     if (st.ok()) s->Write(resp);
