@@ -40,11 +40,12 @@ std::string request_id() {
   return buf;
 }
 
-// Why `bytes` do not parse as a message of type `desc` (`path` names it in the message), or ""
-// when the check finds nothing. Protobuf's own parser only says "failed", so this walks the
-// wire format again as an UnknownFieldSet (which accepts any well-formed encoding) and checks
-// what the typed parser also checks: every string field (nested messages, repeated fields and
-// map entries included) must be well-formed UTF-8 (proto3).
+// Why `bytes` are not a valid message of type `desc` (`path` names it in the message), or "".
+// Protobuf's own parser only says "failed" (and logs invalid UTF-8 on stderr itself, which a
+// client could use to write lines into the server's log), so the bytes are checked first: walked
+// as an UnknownFieldSet (which accepts any well-formed encoding), checking what the typed parser
+// also checks: every string field (nested messages, repeated fields and map entries included)
+// must be well-formed UTF-8 (proto3).
 std::string diagnose_request(const std::string& bytes, const google::protobuf::Descriptor* desc,
                              const std::string& path, int depth) {
   namespace gp = google::protobuf;
@@ -88,10 +89,10 @@ grpc::Status parse_request(const grpc::ByteBuffer& raw, google::protobuf::Messag
       bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
     }
   }
-  if (msg->ParseFromString(bytes)) return grpc::Status::OK;
-  std::string why =
-      diagnose_request(bytes, msg->GetDescriptor(), msg->GetDescriptor()->full_name(), 0);
-  if (why.empty()) why = "malformed protobuf: not a valid " + msg->GetDescriptor()->full_name();
+  const google::protobuf::Descriptor* desc = msg->GetDescriptor();
+  std::string why = diagnose_request(bytes, desc, desc->full_name(), 0);
+  if (why.empty() && msg->ParseFromString(bytes)) return grpc::Status::OK;
+  if (why.empty()) why = "malformed protobuf: not a valid " + desc->full_name();
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
 }
 

@@ -658,7 +658,9 @@ int main(int argc, char** argv) {
   omp_set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / std::max(1, a.world)));
 
   start_sigterm_thread();
-  say(burst::server::version_string("burst-worker"));
+  // A --join worker runs on its own host, started by hand or by its own unit: it says what it
+  // is. A spawned one is the coordinator's build, which the coordinator's log names already.
+  if (!a.join.empty()) say(burst::server::version_string("burst-worker"));
 
   auto backend = engine::make_backend(a.device);
   if (!backend.ok()) return fail(backend.message());
