@@ -69,8 +69,9 @@ class LoadWatch {
       progress_->bytes_total = 0;
     }
   }
+  // Over (the group serves, or the start failed): nothing is loading any more.
   ~LoadWatch() {
-    if (progress_) progress_->bytes_done = progress_->bytes_total.load();  // loaded (or over)
+    if (progress_) progress_->bytes_done = progress_->bytes_total = 0;
   }
 
   void poll() {

@@ -150,7 +150,7 @@ class Scheduler {
   // otherwise empty.
   std::string waiting_status() const;
   // While a local group starts: the weights loaded and in all, bytes summed over the ranks
-  // (total 0 until every rank has reported; done == total once loaded).
+  // (total 0 until every rank has reported, and again once the start is over).
   struct Loading {
     int64_t done = 0, total = 0;
   };
