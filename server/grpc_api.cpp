@@ -167,34 +167,52 @@ class GrpcApi::Service final : public pb::Burst::Service {
   // grpc::ByteBuffer as the request type; parse_request turns the bytes into the message or
   // into INVALID_ARGUMENT naming the field. (Declaring the fields `bytes` in the .proto would
   // be wire-compatible, but the generated clients and grpcurl's JSON would then take base64 and
-  // byte strings instead of text; a generic service would lose the typed responses.) The method
-  // indexes are the order of the rpcs in burst.proto.
+  // byte strings instead of text; a generic service would lose the typed responses.)
   using Streamer = grpc::ServerSplitStreamer<grpc::ByteBuffer, pb::GenerateResponse>;
+
+  template <typename Resp>
+  using RawStreaming = grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, Resp>;
+  template <typename Resp>
+  using RawUnary = grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Resp>;
+  template <typename Resp>
+  using UnaryStreamer = grpc::ServerUnaryStreamer<grpc::ByteBuffer, Resp>;
 
   Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
       : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {
     MarkMethodStreamed(
-        0, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, pb::GenerateResponse>(
-               [this](grpc::ServerContext* ctx, Streamer* s) {
-                 return streamed<pb::GenerateRequest>(ctx, s, "Generate", &Service::generate);
-               }));
+        method_index("Generate"),
+        new RawStreaming<pb::GenerateResponse>([this](grpc::ServerContext* ctx, Streamer* s) {
+          return streamed(ctx, s, "Generate", &Service::generate);
+        }));
+    MarkMethodStreamed(method_index("Chat"), new RawStreaming<pb::GenerateResponse>(
+                                                 [this](grpc::ServerContext* ctx, Streamer* s) {
+                                                   return streamed(ctx, s, "Chat", &Service::chat);
+                                                 }));
     MarkMethodStreamed(
-        1, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, pb::GenerateResponse>(
-               [this](grpc::ServerContext* ctx, Streamer* s) {
-                 return streamed<pb::ChatRequest>(ctx, s, "Chat", &Service::chat);
-               }));
+        method_index("Tokenize"),
+        new RawUnary<pb::TokenizeResponse>(
+            [this](grpc::ServerContext* ctx, UnaryStreamer<pb::TokenizeResponse>* s) {
+              return unary(ctx, s, "Tokenize", &Service::tokenize);
+            }));
     MarkMethodStreamed(
-        2, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, pb::TokenizeResponse>(
-               [this](grpc::ServerContext* ctx,
-                      grpc::ServerUnaryStreamer<grpc::ByteBuffer, pb::TokenizeResponse>* s) {
-                 return unary<pb::TokenizeRequest>(ctx, s, "Tokenize", &Service::tokenize);
-               }));
-    MarkMethodStreamed(
-        3, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, pb::ModelInfoResponse>(
-               [this](grpc::ServerContext* ctx,
-                      grpc::ServerUnaryStreamer<grpc::ByteBuffer, pb::ModelInfoResponse>* s) {
-                 return unary<pb::ModelInfoRequest>(ctx, s, "ModelInfo", &Service::model_info);
-               }));
+        method_index("ModelInfo"),
+        new RawUnary<pb::ModelInfoResponse>(
+            [this](grpc::ServerContext* ctx, UnaryStreamer<pb::ModelInfoResponse>* s) {
+              return unary(ctx, s, "ModelInfo", &Service::model_info);
+            }));
+  }
+
+  // The index the generated Service registered the rpc `name` under: the .proto's order, which
+  // is the service descriptor's.
+  static int method_index(const char* name) {
+    const google::protobuf::MethodDescriptor* m =
+        pb::GenerateRequest::descriptor()->file()->FindServiceByName("Burst")->FindMethodByName(
+            name);
+    if (m == nullptr) {
+      spdlog::critical("burst.v1.Burst has no rpc {}", name);
+      std::abort();
+    }
+    return m->index();
   }
 
   // The typed entry points are replaced by the raw handlers above and never called.
@@ -240,8 +258,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
 
   // A unary call: receives the request, runs `body`, sends the response when OK.
   template <typename Req, typename Resp>
-  grpc::Status unary(grpc::ServerContext* ctx, grpc::ServerUnaryStreamer<grpc::ByteBuffer, Resp>* s,
-                     const char* method,
+  grpc::Status unary(grpc::ServerContext* ctx, UnaryStreamer<Resp>* s, const char* method,
                      grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Resp*)) {
     CallLog log(ctx, method);
     Req req;
