@@ -260,23 +260,23 @@ def test_smuggling_and_malformed_heads_get_400():
 
 
 def test_disconnected_non_streaming_request_is_cancelled():
-    cancelled0 = srv.metric('burst_requests_total{outcome="cancelled"}')
+    cancelled0 = srv.metric('burst:requests_total{outcome="cancelled"}')
     s = connect()
     s.sendall(post_bytes("/v1/completions",
                          completion({"max_tokens": 1500, "ignore_eos": True})))
     deadline = time.time() + 20
-    while time.time() < deadline and srv.metric("burst_kv_cache_used_tokens") == 0:
+    while time.time() < deadline and srv.metric("burst:kv_cache_used_tokens") == 0:
         time.sleep(0.05)
-    check(srv.metric("burst_kv_cache_used_tokens") > 0, "the request runs")
+    check(srv.metric("burst:kv_cache_used_tokens") > 0, "the request runs")
     s.close()
     t0 = time.time()
-    while time.time() - t0 < 10 and srv.metric("burst_kv_cache_used_tokens") > 0:
+    while time.time() - t0 < 10 and srv.metric("burst:kv_cache_used_tokens") > 0:
         time.sleep(0.05)
     freed = time.time() - t0
     print(f"disconnected non-streaming request: KV freed {freed:.2f} s after the close")
-    check(srv.metric("burst_kv_cache_used_tokens") == 0 and freed < 3,
+    check(srv.metric("burst:kv_cache_used_tokens") == 0 and freed < 3,
           f"KV freed {freed:.1f} s after the client left")
-    check(srv.metric('burst_requests_total{outcome="cancelled"}') == cancelled0 + 1,
+    check(srv.metric('burst:requests_total{outcome="cancelled"}') == cancelled0 + 1,
           "counted as cancelled")
     t0 = time.time()
     st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
