@@ -45,7 +45,7 @@ using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
 using detail::swz;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kMinKeysPerSplit = 512;  // below this a split's fixed cost dominates
+constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
 
 template <int kHeadDim>
 struct DecodeTile {
