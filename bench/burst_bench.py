@@ -347,6 +347,7 @@ class HttpError(Exception):
 class Conn:
     def __init__(self, reader, writer):
         self.reader, self.writer = reader, writer
+        self.idle_since = time.monotonic()
 
     def close(self):
         try:
@@ -392,13 +393,29 @@ class HttpTarget:
             h.append(f"Authorization: Bearer {self.api_key}")
         return ("\r\n".join(h) + "\r\n\r\n").encode()
 
+    # Servers close idle keep-alive connections after a few seconds (burst: 5 s): older ones are
+    # not reused, since a request sent as the server closes is lost.
+    IDLE_REUSE_S = 3.0
+
+    def _take_idle(self):
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()
+            if now - conn.idle_since < self.IDLE_REUSE_S and not conn.reader.at_eof():
+                return conn
+            conn.close()
+        return None
+
     async def _exchange(self, method, path, body=None, stream=False):
         """Sends one request; returns (conn, status, headers). A kept-alive connection the
-        server has closed meanwhile is replaced once."""
+        server has closed meanwhile is replaced once, by a fresh connection (another idle one
+        may have been closed by the server just the same)."""
         data = self._head(method, path, body, stream) + (body or b"")
         for attempt in range(2):
-            reused = bool(self.idle)
-            conn = self.idle.pop() if reused else await self._connect()
+            conn = self._take_idle() if attempt == 0 else None
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
             try:
                 conn.writer.write(data)
                 await conn.writer.drain()
@@ -464,6 +481,7 @@ class HttpTarget:
 
     def _release(self, conn):
         if getattr(conn, "keep", False) and not conn.reader.at_eof():
+            conn.idle_since = time.monotonic()
             self.idle.append(conn)
         else:
             conn.close()

@@ -13,14 +13,18 @@
 # MIXED_REQS (50) requests at MIXED_RATE (0.5) req/s, no concurrency limit.
 # Results under $OUT (default ./gpu-out): bench_KIND_<point>.json (burst-bench --result-json,
 # vLLM field names), bench_KIND_table.md, bench_KIND_plots/, bench_KIND_server.log.
-# LENGTHS (comma list) overrides the lengths; MIXED=1 adds the mixed workload on any kind;
+# LENGTHS (comma list) overrides the lengths; KV the KV capacity in tokens (default per kind,
+# at least the longest prompt); MIXED=1 adds the mixed workload on any kind;
 # STEP_TIMEOUT (s, default 300) bounds each point.
 set -uo pipefail
 kind=${1:-}
+# def_kv: KV capacity in tokens, what the GPUs hold beside the weights (the 7B's KV is 512 KiB
+# a token): room for a long prompt and the short ones that arrive meanwhile (with the capacity
+# of one long prompt, short ones wait in the queue for it).
 case "$kind" in
-  h100) workers=1; def_lengths=4096,16384,32768,65536; mixed=0 ;;
-  h200) workers=1; def_lengths=32768,65536,131072; mixed=0 ;;
-  h200x2) workers=2; def_lengths=32768,65536,131072,262144; mixed=1 ;;
+  h100) workers=1; def_lengths=4096,16384,32768,65536; mixed=0; def_kv=110000 ;;
+  h200) workers=1; def_lengths=32768,65536,131072; mixed=0; def_kv=200000 ;;
+  h200x2) workers=2; def_lengths=32768,65536,131072,262144; mixed=1; def_kv=400000 ;;
   *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac
 lengths=${LENGTHS:-$def_lengths}
@@ -44,10 +48,12 @@ max_len=0
 for n in ${lengths//,/ }; do [ "$n" -gt "$max_len" ] && max_len=$n; done
 [ $mixed -eq 1 ] && [ "$max_len" -lt 131072 ] && max_len=131072
 ctx=$((max_len + output_len + 64))
+kv=${KV:-$def_kv}
+[ "$kv" -lt "$ctx" ] && kv=$ctx
 ports=$(mktemp -d)/ports.json
 CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
   --device cuda --workers "$workers" --tokenizer models/kjv-tiny/tokenizer.model \
-  --max-context "$ctx" --kv-capacity "$ctx" --max-queue 1024 \
+  --max-context "$ctx" --kv-capacity "$kv" --max-queue 1024 \
   --http-port 0 --grpc-port -1 --port-file "$ports" > "$out/bench_${kind}_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null' EXIT
