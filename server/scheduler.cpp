@@ -53,12 +53,16 @@ void RequestStream::push(Event e) {
 
 
 std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
-                                     int world, engine::ShardLayout layout, int page_size) {
+                                     int world, engine::ShardLayout layout, int page_size,
+                                     bool mixed_chunks) {
   std::vector<int64_t> rows(static_cast<size_t>(world), 0);
   if (chunk <= 0) chunk = prompt;
   for (int64_t start = 0; start < prompt; start += chunk) {
     const auto plan = engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
     for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
+  }
+  if (mixed_chunks) {
+    for (auto& n : rows) n = std::max(n, std::min(prompt, prompt / world + 2));
   }
   // Decode tokens at positions prompt .. prompt + max_tokens - 1 (the last one is never fed
   // back, counted anyway): rank p mod N caches position p.
@@ -107,6 +111,21 @@ struct Scheduler::Seq {
 Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metrics& metrics)
     : options_(std::move(options)), tokenizer_(tokenizer), metrics_(metrics) {
   if (options_.max_running < 1) options_.max_running = 1;
+  // The smaller chunk of steps that decode: only where every chunking gives each rank the same
+  // KV rows up to the last chunk's padding (kv_pages_needed), i.e. both chunks are multiples of
+  // 2 x ranks; else (and where it is not smaller) chunks keep one size.
+  {
+    const int64_t full = options_.group.prefill_chunk, small = options_.prefill_chunk_decoding;
+    const int64_t parts = 2 * int64_t{std::max(options_.group.workers, 1)};
+    if (small > 0 && !(full > 0 && small < full && full % parts == 0 && small % parts == 0)) {
+      if (small < full || full <= 0) {
+        spdlog::warn("prefill chunk while decoding ({}) unused: it and the prefill chunk ({}) "
+                     "must be multiples of 2 x workers ({}), and it smaller",
+                     small, full, parts);
+      }
+      options_.prefill_chunk_decoding = 0;
+    }
+  }
   if (options_.max_batched_tokens <= 0) {
     // One full chunk plus room for the decode tokens and short prompts that share its step.
     const int64_t chunk =
@@ -338,7 +357,7 @@ void Scheduler::admit() {
       } else {
         need = kv_pages_needed(static_cast<int64_t>(r.prompt.size()), r.max_tokens,
                                options_.group.prefill_chunk, world, options_.group.layout,
-                               info.kv_page_size);
+                               info.kv_page_size, options_.prefill_chunk_decoding > 0);
         bool later = false;
         for (size_t k = 0; k < need.size(); ++k) {
           if (need[k] > info.kv_pages) what = What::kNever;
@@ -514,7 +533,7 @@ bool Scheduler::run_step() {
   plan.layout = options_.group.layout;
   plan.release.swap(to_release_);
   int64_t budget = options_.max_batched_tokens;
-  const int64_t chunk = options_.group.prefill_chunk;
+  int64_t chunk = options_.group.prefill_chunk;
   struct Chunk {
     Seq* seq;
     int64_t start, len;
@@ -531,6 +550,10 @@ bool Scheduler::run_step() {
     w.logprobs = s.job.request.logprobs;
     plan.seqs.push_back(std::move(w));
     --budget;
+  }
+  // Decoding sequences wait one step per token: while any decode, prefill in smaller chunks.
+  if (!plan.seqs.empty() && options_.prefill_chunk_decoding > 0) {
+    chunk = options_.prefill_chunk_decoding;
   }
   // Then prefill chunks, the prompt with the fewest tokens left first (shortest remaining work
   // first: a 100-token prompt that arrives during a 128K prefill goes into the next step), in

@@ -51,6 +51,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"max_running", {K::kInt, &c->max_running}},
       {"max_batched_tokens", {K::kInt64, &c->max_batched_tokens}},
       {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
+      {"prefill_chunk_decoding", {K::kInt64, &c->prefill_chunk_decoding}},
       {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
       {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
       {"http_backlog", {K::kInt, &c->http_backlog}},
@@ -111,6 +112,7 @@ Status validate(const ServerConfig& c) {
   if (c.max_running < 1) return Status::error("max_running must be >= 1");
   if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
+  if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
   if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
   if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
   if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");

@@ -1,7 +1,7 @@
 """Continuous batching, end to end through real burst-server and burst-worker processes (CPU,
 kjv-tiny): batch invariance (a request's greedy tokens are the same alone and among others of
 different lengths arriving at different times), chunked prefill equal to unchunked (chunk sizes
-that divide neither the prompt nor the rank count), cancels in every phase give every KV page
+that divide neither the prompt nor the rank count; a smaller chunk while others decode), cancels in every phase give every KV page
 back on every rank, 64 concurrent streaming clients all complete, and a short request sent
 during a long prefill gets its first token before the long one does."""
 import http.client
@@ -67,8 +67,11 @@ def test_batch_invariance_and_chunking():
         want = [text_and_ttft(alone, p, n)[0] for p, n in reqs]
     finally:
         alone.stop()
-    for workers, chunk in ((2, 37), (3, 50)):
-        srv = Server("--prefill-chunk", chunk, workers=workers)
+    # Last: chunks of 48 tokens, 12 while others decode (both multiples of 2 x workers: the
+    # pages reserved at admission must hold whichever mix of chunk sizes a prompt gets).
+    for workers, chunk, decoding in ((2, 37, 0), (3, 50, 0), (2, 48, 12)):
+        srv = Server("--prefill-chunk", chunk, "--prefill-chunk-decoding", decoding,
+                     workers=workers)
         try:
             got = [None] * len(reqs)
 
@@ -82,7 +85,7 @@ def test_batch_invariance_and_chunking():
             for t in threads:
                 t.join()
             for i in range(len(reqs)):
-                check(got[i] == want[i], f"{workers} workers, chunk {chunk}, request {i}: "
+                check(got[i] == want[i], f"{workers} workers, chunk {chunk}/{decoding}, request {i}: "
                       f"{got[i]!r} != alone {want[i]!r}")
             check(wait_kv_empty(srv), "KV pages all free after the batch")
         finally:

@@ -21,7 +21,9 @@ void expect_progress(const std::vector<std::pair<int64_t, int64_t>>& seen, int64
   EXPECT_EQ(seen.back().first, total);
   for (size_t i = 0; i < seen.size(); ++i) {
     EXPECT_EQ(seen[i].second, total);
-    if (i > 0) EXPECT_GT(seen[i].first, seen[i - 1].first) << i;
+    if (i > 0) {
+      EXPECT_GT(seen[i].first, seen[i - 1].first) << i;
+    }
   }
 }
 

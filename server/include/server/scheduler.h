@@ -115,6 +115,10 @@ class RequestStream {
 
 struct SchedulerOptions {
   WorkerGroupOptions group;  // group.prefill_chunk: the prefill chunk size (0: whole prompts)
+  // The prefill chunk of a step that also decodes (0 or >= group.prefill_chunk: the same). Used
+  // only when both are multiples of 2 x ranks, so every chunking gives each rank the same KV
+  // rows (the pages reserved at admission hold whichever chunks a prompt gets).
+  int64_t prefill_chunk_decoding = 0;
   int64_t max_context = 0;  // longest prompt
   int max_tokens_limit = 0;
   int max_queue = 64;
@@ -127,8 +131,14 @@ struct SchedulerOptions {
 // KV pages each rank needs for a request of `prompt` tokens and `max_tokens` new ones, prefilled
 // in chunks of `chunk` tokens (0: whole) and sharded by `layout` over `world` ranks: exactly
 // what the ranks' paged caches will hold at its end (decode token p is cached on rank p mod N).
+// mixed_chunks: the chunks may be of any lengths that are multiples of 2 x world but the last
+// (SchedulerOptions::prefill_chunk_decoding): each chunk but the last then gives every rank
+// exactly len / world rows, and the last one (left tokens, padded to whole parts) at most
+// left / world + 2, so a rank holds at most floor(prompt / world) + 2 prompt rows, whatever the
+// chunking; the pages cover that bound.
 std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
-                                     int world, engine::ShardLayout layout, int page_size);
+                                     int world, engine::ShardLayout layout, int page_size,
+                                     bool mixed_chunks = false);
 
 class Scheduler {
  public:

@@ -47,6 +47,9 @@ struct ServerConfig {
   int max_running = 64;      // sequences batched at once (continuous batching)
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk/4)
   int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: 256 on cpu, 8192 on cuda
+  // Prefill chunk while other sequences decode (their inter-token time is one step); 0: 2048 on
+  // cuda, prefill_chunk on cpu.
+  int64_t prefill_chunk_decoding = 0;
   int64_t max_body_bytes = 8 << 20;
   // Prompt text (bytes) refused before tokenizing; 0: max_context x the tokenizer's longest
   // piece, the most text max_context tokens can stand for.
@@ -74,7 +77,8 @@ constexpr const char* kServerUsage =
                     [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
                     [--port-file FILE] [--api-key KEY] [--max-context N] [--kv-capacity N]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
-                    [--max-batched-tokens T] [--prefill-chunk T] [--max-body-bytes B]
+                    [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
+                    [--max-body-bytes B]
                     [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
                     [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
                     [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
@@ -110,6 +114,8 @@ constexpr const char* kServerUsage =
   --max-running N   sequences batched at once (default 64)
   --max-batched-tokens T  tokens per engine step (0: chunk + max(max-running, chunk / 4))
   --prefill-chunk T prompt tokens per prefill chunk (0: 256 on CPU, 8192 on CUDA)
+  --prefill-chunk-decoding T  the chunk while other sequences decode, which bounds their
+                    inter-token time (0: 2048 on CUDA, --prefill-chunk on CPU)
   --max-body-bytes B  largest HTTP request body (default 8 MiB)
   --max-prompt-bytes B  prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is
                     tokenized (0, the default: max context x the longest token's text, the most
