@@ -34,32 +34,21 @@ def median_ms(fn):
     return statistics.median(times), len(times)
 
 
-def time_torch(backend, s, heads, d, causal):
+def time_torch(backend, s_q, s_kv, heads, kv_heads, d, causal, what):
+    """Median ms of torch SDPA on `backend` for q [1, heads, s_q, d] against k, v
+    [1, kv_heads, s_kv, d] (GQA when kv_heads < heads), and the number of runs; None, 0 where
+    the backend refuses the shape."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-               for _ in range(3))
-    with sdpa_kernel(BACKENDS[backend]):
-        try:
-            ms, runs = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-        except RuntimeError as e:  # backend unavailable for this shape
-            print(f"  {backend} S={s} causal={causal}: {str(e).splitlines()[0]}")
-            return None, 0
-    return ms, runs
-
-
-def time_torch_decode(backend, s, heads, kv_heads, d):
-    """One query token against s keys (GQA), the decode shape of bench_decode."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(1, heads, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(1, kv_heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(1, heads, s_q, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, s_kv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
             for _ in range(2))
     with sdpa_kernel(BACKENDS[backend]):
         try:
-            ms, _ = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+            return median_ms(lambda: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=kv_heads != heads))
         except RuntimeError as e:  # backend unavailable for this shape
-            print(f"  {backend} decode S={s}: {str(e).splitlines()[0]}")
-            return None
-    return ms
+            print(f"  {backend} {what}: {str(e).splitlines()[0]}")
+            return None, 0
 
 
 def main():
@@ -78,7 +67,7 @@ def main():
         row = dict(S=s, mask=r["mask"], heads=heads, head_dim=d, ours_ms=r["ms"],
                    ours_tflops=r["tflops"])
         for backend in BACKENDS:
-            ms, runs = time_torch(backend, s, heads, d, causal)
+            ms, runs = time_torch(backend, s, s, heads, heads, d, causal, f"S={s} causal={causal}")
             row[f"{backend}_ms"] = ms
             row[f"{backend}_tflops"] = flops / (ms * 1e-3) / 1e12 if ms else None
             torch.cuda.empty_cache()
@@ -106,7 +95,7 @@ def main():
         kv_bytes = 2.0 * s * kvh * d * 2
         row = dict(S=s, kv_heads=kvh, ours_ms=r["ms"], ours_gbps=r["gbps"])
         for backend in BACKENDS:
-            ms = time_torch_decode(backend, s, heads, kvh, d)
+            ms, _ = time_torch(backend, 1, s, heads, kvh, d, False, f"decode S={s}")
             row[f"{backend}_ms"] = ms
             row[f"{backend}_gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
             torch.cuda.empty_cache()
@@ -114,13 +103,14 @@ def main():
     if decode_rows:
         print(f"\ndecode, one token, 32 q heads x 128 (kv heads as listed), bf16; device copy "
               f"{fmt(copy, '.0f')} GB/s (read + write)")
-        print(f"{'keys':>7} {'kv':>3} {'ours ms':>8} {'ours GB/s':>10} {'% copy':>7} {'flash ms':>9} "
-              f"{'cudnn ms':>9} {'flash/ours':>11} {'cudnn/ours':>11}")
+        print(f"{'keys':>7} {'kv':>3} {'ours ms':>8} {'ours GB/s':>10} {'% copy':>7} "
+              f"{'flash ms':>9} {'cudnn ms':>9} {'flash/ours':>11} {'cudnn/ours':>11}")
         for r in decode_rows:
             pc = 100.0 * r["ours_gbps"] / copy if copy else None
             rf = r["flash_ms"] / r["ours_ms"] if r["flash_ms"] else None
             rc = r["cudnn_ms"] / r["ours_ms"] if r["cudnn_ms"] else None
-            print(f"{r['S']:>7} {r['kv_heads']:>3} {r['ours_ms']:>8.3f} {r['ours_gbps']:>10.0f} {fmt(pc, '>7.1f')} "
+            print(f"{r['S']:>7} {r['kv_heads']:>3} {r['ours_ms']:>8.3f} {r['ours_gbps']:>10.0f} "
+                  f"{fmt(pc, '>7.1f')} "
                   f"{fmt(r['flash_ms'], '>9.3f')} {fmt(r['cudnn_ms'], '>9.3f')} "
                   f"{fmt(rf, '>11.2f')} {fmt(rc, '>11.2f')}")
     if args.out:
