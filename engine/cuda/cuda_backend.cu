@@ -197,10 +197,13 @@ struct TensorMemory {
   cudaMemPool_t pool = nullptr;
   std::atomic<int64_t> held{0};  // bytes of live tensors
   ~TensorMemory() {
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device;
     cudaSetDevice(device);
     if (stream) cudaStreamSynchronize(stream);
     if (pool) cudaMemPoolDestroy(pool);
     if (stream) cudaStreamDestroy(stream);
+    if (restore) cudaSetDevice(current);
   }
 };
 
