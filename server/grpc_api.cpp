@@ -14,6 +14,7 @@
 #include "burst/v1/burst.grpc.pb.h"
 #include "server/http_api.h"  // apply_llama2_chat_template
 #include "server/logging.h"
+#include "server/worker_registry.h"  // token_equal
 
 namespace burst::server {
 
@@ -313,7 +314,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "missing API key (metadata authorization: Bearer KEY)");
     }
-    if (std::string(it->second.data(), it->second.size()) != "Bearer " + config_.api_key) {
+    if (!token_equal("Bearer " + config_.api_key,
+                     std::string(it->second.data(), it->second.size()))) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong API key");
     }
     return grpc::Status::OK;

@@ -14,6 +14,7 @@
 
 #include "server/http_frontend.h"
 #include "server/logging.h"
+#include "server/worker_registry.h"  // token_equal
 
 namespace burst::server {
 
@@ -878,7 +879,7 @@ void HttpApi::install_routes() {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     const std::string auth = req.get_header_value("Authorization");
-    if (auth != "Bearer " + config_.api_key) {
+    if (!token_equal("Bearer " + config_.api_key, auth)) {
       send_error(res, 401,
                  auth.empty() ? "missing API key (Authorization: Bearer KEY)" : "wrong API key",
                  "invalid_api_key");

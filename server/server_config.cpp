@@ -42,6 +42,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"http_port", {K::kInt, &c->http_port}},
       {"port_file", {K::kString, &c->port_file}},
       {"api_key", {K::kString, &c->api_key}},
+      {"api_key_file", {K::kPath, &c->api_key_file}},
       {"remote_workers", {K::kInt, &c->remote_workers}},
       {"worker_listen", {K::kString, &c->worker_listen}},
       {"max_context", {K::kInt64, &c->max_context}},
@@ -280,6 +281,15 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
     }
     if (it == table.end()) return Status::error("unknown flag " + flag);
     BURST_RETURN_IF_ERROR(set_from_string(flag, it->second, val));
+  }
+  if (!c.api_key_file.empty()) {
+    if (!c.api_key.empty()) {
+      return Status::error("give the API key once: --api-key (or \"api_key\") or --api-key-file "
+                           "(or \"api_key_file\"), not both");
+    }
+    auto key = read_token_file(c.api_key_file);
+    if (!key.ok()) return Status::error("--api-key-file: " + key.message());
+    c.api_key = key.value();
   }
   if (c.api_key.empty()) {
     if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;

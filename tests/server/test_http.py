@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -16,6 +17,7 @@ from harness import (HAVE_KJV, MODEL, PROMPT, ROOT, TOKENIZER, Server, build_dir
 KEY = "test-key-123"
 AUTH = {"Authorization": "Bearer " + KEY}
 srv = None
+KEY_FILE = None
 
 
 def post(path, body, headers=AUTH):
@@ -561,6 +563,15 @@ def test_versions_and_help():
     for flag in ["--config", "--data-dir", "--check-config", "--version", "--log-level",
                  "--log-format"]:
         check(flag in helptext, f"--help lacks {flag}")
+    # The API key once: a flag and a file together, or an empty file, are refused by name.
+    both = subprocess.run([server, "--model", MODEL, "--check-config", "--api-key", "k",
+                           "--api-key-file", KEY_FILE], capture_output=True)
+    check(both.returncode != 0 and b"not both" in both.stderr, f"key twice: {both.stderr!r}")
+    empty = os.path.join(os.path.dirname(KEY_FILE), "empty-key")
+    open(empty, "w").close()
+    bad = subprocess.run([server, "--model", MODEL, "--check-config", "--api-key-file", empty],
+                         capture_output=True)
+    check(bad.returncode != 0 and b"--api-key-file" in bad.stderr, f"empty: {bad.stderr!r}")
 
 
 def test_json_logs():
@@ -759,7 +770,11 @@ def test_sigterm_drains():
 
 
 if __name__ == "__main__":
-    srv = Server("--api-key", KEY, "--max-body-bytes", 65536, "--keepalive-ms", 100)
+    # The key from a file (with the newline an editor leaves): every 401 / 200 below reads it.
+    KEY_FILE = os.path.join(tempfile.mkdtemp(prefix="burst-test-http-"), "api-key")
+    with open(KEY_FILE, "w") as f:
+        f.write(KEY + "\n")
+    srv = Server("--api-key-file", KEY_FILE, "--max-body-bytes", 65536, "--keepalive-ms", 100)
     try:
         run([test_health_models_tokenize, test_completion_matches_burst_generate,
              test_curl_sse_and_progress, test_keepalive_while_queued, test_chat, test_stop_string,

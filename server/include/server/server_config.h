@@ -36,6 +36,7 @@ struct ServerConfig {
   int http_port = 8080;   // 0: any free port; -1: no HTTP
   std::string port_file;  // written once both ports are bound: {"http_port": N, "grpc_port": M}
   std::string api_key;    // empty: no authentication (also read from $BURST_API_KEY)
+  std::string api_key_file;  // the API key from a file (not visible in ps), instead of api_key
   // Multi-node: > 0 spawns no worker and waits for this many `burst-worker --join HOST:PORT`
   // (the group's world size; "workers" is then unused), listening for them on worker_listen.
   int remote_workers = 0;
@@ -75,7 +76,8 @@ constexpr const char* kServerUsage =
                     [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
                     [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
-                    [--port-file FILE] [--api-key KEY] [--max-context N] [--kv-capacity N]
+                    [--port-file FILE] [--api-key KEY | --api-key-file F] [--max-context N]
+                    [--kv-capacity N]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
                     [--max-body-bytes B]
@@ -106,7 +108,9 @@ constexpr const char* kServerUsage =
   --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
   --port-file FILE  write {"http_port": N, "grpc_port": M, "worker_port": W} once bound
   --api-key KEY     require "Authorization: Bearer KEY" (HTTP) / authorization metadata (gRPC);
-                    also $BURST_API_KEY
+                    also $BURST_API_KEY (a flag's value shows in ps: prefer the file or the
+                    environment)
+  --api-key-file F  the API key from file F (surrounding whitespace removed)
   --max-context N   longest prompt (0: the model's max_position_embeddings)
   --kv-capacity N   prompt + generated tokens one request may hold (0: max context)
   --max-tokens-limit N  largest max_tokens accepted (0: the KV capacity)
