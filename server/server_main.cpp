@@ -126,7 +126,16 @@ int main(int argc, char** argv) {
   std::unique_ptr<Tokenizer> tokenizer = tok.take();
 
   if (cfg.max_context == 0) cfg.max_context = model_cfg.value().max_position_embeddings;
-  if (cfg.kv_capacity == 0) cfg.kv_capacity = cfg.max_context;
+  if (cfg.kv_capacity == 0) {
+    cfg.kv_capacity = cfg.max_context;
+    if (cfg.device.rfind("cuda", 0) == 0) {
+      // Sizing the pool from free GPU memory is not automatic (yet): say what the default means.
+      spdlog::warn("--kv-capacity defaults to the max context ({} tokens): one request that "
+                   "long holds every KV page and the others queue behind it; set kv_capacity "
+                   "to what the GPUs hold beside the weights (docs/deploy.md)",
+                   cfg.max_context);
+    }
+  }
   if (cfg.max_tokens_limit == 0) cfg.max_tokens_limit = static_cast<int>(cfg.kv_capacity);
   // No token stands for more text than the vocabulary's longest piece, so longer text can never
   // fit max_context tokens: refusing it untokenized never refuses a prompt that would fit.
