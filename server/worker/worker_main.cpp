@@ -131,6 +131,11 @@ class ExitSignal {
 };
 ExitSignal g_exit;
 std::atomic<bool> g_in_group{false};
+// SIGTERM came / this process is about to re-execute itself (rejoin). Each side sets its flag
+// first and then reads the other's (sequentially consistent), so a SIGTERM that arrives while a
+// dissolved group is being left is never lost to the re-execution: one of the two exits.
+std::atomic<bool> g_terminated{false};
+std::atomic<bool> g_leaving{false};
 
 int64_t to_int(const std::string& flag, const std::string& v) {
   std::istringstream is(v);
@@ -431,8 +436,9 @@ void start_sigterm_thread() {
     sigaddset(&set, SIGTERM);
     int sig = 0;
     if (sigwait(&set, &sig) != 0) return;
+    g_terminated = true;
     g_exit.request(0);
-    if (!g_in_group) std::_Exit(0);
+    if (!g_in_group || g_leaving) std::_Exit(0);
   }).detach();
 }
 
@@ -488,6 +494,8 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
 // Replaces this process with a fresh copy of itself that registers again (see the top of the
 // file for why not in-process). Descriptors are not inherited: the old group's sockets close.
 [[noreturn]] void rejoin(char** argv) {
+  g_leaving = true;
+  if (g_terminated) std::_Exit(0);  // asked to stop while the group dissolved: stop
   DIR* d = opendir("/proc/self/fd");
   if (d) {
     while (dirent* e = readdir(d)) {

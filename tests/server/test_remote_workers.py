@@ -4,7 +4,8 @@ registered; then it serves the same greedy text as burst-generate. A worker with
 and a third worker are refused (exit code 4, a message naming why) while the server keeps
 waiting / serving. A remote worker SIGKILLed mid-stream fails the request with a 503-style error
 within 5 s, /health goes 503, the survivor registers again by itself, and a fresh --join worker
-brings the group back with the same text. Run: /usr/bin/python3 test_remote_workers.py --build
+brings the group back with the same text; a SIGTERM while the group dissolves stops the worker.
+Run: /usr/bin/python3 test_remote_workers.py --build
 DIR."""
 import http.client
 import json
@@ -121,6 +122,26 @@ def test_sigkill_remote_worker_then_fresh_worker_rejoins():
     check(srv.metric("burst:worker_restarts_total") >= 1, "the restart is counted")
 
 
+def test_sigterm_while_the_group_dissolves():
+    # One worker SIGKILLed, the other SIGTERMed as it leaves the dissolved group to register
+    # again: it must stop (exit 0), not re-execute itself and go on registering.
+    alive = [w for w in workers if w.poll() is None]
+    check(len(alive) == 2, f"two live workers: {[w.pid for w in alive]}")
+    before = log_of(alive[1])
+    alive[0].kill()
+    # The moment the survivor says why it leaves the group (then it stops its control service,
+    # up to 2 s, and re-executes itself): the SIGTERM lands in that window.
+    wait_for(lambda: any(w in log_of(alive[1])[len(before):]
+                         for w in ("told to leave", "lost the server", "closed the membership")),
+             "the survivor leaving its group", timeout=15)
+    alive[1].terminate()
+    try:
+        rc = alive[1].wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("SIGTERM lost while the group dissolved:\n" + log_of(alive[1]))
+    check(rc == 0, f"exit code {rc}:\n" + log_of(alive[1]))
+
+
 if __name__ == "__main__":
     gen = subprocess.run([os.path.join(build_dir(), "bin", "burst-generate"), "--model", MODEL,
                           "--tokenizer", TOKENIZER, "--prompt", PROMPT, "--max-tokens", "20",
@@ -132,7 +153,8 @@ if __name__ == "__main__":
     srv = Server("--remote-workers", "2", "--worker-listen", "127.0.0.1:0", wait_healthy=False)
     try:
         run([test_waits_for_workers_then_serves_burst_generate_text, test_extra_worker_refused,
-             test_sigkill_remote_worker_then_fresh_worker_rejoins])
+             test_sigkill_remote_worker_then_fresh_worker_rejoins,
+             test_sigterm_while_the_group_dissolves])
     finally:
         srv.stop()
         for w in workers:
