@@ -3,7 +3,8 @@ kjv-tiny): batch invariance (a request's greedy tokens are the same alone and am
 different lengths arriving at different times), chunked prefill equal to unchunked (chunk sizes
 that divide neither the prompt nor the rank count; a smaller chunk while others decode), cancels in every phase give every KV page
 back on every rank, 64 concurrent streaming clients all complete, and a short request sent
-during a long prefill gets its first token before the long one does."""
+during a long prefill gets its first token before the long one does; sampled requests with seeds
+give the same text alone and together."""
 import http.client
 import json
 import threading
@@ -171,6 +172,41 @@ def test_short_request_not_stuck_behind_long_prefill():
         srv.stop()
 
 
+def test_sampled_requests_batch_invariant():
+    # Sampled (temperature, top-p, a seed each), not greedy: rank 0 draws a step's tokens in
+    # parallel, each sequence from its own stream, so a request's text is the same alone and
+    # among others.
+    reqs = [(text_of(4 + 29 * i, i), 12, {"temperature": 0.9, "top_p": 0.95, "seed": 100 + i})
+            for i in range(6)]
+    srv = Server("--prefill-chunk", 37, workers=2)
+
+    def text(p, n, extra):
+        c, r = complete(srv, p, n, extra=extra)
+        check(r.status == 200, f"HTTP {r.status}")
+        out = json.loads(r.read())["choices"][0]["text"]
+        c.close()
+        return out
+
+    try:
+        alone = [text(*r) for r in reqs]
+        together = [None] * len(reqs)
+
+        def one(i):
+            together[i] = text(*reqs[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(len(reqs)):
+            check(together[i] == alone[i], f"request {i}: {together[i]!r} != alone {alone[i]!r}")
+        check(len(set(alone)) > 1, "different seeds draw different texts")
+    finally:
+        srv.stop()
+
+
 if __name__ == "__main__":
     run([test_batch_invariance_and_chunking, test_cancels_in_every_phase_free_every_page,
-         test_64_concurrent_streaming_clients, test_short_request_not_stuck_behind_long_prefill])
+         test_64_concurrent_streaming_clients, test_short_request_not_stuck_behind_long_prefill,
+         test_sampled_requests_batch_invariant])

@@ -108,7 +108,6 @@ class BatchRunner {
   std::unordered_map<uint64_t, engine::Sampler> samplers_;  // rank 0
   std::unordered_map<uint64_t, int64_t> next_pos_;          // next position of each sequence
   std::unordered_map<uint64_t, engine::TokenHistory> histories_;  // rank 0, with an adjust
-  std::vector<float> adjusted_;                                   // rank 0 scratch
 };
 
 }  // namespace burst::models
