@@ -1275,6 +1275,18 @@ def plot(results_json, outdir):
         sub = results_json[0].get("label") if len(results_json) == 1 else None
         ax.set_title(f"{text}\n{sub}" if sub else text, fontsize=10 if sub else 12)
 
+    def save(fig, ax, heading, name):
+        """Titles, grids and legends the plot, writes it as OUTDIR/name, and notes the path."""
+        title(ax, heading)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(outdir, name)
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     lens_all = []
     for j in results_json:
@@ -1286,15 +1298,7 @@ def plot(results_json, outdir):
         ax.set_xscale("log", base=2)
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("TTFT (ms)")
-    title(ax, "Time to first token vs prompt length")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(outdir, "ttft_vs_prompt_len.png")
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+    save(fig, ax, "Time to first token vs prompt length", "ttft_vs_prompt_len.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     for j in results_json:
@@ -1305,16 +1309,8 @@ def plot(results_json, outdir):
                         label=name)
     ax.set_xlabel("TTFT (ms)")
     ax.set_ylabel("fraction of requests")
-    title(ax, "TTFT CDF")
     ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(outdir, "ttft_cdf.png")
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+    save(fig, ax, "TTFT CDF", "ttft_cdf.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     for j in results_json:
@@ -1326,15 +1322,7 @@ def plot(results_json, outdir):
         ax.step([t for t, _ in s], [v for _, v in s], where="post", label=label)
     ax.set_xlabel("time since the start of the run (s)")
     ax.set_ylabel("output tokens/s")
-    title(ax, "Output throughput over time")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(outdir, "tokens_per_s.png")
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+    save(fig, ax, "Output throughput over time", "tokens_per_s.png")
     return written
 
 
