@@ -736,6 +736,9 @@ std::string render_event(SseState& st, Choice& c, const Event& ev) {
 
 // The next SSE text of a stream of several choices, waiting at most `wait` (empty: nothing
 // happened). One choice: blocks on it; more: polls them in turn.
+// How often a handler that waits for events looks whether its client has gone.
+constexpr auto kDisconnectPoll = std::chrono::milliseconds(100);
+
 std::string next_sse(SseState& st, std::chrono::milliseconds wait) {
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
@@ -1139,9 +1142,22 @@ void HttpApi::install_routes() {
               sink.done();
               return true;
             }
-            // Waits at most one keep-alive interval: a comment line keeps proxies and clients
-            // from timing out during a long prefill, and a failed write detects a gone client.
-            std::string out = next_sse(*st, keepalive);
+            // Waits at most one keep-alive interval (a comment line then keeps proxies and
+            // clients from timing out during a long prefill), in slices between which the
+            // client's socket is looked at: a client that leaves while its request waits in the
+            // queue or a long prefill is cancelled within ~100 ms, not at the next write.
+            std::string out;
+            const auto until = std::chrono::steady_clock::now() + keepalive;
+            while (out.empty() && !st->finished) {
+              const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  until - std::chrono::steady_clock::now());
+              if (left.count() <= 0) break;
+              out = next_sse(*st, std::min(left, kDisconnectPoll));
+              if (out.empty() && !st->finished && client_disconnected()) {
+                cancel_all(st->choices);
+                return false;
+              }
+            }
             if (out.empty() && !st->finished) out = ": keep-alive\n\n";
             if (!out.empty() && !sink.write(out.data(), out.size())) {
               cancel_all(st->choices);
@@ -1158,7 +1174,6 @@ void HttpApi::install_routes() {
     // Nothing is written until the end, so a client that leaves is found by polling its socket
     // between events; its sequences are then cancelled as a departed stream's are (their KV
     // pages are freed at the next step, not after a generation nobody reads).
-    constexpr auto kDisconnectPoll = std::chrono::milliseconds(100);
     auto next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
     for (Choice& c : choices) {
       while (!c.finished) {

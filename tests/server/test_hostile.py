@@ -284,6 +284,35 @@ def test_disconnected_non_streaming_request_is_cancelled():
                                                f"{time.time() - t0:.1f} s, {st}")
 
 
+def test_disconnected_waiting_stream_is_cancelled():
+    # A streaming request whose prompt prefills in many small chunks sends nothing for seconds
+    # (no progress asked); its client leaves at once. The handler looks at the socket while it
+    # waits: KV freed well before a keep-alive write (5 s) or the first token would notice.
+    slow = Server("--prefill-chunk", 8, "--grpc-port", -1)
+    try:
+        prompt = " ".join(["And God said, Let there be light: and there was light."] * 120)
+        st, tok = slow.json("POST", "/tokenize", {"prompt": prompt})
+        n = len(tok.get("tokens", []))
+        check(st == 200 and 1200 < n < 2000, f"prompt tokens: {st} {n}")
+        s = connect(slow)
+        s.sendall(post_bytes("/v1/completions", json.dumps(
+            {"prompt": prompt, "max_tokens": 4, "stream": True}).encode()))
+        deadline = time.time() + 20
+        while time.time() < deadline and slow.metric("burst:kv_cache_used_tokens") == 0:
+            time.sleep(0.02)
+        check(slow.metric("burst:kv_cache_used_tokens") > 0, "the prefill runs")
+        s.close()
+        t0 = time.time()
+        while time.time() - t0 < 10 and slow.metric("burst:kv_cache_used_tokens") > 0:
+            time.sleep(0.02)
+        freed = time.time() - t0
+        print(f"disconnected waiting stream: KV freed {freed:.2f} s after the close")
+        check(slow.metric("burst:kv_cache_used_tokens") == 0 and freed < 1.5,
+              f"KV freed {freed:.1f} s after the client left")
+    finally:
+        slow.stop()
+
+
 def test_huge_prompts_refused_before_tokenizing():
     text = ("And God said, Let there be light: and there was light. " * 150000)[:8_000_000]
     rss0 = vm_rss_kb(srv.proc.pid)
@@ -398,6 +427,7 @@ if __name__ == "__main__":
              test_pipelined_requests_are_answered_in_order,
              test_smuggling_and_malformed_heads_get_400,
              test_disconnected_non_streaming_request_is_cancelled,
+             test_disconnected_waiting_stream_is_cancelled,
              test_huge_prompts_refused_before_tokenizing, test_huge_prompts_refused_over_grpc,
              test_connection_limit_gets_503])
     finally:
