@@ -23,7 +23,7 @@
 // - pipelining: requests are served in order, each handed to cpp-httplib as exactly its own
 //   bytes; what follows stays buffered for the next one;
 // - client_disconnected(): whether the client of the request handled on this thread has gone
-//   (a non-streaming handler polls it while it waits; a stream learns it from a failed write).
+//   (handlers poll it while they wait for an event; a stream also learns it from a failed write).
 #pragma once
 
 #include <httplib.h>
