@@ -387,7 +387,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
     r.max_tokens = req->max_tokens();
     if (r.max_tokens == 0) {
       // As HTTP chat: until EOS, bounded by what is left of the KV capacity.
-      const int64_t room = scheduler_.kv_capacity() - static_cast<int64_t>(r.prompt.size());
+      const int64_t room = scheduler_.kv_room(static_cast<int64_t>(r.prompt.size()));
       r.max_tokens = static_cast<int>(
           std::max<int64_t>(1, std::min<int64_t>(scheduler_.max_tokens_limit(), room)));
     }

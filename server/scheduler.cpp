@@ -132,6 +132,7 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
         options_.group.prefill_chunk > 0 ? options_.group.prefill_chunk : options_.max_context;
     options_.max_batched_tokens = chunk + std::max<int64_t>(options_.max_running, chunk / 4);
   }
+  kv_capacity_ = options_.group.kv_capacity;
   metrics_.kv_capacity_tokens = options_.group.kv_capacity;
   if (!options_.group.start_progress) {
     options_.group.start_progress = std::make_shared<StartProgress>();
@@ -204,11 +205,14 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
   }
   // A request that would not fit even an empty cache can never run; one that fits waits for
   // pages when others hold them.
-  if (n + r.max_tokens > options_.group.kv_capacity) {
+  // (Sized from GPU memory, the capacity is known once a group runs; before that the pages
+  // checked at admission refuse what can never fit.)
+  const int64_t capacity = kv_capacity_.load();
+  if (capacity > 0 && n + r.max_tokens > capacity) {
     return refuse(ErrorCode::kTooLarge,
                   "prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
                       std::to_string(r.max_tokens) + ") exceeds the KV capacity of " +
-                      std::to_string(options_.group.kv_capacity) + " tokens");
+                      std::to_string(capacity) + " tokens");
   }
   auto stream = std::make_shared<RequestStream>();
   {
@@ -300,6 +304,8 @@ Scheduler::GroupState Scheduler::ensure_group() {
                group_->info().kv_pages, group_->info().kv_page_size);
   // A fresh group holds nothing: the ledger starts full.
   free_pages_.assign(static_cast<size_t>(options_.group.workers), group_->info().kv_pages);
+  kv_capacity_ = group_->kv_capacity_tokens();
+  metrics_.kv_capacity_tokens = kv_capacity_.load();
   to_release_.clear();
   healthy_ = true;
   metrics_.healthy = 1;

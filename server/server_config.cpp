@@ -47,6 +47,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"worker_listen", {K::kString, &c->worker_listen}},
       {"max_context", {K::kInt64, &c->max_context}},
       {"kv_capacity", {K::kInt64, &c->kv_capacity}},
+      {"kv_memory_percent", {K::kInt, &c->kv_memory_percent}},
       {"max_tokens_limit", {K::kInt, &c->max_tokens_limit}},
       {"max_queue", {K::kInt, &c->max_queue}},
       {"max_running", {K::kInt, &c->max_running}},
@@ -114,6 +115,9 @@ Status validate(const ServerConfig& c) {
   if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
+  if (c.kv_memory_percent < 1 || c.kv_memory_percent > 100) {
+    return Status::error("kv_memory_percent must be in 1..100");
+  }
   if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
   if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
   if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");

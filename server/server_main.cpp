@@ -76,6 +76,18 @@ int check_config(const burst::server::ServerConfig& cfg) {
   return 0;
 }
 
+// What a GPU rank keeps free beside its KV pool (--kv-capacity 0) for a prefill chunk's
+// activations and the cached prefix gathered for the ring (one layer's K and V of the rank's
+// share of the longest prompt), twice over, plus 1 GiB for libraries' workspaces.
+int64_t kv_activation_reserve(const burst::models::LlamaConfig& m, int64_t max_context,
+                              int workers, int64_t chunk) {
+  const int64_t bf16 = 2;
+  const int64_t kv_row = 2 * m.num_kv_heads * m.head_dim * bf16;
+  const int64_t prefix = (max_context + workers - 1) / std::max(1, workers) * kv_row;
+  const int64_t per_token = 8 * m.hidden_size * bf16 + 3 * m.intermediate_size * bf16;
+  return (int64_t{1} << 30) + 2 * (prefix + chunk * per_token);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,17 +138,23 @@ int main(int argc, char** argv) {
   std::unique_ptr<Tokenizer> tokenizer = tok.take();
 
   if (cfg.max_context == 0) cfg.max_context = model_cfg.value().max_position_embeddings;
-  if (cfg.kv_capacity == 0) {
+  const bool cuda = cfg.device.rfind("cuda", 0) == 0;
+  // The KV pool: on GPUs spawned here, by default as large as each GPU holds once the weights
+  // are in (kv_memory_percent of the device, less a reserve for activations), so a long prompt
+  // leaves room for others; else kv_capacity tokens, by default the max context.
+  const bool kv_from_memory = cfg.kv_capacity == 0 && cuda && cfg.remote_workers == 0;
+  if (cfg.kv_capacity == 0 && !kv_from_memory) {
     cfg.kv_capacity = cfg.max_context;
-    if (cfg.device.rfind("cuda", 0) == 0) {
-      // Sizing the pool from free GPU memory is not automatic (yet): say what the default means.
-      spdlog::warn("--kv-capacity defaults to the max context ({} tokens): one request that "
-                   "long holds every KV page and the others queue behind it; set kv_capacity "
-                   "to what the GPUs hold beside the weights (docs/deploy.md)",
+    if (cuda) {
+      spdlog::warn("--kv-capacity defaults to the max context ({} tokens) for remote workers: "
+                   "one request that long holds every KV page and the others queue behind it; "
+                   "set kv_capacity to what the GPUs hold beside the weights (docs/deploy.md)",
                    cfg.max_context);
     }
   }
-  if (cfg.max_tokens_limit == 0) cfg.max_tokens_limit = static_cast<int>(cfg.kv_capacity);
+  if (cfg.max_tokens_limit == 0) {
+    cfg.max_tokens_limit = static_cast<int>(kv_from_memory ? cfg.max_context : cfg.kv_capacity);
+  }
   // No token stands for more text than the vocabulary's longest piece, so longer text can never
   // fit max_context tokens: refusing it untokenized never refuses a prompt that would fit.
   if (cfg.max_prompt_bytes == 0) {
@@ -169,7 +187,6 @@ int main(int argc, char** argv) {
   so.max_batched_tokens = cfg.max_batched_tokens;
   // A chunk bounds how long decoding sequences and short prompts wait for a long prefill (one
   // step); larger chunks run the ring more efficiently. docs/benchmarks.md has the trade-off.
-  const bool cuda = cfg.device.rfind("cuda", 0) == 0;
   so.group.prefill_chunk = cfg.prefill_chunk > 0 ? cfg.prefill_chunk : cuda ? 8192 : 256;
   // Decoding sequences advance one token per step, so while any decode, a step's prefill chunk
   // is smaller: their inter-token time stays near a 2048-token step instead of an 8192-token
@@ -178,6 +195,11 @@ int main(int argc, char** argv) {
                               : cuda ? 2048
                                      : so.group.prefill_chunk;
   so.vocab_size = static_cast<int>(model_cfg.value().vocab_size);
+  if (kv_from_memory) {
+    so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;
+    so.group.kv_reserve_bytes = kv_activation_reserve(model_cfg.value(), cfg.max_context,
+                                                      cfg.workers, so.group.prefill_chunk);
+  }
   std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
   if (cfg.remote_workers > 0) {
     RegistryOptions ro;
@@ -238,7 +260,11 @@ int main(int argc, char** argv) {
                std::chrono::duration_cast<std::chrono::seconds>(so.group.start_timeout).count(),
                cfg.host, http_port, cfg.host, grpc_port,
                registry ? cfg.remote_workers : cfg.workers,
-               cfg.device, cfg.max_context, cfg.kv_capacity, cfg.max_prompt_bytes,
+               cfg.device, cfg.max_context,
+               kv_from_memory ? "from GPU memory (" + std::to_string(cfg.kv_memory_percent) +
+                                    " % of each GPU)"
+                              : std::to_string(cfg.kv_capacity) + " tokens",
+               cfg.max_prompt_bytes,
                cfg.api_key.empty() ? "off" : "on");
   if (!cfg.port_file.empty()) {
     // Written whole then renamed, so a reader never sees half a file.

@@ -180,6 +180,22 @@ int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk) {
   return (total + ranks - 1) / ranks + 2 * chunks + 4;
 }
 
+int64_t kv_rows_from_memory(int64_t free_bytes, int64_t total_bytes, double fraction,
+                            int64_t reserve_bytes, int64_t bytes_per_row, int page_size) {
+  if (bytes_per_row <= 0 || page_size <= 0) return 0;
+  const auto others = static_cast<int64_t>((1.0 - fraction) * static_cast<double>(total_bytes));
+  const int64_t budget = free_bytes - others - reserve_bytes;
+  if (budget <= 0) return 0;
+  return budget / bytes_per_row / page_size * page_size;
+}
+
+int64_t WorkerGroup::kv_capacity_tokens() const {
+  if (options_.kv_capacity > 0) return options_.kv_capacity;
+  // Every rank's rows: a request's exact need per rank is checked against the pages at
+  // admission (the scheduler's ledger); this total is for limits and metrics.
+  return int64_t{options_.workers} * info_.kv_pages * info_.kv_page_size;
+}
+
 WorkerGroup::WorkerGroup(WorkerGroupOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions options) {
@@ -248,7 +264,11 @@ Status WorkerGroup::spawn() {
   const std::string store = run_dir_ + "/store";
   fs::create_directories(store);
   const int n = options_.workers;
-  const int64_t per_rank = kv_capacity_per_rank(options_.kv_capacity, n, options_.prefill_chunk);
+  // 0: each rank sizes its pool from its GPU's memory.
+  const int64_t per_rank = options_.kv_capacity > 0
+                               ? kv_capacity_per_rank(options_.kv_capacity, n,
+                                                      options_.prefill_chunk)
+                               : 0;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options_.threads_per_worker > 0 ? options_.threads_per_worker
                                                       : std::max(1, cores / n);
@@ -279,6 +299,10 @@ Status WorkerGroup::spawn() {
         "--kv-capacity", std::to_string(per_rank), "--threads", std::to_string(threads),
         "--comm-timeout-ms", std::to_string(options_.comm_timeout.count()),
         "--progress-file", progress_file(*rk)};
+    if (per_rank == 0) {
+      args.insert(args.end(), {"--kv-memory-fraction", std::to_string(options_.kv_memory_fraction),
+                               "--kv-reserve-bytes", std::to_string(options_.kv_reserve_bytes)});
+    }
     if (!options_.model.dir.empty()) {
       args.insert(args.end(), {"--model", options_.model.dir});
     } else {
@@ -384,10 +408,15 @@ Status WorkerGroup::connect(const std::vector<std::string>& addresses) {
                            " of " + std::to_string(pong.world_size()) + ", expected rank " +
                            std::to_string(rk->rank) + " of " + std::to_string(n));
     }
+    const int64_t pages =
+        pong.kv_page_size() > 0 ? pong.kv_capacity() / pong.kv_page_size() : 0;
     if (rk->rank == 0) {
-      info_ = {pong.vocab_size(), pong.eos_token_id(), pong.device(),
-               pong.kv_page_size() > 0 ? pong.kv_capacity() / pong.kv_page_size() : 0,
+      info_ = {pong.vocab_size(), pong.eos_token_id(), pong.device(), pages,
                pong.kv_page_size()};
+    } else {
+      // Sized from memory, ranks may differ (another process on a GPU): the ledger uses the
+      // fewest.
+      info_.kv_pages = std::min(info_.kv_pages, pages);
     }
   }
   {
@@ -823,11 +852,11 @@ Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
   std::lock_guard<std::mutex> run_lock(run_mu_);
   const auto n = static_cast<int64_t>(request.prompt.size());
   const int64_t need = n + request.max_tokens;
-  if (need > options_.kv_capacity) {
+  if (need > kv_capacity_tokens()) {
     return Status::error(StatusCode::kResourceExhausted,
                          "the request needs " + std::to_string(need) +
                              " KV tokens (prompt + max_tokens); the group holds " +
-                             std::to_string(options_.kv_capacity));
+                             std::to_string(kv_capacity_tokens()));
   }
   if (n == 0) return Status::error(StatusCode::kInvalidArgument, "the prompt is empty");
   if (request.max_tokens <= 0) {

@@ -44,6 +44,7 @@
 #include "engine/ring_attention.h"
 #include "models/batch.h"
 #include "server/logging.h"
+#include "server/worker_group.h"  // kv_rows_from_memory
 #include "server/worker_registry.h"
 #ifdef BURST_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
@@ -65,7 +66,9 @@ struct Args {
   models::ModelSpec model;
   int rank = -1, world = 0, threads = 0;
   std::string store, port_file, progress_file, device = "cpu";
-  int64_t kv_capacity = 4096;
+  int64_t kv_capacity = 4096;  // 0: from the GPU's memory (kv_memory_fraction, kv_reserve_bytes)
+  double kv_memory_fraction = 0.9;
+  int64_t kv_reserve_bytes = 0;
   int comm_timeout_ms = 30000;
   std::string join, advertise_host;
   std::string cluster_token_file;  // --join: the cluster token's file (else $BURST_CLUSTER_TOKEN)
@@ -75,7 +78,8 @@ struct Args {
 constexpr const char* kUsage =
     R"(usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R --world N
                     --store DIR --port-file FILE [--progress-file FILE] [--device D]
-                    [--kv-capacity TOKENS] [--threads T] [--comm-timeout-ms MS]
+                    [--kv-capacity TOKENS] [--kv-memory-fraction F] [--kv-reserve-bytes B]
+                    [--threads T] [--comm-timeout-ms MS]
    or: burst-worker (--model DIR | --preset NAME --random-weights SEED) --join HOST:PORT
                     [--advertise-host H] [--cluster-token-file F] [--device D] [--threads T]
    or: burst-worker --version | --help
@@ -94,7 +98,11 @@ HOST:PORT` (multi-node), which sends rank, world size and KV capacity.
   --port-file FILE  where the control service's port is written once the rank is up
   --progress-file FILE  where loading progress ("BYTES_DONE BYTES_TOTAL") is written while the
                     weights load; the coordinator reads it (spawned form)
-  --kv-capacity TOKENS  KV rows this rank caches (spawned form; default 4096)
+  --kv-capacity TOKENS  KV rows this rank caches (spawned form; default 4096); 0 on a GPU:
+                    as many as its memory holds once the weights are in
+  --kv-memory-fraction F  with --kv-capacity 0: the share of the GPU this process may fill
+                    (default 0.9)
+  --kv-reserve-bytes B  with --kv-capacity 0: bytes kept free for activations (default 0)
   --comm-timeout-ms MS  the communicator's timeout (spawned form; default 30000)
   --join HOST:PORT  register with burst-server's worker registry (multi-node)
   --advertise-host H  the address the server and the other workers reach this one at
@@ -144,6 +152,16 @@ int64_t to_int(const std::string& flag, const std::string& v) {
   return x;
 }
 
+// A number in (0, 1].
+double to_fraction(const std::string& flag, const std::string& v) {
+  std::istringstream is(v);
+  double x = 0;
+  if (!(is >> x) || !is.eof() || !(x > 0 && x <= 1)) {
+    usage("bad value '" + v + "' for " + flag + " (a number in (0, 1])");
+  }
+  return x;
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -161,6 +179,7 @@ Args parse(int argc, char** argv) {
     const std::string v = argv[++i];
     const bool local = f == "--rank" || f == "--world" || f == "--store" ||
                        f == "--port-file" || f == "--progress-file" || f == "--kv-capacity" ||
+                       f == "--kv-memory-fraction" || f == "--kv-reserve-bytes" ||
                        f == "--comm-timeout-ms";
     a.local_flags = a.local_flags || local;
     if (f == "--model") a.model.dir = v;
@@ -173,6 +192,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--progress-file") a.progress_file = v;
     else if (f == "--device") a.device = v;
     else if (f == "--kv-capacity") a.kv_capacity = to_int(f, v);
+    else if (f == "--kv-memory-fraction") a.kv_memory_fraction = to_fraction(f, v);
+    else if (f == "--kv-reserve-bytes") a.kv_reserve_bytes = to_int(f, v);
     else if (f == "--threads") a.threads = static_cast<int>(to_int(f, v));
     else if (f == "--comm-timeout-ms") a.comm_timeout_ms = static_cast<int>(to_int(f, v));
     else if (f == "--join") a.join = v;
@@ -195,7 +216,8 @@ Args parse(int argc, char** argv) {
   if (!a.cluster_token_file.empty()) usage("--cluster-token-file needs --join");
   if (a.world < 1 || a.rank < 0 || a.rank >= a.world) usage("need 0 <= --rank < --world");
   if (a.store.empty() || a.port_file.empty()) usage("need --store and --port-file");
-  if (a.kv_capacity < 1) usage("--kv-capacity must be > 0");
+  if (a.kv_capacity < 0) usage("--kv-capacity must be >= 0 (0: from the GPU's memory)");
+  if (a.kv_reserve_bytes < 0) usage("--kv-reserve-bytes must be >= 0");
   return a;
 }
 
@@ -464,14 +486,56 @@ models::LoadProgress load_reporter(const std::string& progress_file) {
   };
 }
 
+// The rows of this rank's KV pool: --kv-capacity, or (0) what the GPU holds once the weights
+// are in (server::kv_rows_from_memory), said in the log.
+Result<int64_t> kv_rows(const Args& a, engine::Backend& backend,
+                        const models::LlamaModel& model) {
+  if (a.kv_capacity > 0) return a.kv_capacity;
+#ifdef BURST_HAVE_CUDA
+  if (backend.device() == engine::DeviceKind::kCuda) {
+    auto mem = engine::cuda_memory_info(backend);
+    if (!mem.ok()) return mem.status();
+    const engine::AttentionShape s = model.attention_shape();
+    const int64_t row_bytes = int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
+                              static_cast<int64_t>(engine::dtype_size(backend.compute_dtype()));
+    const int64_t rows = burst::server::kv_rows_from_memory(
+        mem.value().free, mem.value().total, a.kv_memory_fraction, a.kv_reserve_bytes,
+        row_bytes, kv_page_size(backend));
+    auto gib = [](double bytes) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+      return std::string(b);
+    };
+    const double free = static_cast<double>(mem.value().free);
+    if (rows <= 0) {
+      return Status::error("no GPU memory left for the KV cache: " + gib(free) + " free of " +
+                           gib(static_cast<double>(mem.value().total)) +
+                           " with the weights in; " + std::to_string(a.kv_memory_fraction) +
+                           " of the device may be used, " +
+                           gib(static_cast<double>(a.kv_reserve_bytes)) +
+                           " is kept for activations (set --kv-capacity, or a larger fraction)");
+    }
+    say("KV cache sized from GPU memory: " + std::to_string(rows) + " tokens, " +
+        gib(static_cast<double>(rows * row_bytes)) + " (" + gib(free) + " were free)");
+    return rows;
+  }
+#else
+  (void)backend;
+  (void)model;
+#endif
+  return Status::error("--kv-capacity 0 (from the GPU's memory) needs a CUDA device");
+}
+
 int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model,
               const std::string& secret) {
   g_who = "burst-worker rank " + std::to_string(a.rank);
   auto comm = make_communicator(backend, a.rank, a.world, a.store, nullptr, "127.0.0.1",
                                 std::chrono::milliseconds(a.comm_timeout_ms));
   if (!comm.ok()) return fail(comm.message());
+  auto capacity = kv_rows(a, backend, model);
+  if (!capacity.ok()) return fail(capacity.message());
   auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
-                                            a.kv_capacity, kv_page_size(backend));
+                                            capacity.value(), kv_page_size(backend));
   if (!ring.ok()) return fail(ring.message());
   WorkerService service(model, *comm.value(), *ring.value(), secret);
   int port = 0;

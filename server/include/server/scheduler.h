@@ -171,7 +171,15 @@ class Scheduler {
   // Refuses new requests, lets queued and running ones finish for up to `grace`, cancels the
   // rest, then stops the worker group. Safe to call once from any thread.
   void drain(std::chrono::milliseconds grace);
-  int64_t kv_capacity() const { return options_.group.kv_capacity; }
+  // KV tokens of the group: the configured capacity, or (sized from GPU memory) what the
+  // running group holds; 0 until a group sized from memory has started.
+  int64_t kv_capacity() const { return kv_capacity_.load(); }
+  // KV tokens left beside a prompt of `prompt` tokens (the default max_tokens stays within
+  // it); max_tokens_limit while the capacity is not known yet.
+  int64_t kv_room(int64_t prompt) const {
+    const int64_t cap = kv_capacity();
+    return cap > 0 ? cap - prompt : options_.max_tokens_limit;
+  }
   int64_t max_context() const { return options_.max_context; }
   int max_tokens_limit() const { return options_.max_tokens_limit; }
   int vocab_size() const { return options_.vocab_size; }
@@ -222,6 +230,7 @@ class Scheduler {
   bool deferred_full_ = false;       // the last step left a full prefill chunk for this one
   uint64_t next_id_ = 1;
   std::atomic<bool> healthy_{false};
+  std::atomic<int64_t> kv_capacity_{0};
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> started_once_{false};

@@ -42,8 +42,12 @@ struct ServerConfig {
   int remote_workers = 0;
   std::string worker_listen = "0.0.0.0:50052";  // no authentication: a cluster network only
   int64_t max_context = 0;   // longest prompt accepted; 0: the model's max_position_embeddings
-  int64_t kv_capacity = 0;   // prompt + generated tokens one request may hold; 0: max_context
-  int max_tokens_limit = 0;  // largest max_tokens accepted; 0: kv_capacity
+  // KV tokens of the group, shared by every request; 0: on GPUs this server spawns, as many as
+  // kv_memory_percent of each GPU holds beside the weights and activations; else max_context.
+  int64_t kv_capacity = 0;
+  int kv_memory_percent = 90;
+  // Largest max_tokens accepted; 0: kv_capacity (max_context when sized from memory).
+  int max_tokens_limit = 0;
   int max_queue = 64;        // waiting requests beyond which new ones get 503
   int max_running = 64;      // sequences batched at once (continuous batching)
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk/4)
@@ -77,7 +81,7 @@ constexpr const char* kServerUsage =
                     [--device cpu|cuda] [--workers N] [--threads-per-worker N]
                     [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
                     [--port-file FILE] [--api-key KEY | --api-key-file F] [--max-context N]
-                    [--kv-capacity N]
+                    [--kv-capacity N] [--kv-memory-percent P]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
                     [--max-body-bytes B]
@@ -112,7 +116,10 @@ constexpr const char* kServerUsage =
                     environment)
   --api-key-file F  the API key from file F (surrounding whitespace removed)
   --max-context N   longest prompt (0: the model's max_position_embeddings)
-  --kv-capacity N   prompt + generated tokens one request may hold (0: max context)
+  --kv-capacity N   KV tokens of the group, shared by all requests (0: on GPUs this server
+                    spawns, what --kv-memory-percent of each GPU holds beside the weights
+                    and activations; otherwise the max context)
+  --kv-memory-percent P  with --kv-capacity 0 on GPUs: the share of each GPU to fill (90)
   --max-tokens-limit N  largest max_tokens accepted (0: the KV capacity)
   --max-queue N     waiting requests beyond which new ones get 503 (default 64)
   --max-running N   sequences batched at once (default 64)

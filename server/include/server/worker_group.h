@@ -55,6 +55,12 @@ struct WorkerGroupOptions {
   int workers = 1;
   std::string device = "cpu";
   int64_t kv_capacity = 4096;  // KV tokens of the whole group, shared by every sequence
+  // kv_capacity 0 (local CUDA ranks only): each rank sizes its KV pool from its GPU's memory
+  // once the weights are in (kv_rows_from_memory): kv_memory_fraction of the device for this
+  // process, less kv_reserve_bytes kept for activations. kv_capacity_tokens() then reports
+  // what the ranks hold.
+  double kv_memory_fraction = 0.9;
+  int64_t kv_reserve_bytes = 0;
   int64_t prefill_chunk = 0;   // generate(): prefill in chunks of this many tokens (0: whole)
   engine::ShardLayout layout = engine::ShardLayout::kZigzag;
   // From the spawn until every rank answers (loading the weights included): see
@@ -92,11 +98,18 @@ std::chrono::milliseconds default_start_timeout(int64_t weight_bytes_per_rank);
 // chunks of `chunk` tokens (0: whole prompts).
 int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk = 0);
 
+// KV rows a rank holds when its pool is sized from its GPU's memory (--kv-capacity 0): what is
+// free once the weights are in, less what the process leaves to others ((1 - fraction) of the
+// device) and the activations' reserve, in whole pages of bytes_per_row each; 0 when that is
+// not one page.
+int64_t kv_rows_from_memory(int64_t free_bytes, int64_t total_bytes, double fraction,
+                            int64_t reserve_bytes, int64_t bytes_per_row, int page_size);
+
 struct WorkerGroupInfo {
   int32_t vocab_size = 0;
   int32_t eos_token_id = 2;
   std::string device;
-  int64_t kv_pages = 0;    // per rank (every rank has the same)
+  int64_t kv_pages = 0;    // per rank (the fewest any rank has, when sized from memory)
   int32_t kv_page_size = 0;
 };
 
@@ -152,6 +165,9 @@ class WorkerGroup {
   // Remote mode: "waiting for workers (k/N registered ...)" while no group serves; else "".
   std::string waiting_status() const;
   const WorkerGroupInfo& info() const { return info_; }
+  // KV tokens the group holds: options().kv_capacity, or (sized from memory) the rows the
+  // ranks report, summed (the exact per-rank need of a request is the scheduler's ledger's).
+  int64_t kv_capacity_tokens() const;
   const WorkerGroupOptions& options() const { return options_; }
   // Worker pids, for tests that kill one.
   std::vector<int> pids() const;
