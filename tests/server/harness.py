@@ -29,7 +29,7 @@ def build_dir():
 
 
 class Server:
-    def __init__(self, *extra, workers=2, wait_healthy=True):
+    def __init__(self, *extra, workers=2, wait_healthy=True, omp_passive=True):
         self.dir = tempfile.mkdtemp(prefix="burst-srv-test-")
         self.port_file = os.path.join(self.dir, "ports.json")
         self.log_path = os.path.join(self.dir, "server.log")
@@ -38,6 +38,8 @@ class Server:
                 "--http-port", "0", "--grpc-port", "0", "--port-file", self.port_file,
                 *[str(e) for e in extra]]
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        if not omp_passive:  # the server's own default for its workers
+            env.pop("OMP_WAIT_POLICY")
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 60

@@ -496,6 +496,22 @@ def rss_mb(pid):
     raise RuntimeError("no VmRSS")
 
 
+def test_workers_idle_openmp_threads_sleep():
+    # Started without OMP_WAIT_POLICY, the server hands its workers PASSIVE (spinning OpenMP
+    # threads made the CPU default 8x slower on a small machine).
+    srv = Server(workers=2, omp_passive=False)
+    try:
+        pids = srv.worker_pids()
+        check(len(pids) == 2, f"two workers: {pids}")
+        for pid in pids:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            check(b"OMP_WAIT_POLICY=PASSIVE" in env, f"worker {pid} environment lacks it")
+        st, _ = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        check(st == 200, f"serves: {st}")
+    finally:
+        srv.stop()
+
+
 def test_memory_returns_after_large_prompts():
     """Large prompts (refused after tokenizing: longer than the context) cost ~50 MB each on
     the thread that serves them; once they are done the server's resident memory must come
@@ -534,7 +550,8 @@ def test_memory_returns_after_large_prompts():
 
 if __name__ == "__main__":
     run([test_slow_load_shows_progress_and_stops_on_sigterm,
-         test_memory_returns_after_large_prompts,test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
+         test_memory_returns_after_large_prompts, test_workers_idle_openmp_threads_sleep,
+         test_sigstop_worker_mid_stream, test_sigstop_idle_worker,
          test_drain_timeout_ends_streams_with_a_message, test_sigkill_server_leaves_no_run_dir,
          test_loader_refuses_hostile_model_dirs,
          test_worker_port_refuses_calls_without_the_group_secret,
