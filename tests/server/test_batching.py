@@ -1,10 +1,10 @@
 """Continuous batching, end to end through real burst-server and burst-worker processes (CPU,
 kjv-tiny): batch invariance (a request's greedy tokens are the same alone and among others of
 different lengths arriving at different times), chunked prefill equal to unchunked (chunk sizes
-that divide neither the prompt nor the rank count; a smaller chunk while others decode), cancels in every phase give every KV page
-back on every rank, 64 concurrent streaming clients all complete, and a short request sent
-during a long prefill gets its first token before the long one does; sampled requests with seeds
-give the same text alone and together."""
+that divide neither the prompt nor the rank count; a smaller chunk while others decode),
+cancels in every phase give every KV page back on every rank, 64 concurrent streaming clients
+all complete, a short request sent during a long prefill gets its first token before the long
+one does, and sampled requests with seeds give the same text alone and together."""
 import http.client
 import json
 import threading
@@ -49,6 +49,22 @@ def text_and_ttft(srv, prompt, max_tokens):
     return text, first, finish
 
 
+def concurrently(fn, n, stagger=0.0):
+    """[fn(0), ..., fn(n - 1)], each on its own thread, thread i started stagger x i s late."""
+    out = [None] * n
+
+    def one(i):
+        time.sleep(stagger * i)
+        out[i] = fn(i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def wait_kv_empty(srv, timeout=20):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -74,20 +90,10 @@ def test_batch_invariance_and_chunking():
         srv = Server("--prefill-chunk", chunk, "--prefill-chunk-decoding", decoding,
                      workers=workers)
         try:
-            got = [None] * len(reqs)
-
-            def one(i):
-                time.sleep(0.03 * i)
-                got[i] = text_and_ttft(srv, *reqs[i])[0]
-
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            got = concurrently(lambda i: text_and_ttft(srv, *reqs[i])[0], len(reqs), 0.03)
             for i in range(len(reqs)):
-                check(got[i] == want[i], f"{workers} workers, chunk {chunk}/{decoding}, request {i}: "
-                      f"{got[i]!r} != alone {want[i]!r}")
+                check(got[i] == want[i], f"{workers} workers, chunk {chunk}/{decoding}, "
+                      f"request {i}: {got[i]!r} != alone {want[i]!r}")
             check(wait_kv_empty(srv), "KV pages all free after the batch")
         finally:
             srv.stop()
@@ -189,16 +195,7 @@ def test_sampled_requests_batch_invariant():
 
     try:
         alone = [text(*r) for r in reqs]
-        together = [None] * len(reqs)
-
-        def one(i):
-            together[i] = text(*reqs[i])
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together = concurrently(lambda i: text(*reqs[i]), len(reqs))
         for i in range(len(reqs)):
             check(together[i] == alone[i], f"request {i}: {together[i]!r} != alone {alone[i]!r}")
         check(len(set(alone)) > 1, "different seeds draw different texts")

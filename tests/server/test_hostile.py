@@ -259,23 +259,30 @@ def test_smuggling_and_malformed_heads_get_400():
     check(st == 200, "still healthy")
 
 
+def kv_freed_after_close(server, s, what):
+    """Waits for the request on socket s to hold KV, closes s, and returns the seconds until
+    the server holds none again (10 at most)."""
+    deadline = time.time() + 20
+    while time.time() < deadline and server.metric("burst:kv_cache_used_tokens") == 0:
+        time.sleep(0.02)
+    check(server.metric("burst:kv_cache_used_tokens") > 0, f"{what}: the request runs")
+    s.close()
+    t0 = time.time()
+    while time.time() - t0 < 10 and server.metric("burst:kv_cache_used_tokens") > 0:
+        time.sleep(0.02)
+    freed = time.time() - t0
+    print(f"{what}: KV freed {freed:.2f} s after the close")
+    check(server.metric("burst:kv_cache_used_tokens") == 0, f"{what}: KV never freed")
+    return freed
+
+
 def test_disconnected_non_streaming_request_is_cancelled():
     cancelled0 = srv.metric('burst:requests_total{outcome="cancelled"}')
     s = connect()
     s.sendall(post_bytes("/v1/completions",
                          completion({"max_tokens": 1500, "ignore_eos": True})))
-    deadline = time.time() + 20
-    while time.time() < deadline and srv.metric("burst:kv_cache_used_tokens") == 0:
-        time.sleep(0.05)
-    check(srv.metric("burst:kv_cache_used_tokens") > 0, "the request runs")
-    s.close()
-    t0 = time.time()
-    while time.time() - t0 < 10 and srv.metric("burst:kv_cache_used_tokens") > 0:
-        time.sleep(0.05)
-    freed = time.time() - t0
-    print(f"disconnected non-streaming request: KV freed {freed:.2f} s after the close")
-    check(srv.metric("burst:kv_cache_used_tokens") == 0 and freed < 3,
-          f"KV freed {freed:.1f} s after the client left")
+    freed = kv_freed_after_close(srv, s, "disconnected non-streaming request")
+    check(freed < 3, f"KV freed {freed:.1f} s after the client left")
     check(srv.metric('burst:requests_total{outcome="cancelled"}') == cancelled0 + 1,
           "counted as cancelled")
     t0 = time.time()
@@ -297,18 +304,8 @@ def test_disconnected_waiting_stream_is_cancelled():
         s = connect(slow)
         s.sendall(post_bytes("/v1/completions", json.dumps(
             {"prompt": prompt, "max_tokens": 4, "stream": True}).encode()))
-        deadline = time.time() + 20
-        while time.time() < deadline and slow.metric("burst:kv_cache_used_tokens") == 0:
-            time.sleep(0.02)
-        check(slow.metric("burst:kv_cache_used_tokens") > 0, "the prefill runs")
-        s.close()
-        t0 = time.time()
-        while time.time() - t0 < 10 and slow.metric("burst:kv_cache_used_tokens") > 0:
-            time.sleep(0.02)
-        freed = time.time() - t0
-        print(f"disconnected waiting stream: KV freed {freed:.2f} s after the close")
-        check(slow.metric("burst:kv_cache_used_tokens") == 0 and freed < 1.5,
-              f"KV freed {freed:.1f} s after the client left")
+        freed = kv_freed_after_close(slow, s, "disconnected waiting stream")
+        check(freed < 1.5, f"KV freed {freed:.1f} s after the client left")
     finally:
         slow.stop()
 
