@@ -5,12 +5,16 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <random>
 #include <cstdio>
 #include <thread>
 
 #include "engine/backend.h"
 #include "models/generator.h"
+#include "engine/sharding.h"
+#include "server/scheduler.h"  // kv_pages_needed
 #include "server/worker_group.h"
 
 namespace burst::server {
@@ -52,6 +56,36 @@ TEST(WorkerGroup, KvRowsFromMemory) {
   EXPECT_EQ(kv_rows_from_memory(10 * gib, 80 * gib, 0.9, 3 * gib, row, page), 0);
   EXPECT_EQ(kv_rows_from_memory(row * (page - 1), row * page, 1.0, 0, row, page), 0);
   EXPECT_EQ(kv_rows_from_memory(10 * gib, 80 * gib, 1.0, 0, 0, page), 0);
+}
+
+// Admission with a smaller chunk while others decode (Scheduler's prefill_chunk_decoding): a
+// prompt is cut in any mix of the two sizes (both multiples of 2 x ranks), and the pages
+// reserved (kv_pages_needed with mixed_chunks) must hold what every rank caches for any such
+// mix. Random mixes against the exact rows of each chunk's ShardPlan.
+TEST(WorkerGroup, KvPagesHoldAnyMixOfChunkSizes) {
+  std::mt19937 rng(5);
+  for (int world : {1, 2, 3, 4}) {
+    for (auto layout : {engine::ShardLayout::kZigzag, engine::ShardLayout::kContiguous}) {
+      const int64_t small = 4 * world, full = 12 * world;  // multiples of 2 x ranks
+      for (int trial = 0; trial < 200; ++trial) {
+        const int64_t prompt = 1 + static_cast<int64_t>(rng() % 400);
+        std::vector<int64_t> rows(static_cast<size_t>(world), 0);
+        for (int64_t start = 0; start < prompt;) {
+          const int64_t len = std::min(rng() % 2 ? small : full, prompt - start);
+          const auto plan = engine::ShardPlan::make(layout, len, world, start);
+          for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
+          start += len;
+        }
+        const int page = 16;
+        const auto pages = kv_pages_needed(prompt, 1, full, world, layout, page, true);
+        for (int r = 0; r < world; ++r) {
+          // The prompt rows cached, plus this rank's decode rows (at most one for 1 token).
+          ASSERT_LE((rows[static_cast<size_t>(r)] + page - 1) / page, pages[static_cast<size_t>(r)])
+              << "world " << world << " prompt " << prompt << " rank " << r;
+        }
+      }
+    }
+  }
 }
 
 TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
