@@ -323,11 +323,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
 
   grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req, Streamer* writer,
                         CallLog* log) {
-    if (!req->model().empty() && req->model() != config_.model_name) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "unknown model '" + req->model() + "'; this server serves '" +
-                              config_.model_name + "'");
-    }
+    if (auto st = check_model(req->model()); !st.ok()) return st;
     ScheduledRequest r;
     r.id = log->id;
     switch (req->prompt_case()) {
@@ -352,23 +348,12 @@ class GrpcApi::Service final : public pb::Burst::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
     }
     r.max_tokens = req->max_tokens();
-    if (auto st = apply_options(req->sampling(), req->min_tokens(), req->ignore_eos(),
-                                req->logprobs(), req->top_logprobs(), &r);
-        !st.ok()) {
-      return st;
-    }
-    r.stop.assign(req->stop().begin(), req->stop().end());
-    r.return_progress = req->return_progress();
-    return run(ctx, std::move(r), writer, log);
+    return submit(*req, std::move(r), ctx, writer, log);
   }
 
   grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req, Streamer* writer,
                     CallLog* log) {
-    if (!req->model().empty() && req->model() != config_.model_name) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "unknown model '" + req->model() + "'; this server serves '" +
-                              config_.model_name + "'");
-    }
+    if (auto st = check_model(req->model()); !st.ok()) return st;
     std::vector<std::string> roles, contents;
     size_t text_bytes = 0;
     for (const auto& m : req->messages()) {
@@ -387,18 +372,33 @@ class GrpcApi::Service final : public pb::Burst::Service {
     r.max_tokens = req->max_tokens();
     if (r.max_tokens == 0) {
       // As HTTP chat: until EOS, bounded by what is left of the KV capacity.
-      const int64_t room = scheduler_.kv_room(static_cast<int64_t>(r.prompt.size()));
-      r.max_tokens = static_cast<int>(
-          std::max<int64_t>(1, std::min<int64_t>(scheduler_.max_tokens_limit(), room)));
+      r.max_tokens = scheduler_.default_max_tokens(static_cast<int64_t>(r.prompt.size()),
+                                                   scheduler_.max_tokens_limit());
     }
-    if (auto st = apply_options(req->sampling(), req->min_tokens(), req->ignore_eos(),
-                                req->logprobs(), req->top_logprobs(), &r);
+    return submit(*req, std::move(r), ctx, writer, log);
+  }
+
+  // What Generate and Chat share after the prompt: the options, stop strings, progress, and
+  // the run.
+  template <typename Req>
+  grpc::Status submit(const Req& req, ScheduledRequest r, grpc::ServerContext* ctx,
+                      Streamer* writer, CallLog* log) {
+    if (auto st = apply_options(req.sampling(), req.min_tokens(), req.ignore_eos(),
+                                req.logprobs(), req.top_logprobs(), &r);
         !st.ok()) {
       return st;
     }
-    r.stop.assign(req->stop().begin(), req->stop().end());
-    r.return_progress = req->return_progress();
+    r.stop.assign(req.stop().begin(), req.stop().end());
+    r.return_progress = req.return_progress();
     return run(ctx, std::move(r), writer, log);
+  }
+
+  // The model a request names: this server's, or none.
+  grpc::Status check_model(const std::string& model) const {
+    if (model.empty() || model == config_.model_name) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "unknown model '" + model + "'; this server serves '" +
+                            config_.model_name + "'");
   }
 
   // Sampling, logits processing and logprobs, with HTTP's defaults and checks.

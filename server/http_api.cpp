@@ -1083,9 +1083,8 @@ void HttpApi::install_routes() {
       // left of the KV capacity, so a default never makes a fitting prompt fail.
       size_t longest = 0;
       for (const auto& pr : prompts) longest = std::max(longest, pr.size());
-      const int64_t room = scheduler_.kv_room(static_cast<int64_t>(longest));
-      const int64_t want = chat ? scheduler_.max_tokens_limit() : 16;
-      p.request.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min(want, room)));
+      p.request.max_tokens = scheduler_.default_max_tokens(
+          static_cast<int64_t>(longest), chat ? scheduler_.max_tokens_limit() : 16);
     }
     const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
     const std::string log_id = access_info().id.empty() ? id : access_info().id;

@@ -161,6 +161,17 @@ def sse_events(resp):
             event, data = None, []
 
 
+def sse_chunks(resp):
+    """The JSON chunks of an OpenAI SSE stream, in order, up to data: [DONE] (comments and
+    keep-alives left out)."""
+    for ev, data in sse_events(resp):
+        if ev == "comment":
+            continue
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
 def kill_mid_stream(events, pid):
     """SIGKILLs pid while an SSE stream runs; returns (error object or None, seconds until the
     stream ended)."""

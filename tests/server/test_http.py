@@ -12,7 +12,7 @@ import threading
 import time
 
 from harness import (HAVE_KJV, MODEL, PROMPT, ROOT, TOKENIZER, Server, build_dir, check, run,
-                     sse_events)
+                     sse_chunks, sse_events)
 
 KEY = "test-key-123"
 AUTH = {"Authorization": "Bearer " + KEY}
@@ -153,12 +153,7 @@ def test_chat():
     check(msg["role"] == "assistant" and isinstance(msg["content"], str), f"{msg}")
     c, resp = stream("/v1/chat/completions", {**body, "stream": True})
     text, role = "", None
-    for ev, data in sse_events(resp):
-        if data == "[DONE]":
-            break
-        if ev == "comment":
-            continue
-        j = json.loads(data)
+    for j in sse_chunks(resp):
         check(j["object"] == "chat.completion.chunk", f"{j}")
         d = j["choices"][0]["delta"]
         role = d.get("role", role)
@@ -309,12 +304,7 @@ def test_n_and_prompt_batches():
             "stream": True, "stream_options": {"include_usage": True}}
     c2, resp = stream("/v1/completions", body)
     texts, finishes, usage = {}, {}, None
-    for ev, data in sse_events(resp):
-        if ev == "comment":
-            continue
-        if data == "[DONE]":
-            break
-        j = json.loads(data)
+    for j in sse_chunks(resp):
         for ch in j["choices"]:
             texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
             finishes[ch["index"]] = ch["finish_reason"] or finishes.get(ch["index"])
@@ -370,12 +360,8 @@ def prompt_logprobs(server, prompt, headers=AUTH, stream_it=False):
               headers={**headers, "Content-Type": "application/json"})
     lp = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
     text = ""
-    for ev, data in sse_events(c.getresponse()):
-        if ev == "comment":
-            continue
-        if data == "[DONE]":
-            break
-        for ch in json.loads(data)["choices"]:
+    for j in sse_chunks(c.getresponse()):
+        for ch in j["choices"]:
             text += ch["text"]
             for k in lp:
                 lp[k] += (ch["logprobs"] or {}).get(k, [])
@@ -487,12 +473,7 @@ def test_logprobs():
               f"greedy: the token is the most likely: {tok} {v} {top}")
     c2, resp = stream("/v1/completions", {**body, "stream": True})
     toks, vals = [], []
-    for ev, data in sse_events(resp):
-        if ev == "comment":
-            continue
-        if data == "[DONE]":
-            break
-        j = json.loads(data)
+    for j in sse_chunks(resp):
         for ch in j["choices"]:
             if ch["logprobs"]:
                 toks += ch["logprobs"]["tokens"]

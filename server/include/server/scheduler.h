@@ -174,11 +174,13 @@ class Scheduler {
   // KV tokens of the group: the configured capacity, or (sized from GPU memory) what the
   // running group holds; 0 until a group sized from memory has started.
   int64_t kv_capacity() const { return kv_capacity_.load(); }
-  // KV tokens left beside a prompt of `prompt` tokens (the default max_tokens stays within
-  // it); max_tokens_limit while the capacity is not known yet.
-  int64_t kv_room(int64_t prompt) const {
+  // A request's max_tokens when the client gave none: `want`, within what the KV capacity
+  // leaves beside a prompt of `prompt` tokens (so a default never makes a fitting prompt fail;
+  // max_tokens_limit while the capacity is not known yet), at least 1.
+  int default_max_tokens(int64_t prompt, int64_t want) const {
     const int64_t cap = kv_capacity();
-    return cap > 0 ? cap - prompt : options_.max_tokens_limit;
+    const int64_t room = cap > 0 ? cap - prompt : options_.max_tokens_limit;
+    return static_cast<int>(std::max<int64_t>(1, std::min(want, room)));
   }
   int64_t max_context() const { return options_.max_context; }
   int max_tokens_limit() const { return options_.max_tokens_limit; }
