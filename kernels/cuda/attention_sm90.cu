@@ -1,16 +1,22 @@
 // Flash attention forward for one ring step (LAO) on Hopper (sm_90a): the contract of
 // kernels/attention_cuda.h, for head_dim 128, with warpgroup MMAs (wgmma.mma_async).
 //
-// One CTA of two warpgroups (256 threads) computes a 128-row query block of one head; each
-// warpgroup owns 64 rows and runs S = Q.K^T as m64n128k16 wgmmas with both operands in shared
-// memory, then O += P.V with P (the softmax of S, rounded to the input dtype) straight from
-// registers: the S accumulator fragment of a wgmma is the A-operand fragment of the next.
+// One CTA computes a 128-row query block of one head with two consumer warpgroups and a
+// producer warpgroup that only loads. Each consumer warpgroup owns 64 rows and runs S = Q.K^T as
+// m64n128k16 wgmmas with both operands in shared memory, then O += P.V with P (the softmax of
+// S, rounded to the input dtype) straight from registers: the S accumulator fragment of a wgmma
+// is the A-operand fragment of the next.
 // Within a warpgroup, the P.V of block i - 1 runs on the tensor cores while the softmax of
 // block i runs on the other units.
-// Loads are TMA (cp.async.bulk.tensor) issued by one thread into a 3-stage ring of K+V tiles in
-// the 128-byte-swizzled layout wgmma reads; mbarriers say when a stage is full (TMA bytes
-// arrived) and empty (all 8 warps done reading it), so the warpgroups are not held in lockstep
-// by CTA-wide barriers and one's softmax overlaps the other's MMAs.
+// Loads are TMA (cp.async.bulk.tensor) issued by one thread of the producer warpgroup into a
+// 3-stage ring of K+V tiles in the 128-byte-swizzled layout wgmma reads; mbarriers say when a
+// stage is full (TMA bytes arrived) and empty (all 8 consumer warps done reading it), so the
+// warpgroups are not held in lockstep by CTA-wide barriers and one's softmax overlaps the
+// other's MMAs. The producer gives its registers to the consumers (setmaxnreg 24 / 240): with
+// the loads issued by a consumer thread instead, that thread's warp waited for the slower
+// warpgroup before every refill (H100: 547-567 TFLOP/s then, 512-642 now). Ping-pong turns
+// between the two consumer warpgroups (named barriers around their MMA issue) were measured on
+// top of this and gained nothing (626-646 TFLOP/s), so they are not used.
 // Key blocks run from the last to the first, so the blocks that need masking (the causal
 // diagonal, the n_kv tail) come first and the rest run without per-element checks.
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes from the runtime)
@@ -27,7 +33,10 @@ namespace {
 constexpr int kD = 128;
 constexpr int kBlockM = 128;  // query rows per CTA: two warpgroups of 64
 constexpr int kBlockN = 128;  // keys per pipeline stage
-constexpr int kThreads = 256;
+constexpr int kConsumerThreads = 256;  // two warpgroups of MMAs and softmax
+// Warp specialisation: a third warpgroup only issues the TMA loads, on 24 registers, so the two
+// consumer warpgroups get 240 each (setmaxnreg; 128 x 24 + 256 x 240 <= 64K).
+constexpr int kThreads = kConsumerThreads + 128;
 // A [128 rows][128] tile of 16-bit values is stored as two column halves [128 rows][64]: one
 // row of a half is 128 bytes, the width of the 128-byte swizzle.
 constexpr int kRowBytes = 128;
@@ -41,7 +50,7 @@ constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
 constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
 
-static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "one warpgroup per 64 query rows");
+static_assert(kBlockM == 2 * 64 && kConsumerThreads == 2 * 128, "one warpgroup per 64 rows");
 static_assert(kBlockM == 128 && kBlockN == 128, "Q, K and V tiles are all [128][128]");
 static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
 
@@ -203,6 +212,15 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
   tma_load_box(dst + kHalfBytes, map, bar, 64, head, row);
 }
 
+template <int kRegs>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 #endif  // BURST_SM90_KERNEL
 
 // ---- the kernel ------------------------------------------------------------------------------
@@ -237,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(bar_q, 1);
     for (int st = 0; st < kStages; ++st) {
       mbar_init(bar_full(st), 1);                 // the loading thread's expect_tx
-      mbar_init(bar_empty(st), kThreads / 32);  // one arrival per warp done with it
+      mbar_init(bar_empty(st), kConsumerThreads / 32);  // one arrival per consumer warp
     }
     // Makes the initialised barriers visible to the async proxy (TMA) and the other threads.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -277,11 +295,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_load_tile(k_tile(st), &k_map, bar_full(st), g, row);
     tma_load_tile(v_tile(st), &v_map, bar_full(st), g, row);
   };
-  if (tid == 0 && n_blocks > 0) {
-    mbar_expect_tx(bar_q, kTileBytes);
-    tma_load_tile(q_addr0, &q_map, bar_q, h, m0);
-    for (int i = 0; i < min(kStages, n_blocks); ++i) load_block(i);
+  if (wg == 2) {
+    // The producer: Q, then block i once every consumer warp has released block i - kStages.
+    // It leaves when its last load is issued (no CTA-wide barrier follows).
+    regs_dec<24>();
+    if (tid == kConsumerThreads && n_blocks > 0) {
+      mbar_expect_tx(bar_q, kTileBytes);
+      tma_load_tile(q_addr0, &q_map, bar_q, h, m0);
+      for (int i = 0; i < n_blocks; ++i) {
+        if (i >= kStages) mbar_wait(bar_empty(i % kStages), (i / kStages - 1) & 1);
+        load_block(i);
+      }
+    }
+    return;
   }
+  regs_inc<240>();
   // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
   const uint32_t q_addr = q_addr0 + wg * 64 * kRowBytes;
   // P of a block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0, 1} of
@@ -373,14 +401,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Waits until block i's K and V have arrived (the (i / kStages)-th fill of its stage).
   auto wait_full = [&](int i) { mbar_wait(bar_full(i % kStages), (i / kStages) & 1); };
-  // After this warp's wgmmas that read block i have completed: release the stage, and (thread
-  // 0) refill it with block i + kStages once all warps have released it.
+  // After this warp's wgmmas that read block i have completed: release the stage (the producer
+  // refills it with block i + kStages once all eight consumer warps have).
   auto release = [&](int i) {
     if (lane == 0) mbar_arrive(bar_empty(i % kStages));
-    if (tid == 0 && i + kStages < n_blocks) {
-      mbar_wait(bar_empty(i % kStages), (i / kStages) & 1);
-      load_block(i + kStages);
-    }
   };
 
   // Block i >= 1: S of block i, then the P.V of block i - 1 (p_prev) on the tensor cores while
