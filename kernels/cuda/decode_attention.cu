@@ -15,7 +15,7 @@
 // fp32 rounding, as with the fp32 CUDA-core kernel this one replaced.
 // Each warp keeps its own online softmax; at the end the 4 warps' partials are combined in
 // shared memory and each split writes a normalised partial (o, lse) in fp32 to the workspace; a
-// second kernel merges the splits in split order, so the result does not depend on scheduling.
+// second kernel merges the splits in a fixed order, so the result does not depend on scheduling.
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 #include <cuda_bf16.h>
@@ -355,24 +355,66 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   }
 }
 
-// Merges the splits of one (head, query) in split order; one thread per element of head_dim.
+// Merges the splits of one (head, query): warp w of kCombineWarps takes splits w, w + 8, ...
+// (each lane kD / 32 elements of head_dim) as an online softmax, then the warps' partials are
+// merged in warp order. Deterministic: a fixed assignment and order, not scheduling. (One
+// thread per element looping over every split twice made a chain of 2 x splits dependent
+// loads: 0.157 against 0.154-0.156 ms at 128K keys on an H200, 0.022 against 0.019-0.021 at 8K.)
+constexpr int kCombineWarps = 8;
 template <typename OutT, int kD>
-__global__ void __launch_bounds__(kD)
+__global__ void __launch_bounds__(kCombineWarps * 32)
     decode_combine_kernel(const float* o_part, const float* lse_part, OutT* o, float* lse,
-                          int64_t o_row_stride, int64_t o_head_stride, int64_t lse_head_stride,
-                          int n_q, int heads, int splits) {
-  const int h = blockIdx.x / n_q, i = blockIdx.x % n_q, d = threadIdx.x;
+                               int64_t o_row_stride, int64_t o_head_stride,
+                               int64_t lse_head_stride, int n_q, int heads, int splits) {
+  constexpr int kPer = kD / 32;  // elements of head_dim per lane
+  __shared__ float part_acc[kCombineWarps][kD];
+  __shared__ float part_m[kCombineWarps], part_l[kCombineWarps];
+  const int h = blockIdx.x / n_q, i = blockIdx.x % n_q;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t stride = int64_t{heads} * n_q;  // between splits of one (head, query)
   const int64_t item = int64_t{h} * n_q + i;
+  float m = -INFINITY, l = 0.f, acc[kPer];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
+  for (int s = warp; s < splits; s += kCombineWarps) {
+    const float x = lse_part[s * stride + item];
+    if (x == -INFINITY) continue;  // an empty split weighs 0
+    const float* src = o_part + (s * stride + item) * kD + lane * kPer;
+    float v[kPer];
+    if constexpr (kPer == 4) {
+      const float4 t = *reinterpret_cast<const float4*>(src);
+      v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+      const float2 t = *reinterpret_cast<const float2*>(src);
+      v[0] = t.x, v[1] = t.y;
+    }
+    const float nm = fmaxf(m, x);
+    const float keep = expf(m - nm), w = expf(x - nm);  // m = -inf: keep = 0
+    l = l * keep + w;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) acc[e] = acc[e] * keep + w * v[e];
+    m = nm;
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) part_acc[warp][lane * kPer + e] = acc[e];
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = l;
+  }
+  __syncthreads();
+  if (threadIdx.x >= kD) return;
+  const int d = threadIdx.x;
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse_part[s * stride + item]);
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) mx = fmaxf(mx, part_m[w]);
   float out = 0.f, out_lse = -INFINITY;  // every split empty: the row saw no key
   if (mx != -INFINITY) {
     float sum = 0.f, num = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float w = expf(lse_part[s * stride + item] - mx);  // empty splits weigh 0
-      sum += w;
-      num += w * o_part[(s * stride + item) * kD + d];
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) {
+      const float f = expf(part_m[w] - mx);  // a warp without splits: 0
+      sum += f * part_l[w];
+      num += f * part_acc[w][d];
     }
     out = num / sum;
     out_lse = mx + logf(sum);
@@ -508,7 +550,7 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
       <<<grid, DecodeTile<kD>::kThreads, DecodeSmem<kD>::kBytes, stream>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  decode_combine_kernel<OutT, kD><<<p.n_q * p.heads, kD, 0, stream>>>(
+  decode_combine_kernel<OutT, kD><<<p.n_q * p.heads, kCombineWarps * 32, 0, stream>>>(
       a.o_part, a.lse_part, static_cast<OutT*>(p.o), p.lse, p.o_row_stride, p.o_head_stride,
       p.lse_head_stride, p.n_q, p.heads, plan.splits);
   return cudaGetLastError();
