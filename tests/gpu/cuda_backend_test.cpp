@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -956,6 +957,101 @@ TEST(CudaPrefillBench, Preset7b) {
                 static_cast<long long>(n), ms[ms.size() / 2]);
   }
   if (out != stdout) std::fclose(out);
+}
+
+// Where a decode step of the 7B preset (random weights, one GPU) spends its time at the
+// contexts in BURST_BENCH_DECODE (comma separated): the host's time to enqueue the 32 layers
+// (until the last layer's hook) against the whole step (LM head and logits download
+// included), over 32 steps after a warm-up; and the host cost of single backend calls at the
+// decode shapes (1000 enqueued calls, then one synchronize). If enqueueing takes as long as
+// the step, the GPU waits for the host. Skipped unless asked for.
+TEST(CudaDecodeBench, HostOverhead7b) {
+  const char* ctx_env = std::getenv("BURST_BENCH_DECODE");
+  if (!ctx_env) GTEST_SKIP() << "benchmark: set BURST_BENCH_DECODE=512,32768 to run";
+  std::string why;
+  if (!have_gpu(why)) GTEST_SKIP() << "skipping decode benchmark: " << why;
+  const std::vector<int64_t> contexts = parse_lengths(ctx_env);
+  auto backend = engine::make_cuda_backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.message();
+  Backend& b = *backend.value();
+  auto config = models::preset_config("7b");
+  ASSERT_TRUE(config.ok());
+  const models::LlamaConfig& c = config.value();
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::duration d) {
+    return std::chrono::duration<double, std::micro>(d).count();
+  };
+  {  // single calls
+    const engine::DType dt = b.compute_dtype();
+    auto x = b.alloc({1, c.hidden_size}, dt), w = b.alloc({c.hidden_size, c.hidden_size}, dt);
+    auto y = b.alloc({1, c.hidden_size}, dt), nw = b.alloc({c.hidden_size}, dt);
+    auto w2 = b.alloc({c.intermediate_size, c.hidden_size}, dt);
+    auto y2 = b.alloc({1, c.intermediate_size}, dt);
+    ASSERT_TRUE(x.ok() && w.ok() && y.ok() && nw.ok() && w2.ok() && y2.ok());
+    ASSERT_TRUE(b.fill_random(w2.value(), 4, 0.01f, false).ok());
+    ASSERT_TRUE(b.fill_random(x.value(), 1, 0.5f, false).ok());
+    ASSERT_TRUE(b.fill_random(w.value(), 2, 0.01f, false).ok());
+    ASSERT_TRUE(b.fill_random(nw.value(), 3, 1.f, true).ok());
+    auto time_calls = [&](const char* what, const std::function<Status()>& call) {
+      ASSERT_TRUE(call().ok());
+      ASSERT_TRUE(b.synchronize().ok());
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 1000; ++i) ASSERT_TRUE(call().ok());
+      const auto t1 = Clock::now();
+      ASSERT_TRUE(b.synchronize().ok());
+      const auto t2 = Clock::now();
+      std::printf("[ info     ] %s: host %.2f us/call, with the GPU %.2f us/call\n", what,
+                  us(t1 - t0) / 1000, us(t2 - t0) / 1000);
+    };
+    time_calls("gemm 1 x 4096 x 4096",
+               [&] { return b.gemm(x.value(), w.value(), y.value(), false); });
+    time_calls("gemm 1 x 4096 x 11008 (the GPU's bound: 90 MB of weights)",
+               [&] { return b.gemm(x.value(), w2.value(), y2.value(), false); });
+    time_calls("rms_norm 1 x 4096",
+               [&] { return b.rms_norm(x.value(), nw.value(), 1e-5f, y.value()); });
+  }
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
+  auto model = models::LlamaModel::random(b, c, 0);
+  ASSERT_TRUE(model.ok()) << model.message();
+  constexpr int kSteps = 32;
+  auto cache =
+      engine::LocalKvCache::create(b, model.value()->attention_shape(), max_ctx + kSteps + 2);
+  ASSERT_TRUE(cache.ok()) << cache.message();
+  for (int64_t n : contexts) {
+    cache.value()->clear();
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    std::vector<int64_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      ids[static_cast<size_t>(i)] =
+          259 + static_cast<int32_t>(engine::splitmix64(static_cast<uint64_t>(i)) % 31000);
+      pos[static_cast<size_t>(i)] = i;
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE(model.value()->forward(ids, pos, *cache.value(), {n - 1}, logits).ok());
+    std::vector<double> enq, total;
+    for (int s = 0; s <= kSteps; ++s) {  // step 0 is the warm-up
+      logits.clear();
+      Clock::time_point t_enq{};
+      const auto t0 = Clock::now();
+      const Status st = model.value()->forward(
+          {ids[static_cast<size_t>(s)]}, {n + s}, *cache.value(), {0}, logits, n + s + 1,
+          [&](int64_t layer) {
+            if (layer == c.num_layers) t_enq = Clock::now();
+            return Status{};
+          });
+      const auto t1 = Clock::now();
+      ASSERT_TRUE(st.ok()) << st.message();
+      if (s == 0) continue;
+      enq.push_back(us(t_enq - t0));
+      total.push_back(us(t1 - t0));
+    }
+    std::sort(enq.begin(), enq.end());
+    std::sort(total.begin(), total.end());
+    std::printf("[ info     ] 7B decode at %lld context: step %.0f us (median of %d), host "
+                "enqueue of the layers %.0f us\n",
+                static_cast<long long>(n), total[total.size() / 2], kSteps,
+                enq[enq.size() / 2]);
+  }
 }
 
 }  // namespace
