@@ -139,19 +139,11 @@ int main(int argc, char** argv) {
 
   if (cfg.max_context == 0) cfg.max_context = model_cfg.value().max_position_embeddings;
   const bool cuda = cfg.device.rfind("cuda", 0) == 0;
-  // The KV pool: on GPUs spawned here, by default as large as each GPU holds once the weights
-  // are in (kv_memory_percent of the device, less a reserve for activations), so a long prompt
-  // leaves room for others; else kv_capacity tokens, by default the max context.
-  const bool kv_from_memory = cfg.kv_capacity == 0 && cuda && cfg.remote_workers == 0;
-  if (cfg.kv_capacity == 0 && !kv_from_memory) {
-    cfg.kv_capacity = cfg.max_context;
-    if (cuda) {
-      spdlog::warn("--kv-capacity defaults to the max context ({} tokens) for remote workers: "
-                   "one request that long holds every KV page and the others queue behind it; "
-                   "set kv_capacity to what the GPUs hold beside the weights (docs/deploy.md)",
-                   cfg.max_context);
-    }
-  }
+  // The KV pool: on GPUs (spawned here or joined), by default as large as each GPU holds once
+  // the weights are in (kv_memory_percent of the device, less a reserve for activations), so a
+  // long prompt leaves room for others; else kv_capacity tokens, by default the max context.
+  const bool kv_from_memory = cfg.kv_capacity == 0 && cuda;
+  if (cfg.kv_capacity == 0 && !kv_from_memory) cfg.kv_capacity = cfg.max_context;
   if (cfg.max_tokens_limit == 0) {
     cfg.max_tokens_limit = static_cast<int>(kv_from_memory ? cfg.max_context : cfg.kv_capacity);
   }
@@ -197,8 +189,9 @@ int main(int argc, char** argv) {
   so.vocab_size = static_cast<int>(model_cfg.value().vocab_size);
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;
-    so.group.kv_reserve_bytes = kv_activation_reserve(model_cfg.value(), cfg.max_context,
-                                                      cfg.workers, so.group.prefill_chunk);
+    so.group.kv_reserve_bytes = kv_activation_reserve(
+        model_cfg.value(), cfg.max_context,
+        cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers, so.group.prefill_chunk);
   }
   std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
   if (cfg.remote_workers > 0) {
@@ -208,7 +201,11 @@ int main(int argc, char** argv) {
     ro.fingerprint = model_fingerprint(model_cfg.value(), so.group.model);
     ro.device_kind = cfg.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
     ro.kv_capacity_per_rank =
-        kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
+        kv_from_memory
+            ? 0
+            : kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
+    ro.kv_memory_fraction = so.group.kv_memory_fraction;
+    ro.kv_reserve_bytes = so.group.kv_reserve_bytes;
     ro.comm_timeout = so.group.comm_timeout;
     auto r = WorkerRegistry::start(ro);
     if (!r.ok()) return fail(r.message());

@@ -348,6 +348,8 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
         a->set_world_size(o.world_size);
         a->set_generation(m.generation);
         a->set_kv_capacity(o.kv_capacity_per_rank);
+        a->set_kv_memory_fraction(o.kv_memory_fraction);
+        a->set_kv_reserve_bytes(o.kv_reserve_bytes);
         a->set_comm_timeout_ms(o.comm_timeout.count());
         if (!writer->Write(ev)) {
           r_.member_gone(&m, "its Join stream broke before it got its rank");

@@ -657,9 +657,17 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
       say("error: " + comm.message() + "; registering again");
       rejoin(argv);
     }
+    // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
+    // fraction and activation reserve, as a local rank would.
+    Args sized = a;
+    sized.kv_capacity = as.kv_capacity();
+    sized.kv_memory_fraction = as.kv_memory_fraction();
+    sized.kv_reserve_bytes = as.kv_reserve_bytes();
+    auto capacity = kv_rows(sized, backend, model);
+    if (!capacity.ok()) return fail(capacity.message());  // cannot hold the KV shard: setup
     auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
-                                              as.kv_capacity(), kv_page_size(backend));
-    if (!ring.ok()) return fail(ring.message());  // cannot hold the KV shard: a setup error
+                                              capacity.value(), kv_page_size(backend));
+    if (!ring.ok()) return fail(ring.message());
     WorkerService service(model, *comm.value(), *ring.value(), token);
     int port = 0;
     std::unique_ptr<grpc::Server> server = start_control(service, host, &port);

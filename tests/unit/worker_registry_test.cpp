@@ -152,6 +152,8 @@ struct Fixture {
     o.world_size = world;
     o.fingerprint = "hidden=1 vocab=10";
     o.kv_capacity_per_rank = 64;
+    o.kv_memory_fraction = 0.75;          // what a rank sizing from memory would use
+    o.kv_reserve_bytes = int64_t{3} << 30;
     o.comm_timeout = milliseconds(10000);
     auto r = WorkerRegistry::start(o);
     EXPECT_TRUE(r.ok()) << r.message();
@@ -209,6 +211,8 @@ TEST(WorkerRegistry, RefusesAnotherModelAndOneWorkerTooMany) {
   EXPECT_EQ(ok->first.assigned().rank(), 0);
   EXPECT_EQ(ok->first.assigned().world_size(), 1);
   EXPECT_EQ(ok->first.assigned().kv_capacity(), 64);
+  EXPECT_EQ(ok->first.assigned().kv_memory_fraction(), 0.75);
+  EXPECT_EQ(ok->first.assigned().kv_reserve_bytes(), int64_t{3} << 30);
   auto extra = join(f, Fixture::request());
   ASSERT_FALSE(extra->got);
   EXPECT_EQ(extra->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);

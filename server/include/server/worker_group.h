@@ -55,7 +55,7 @@ struct WorkerGroupOptions {
   int workers = 1;
   std::string device = "cpu";
   int64_t kv_capacity = 4096;  // KV tokens of the whole group, shared by every sequence
-  // kv_capacity 0 (local CUDA ranks only): each rank sizes its KV pool from its GPU's memory
+  // kv_capacity 0 (CUDA ranks, local or joined): each rank sizes its KV pool from its GPU's memory
   // once the weights are in (kv_rows_from_memory): kv_memory_fraction of the device for this
   // process, less kv_reserve_bytes kept for activations. kv_capacity_tokens() then reports
   // what the ranks hold.

@@ -68,7 +68,11 @@ struct RegistryOptions {
   int world_size = 1;
   std::string fingerprint;        // model_fingerprint() of the coordinator's model
   std::string device_kind = "cpu";  // "cpu" or "cuda": the communicator every rank must use
+  // 0 (CUDA): each rank sizes its pool from its GPU's memory (kv_rows_from_memory) with these
+  // two, as local ranks do; the ranks report their pages and the ledger takes the fewest.
   int64_t kv_capacity_per_rank = 0;
+  double kv_memory_fraction = 0.9;
+  int64_t kv_reserve_bytes = 0;
   std::chrono::milliseconds comm_timeout{30000};
   // Workers must present it (kWorkerTokenKey) on Join and every Store call; the group sends it
   // on every WorkerControl call. Empty: start() takes cluster_token_from_env(); still empty:
