@@ -1,7 +1,8 @@
 // CudaBackend: the Backend ops on one GPU in bf16 (activations, weights, KV cache) with fp32
 // accumulation: GEMMs through cuBLAS (bf16 in and out, fp32 compute), RMSNorm / RoPE / SwiGLU /
-// embedding through kernels/ops_cuda.h, attention through kernels/attention_cuda.h (the
-// prefill kernel, or split-KV decode for one query row), merge through merge_cuda.
+// embedding / conversion / add / random fill through kernels/ops_cuda.h (this file holds no
+// device code), attention through kernels/attention_cuda.h (the prefill kernel, or split-KV
+// decode for one query row), merge through merge_cuda.
 //
 // Contract beyond backend.h:
 // - Tensors are device memory (never managed memory) from a stream-ordered pool of the
@@ -17,8 +18,6 @@
 // - Every CUDA and cuBLAS return code is checked; failures come back as Status naming the
 //   device, the op, the failing call, the error, file and line. Nothing throws or exits.
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,9 +32,7 @@
 #include "engine/backend.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/dtype_convert.h"
-#include "engine/random.h"
 #include "kernels/attention_cuda.h"
-#include "kernels/cuda_dispatch.cuh"
 #include "kernels/ops_cuda.h"
 
 namespace burst::engine {
@@ -48,7 +45,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Uploads that convert (e.g. an fp32 checkpoint into bf16) go through a staging buffer of this
 // size in chunks, so loading never needs a second copy of a whole tensor on the device.
 constexpr size_t kStagingBytes = size_t{64} << 20;
-constexpr int kThreads = kernels::kGridStrideThreads;  // grid_for assumes it
 
 std::string gib(double bytes) {
   char buf[32];
@@ -109,69 +105,6 @@ Status cublas_failure(int device, const char* op, const char* call, cublasStatus
 
 namespace burst::engine {
 namespace {
-
-// ---- element conversion and the backend's own small kernels ----------------------------------
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-
-// Every conversion goes through fp32, which holds bf16 and fp16 exactly: one rounding at most.
-template <typename Src, typename Dst>
-__global__ void convert_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t n) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    dst[i] = from_f32<Dst>(to_f32(src[i]));
-  }
-}
-
-// The same uniform_at(seed, i, scale) as the CPU backend, rounded once to T: random-weight
-// presets are the CPU's weights rounded to bf16, element for element.
-template <typename T>
-__global__ void fill_random_kernel(T* __restrict__ out, int64_t n, uint64_t seed, float scale,
-                                   bool constant) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = from_f32<T>(constant ? scale : uniform_at(seed, i, scale));
-  }
-}
-
-// x += y in fp32, one rounding to T.
-template <typename T>
-__global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    x[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
-  }
-}
-
-// Grid-stride launches: enough blocks to fill the GPU many times over, never more than needed.
-using kernels::grid_for;
-using kernels::with_type;
-
-cudaError_t launch_convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n,
-                           cudaStream_t stream) {
-  return with_type(src_t, [&](auto s) {
-    using S = typename decltype(s)::type;
-    return with_type(dst_t, [&](auto d) {
-      using D = typename decltype(d)::type;
-      convert_kernel<S, D><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const S*>(src),
-                                                                   static_cast<D*>(dst), n);
-      return cudaGetLastError();
-    });
-  });
-}
 
 cudaDataType_t cuda_data_type(DType t) {
   switch (t) {
@@ -339,8 +272,9 @@ class CudaBackend final : public Backend {
                                      compute_));
       BURST_RETURN_IF_ERROR(launched(
           "upload",
-          launch_convert(staging_.ptr, host_dtype, static_cast<char*>(dst.data) + off * dsize,
-                         dst.dtype, cnt, compute_),
+          kernels::convert_cuda(staging_.ptr, host_dtype,
+                                static_cast<char*>(dst.data) + off * dsize, dst.dtype, cnt,
+                                compute_),
           dst.describe()));
     }
     return {};
@@ -393,8 +327,8 @@ class CudaBackend final : public Backend {
     BURST_RETURN_IF_ERROR(use_device("convert"));
     if (src.numel() == 0) return {};
     return launched("convert",
-                    launch_convert(src.data, src.dtype, dst.data, dst.dtype, src.numel(),
-                                   compute_),
+                    kernels::convert_cuda(src.data, src.dtype, dst.data, dst.dtype,
+                                          src.numel(), compute_),
                     src.describe() + " -> " + dst.describe());
   }
 
@@ -403,13 +337,10 @@ class CudaBackend final : public Backend {
     BURST_RETURN_IF_ERROR(use_device("fill_random"));
     const int64_t n = t.numel();
     if (n == 0) return {};
-    const cudaError_t err = with_type(t.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      fill_random_kernel<T><<<grid_for(n), kThreads, 0, compute_>>>(t.as<T>(), n, seed, scale,
-                                                                        constant);
-      return cudaGetLastError();
-    });
-    return launched("fill_random", err, t.describe());
+    return launched("fill_random",
+                    kernels::fill_uniform_cuda(t.data, n, t.dtype, seed, scale, constant,
+                                               compute_),
+                    t.describe());
   }
 
   Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) override {
@@ -565,12 +496,8 @@ class CudaBackend final : public Backend {
     BURST_RETURN_IF_ERROR(use_device("add"));
     const int64_t n = x.numel();
     if (n == 0) return {};
-    const cudaError_t err = with_type(x.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      add_kernel<T><<<grid_for(n), kThreads, 0, compute_>>>(x.as<T>(), y.as<T>(), n);
-      return cudaGetLastError();
-    });
-    return launched("add", err, x.describe());
+    return launched("add", kernels::add_cuda(x.data, y.data, n, x.dtype, compute_),
+                    x.describe());
   }
 
   Status attention(const kernels::AttnParams& p) override {

@@ -1,5 +1,6 @@
 // CUDA twins of kernels/ops.h (contract in kernels/ops_cuda.h): RMSNorm, rotate-half RoPE,
-// SwiGLU's silu(gate) * up, and the embedding gather. All are memory-bound: each reads its
+// SwiGLU's silu(gate) * up, the embedding gather, and the element-wise conversion, add and
+// random fill the CUDA backend needs. All are memory-bound: each reads its
 // inputs once and writes once, converting to fp32 in registers and rounding once at the store.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,6 +10,7 @@
 
 #include "kernels/cuda_dispatch.cuh"
 #include "kernels/ops_cuda.h"
+#include "kernels/random.h"
 
 namespace burst::kernels {
 namespace {
@@ -104,6 +106,31 @@ __global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / dim, c = i % dim;
     out[i] = table[int64_t{ids[r]} * dim + c];
+  }
+}
+
+template <typename Src, typename Dst>
+__global__ void convert_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    store_f32(dst + i, load_f32(src + i));
+  }
+}
+
+template <typename T>
+__global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    store_f32(x + i, load_f32(x + i) + load_f32(y + i));
+  }
+}
+
+template <typename T>
+__global__ void fill_uniform_kernel(T* __restrict__ out, int64_t n, uint64_t seed, float scale,
+                                    bool constant) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    store_f32(out + i, constant ? scale : uniform_at(seed, i, scale));
   }
 }
 
@@ -216,6 +243,47 @@ cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int
     using T = typename decltype(tag)::type;
     embedding_kernel<T><<<grid_for(rows * dim), kThreads, 0, stream>>>(
         static_cast<const T*>(table), ids, static_cast<T*>(out), rows, dim);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                         cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!src || !dst) return cudaErrorInvalidValue;
+  return with_type(src_dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    return with_type(dst_dtype, [&](auto d) {
+      using D = typename decltype(d)::type;
+      convert_kernel<S, D><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const S*>(src),
+                                                                   static_cast<D*>(dst), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x || !y) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    add_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(x),
+                                                         static_cast<const T*>(y), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
+                              bool constant, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!out) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill_uniform_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), n, seed,
+                                                                  scale, constant);
     return cudaGetLastError();
   });
 }

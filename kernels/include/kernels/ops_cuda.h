@@ -46,4 +46,17 @@ cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t pag
 cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
                               int64_t row_bytes, void* pool, cudaStream_t stream);
 
+// dst[i] = src[i] converted through fp32 (which holds bf16 and fp16 exactly: one rounding at
+// most); n elements, any pair of dtypes.
+cudaError_t convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                         cudaStream_t stream);
+
+// x[i] += y[i] in fp32, one rounding to dtype; n elements.
+cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_t stream);
+
+// out[i] = uniform_at(seed, i, scale) (kernels/random.h), or scale itself when constant, rounded
+// once to dtype: the CPU backend's values element for element.
+cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
+                              bool constant, cudaStream_t stream);
+
 }  // namespace burst::kernels
