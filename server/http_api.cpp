@@ -836,71 +836,281 @@ std::string HttpApi::refusal(int status, const std::string& message, const std::
   return dump(error_body(status, message));
 }
 
-void HttpApi::install_routes() {
-  httplib::Server& s = *server_;
-  // Sockets, threads and timeouts are HttpFrontend's; cpp-httplib reads a request from memory.
-  s.set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
-  s.set_keep_alive_timeout(HttpFrontend::kKeepAliveIdle.count() / 1000);
-  s.set_keep_alive_max_count(HttpFrontend::kRequestsPerConnection);
+namespace {
 
-  // Fills in the body of errors cpp-httplib produces itself (404 route, 413 body size, 400).
-  // cpp-httplib parses an application/x-www-form-urlencoded body (what `curl -d` sends without
-  // -H) as a form and refuses one over 8 KB with 413: the real fault is the type, so 415.
-  s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg = "HTTP " + std::to_string(res.status);
-    if (res.status == 404) msg = "no route " + req.method + " " + req.path;
-    if (res.status == 413) {
-      msg = "the request body is over the size limit (" +
-            std::to_string(config_.max_body_bytes) + " bytes)";
-      const std::string type = req.get_header_value("Content-Type");
-      if (req.has_header("Content-Type") && !is_json_type(type)) {
-        res.status = 415;
-        msg = unsupported_type_message(type);
+// The prompt byte limit, checked before the tokenizer runs (HttpApi::check_prompt_text).
+using CheckText = std::function<void(size_t bytes, const char* param)>;
+
+struct Prompts {
+  std::vector<std::vector<int32_t>> ids = {{}};
+  std::vector<std::string> echoes = {""};  // completions with echo: each prompt's text
+};
+
+// Chat: the messages (string or text-part contents) through the LLaMA-2 template: one prompt.
+Prompts chat_prompts(const json& body, const Tokenizer& tok, const CheckText& check) {
+  Prompts out;
+  const json* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array()) bad_field("messages", "an array of messages");
+  std::vector<std::string> roles, contents;
+  size_t text_bytes = 0;
+  for (const auto& m : *msgs) {
+    if (!m.is_object()) bad_field("messages", "an array of {role, content} objects");
+    const json* role = field(m, "role");
+    const json* content = field(m, "content");
+    if (!role || !role->is_string()) bad_field("messages", "objects with a string 'role'");
+    std::string text;
+    if (content && content->is_string()) {
+      text = content->get<std::string>();
+    } else if (content && content->is_array()) {
+      // The multi-part form: only text parts exist for this model.
+      for (const auto& part : *content) {
+        const json* t = part.is_object() ? field(part, "text") : nullptr;
+        if (!t || !t->is_string()) bad_field("messages", "text content parts");
+        text += t->get<std::string>();
+      }
+    } else {
+      bad_field("messages", "objects with a string 'content'");
+    }
+    text_bytes += text.size();
+    roles.push_back(role->get<std::string>());
+    contents.push_back(std::move(text));
+  }
+  check(text_bytes, "messages");
+  auto ids = apply_llama2_chat_template(tok, roles, contents);
+  if (!ids.ok()) throw HttpError{400, ids.message(), "", "messages"};
+  out.ids[0] = ids.take();
+  return out;
+}
+
+// Completions: a string, an array of ids, or a batch of either (at most kMaxChoices sequences
+// with best_of); echo keeps each prompt's text.
+Prompts completion_prompts(const json& body, const CommonParams& p, const Tokenizer& tok,
+                           int64_t max_context, int vocab_size, const CheckText& check) {
+  Prompts out;
+  const json* pr = field(body, "prompt");
+  if (!pr) throw HttpError{400, "'prompt' is required", "", "prompt"};
+  // A batch ([string, ...] or [[ids], ...]) is several prompts; [ids] is one.
+  std::vector<const json*> items = {pr};
+  if (pr->is_array() && !pr->empty() && !(*pr)[0].is_number_integer()) {
+    items.clear();
+    for (const auto& one : *pr) items.push_back(&one);
+  }
+  if (static_cast<int64_t>(items.size()) * p.best_of > kMaxChoices) {
+    throw HttpError{400, "a request may start at most " + std::to_string(kMaxChoices) +
+                             " sequences (prompts x n)", "", "prompt"};
+  }
+  out.ids.assign(items.size(), {});
+  out.echoes.assign(items.size(), "");
+  for (size_t i = 0; i < items.size(); ++i) {
+    const json* one = items[i];
+    std::vector<int32_t>& prompt = out.ids[i];
+    if (one->is_string()) {
+      const std::string text = one->get<std::string>();
+      if (text.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
+      check(text.size(), "prompt");
+      prompt = encode_or_throw(tok, text, true);
+      out.echoes[i] = text;
+    } else if (one->is_array()) {
+      for (const auto& id : *one) {
+        if (!id.is_number_integer()) bad_field("prompt", "a string or an array of token ids");
+        const int64_t v = id.get<int64_t>();
+        prompt.push_back(v < INT32_MIN || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
+      }
+      if (prompt.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
+      // A prompt over the context is refused by submit(): it is not decoded for echo first.
+      if (p.echo && static_cast<int64_t>(prompt.size()) <= max_context) {
+        std::vector<int> ids(prompt.begin(), prompt.end());
+        for (int& x : ids) x = x < 0 || x >= vocab_size ? 0 : x;
+        out.echoes[i] = tok.decode(ids);
+      }
+    } else {
+      bad_field("prompt", "a string, an array of token ids, or an array of those");
+    }
+  }
+  return out;
+}
+
+// Every choice (prompts x best_of) is a sequence of its own in the batch; all or none are
+// admitted: on a refusal the admitted ones are cancelled and err says why.
+bool submit_choices(Scheduler& sched, const Tokenizer& tok, const CommonParams& p,
+                    const Prompts& prompts, bool chat, const std::string& log_id,
+                    std::vector<Choice>& choices, ApiError& err) {
+  for (size_t pi = 0; pi < prompts.ids.size(); ++pi) {
+    for (int j = 0; j < p.best_of; ++j) {
+      ScheduledRequest r = p.request;
+      r.prompt = prompts.ids[pi];
+      const int index = static_cast<int>(pi) * p.best_of + j;
+      r.id = choices.empty() && prompts.ids.size() * p.best_of == 1
+                 ? log_id
+                 : log_id + "/" + std::to_string(index);  // logs: the request id
+      if (index > 0) {
+        r.sampling.seed = p.seed_given ? p.request.sampling.seed + static_cast<uint64_t>(index)
+                                       : std::random_device{}();
+      }
+      auto stream = sched.submit(std::move(r), &err);
+      if (!stream) {
+        cancel_all(choices);
+        return false;
+      }
+      Choice c;
+      c.stream = std::move(stream);
+      c.index = index;
+      c.acc.chat = chat;
+      c.acc.tok = &tok;
+      c.first_of_prompt = j == 0;
+      c.prompt = static_cast<int>(pi);
+      c.first_token = prompts.ids[pi].front();
+      if (p.echo) c.echo = prompts.echoes[pi];
+      choices.push_back(std::move(c));
+    }
+  }
+  return true;
+}
+
+// The SSE response: the provider interleaves the choices' events, sends keep-alive comments
+// while none is ready, and cancels every choice if the client leaves.
+void stream_choices(httplib::Response& res, std::vector<Choice> choices, const CommonParams& p,
+                    bool chat, const std::string& id, const std::string& model,
+                    std::chrono::milliseconds keepalive) {
+  auto st = std::make_shared<SseState>();
+  st->choices = std::move(choices);
+  st->chat = chat;
+  st->include_usage = p.include_usage;
+  st->logprobs = p.logprobs;
+  st->id = id;
+  st->model = model;
+  st->created = unix_now();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st, keepalive](size_t, httplib::DataSink& sink) {
+        if (st->finished) {
+          sink.done();
+          return true;
+        }
+        // Waits at most one keep-alive interval (a comment line then keeps proxies and
+        // clients from timing out during a long prefill), in slices between which the
+        // client's socket is looked at: a client that leaves while its request waits in the
+        // queue or a long prefill is cancelled within ~100 ms, not at the next write.
+        std::string out;
+        const auto until = std::chrono::steady_clock::now() + keepalive;
+        while (out.empty() && !st->finished) {
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+              until - std::chrono::steady_clock::now());
+          if (left.count() <= 0) break;
+          out = next_sse(*st, std::min(left, kDisconnectPoll));
+          if (out.empty() && !st->finished && client_disconnected()) {
+            cancel_all(st->choices);
+            return false;
+          }
+        }
+        if (out.empty() && !st->finished) out = ": keep-alive\n\n";
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          cancel_all(st->choices);
+          return false;
+        }
+        if (st->finished) sink.done();
+        return true;
+      },
+      [st](bool) {
+        if (!st->finished) cancel_all(st->choices);
+      });
+}
+
+// The non-streaming response: every choice collected, best_of's n best per prompt, usage.
+void collect_choices(httplib::Response& res, std::vector<Choice>& choices, const CommonParams& p,
+                     size_t n_prompts, bool chat, const std::string& id,
+                     const std::string& model) {
+  // Nothing is written until the end, so a client that leaves is found by polling its socket
+  // between events; its sequences are then cancelled as a departed stream's are (their KV
+  // pages are freed at the next step, not after a generation nobody reads).
+  auto next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
+  for (Choice& c : choices) {
+    while (!c.finished) {
+      if (std::chrono::steady_clock::now() >= next_poll) {
+        if (client_disconnected()) {
+          cancel_all(choices);
+          send_error(res, 499, "the client closed the connection; the request was cancelled");
+          return;
+        }
+        next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
+      }
+      auto ev = c.stream->next(kDisconnectPoll);
+      if (!ev) continue;
+      if (ev->kind == Event::Kind::kPromptLogprobs) c.acc.add_prompt_event(*ev, c.first_token);
+      if (ev->kind == Event::Kind::kToken) {
+        c.text += ev->text;
+        if (p.logprobs) c.acc.add(*ev);
+        if (ev->has_logprob) c.cum_logprob += ev->logprob;
+      }
+      if (ev->kind == Event::Kind::kError) {
+        c.finished = true;
+        cancel_all(choices);
+        send_error(res, http_status(ev->error.code), ev->error.message);
+        return;
+      }
+      if (ev->kind == Event::Kind::kFinished) {
+        c.finished = true;
+        c.finish = ev->finish;
       }
     }
-    access_info().error = msg;
-    send_json(res, res.status, error_body(res.status, msg));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res,
-                             std::exception_ptr) {
-    send_error(res, 500, "internal error");
-  });
-  // Every request gets an id (the client's X-Request-Id, else a fresh one), returned in the
-  // X-Request-Id header and written with its status, route and latency to the access log. The
-  // whole exchange runs on one httplib thread: the id and timing live in a thread_local.
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    AccessInfo& a = begin_access();
-    a.id = req.get_header_value("X-Request-Id");
-    // A client's id is taken when it is short printable ASCII (it goes into headers and logs).
-    const bool printable = std::all_of(a.id.begin(), a.id.end(),
-                                       [](char ch) { return ch > 0x20 && ch < 0x7f; });
-    if (a.id.empty() || a.id.size() > 200 || !printable) a.id = random_id("req-");
-    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics") {
-      return httplib::Server::HandlerResponse::Unhandled;
+  }
+  // best_of: per prompt, the n sequences with the highest cumulative logprob, renumbered.
+  std::vector<Choice*> shown;
+  for (size_t pi = 0; pi < n_prompts; ++pi) {
+    std::vector<Choice*> mine;
+    for (Choice& c : choices) {
+      if (c.prompt == static_cast<int>(pi)) mine.push_back(&c);
     }
-    const std::string auth = req.get_header_value("Authorization");
-    if (!token_equal("Bearer " + config_.api_key, auth)) {
-      send_error(res, 401,
-                 auth.empty() ? "missing API key (Authorization: Bearer KEY)" : "wrong API key",
-                 "invalid_api_key");
-      return httplib::Server::HandlerResponse::Handled;
+    if (p.best_of > p.n) {
+      std::stable_sort(mine.begin(), mine.end(), [](const Choice* a, const Choice* b) {
+        return a->cum_logprob > b->cum_logprob;
+      });
     }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+    for (size_t j = 0; j < static_cast<size_t>(p.n) && j < mine.size(); ++j) {
+      mine[j]->index = static_cast<int>(pi) * p.n + static_cast<int>(j);
+      shown.push_back(mine[j]);
+    }
+  }
+  json out_choices = json::array();
+  for (Choice* cp : shown) {
+    Choice& c = *cp;
+    json choice = {{"index", c.index},
+                   {"logprobs", p.logprobs ? c.acc.take() : json(nullptr)},
+                   {"finish_reason", finish_reason_json(c.finish.reason)}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.echo + c.text;
+    }
+    out_choices.push_back(std::move(choice));
+  }
+  const FinishInfo total = total_usage(choices);
+  note_finish(total);
+  send_json(res, 200,
+            {{"id", id},
+             {"object", chat ? "chat.completion" : "text_completion"},
+             {"created", unix_now()},
+             {"model", model},
+             {"choices", out_choices},
+             {"usage", usage_json(total)},
+             {"timings", timings_json(total)}});
+}
 
-  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    const AccessInfo& a = access_info();
-    if (a.started) res.set_header("X-Request-Id", a.id);
-  });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (res.status >= 400) ++metrics_.http_errors;
-    write_access_log(req.method, req.path, res.status, req.remote_addr);
-  });
+}  // namespace
 
+void HttpApi::check_prompt_text(size_t bytes, const char* param) const {
+  if (auto e = scheduler_.check_prompt_text(bytes)) {
+    throw HttpError{http_status(e->code), e->message, "", param};
+  }
+}
+
+void HttpApi::install_routes() {
+  install_hooks();
+  httplib::Server& s = *server_;
   using Fn = std::function<void(const httplib::Request&, httplib::Response&)>;
+  // No exception reaches cpp-httplib: HttpError is the response it names, anything else a 500.
   auto guarded = [](Fn fn) {
     return [fn = std::move(fn)](const httplib::Request& req, httplib::Response& res) {
       try {
@@ -914,13 +1124,6 @@ void HttpApi::install_routes() {
         send_error(res, 500, "internal error");
       }
     };
-  };
-
-  // Text over the prompt byte limit is refused before the tokenizer spends time on it.
-  auto check_prompt_text = [this](size_t bytes, const char* param) {
-    if (auto e = scheduler_.check_prompt_text(bytes)) {
-      throw HttpError{http_status(e->code), e->message, "", param};
-    }
   };
 
   s.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
@@ -984,8 +1187,7 @@ void HttpApi::install_routes() {
     }
     send_json(res, 200, {{"prompt", tokenizer_.decode(v)}});
   }));
-  s.Post("/tokenize", guarded([this, check_prompt_text](const httplib::Request& req,
-                                                        httplib::Response& res) {
+  s.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
     const json body = parse_body(req);
     const json* text = field(body, "prompt");
     if (!text) text = field(body, "text");
@@ -997,260 +1199,111 @@ void HttpApi::install_routes() {
                          {"count", ids.size()},
                          {"max_model_len", scheduler_.max_context()}});
   }));
-
-  // Both OpenAI endpoints: build the request, submit, then stream or collect.
-  auto serve = [this, check_prompt_text](const httplib::Request& req, httplib::Response& res,
-                                         bool chat) {
-    const json body = parse_body(req);
-    CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
-    std::vector<std::vector<int32_t>> prompts(1);
-    std::vector<std::string> echoes(1);  // completions with echo: each prompt's text
-    if (chat) {
-      const json* msgs = field(body, "messages");
-      if (!msgs || !msgs->is_array()) bad_field("messages", "an array of messages");
-      std::vector<std::string> roles, contents;
-      size_t text_bytes = 0;
-      for (const auto& m : *msgs) {
-        if (!m.is_object()) bad_field("messages", "an array of {role, content} objects");
-        const json* role = field(m, "role");
-        const json* content = field(m, "content");
-        if (!role || !role->is_string()) bad_field("messages", "objects with a string 'role'");
-        std::string text;
-        if (content && content->is_string()) {
-          text = content->get<std::string>();
-        } else if (content && content->is_array()) {
-          // The multi-part form: only text parts exist for this model.
-          for (const auto& part : *content) {
-            const json* t = part.is_object() ? field(part, "text") : nullptr;
-            if (!t || !t->is_string()) bad_field("messages", "text content parts");
-            text += t->get<std::string>();
-          }
-        } else {
-          bad_field("messages", "objects with a string 'content'");
-        }
-        text_bytes += text.size();
-        roles.push_back(role->get<std::string>());
-        contents.push_back(std::move(text));
-      }
-      check_prompt_text(text_bytes, "messages");
-      auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
-      if (!ids.ok()) throw HttpError{400, ids.message(), "", "messages"};
-      prompts[0] = ids.take();
-    } else {
-      const json* pr = field(body, "prompt");
-      if (!pr) throw HttpError{400, "'prompt' is required", "", "prompt"};
-      // A batch ([string, ...] or [[ids], ...]) is several prompts; [ids] is one.
-      std::vector<const json*> items = {pr};
-      if (pr->is_array() && !pr->empty() && !(*pr)[0].is_number_integer()) {
-        items.clear();
-        for (const auto& one : *pr) items.push_back(&one);
-      }
-      if (static_cast<int64_t>(items.size()) * p.best_of > kMaxChoices) {
-        throw HttpError{400, "a request may start at most " + std::to_string(kMaxChoices) +
-                                 " sequences (prompts x n)", "", "prompt"};
-      }
-      prompts.assign(items.size(), {});
-      echoes.assign(items.size(), "");
-      for (size_t i = 0; i < items.size(); ++i) {
-        const json* one = items[i];
-        std::vector<int32_t>& prompt = prompts[i];
-        if (one->is_string()) {
-          const std::string text = one->get<std::string>();
-          if (text.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
-          check_prompt_text(text.size(), "prompt");
-          prompt = encode_or_throw(tokenizer_, text, true);
-          echoes[i] = text;
-        } else if (one->is_array()) {
-          for (const auto& id : *one) {
-            if (!id.is_number_integer()) bad_field("prompt", "a string or an array of token ids");
-            const int64_t v = id.get<int64_t>();
-            prompt.push_back(v < INT32_MIN || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
-          }
-          if (prompt.empty()) throw HttpError{400, "the prompt is empty", "", "prompt"};
-          // A prompt over the context is refused by submit(): it is not decoded for echo first.
-          if (p.echo && static_cast<int64_t>(prompt.size()) <= scheduler_.max_context()) {
-            std::vector<int> ids(prompt.begin(), prompt.end());
-            for (int& x : ids) x = x < 0 || x >= scheduler_.vocab_size() ? 0 : x;
-            echoes[i] = tokenizer_.decode(ids);
-          }
-        } else {
-          bad_field("prompt", "a string, an array of token ids, or an array of those");
-        }
-      }
-    }
-    if (!p.max_tokens_given) {
-      // OpenAI's defaults: 16 for completions, "until done" for chat; both bounded by what is
-      // left of the KV capacity, so a default never makes a fitting prompt fail.
-      size_t longest = 0;
-      for (const auto& pr : prompts) longest = std::max(longest, pr.size());
-      p.request.max_tokens = scheduler_.default_max_tokens(
-          static_cast<int64_t>(longest), chat ? scheduler_.max_tokens_limit() : 16);
-    }
-    const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    const std::string log_id = access_info().id.empty() ? id : access_info().id;
-    const bool logprobs = p.logprobs;
-    // Every choice is a sequence of its own in the batch; all or none are admitted.
-    std::vector<Choice> choices;
-    for (size_t pi = 0; pi < prompts.size(); ++pi) {
-      for (int j = 0; j < p.best_of; ++j) {
-        ScheduledRequest r = p.request;
-        r.prompt = prompts[pi];
-        const int index = static_cast<int>(pi) * p.best_of + j;
-        r.id = choices.empty() && prompts.size() * p.best_of == 1
-                   ? log_id
-                   : log_id + "/" + std::to_string(index);  // logs: the request id
-        if (index > 0) {
-          r.sampling.seed = p.seed_given ? p.request.sampling.seed + static_cast<uint64_t>(index)
-                                         : std::random_device{}();
-        }
-        ApiError err;
-        auto stream = scheduler_.submit(std::move(r), &err);
-        if (!stream) {
-          cancel_all(choices);
-          send_error(res, http_status(err.code), err.message);
-          return;
-        }
-        Choice c;
-        c.stream = std::move(stream);
-        c.index = index;
-        c.acc.chat = chat;
-        c.acc.tok = &tokenizer_;
-        c.first_of_prompt = j == 0;
-        c.prompt = static_cast<int>(pi);
-        c.first_token = prompts[pi].front();
-        if (p.echo) c.echo = echoes[pi];
-        choices.push_back(std::move(c));
-      }
-    }
-    if (p.stream) {
-      auto st = std::make_shared<SseState>();
-      st->choices = std::move(choices);
-      st->chat = chat;
-      st->include_usage = p.include_usage;
-      st->logprobs = logprobs;
-      st->id = id;
-      st->model = config_.model_name;
-      st->created = unix_now();
-      const auto keepalive = std::chrono::milliseconds(config_.keepalive_ms);
-      res.set_header("Cache-Control", "no-cache");
-      res.set_header("X-Accel-Buffering", "no");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [st, keepalive](size_t, httplib::DataSink& sink) {
-            if (st->finished) {
-              sink.done();
-              return true;
-            }
-            // Waits at most one keep-alive interval (a comment line then keeps proxies and
-            // clients from timing out during a long prefill), in slices between which the
-            // client's socket is looked at: a client that leaves while its request waits in the
-            // queue or a long prefill is cancelled within ~100 ms, not at the next write.
-            std::string out;
-            const auto until = std::chrono::steady_clock::now() + keepalive;
-            while (out.empty() && !st->finished) {
-              const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  until - std::chrono::steady_clock::now());
-              if (left.count() <= 0) break;
-              out = next_sse(*st, std::min(left, kDisconnectPoll));
-              if (out.empty() && !st->finished && client_disconnected()) {
-                cancel_all(st->choices);
-                return false;
-              }
-            }
-            if (out.empty() && !st->finished) out = ": keep-alive\n\n";
-            if (!out.empty() && !sink.write(out.data(), out.size())) {
-              cancel_all(st->choices);
-              return false;
-            }
-            if (st->finished) sink.done();
-            return true;
-          },
-          [st](bool) {
-            if (!st->finished) cancel_all(st->choices);
-          });
-      return;
-    }
-    // Nothing is written until the end, so a client that leaves is found by polling its socket
-    // between events; its sequences are then cancelled as a departed stream's are (their KV
-    // pages are freed at the next step, not after a generation nobody reads).
-    auto next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
-    for (Choice& c : choices) {
-      while (!c.finished) {
-        if (std::chrono::steady_clock::now() >= next_poll) {
-          if (client_disconnected()) {
-            cancel_all(choices);
-            send_error(res, 499, "the client closed the connection; the request was cancelled");
-            return;
-          }
-          next_poll = std::chrono::steady_clock::now() + kDisconnectPoll;
-        }
-        auto ev = c.stream->next(kDisconnectPoll);
-        if (!ev) continue;
-        if (ev->kind == Event::Kind::kPromptLogprobs) c.acc.add_prompt_event(*ev, c.first_token);
-        if (ev->kind == Event::Kind::kToken) {
-          c.text += ev->text;
-          if (logprobs) c.acc.add(*ev);
-          if (ev->has_logprob) c.cum_logprob += ev->logprob;
-        }
-        if (ev->kind == Event::Kind::kError) {
-          c.finished = true;
-          cancel_all(choices);
-          send_error(res, http_status(ev->error.code), ev->error.message);
-          return;
-        }
-        if (ev->kind == Event::Kind::kFinished) {
-          c.finished = true;
-          c.finish = ev->finish;
-        }
-      }
-    }
-    // best_of: per prompt, the n sequences with the highest cumulative logprob, renumbered.
-    std::vector<Choice*> shown;
-    for (size_t pi = 0; pi < prompts.size(); ++pi) {
-      std::vector<Choice*> mine;
-      for (Choice& c : choices) {
-        if (c.prompt == static_cast<int>(pi)) mine.push_back(&c);
-      }
-      if (p.best_of > p.n) {
-        std::stable_sort(mine.begin(), mine.end(), [](const Choice* a, const Choice* b) {
-          return a->cum_logprob > b->cum_logprob;
-        });
-      }
-      for (size_t j = 0; j < static_cast<size_t>(p.n) && j < mine.size(); ++j) {
-        mine[j]->index = static_cast<int>(pi) * p.n + static_cast<int>(j);
-        shown.push_back(mine[j]);
-      }
-    }
-    json out_choices = json::array();
-    for (Choice* cp : shown) {
-      Choice& c = *cp;
-      json choice = {{"index", c.index},
-                     {"logprobs", logprobs ? c.acc.take() : json(nullptr)},
-                     {"finish_reason", finish_reason_json(c.finish.reason)}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-      } else {
-        choice["text"] = c.echo + c.text;
-      }
-      out_choices.push_back(std::move(choice));
-    }
-    const FinishInfo total = total_usage(choices);
-    note_finish(total);
-    send_json(res, 200,
-              {{"id", id},
-               {"object", chat ? "chat.completion" : "text_completion"},
-               {"created", unix_now()},
-               {"model", config_.model_name},
-               {"choices", out_choices},
-               {"usage", usage_json(total)},
-               {"timings", timings_json(total)}});
-  };
-  s.Post("/v1/completions", guarded([serve](const httplib::Request& req,
-                                            httplib::Response& res) { serve(req, res, false); }));
+  s.Post("/v1/completions", guarded([this](const httplib::Request& req,
+                                           httplib::Response& res) { serve(req, res, false); }));
   s.Post("/v1/chat/completions",
-         guarded([serve](const httplib::Request& req, httplib::Response& res) {
+         guarded([this](const httplib::Request& req, httplib::Response& res) {
            serve(req, res, true);
          }));
+}
+
+void HttpApi::install_hooks() {
+  httplib::Server& s = *server_;
+  // Sockets, threads and timeouts are HttpFrontend's; cpp-httplib reads a request from memory.
+  s.set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
+  s.set_keep_alive_timeout(HttpFrontend::kKeepAliveIdle.count() / 1000);
+  s.set_keep_alive_max_count(HttpFrontend::kRequestsPerConnection);
+
+  // Fills in the body of errors cpp-httplib produces itself (404 route, 413 body size, 400).
+  // cpp-httplib parses an application/x-www-form-urlencoded body (what `curl -d` sends without
+  // -H) as a form and refuses one over 8 KB with 413: the real fault is the type, so 415.
+  s.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg = "HTTP " + std::to_string(res.status);
+    if (res.status == 404) msg = "no route " + req.method + " " + req.path;
+    if (res.status == 413) {
+      msg = "the request body is over the size limit (" +
+            std::to_string(config_.max_body_bytes) + " bytes)";
+      const std::string type = req.get_header_value("Content-Type");
+      if (req.has_header("Content-Type") && !is_json_type(type)) {
+        res.status = 415;
+        msg = unsupported_type_message(type);
+      }
+    }
+    access_info().error = msg;
+    send_json(res, res.status, error_body(res.status, msg));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                             std::exception_ptr) {
+    send_error(res, 500, "internal error");
+  });
+  // Every request gets an id (the client's X-Request-Id, else a fresh one), returned in the
+  // X-Request-Id header and written with its status, route and latency to the access log. The
+  // whole exchange runs on one httplib thread: the id and timing live in a thread_local.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    AccessInfo& a = begin_access();
+    a.id = req.get_header_value("X-Request-Id");
+    // A client's id is taken when it is short printable ASCII (it goes into headers and logs).
+    const bool printable = std::all_of(a.id.begin(), a.id.end(),
+                                       [](char ch) { return ch > 0x20 && ch < 0x7f; });
+    if (a.id.empty() || a.id.size() > 200 || !printable) a.id = random_id("req-");
+    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics") {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const std::string auth = req.get_header_value("Authorization");
+    if (!token_equal("Bearer " + config_.api_key, auth)) {
+      send_error(res, 401,
+                 auth.empty() ? "missing API key (Authorization: Bearer KEY)" : "wrong API key",
+                 "invalid_api_key");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    const AccessInfo& a = access_info();
+    if (a.started) res.set_header("X-Request-Id", a.id);
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status >= 400) ++metrics_.http_errors;
+    write_access_log(req.method, req.path, res.status, req.remote_addr);
+  });
+}
+
+void HttpApi::serve(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const json body = parse_body(req);
+  CommonParams p = parse_common(body, config_.model_name, chat, scheduler_.vocab_size());
+  const CheckText check = [this](size_t bytes, const char* param) {
+    check_prompt_text(bytes, param);
+  };
+  const Prompts prompts =
+      chat ? chat_prompts(body, tokenizer_, check)
+           : completion_prompts(body, p, tokenizer_, scheduler_.max_context(),
+                                scheduler_.vocab_size(), check);
+  if (!p.max_tokens_given) {
+    // OpenAI's defaults: 16 for completions, "until done" for chat; both bounded by what is
+    // left of the KV capacity, so a default never makes a fitting prompt fail.
+    size_t longest = 0;
+    for (const auto& pr : prompts.ids) longest = std::max(longest, pr.size());
+    p.request.max_tokens = scheduler_.default_max_tokens(
+        static_cast<int64_t>(longest), chat ? scheduler_.max_tokens_limit() : 16);
+  }
+  const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  const std::string log_id = access_info().id.empty() ? id : access_info().id;
+  std::vector<Choice> choices;
+  ApiError err;
+  if (!submit_choices(scheduler_, tokenizer_, p, prompts, chat, log_id, choices, err)) {
+    send_error(res, http_status(err.code), err.message);
+    return;
+  }
+  if (p.stream) {
+    stream_choices(res, std::move(choices), p, chat, id, config_.model_name,
+                   std::chrono::milliseconds(config_.keepalive_ms));
+  } else {
+    collect_choices(res, choices, p, prompts.ids.size(), chat, id, config_.model_name);
+  }
 }
 
 }  // namespace burst::server

@@ -17,6 +17,11 @@
 #include "server/server_config.h"
 #include "server/tokenizer.h"
 
+namespace httplib {
+struct Request;
+struct Response;
+}  // namespace httplib
+
 namespace burst::server {
 
 class HttpRouter;
@@ -36,7 +41,14 @@ class HttpApi {
   std::string refusal(int status, const std::string& message, const std::string& client);
 
  private:
-  void install_routes();
+  void install_routes();  // the hooks, then every route
+  void install_hooks();   // error bodies, request ids, the API key check, the access log
+  // POST /v1/completions (chat false) and /v1/chat/completions: parse, submit every choice,
+  // then stream or collect them.
+  void serve(const httplib::Request& req, httplib::Response& res, bool chat);
+  // Refuses text over the prompt byte limit before the tokenizer spends time on it (throws the
+  // 413 the handlers turn into a response).
+  void check_prompt_text(size_t bytes, const char* param) const;
 
   const ServerConfig& config_;
   Scheduler& scheduler_;
