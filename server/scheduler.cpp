@@ -509,9 +509,9 @@ void Scheduler::fail_running(ErrorCode code, const std::string& why) {
   publish_gauges();
 }
 
-bool Scheduler::run_step() {
-  const int32_t eos = group_->info().eos_token_id;
-  // Sequences whose client left, or whose output hit a stop string, leave the batch first.
+// Sequences whose client left, or whose output hit a stop string, leave the batch first; after
+// a drain's timeout, every running sequence ends with an error that says so.
+void Scheduler::drop_finished() {
   if (cancel_all_) {
     // Drain ran out of time: what still runs ends with an error event that says so (never a
     // silent finish_reason null, which a client reads as an empty normal answer).
@@ -535,16 +535,16 @@ bool Scheduler::run_step() {
       ++i;
     }
   }
+}
+
+// The step's work: decode first (every sequence past its prompt advances one token), then
+// prefill chunks while the token budget lasts. chunks gets the prefill chunks, in plan order.
+models::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
   models::StepPlan plan;
   plan.layout = options_.group.layout;
   plan.release.swap(to_release_);
   int64_t budget = options_.max_batched_tokens;
   int64_t chunk = options_.group.prefill_chunk;
-  struct Chunk {
-    Seq* seq;
-    int64_t start, len;
-  };
-  std::vector<Chunk> chunks;
   // Decode first: every sequence past its prompt advances one token per step.
   for (auto& sp : running_) {
     Seq& s = *sp;
@@ -580,7 +580,6 @@ bool Scheduler::run_step() {
   for (Seq* sp : waiting_prefill) short_waiting |= sp->prompt_len() - sp->prefilled < full;
   const bool defer_full = short_waiting && !deferred_full_;
   deferred_full_ = false;
-  bool progress = false;
   for (Seq* sp : waiting_prefill) {
     Seq& s = *sp;
     if (defer_full && s.prompt_len() - s.prefilled >= full) {
@@ -599,13 +598,72 @@ bool Scheduler::run_step() {
     }
     plan.seqs.push_back(std::move(w));
     chunks.push_back({&s, s.prefilled, len});
-    progress = progress || s.job.request.return_progress;
     budget -= len;
   }
+  return plan;
+}
+
+// A sampled token, on the output thread: TTFT/TPOT metrics, detokenizing, the stop strings.
+void Scheduler::process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
+                              Clock::time_point now, bool is_eos,
+                              const models::SampledToken& st, Metrics& metrics) {
+  if (out.stop_hit || out.stream->cancelled()) return;
+  ++out.completion;
+  if (out.completion == 1) {
+    out.first = now;
+    metrics.ttft.observe(ms_between(out.arrival, now) / 1000.0);
+  } else {
+    metrics.tpot.observe(ms_between(out.last, now) / 1000.0);
+  }
+  out.last = now;
+  auto emit = [&](std::string text) {
+    Event e;
+    e.kind = Event::Kind::kToken;
+    e.token = token;
+    e.text = std::move(text);
+    if (out.completion == 1) e.ttft_ms = ms_between(out.arrival, out.first);
+    e.has_logprob = st.has_logprob;
+    e.logprob = st.logprob;
+    e.top_logprobs = st.top;
+    out.stream->push(std::move(e));
+  };
+  if (is_eos) return;  // the sequence stops after EOS; EOS has no text
+  out.held += out.decoder.push(token);
+  // The request's stop strings, copied once into its Output at admission.
+  const std::vector<std::string>& stops = out.stop;
+  if (!stops.empty()) {
+    size_t cut = std::string::npos;
+    for (const auto& x : stops) cut = std::min(cut, out.held.find(x));
+    if (cut != std::string::npos) {
+      emit(out.held.substr(0, cut));
+      out.held.clear();
+      out.stop_hit = true;
+      stop_flag = true;  // the step loop finishes the sequence at its next step
+      return;
+    }
+    const size_t keep = stop_prefix_len(out.held, stops);
+    emit(out.held.substr(0, out.held.size() - keep));
+    out.held.erase(0, out.held.size() - keep);
+  } else {
+    emit(std::move(out.held));
+    out.held.clear();
+  }
+}
+
+bool Scheduler::run_step() {
+  const int32_t eos = group_->info().eos_token_id;
+  drop_finished();
+  std::vector<Chunk> chunks;
+  models::StepPlan plan = plan_step(chunks);
   if (plan.seqs.empty() && plan.release.empty()) return false;
   if (!plan.seqs.empty()) {
-    metrics_.iteration_tokens.observe(static_cast<double>(options_.max_batched_tokens - budget));
+    // One token per decoding sequence, and the chunks' tokens.
+    auto tokens = static_cast<int64_t>(plan.seqs.size() - chunks.size());
+    for (const Chunk& c : chunks) tokens += c.len;
+    metrics_.iteration_tokens.observe(static_cast<double>(tokens));
   }
+  bool progress = false;
+  for (const Chunk& c : chunks) progress = progress || c.seq->job.request.return_progress;
   LayerProgress on_layer;
   if (progress) {
     on_layer = [&](int done, int layers) {
@@ -677,47 +735,7 @@ bool Scheduler::run_step() {
     const bool is_eos = token == eos && !r->ignore_eos;
     Metrics* m = &metrics_;
     enqueue_output([o, stop_hit, token, now, is_eos, m, st = std::move(st)] {
-      if (o->stop_hit || o->stream->cancelled()) return;
-      ++o->completion;
-      if (o->completion == 1) {
-        o->first = now;
-        m->ttft.observe(ms_between(o->arrival, now) / 1000.0);
-      } else {
-        m->tpot.observe(ms_between(o->last, now) / 1000.0);
-      }
-      o->last = now;
-      auto emit = [&](std::string text) {
-        Event e;
-        e.kind = Event::Kind::kToken;
-        e.token = token;
-        e.text = std::move(text);
-        if (o->completion == 1) e.ttft_ms = ms_between(o->arrival, o->first);
-        e.has_logprob = st.has_logprob;
-        e.logprob = st.logprob;
-        e.top_logprobs = st.top;
-        o->stream->push(std::move(e));
-      };
-      if (is_eos) return;  // the sequence stops after EOS; EOS has no text
-      o->held += o->decoder.push(token);
-      // The request's stop strings, copied once into its Output at admission.
-      const std::vector<std::string>& stops = o->stop;
-      if (!stops.empty()) {
-        size_t cut = std::string::npos;
-        for (const auto& x : stops) cut = std::min(cut, o->held.find(x));
-        if (cut != std::string::npos) {
-          emit(o->held.substr(0, cut));
-          o->held.clear();
-          o->stop_hit = true;
-          *stop_hit = true;  // the step loop finishes the sequence at its next step
-          return;
-        }
-        const size_t keep = stop_prefix_len(o->held, stops);
-        emit(o->held.substr(0, o->held.size() - keep));
-        o->held.erase(0, o->held.size() - keep);
-      } else {
-        emit(std::move(o->held));
-        o->held.clear();
-      }
+      process_token(*o, *stop_hit, token, now, is_eos, st, *m);
     });
     if (is_eos || s.generated >= r->max_tokens) {
       finish(s, is_eos ? "stop" : "length");

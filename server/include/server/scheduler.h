@@ -205,8 +205,18 @@ class Scheduler {
   void loop();
   GroupState ensure_group();  // starts, restarts or awaits the group
   void admit();
+  // A prefill chunk of a step: rows [start, start + len) of seq's prompt.
+  struct Chunk {
+    Seq* seq;
+    int64_t start, len;
+  };
   // One step of the running sequences; false when nothing was runnable.
   bool run_step();
+  void drop_finished();
+  models::StepPlan plan_step(std::vector<Chunk>& chunks);
+  static void process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
+                            std::chrono::steady_clock::time_point now, bool is_eos,
+                            const models::SampledToken& st, Metrics& metrics);
   // The sequence leaves the batch: its output gets `reason` (or the error), its pages are
   // released on every rank in the next step.
   void finish(Seq& s, const std::string& reason, const ApiError* error = nullptr);
