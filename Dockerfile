@@ -13,6 +13,8 @@
 #   docker build -t burst:cpu --build-arg BASE_IMAGE=debian:bookworm-slim \
 #     --build-arg RUNTIME_IMAGE=debian:bookworm-slim --build-arg BURST_CUDA=OFF .
 # Bases: Debian 12 (tested here) and Ubuntu 24.04 (the CUDA images below; same package names).
+# The CUDA form is built and checked here with Debian 12 stand-ins for NVIDIA's images
+# (scripts/check_cuda_image.sh; no registry is reachable); docs/deploy.md, "CUDA versions".
 # Ubuntu 22.04 images (all CUDA 12.4 images) do not work: cmake 3.22 < 3.25 and gRPC 1.30
 # without a CMake package. Driver: CUDA 12.6 needs NVIDIA driver >= 560 (or a datacenter
 # driver 535/550 with the forward-compatibility package); docs/deploy.md has the table.
