@@ -165,7 +165,13 @@ grep -q "CUDAToolkit_VERSION:.*=$cuda" "$build/CMakeCache.txt" 2>/dev/null ||
   grep -q "CMAKE_CUDA_COMPILER_VERSION.*$cuda" "$build/CMakeFiles/"*/CMakeCUDACompiler.cmake ||
   { echo "check_cuda12: the build did not pick up CUDA $cuda" >&2; exit 1; }
 # shellcheck disable=SC2086 # the targets are words
-nice -n 15 cmake --build "$build" -j "$jobs" --target $targets
+nice -n 15 cmake --build "$build" -j "$jobs" --target $targets 2>&1 | tee "$build.build.log"
+# ptxas's note that it serialised wgmma (CUDA 12.5.0 does it to the sm90 attention kernel: a
+# large slowdown on Hopper, no error). Printed only when a file compiles, so a rebuild from
+# scratch (rm -rf the build directory) shows it again.
+if grep -q C7518 "$build.build.log"; then
+  echo "check_cuda12: WARNING: ptxas serialised wgmma (C7518) in $(grep -c C7518 "$build.build.log") kernels with CUDA $cuda" >&2
+fi
 # Every CUDA source of the tree was compiled for every architecture asked for.
 n=0
 while IFS= read -r f; do
