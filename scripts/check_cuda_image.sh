@@ -14,7 +14,8 @@
 # directory and without a bridge (the builds use the host's network, the containers none), so
 # it does not touch another engine's docker0; it is stopped at the end (--keep: left running
 # and its socket printed, to look at the images). The Debian base image comes from
-# scripts/test_deploy.sh's cache (BURST_DEPLOY_CACHE, /var/cache/burst-deploy), or debootstrap.
+# scripts/test_deploy.sh's cache (BURST_DEPLOY_CACHE, /var/cache/burst-deploy), or debootstrap;
+# the logs of the last run are kept in its cuda-image-last-run/.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -41,6 +42,9 @@ W=$(mktemp -d /tmp/burst-cuda-image.XXXXXX)
 DOCKERD_PID=""
 cleanup() {
   set +e
+  # The logs of the last run (dockerd, the build) stay for a look.
+  rm -rf "$cache/cuda-image-last-run" && mkdir -p "$cache/cuda-image-last-run" &&
+    cp "$W"/*.log "$cache/cuda-image-last-run/" 2>/dev/null
   if [ -n "$DOCKERD_PID" ] && [ "$keep" -eq 0 ]; then
     "$DOCKER" ps -aq | xargs -r "$DOCKER" rm -f >/dev/null 2>&1
     kill "$DOCKERD_PID" 2>/dev/null
