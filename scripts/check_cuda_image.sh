@@ -96,7 +96,8 @@ fi
 say "CUDA $cuda_version stand-ins from $cuda_home"
 ctx=$W/cuda-ctx
 mkdir -p "$ctx"
-keep_libs='libcudart\..*|libcudart_static\.a|libcudadevrt\.a|libculibos\.a|libcublas(Lt)?\.so.*|libnccl\.so.*|libnvToolsExt\.so.*|libnvtx3interop\.so.*'
+keep_libs='libcudart\..*|libcudart_static\.a|libcudadevrt\.a|libculibos\.a|libcublas(Lt)?\.so.*'
+keep_libs+='|libnccl\.so.*|libnvToolsExt\.so.*|libnvtx3interop\.so.*'
 (cd "$cuda_home" && tar -c --exclude='./lib*/lib*' --exclude='./targets/*/lib/lib*' --exclude='./dist-info' . |
    tar -x -C "$ctx" --one-top-level=devel)
 for d in lib lib64 targets/x86_64-linux/lib; do
