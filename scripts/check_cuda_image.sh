@@ -49,6 +49,8 @@ cleanup() {
     "$DOCKER" ps -aq | xargs -r "$DOCKER" rm -f >/dev/null 2>&1
     kill "$DOCKERD_PID" 2>/dev/null
     wait "$DOCKERD_PID" 2>/dev/null
+    # dockerd leaves its default network namespace bind-mounted (the rm below would not go).
+    umount "$W/exec/netns/default" 2>/dev/null
     mv "$W" "$W.deleting" && { setsid nice -n 19 rm -rf "$W.deleting" </dev/null >/dev/null 2>&1 & }
   elif [ -n "$DOCKERD_PID" ]; then
     echo "check_cuda_image: dockerd (pid $DOCKERD_PID) left running: DOCKER_HOST=unix://$W/docker.sock"
