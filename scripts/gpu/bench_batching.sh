@@ -51,7 +51,7 @@ for chunk in ${CHUNKS:-4096 8192 16384 32768 131072}; do
     | tee "$out/alone_$chunk.json"
   timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 32 \
     --short 100 --short-n 3 --short-out 16 --delay 1.0 | tee "$out/hol_$chunk.json"
-  if [ "$chunk" = "$(echo ${CHUNKS:-4096 8192 16384 32768 131072} | awk '{print $1}')" ]; then
+  if [ "$chunk" = "$(echo "${CHUNKS:-4096 8192 16384 32768 131072}" | awk '{print $1}')" ]; then
     for c in 1 16; do
       timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" decode --prompt 2048 --out 128 \
         --conc "$c" | tee "$out/decode_$c.json" | cut -c1-160

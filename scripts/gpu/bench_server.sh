@@ -46,7 +46,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
 # The context and the KV capacity: the longest prompt of the run plus its output and slack.
 max_len=0
 for n in ${lengths//,/ }; do [ "$n" -gt "$max_len" ] && max_len=$n; done
-[ $mixed -eq 1 ] && [ "$max_len" -lt 131072 ] && max_len=131072
+[ "$mixed" -eq 1 ] && [ "$max_len" -lt 131072 ] && max_len=131072
 ctx=$((max_len + output_len + 64))
 kv=${KV:-$def_kv}
 [ "$kv" -lt "$ctx" ] && kv=$ctx
@@ -88,7 +88,7 @@ for n in ${lengths//,/ }; do
     --num-requests "$reqs" --max-concurrency 1 --num-warmups "$warm"
   warm=0
 done
-if [ $mixed -eq 1 ]; then
+if [ "$mixed" -eq 1 ]; then
   # Head-of-line blocking: short prompts arriving behind 128K ones (see the per-group TTFTs).
   point mixed --input-len 2048 --long-fraction 0.1 --long-len 131072 \
     --output-len "$output_len" --ignore-eos --num-requests "${MIXED_REQS:-50}" \

@@ -39,7 +39,7 @@ for n in $WORLDS; do
   timeout "${RING_TIMEOUT:-240}" burst-bench-ring --world "$n" --seq "$SEQS" --reps 3 \
     --out "$out/ring_${n}.json" 2>&1 | tee "$out/ring_${n}.txt" || status=1
 done
-last=$(echo $WORLDS | awk '{print $NF}')
+last=$(echo "$WORLDS" | awk '{print $NF}')
 for s in ${TTFT_SEQS:-}; do
   timeout 300 burst-generate --preset 7b --random-weights 0 --device cuda --workers "$last" \
     --prompt-tokens "$s" --max-tokens 4 --temperature 0 > /dev/null 2> "$out/ttft_${s}.err" \
