@@ -29,6 +29,10 @@ void embedding_cpu(const float* table, const int32_t* ids, float* out, int64_t r
 // w: [n, k] row-major (the HF nn.Linear weight layout), fp32 accumulation.
 void gemm_cpu(const float* x, const float* w, float* out, int64_t m, int64_t n, int64_t k,
               bool accumulate);
+// The same product with the portable scalar loop only (gemm_cpu takes an AVX2 path where the
+// CPU has it, equal to this bit for bit): for tests.
+void gemm_cpu_reference(const float* x, const float* w, float* out, int64_t m, int64_t n,
+                        int64_t k, bool accumulate);
 
 // x[i] += y[i]
 void add_cpu(float* x, const float* y, int64_t n);
