@@ -18,6 +18,8 @@
 # the logs of the last run are kept in its cuda-image-last-run/.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck disable=SC1091  # make_debian_base
+source "$root/scripts/lib/debian_base.sh"
 cd "$root"
 cuda_home=/usr/local/cuda
 arch=""
@@ -72,21 +74,7 @@ for _ in $(seq 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 1; done
 say "Debian 12 base image"
 base_tar=$cache/debian-bookworm-base.tar
 if ! { [ -f "$base_tar" ] && "$DOCKER" load -q -i "$base_tar" >/dev/null 2>&1; }; then
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-  else
-    mirror=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list)
-  fi
-  debootstrap --variant=minbase bookworm "$W/rootfs" "$mirror" >"$W/debootstrap.log" 2>&1 ||
-    { tail -20 "$W/debootstrap.log"; exit 1; }
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    cp /etc/apt/sources.list.d/debian.sources "$W/rootfs/etc/apt/sources.list.d/"
-    rm -f "$W/rootfs/etc/apt/sources.list"
-  fi
-  rm -rf "$W"/rootfs/var/cache/apt/archives/*.deb "$W"/rootfs/var/lib/apt/lists/*
-  tar -C "$W/rootfs" --numeric-owner -c . |
-    "$DOCKER" import -c 'CMD ["/bin/bash"]' -c 'ENV LANG=C.UTF-8' - localhost/debian:bookworm >/dev/null
-  rm -rf "$W/rootfs"
+  make_debian_base "$W" || exit 1
 fi
 
 # ---------------------------------------------------------------------------------------------

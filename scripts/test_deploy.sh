@@ -19,6 +19,8 @@
 # rebuild), and the logs of the last run (last-run/: dockerd, build).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck disable=SC1091  # make_debian_base
+source "$root/scripts/lib/debian_base.sh"
 cd "$root"
 t0=$SECONDS
 passed=0
@@ -150,21 +152,7 @@ base_tar=$cache/debian-bookworm-base.tar
 if [ -f "$base_tar" ] && [ -z "$(find "$base_tar" -mtime +30)" ] && "$DOCKER" load -q -i "$base_tar" >/dev/null 2>&1; then
   echo "loaded $base_tar"
 else
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-  else
-    MIRROR=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list)
-  fi
-  debootstrap --variant=minbase bookworm "$W/rootfs" "$MIRROR" >"$W/debootstrap.log" 2>&1 ||
-    { tail -20 "$W/debootstrap.log"; fail "debootstrap"; }
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    cp /etc/apt/sources.list.d/debian.sources "$W/rootfs/etc/apt/sources.list.d/"
-    rm -f "$W/rootfs/etc/apt/sources.list"
-  fi
-  rm -rf "$W"/rootfs/var/cache/apt/archives/*.deb "$W"/rootfs/var/lib/apt/lists/*
-  tar -C "$W/rootfs" --numeric-owner -c . |
-    "$DOCKER" import -c 'CMD ["/bin/bash"]' -c 'ENV LANG=C.UTF-8' - localhost/debian:bookworm >/dev/null
-  rm -rf "$W/rootfs"
+  make_debian_base "$W" || fail "debootstrap"
   "$DOCKER" save -o "$base_tar.tmp" localhost/debian:bookworm && mv "$base_tar.tmp" "$base_tar"
 fi
 "$DOCKER" tag localhost/debian:bookworm debian:bookworm-slim
