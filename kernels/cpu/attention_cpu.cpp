@@ -11,6 +11,8 @@ namespace burst::kernels {
 
 namespace {
 constexpr int kKeyTile = 64;
+constexpr int kDots = 8;  // keys whose scores are summed together (kKeyTile is a multiple)
+static_assert(kKeyTile % kDots == 0, "whole groups of keys per tile");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 }  // namespace
 
@@ -73,7 +75,27 @@ void attention_cpu(const AttnParams& p) {
       for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
         const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
         float tile_max = kNegInf;
-        for (int64_t t = 0; t < jn; ++t) {
+        // kDots keys at a time: independent sums the CPU overlaps (one sum's chain of dependent
+        // adds is latency-bound), each still q[0] k[0] + q[1] k[1] + ... in order, so the
+        // scores are the same to the bit as one key at a time.
+        int64_t t = 0;
+        for (; t + kDots <= jn; t += kDots) {
+          const float* kt[kDots];
+          for (int u = 0; u < kDots; ++u) {
+            kt[u] = k + kv_row(pages, p.page_size, j0 + t + u) * p.k_row_stride +
+                    g * p.k_head_stride;
+          }
+          float dot[kDots] = {};
+          for (int c = 0; c < d; ++c) {
+            const float qc = qi[c];
+            for (int u = 0; u < kDots; ++u) dot[u] += qc * kt[u][c];
+          }
+          for (int u = 0; u < kDots; ++u) {
+            s[t + u] = dot[u] * p.scale;
+            tile_max = std::max(tile_max, s[t + u]);
+          }
+        }
+        for (; t < jn; ++t) {
           const float* kj = k + kv_row(pages, p.page_size, j0 + t) * p.k_row_stride + g * p.k_head_stride;
           float dot = 0.f;
           for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
