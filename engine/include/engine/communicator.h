@@ -4,8 +4,8 @@
 //
 // Implementations: GlooCommunicator (CPU, TCP transport over loopback or the network,
 // engine/gloo_communicator.cpp) and NcclCommunicator (GPU, a dedicated communication stream;
-// engine/cuda/nccl_communicator.cpp). Every call returns a Status naming the rank and peer; a peer that dies or
-// stops answering turns into an error after the timeout, never a hang.
+// engine/cuda/nccl_communicator.cpp). Every call returns a Status naming the rank and peer; a
+// peer that dies or stops answering turns into an error after the timeout, never a hang.
 #pragma once
 
 #include <chrono>
