@@ -249,11 +249,11 @@ std::vector<int> WorkerGroup::pids() const {
   return out;
 }
 
-Status WorkerGroup::spawn() {
-  // The run directory (rendezvous store, port files) lives only until the ranks have met: it
-  // is removed as soon as every rank answers, so even a SIGKILLed coordinator leaves nothing
-  // behind once its group started. One killed during start-up leaves its directory, named
-  // after its pid: the next start removes those of coordinators that no longer run.
+// The run directory (rendezvous store, port files) lives only until the ranks have met: it is
+// removed as soon as every rank answers, so even a SIGKILLed coordinator leaves nothing behind
+// once its group started. One killed during start-up leaves its directory, named after its
+// pid: the next start removes those of coordinators that no longer run.
+Result<std::string> WorkerGroup::make_run_dir() {
   const std::string tmp = temp_dir();
   remove_stale_run_dirs(tmp);
   std::string tmpl = tmp + "/" + kRunDirPrefix + std::to_string(getpid()) + "-XXXXXX";
@@ -261,9 +261,32 @@ Status WorkerGroup::spawn() {
     return Status::error("cannot create the group's run directory in " + tmp + ": " +
                          std::strerror(errno));
   }
-  run_dir_ = tmpl;
-  const std::string store = run_dir_ + "/store";
-  fs::create_directories(store);
+  fs::create_directories(tmpl + "/store");
+  return tmpl;
+}
+
+// The ranks' environment: this process's, with the group's secret (only processes given it,
+// through the environment, which other users cannot read, never argv, can drive the workers'
+// control service) and a passive OpenMP wait policy unless the operator chose one: with
+// libgomp's default, idle threads spin between a step's parallel regions, and a CPU group
+// (ranks, the coordinator, gRPC threads on a few cores) ran the embedded default 8x slower
+// (hol_probe: 8.9 s against 1.1 s for a 1500-token request). libgomp reads it at load.
+std::vector<std::string> WorkerGroup::worker_environment() const {
+  std::vector<std::string> env;
+  const std::string secret_var = std::string(kWorkerSecretEnv) + "=";
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, secret_var.c_str(), secret_var.size()) != 0) env.emplace_back(*e);
+  }
+  env.push_back(secret_var + token_);
+  const bool wait_policy_set = std::any_of(env.begin(), env.end(), [](const std::string& e) {
+    return e.rfind("OMP_WAIT_POLICY=", 0) == 0;
+  });
+  if (!wait_policy_set) env.push_back("OMP_WAIT_POLICY=PASSIVE");
+  return env;
+}
+
+// burst-worker's command line for rank r.
+std::vector<std::string> WorkerGroup::worker_args(const Rank& rk, const std::string& store) const {
   const int n = options_.workers;
   // 0: each rank sizes its pool from its GPU's memory.
   const int64_t per_rank = options_.kv_capacity > 0
@@ -273,66 +296,30 @@ Status WorkerGroup::spawn() {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options_.threads_per_worker > 0 ? options_.threads_per_worker
                                                       : std::max(1, cores / n);
-  // The group's secret: only processes given it (through the environment, which other users
-  // cannot read, never argv) can drive the workers' control service.
-  auto secret = random_token();
-  if (!secret.ok()) return secret.status();
-  token_ = secret.value();
-  std::vector<std::string> env;
-  const std::string secret_var = std::string(kWorkerSecretEnv) + "=";
-  for (char** e = environ; e && *e; ++e) {
-    if (std::strncmp(*e, secret_var.c_str(), secret_var.size()) != 0) env.emplace_back(*e);
+  std::string device = options_.device;
+  if (device == "cuda") device = "cuda:" + std::to_string(rk.rank);  // one GPU per rank
+  std::vector<std::string> args = {
+      options_.worker_binary, "--rank", std::to_string(rk.rank), "--world", std::to_string(n),
+      "--store", store, "--port-file", rk.port_file, "--device", device,
+      "--kv-capacity", std::to_string(per_rank), "--threads", std::to_string(threads),
+      "--comm-timeout-ms", std::to_string(options_.comm_timeout.count()),
+      "--progress-file", progress_file(rk)};
+  if (per_rank == 0) {
+    args.insert(args.end(), {"--kv-memory-fraction", std::to_string(options_.kv_memory_fraction),
+                             "--kv-reserve-bytes", std::to_string(options_.kv_reserve_bytes)});
   }
-  env.push_back(secret_var + token_);
-  // Idle OpenMP threads sleep unless the operator chose otherwise: with libgomp's default they
-  // spin between a step's parallel regions, and a CPU group (ranks, the coordinator, gRPC
-  // threads on a few cores) ran the embedded default 8x slower (hol_probe: 8.9 s against 1.1 s
-  // for a 1500-token request). libgomp reads it at load, so it must be in the environment.
-  const bool wait_policy_set = std::any_of(env.begin(), env.end(), [](const std::string& e) {
-    return e.rfind("OMP_WAIT_POLICY=", 0) == 0;
-  });
-  if (!wait_policy_set) env.push_back("OMP_WAIT_POLICY=PASSIVE");
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  ranks_.clear();
-  for (int r = 0; r < n; ++r) {
-    auto rk = std::make_unique<Rank>();
-    rk->rank = r;
-    rk->port_file = run_dir_ + "/port-" + std::to_string(r);
-    std::string device = options_.device;
-    if (device == "cuda") device = "cuda:" + std::to_string(r);  // one GPU per rank
-    std::vector<std::string> args = {
-        options_.worker_binary, "--rank", std::to_string(r), "--world", std::to_string(n),
-        "--store", store, "--port-file", rk->port_file, "--device", device,
-        "--kv-capacity", std::to_string(per_rank), "--threads", std::to_string(threads),
-        "--comm-timeout-ms", std::to_string(options_.comm_timeout.count()),
-        "--progress-file", progress_file(*rk)};
-    if (per_rank == 0) {
-      args.insert(args.end(), {"--kv-memory-fraction", std::to_string(options_.kv_memory_fraction),
-                               "--kv-reserve-bytes", std::to_string(options_.kv_reserve_bytes)});
-    }
-    if (!options_.model.dir.empty()) {
-      args.insert(args.end(), {"--model", options_.model.dir});
-    } else {
-      args.insert(args.end(), {"--preset", options_.model.preset, "--random-weights",
-                               std::to_string(options_.model.random_seed)});
-    }
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return Status::error("fork failed while starting worker rank " + std::to_string(r));
-    if (pid == 0) {
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-    rk->pid = pid;
-    ranks_.push_back(std::move(rk));
+  if (!options_.model.dir.empty()) {
+    args.insert(args.end(), {"--model", options_.model.dir});
+  } else {
+    args.insert(args.end(), {"--preset", options_.model.preset, "--random-weights",
+                             std::to_string(options_.model.random_seed)});
   }
+  return args;
+}
 
-  // Wait for every rank's port file, failing early if a rank dies during start-up, and at
-  // once when the owner cancels (SIGTERM while loading).
+// Waits for every rank's port file, failing early if a rank dies during start-up, and at once
+// when the owner cancels (SIGTERM while loading); the ranks' control addresses, in rank order.
+Result<std::vector<std::string>> WorkerGroup::await_ports() {
   std::vector<std::string> addresses;
   LoadWatch watch(options_.start_progress, ranks_);
   const auto deadline = std::chrono::steady_clock::now() + options_.start_timeout;
@@ -344,16 +331,13 @@ Status WorkerGroup::spawn() {
           const std::string why = rank_name(*other) + " " + describe_exit(status) +
                                   " during start-up (its stderr above says why)";
           other->pid = 0;
-          stop_all();
           return Status::error(why);
         }
       }
       if (options_.start_progress && options_.start_progress->cancel) {
-        stop_all();
         return Status::error("the start was cancelled (shutting down)");
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        stop_all();
         return Status::error(rank_name(*rk) + " did not start within " +
                              std::to_string(options_.start_timeout.count()) + " ms (" +
                              watch.describe() +
@@ -366,7 +350,48 @@ Status WorkerGroup::spawn() {
     std::ifstream(rk->port_file) >> port;
     addresses.push_back("127.0.0.1:" + std::to_string(port));
   }
-  if (Status st = connect(addresses); !st.ok()) {
+  return addresses;
+}
+
+Status WorkerGroup::spawn() {
+  auto dir = make_run_dir();
+  if (!dir.ok()) return dir.status();
+  run_dir_ = dir.value();
+  const std::string store = run_dir_ + "/store";
+  auto secret = random_token();
+  if (!secret.ok()) return secret.status();
+  token_ = secret.value();
+  std::vector<std::string> env = worker_environment();
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  ranks_.clear();
+  for (int r = 0; r < options_.workers; ++r) {
+    auto rk = std::make_unique<Rank>();
+    rk->rank = r;
+    rk->port_file = run_dir_ + "/port-" + std::to_string(r);
+    std::vector<std::string> args = worker_args(*rk, store);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      stop_all();  // the ranks already started
+      return Status::error("fork failed while starting worker rank " + std::to_string(r));
+    }
+    if (pid == 0) {
+      execve(argv[0], argv.data(), envp.data());
+      _exit(127);
+    }
+    rk->pid = pid;
+    ranks_.push_back(std::move(rk));
+  }
+  auto addresses = await_ports();
+  if (!addresses.ok()) {
+    stop_all();
+    return addresses.status();
+  }
+  if (Status st = connect(addresses.value()); !st.ok()) {
     stop_all();
     return st;
   }

@@ -177,7 +177,11 @@ class WorkerGroup {
 
  private:
   explicit WorkerGroup(WorkerGroupOptions options);
-  Status spawn();
+  Status spawn();  // the local ranks: run directory, fork + exec, wait for their ports, connect
+  Result<std::string> make_run_dir();
+  std::vector<std::string> worker_environment() const;
+  std::vector<std::string> worker_args(const Rank& rk, const std::string& store) const;
+  Result<std::vector<std::string>> await_ports();
   // Creates the control stubs, pings every rank (checking its rank and world size) and marks
   // the group healthy: the step both modes share once they know the ranks' addresses.
   Status connect(const std::vector<std::string>& addresses);
