@@ -29,6 +29,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -881,16 +882,32 @@ std::vector<int64_t> parse_lengths(const char* text) {
   return out;
 }
 
+// The lengths an opt-in benchmark was asked for ($var, comma separated, e.g. `example`), or
+// nothing, with `skip` saying why it does not run (not asked, or no GPU).
+std::optional<std::vector<int64_t>> bench_lengths(const char* var, const char* example,
+                                                  std::string& skip) {
+  const char* env = std::getenv(var);
+  if (!env) {
+    skip = std::string("benchmark: set ") + var + "=" + example + " to run";
+    return std::nullopt;
+  }
+  std::string why;
+  if (!have_gpu(why)) {
+    skip = std::string("skipping ") + var + " benchmark: " + why;
+    return std::nullopt;
+  }
+  return parse_lengths(env);
+}
+
 // TTFT of the 7B preset (random weights, seed 0) on one GPU at the lengths in
 // BURST_BENCH_PREFILL (comma separated): models::generate with max_tokens 1 and the prompt
 // burst-generate --prompt-tokens N builds, one warm-up then BURST_BENCH_REPS (3) timed runs in
 // one process; JSON lines to BURST_BENCH_OUT (or stdout). Skipped unless asked for.
 TEST(CudaPrefillBench, Preset7b) {
-  const char* lengths_env = std::getenv("BURST_BENCH_PREFILL");
-  if (!lengths_env) GTEST_SKIP() << "benchmark: set BURST_BENCH_PREFILL=4096,16384,... to run";
-  std::string why;
-  if (!have_gpu(why)) GTEST_SKIP() << "skipping prefill benchmark: " << why;
-  const std::vector<int64_t> lengths = parse_lengths(lengths_env);
+  std::string skip;
+  const auto asked = bench_lengths("BURST_BENCH_PREFILL", "4096,16384,...", skip);
+  if (!asked) GTEST_SKIP() << skip;
+  const std::vector<int64_t>& lengths = *asked;
   const int reps = std::getenv("BURST_BENCH_REPS") ? std::atoi(std::getenv("BURST_BENCH_REPS"))
                                                    : 3;
   const char* out_path = std::getenv("BURST_BENCH_OUT");
@@ -966,11 +983,10 @@ TEST(CudaPrefillBench, Preset7b) {
 // decode shapes (1000 enqueued calls, then one synchronize). If enqueueing takes as long as
 // the step, the GPU waits for the host. Skipped unless asked for.
 TEST(CudaDecodeBench, HostOverhead7b) {
-  const char* ctx_env = std::getenv("BURST_BENCH_DECODE");
-  if (!ctx_env) GTEST_SKIP() << "benchmark: set BURST_BENCH_DECODE=512,32768 to run";
-  std::string why;
-  if (!have_gpu(why)) GTEST_SKIP() << "skipping decode benchmark: " << why;
-  const std::vector<int64_t> contexts = parse_lengths(ctx_env);
+  std::string skip;
+  const auto asked = bench_lengths("BURST_BENCH_DECODE", "512,32768", skip);
+  if (!asked) GTEST_SKIP() << skip;
+  const std::vector<int64_t>& contexts = *asked;
   auto backend = engine::make_cuda_backend(0);
   ASSERT_TRUE(backend.ok()) << backend.message();
   Backend& b = *backend.value();
