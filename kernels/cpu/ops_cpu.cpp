@@ -137,7 +137,9 @@ __attribute__((target("avx2"))) void gemm_avx2(const float* x, const float* w, f
   const int64_t blocks = n / 8;
 #pragma omp parallel
   {
-    std::vector<float> packed(static_cast<size_t>(k) * 8);
+    // Kept per thread between calls: a decode step runs dozens of GEMMs.
+    thread_local std::vector<float> packed;
+    if (packed.size() < static_cast<size_t>(k) * 8) packed.resize(static_cast<size_t>(k) * 8);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t j = b * 8;
