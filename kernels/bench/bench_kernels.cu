@@ -2,8 +2,10 @@
 // attention shapes and prints a table; --out PATH also writes the numbers as JSON (read by
 // scripts/gpu/bench_kernels.py, which times torch SDPA at the same shapes).
 //
-// Prefill: 32 heads x 128, bf16, q = kv = S tokens, full and causal, TFLOP/s by the
-// FlashAttention convention (4 * S * S * head_dim * heads, halved for causal). Decode: one
+// Prefill: 4096 / head_dim heads (32 x 128, the 7B's; 64 x 64 with --head-dims 64), bf16,
+// q = kv = S tokens, full and causal, TFLOP/s by the FlashAttention convention
+// (4 * S * S * head_dim * heads, halved for causal). On Hopper both kernels are timed: the
+// one the engine runs ("attention") and the mma.sync one ("attention_sm80", what an A100 runs). Decode: one
 // token, 32 query / 8 kv heads, against S keys, GB/s of K and V read, for one sequence and for
 // a batched step of 16 paged sequences; beside it the device-to-device copy bandwidth of this
 // GPU (the floor decode is judged against).
@@ -117,14 +119,14 @@ AttnParams base_params(int64_t n_q, int64_t n_kv, int heads, int kv_heads, int d
 }
 
 // kernel kAuto is reported as "attention" (what the engine runs), kSm80 as "attention_sm80".
-Row bench_prefill(int64_t s, MaskKind mask, burst::kernels::AttnKernel kernel) {
-  constexpr int kHeads = 32, kD = 128;
-  const int64_t n = s * kHeads * kD;
-  Buffer q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse(kHeads * s * 4);
+Row bench_prefill(int64_t s, int d, MaskKind mask, burst::kernels::AttnKernel kernel) {
+  const int heads = 4096 / d;
+  const int64_t n = s * heads * d;
+  Buffer q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse(heads * s * 4);
   fill(q.ptr, n, 1);
   fill(k.ptr, n, 2);
   fill(v.ptr, n, 3);
-  AttnParams p = base_params(s, s, kHeads, kHeads, kD, mask);
+  AttnParams p = base_params(s, s, heads, heads, d, mask);
   p.q = q.ptr;
   p.k = k.ptr;
   p.v = v.ptr;
@@ -133,11 +135,11 @@ Row bench_prefill(int64_t s, MaskKind mask, burst::kernels::AttnKernel kernel) {
   int runs = 0;
   const double ms =
       median_ms([&] { CUDA_CHECK(burst::kernels::attention_cuda(p, nullptr, kernel)); }, &runs);
-  double flops = 4.0 * double(s) * double(s) * kD * kHeads;
+  double flops = 4.0 * double(s) * double(s) * d * heads;
   if (mask == MaskKind::kCausal) flops /= 2;
   const bool sm80 = kernel == burst::kernels::AttnKernel::kSm80;
-  return {sm80 ? "attention_sm80" : "attention", mask == MaskKind::kCausal ? "causal" : "full", s, kHeads, kHeads, kD,
-          runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
+  return {sm80 ? "attention_sm80" : "attention", mask == MaskKind::kCausal ? "causal" : "full",
+          s,     heads, heads, d, runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
 }
 
 // Decode of `seqs` sequences of s keys each, one token each, 32 query / kv_heads kv heads x 128
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   std::string out_path;
   std::vector<int64_t> sizes = {4096, 16384, 65536};
   std::vector<int64_t> decode_sizes = {8192, 32768, 65536, 131072};
+  std::vector<int64_t> head_dims = {128};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
@@ -238,10 +241,18 @@ int main(int argc, char** argv) {
       sizes = parse_sizes(argv[++i]);
     } else if (!std::strcmp(argv[i], "--decode-sizes") && i + 1 < argc) {
       decode_sizes = parse_sizes(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--head-dims") && i + 1 < argc) {
+      head_dims = parse_sizes(argv[++i]);
+      for (int64_t d : head_dims) {
+        if (d != 64 && d != 128) {
+          std::fprintf(stderr, "--head-dims: 64 or 128, not %lld\n", static_cast<long long>(d));
+          return 2;
+        }
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out results.json] [--sizes 4096,16384,65536] "
-                   "[--decode-sizes 8192,32768,65536,131072]\n",
+                   "[--head-dims 128,64] [--decode-sizes 8192,32768,65536,131072]\n",
                    argv[0]);
       return 2;
     }
@@ -252,13 +263,16 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
 
   std::vector<Row> rows;
-  for (int64_t s : sizes) {
-    for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal}) {
-      rows.push_back(bench_prefill(s, m, burst::kernels::AttnKernel::kAuto));
-      // On Hopper kAuto is the wgmma kernel: time the mma.sync one beside it.
-      AttnParams probe = base_params(s, s, 32, 32, 128, m);
-      if (burst::kernels::attention_sm90_supported(probe)) {
-        rows.push_back(bench_prefill(s, m, burst::kernels::AttnKernel::kSm80));
+  for (int64_t d64 : head_dims) {
+    const int d = static_cast<int>(d64);
+    for (int64_t s : sizes) {
+      for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal}) {
+        rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kAuto));
+        // On Hopper kAuto is the wgmma kernel: time the mma.sync one beside it.
+        AttnParams probe = base_params(s, s, 4096 / d, 4096 / d, d, m);
+        if (burst::kernels::attention_sm90_supported(probe)) {
+          rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm80));
+        }
       }
     }
   }
@@ -270,12 +284,12 @@ int main(int argc, char** argv) {
   for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows.push_back(bench_decode(s, 16, 8));
 
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-  std::printf("%-15s %-7s %8s %6s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "ms",
-              "TFLOP/s", "GB/s", "runs");
+  std::printf("%-15s %-7s %8s %6s %4s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "d",
+              "ms", "TFLOP/s", "GB/s", "runs");
   for (const Row& r : rows) {
-    std::printf("%-15s %-7s %8lld %3d/%-2d %10.3f %9.1f %8.0f %5d\n", r.op.c_str(),
-                r.mask.c_str(), static_cast<long long>(r.s), r.heads, r.kv_heads, r.ms,
-                r.tflops, r.gbps, r.runs);
+    std::printf("%-15s %-7s %8lld %3d/%-2d %4d %10.3f %9.1f %8.0f %5d\n", r.op.c_str(),
+                r.mask.c_str(), static_cast<long long>(r.s), r.heads, r.kv_heads, r.head_dim,
+                r.ms, r.tflops, r.gbps, r.runs);
   }
   double copy_gbps = 0;
   for (const Row& r : rows) {
