@@ -33,7 +33,7 @@ bool device_is_sm90() {
 }  // namespace
 
 bool attention_sm90_supported(const AttnParams& p) {
-  return p.head_dim == 128 && device_is_sm90();
+  return (p.head_dim == 128 || p.head_dim == 64) && device_is_sm90();
 }
 
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {

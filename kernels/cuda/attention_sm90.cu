@@ -1,5 +1,5 @@
 // Flash attention forward for one ring step (LAO) on Hopper (sm_90a): the contract of
-// kernels/attention_cuda.h, for head_dim 128, with warpgroup MMAs (wgmma.mma_async).
+// kernels/attention_cuda.h, for head_dim 128 and 64, with warpgroup MMAs (wgmma.mma_async).
 //
 // One CTA computes a 128-row query block of one head with two consumer warpgroups and a
 // producer warpgroup that only loads. Each consumer warpgroup owns 64 rows and runs S = Q.K^T as
@@ -9,14 +9,17 @@
 // Within a warpgroup, the P.V of block i - 1 runs on the tensor cores while the softmax of
 // block i runs on the other units.
 // Loads are TMA (cp.async.bulk.tensor) issued by one thread of the producer warpgroup into a
-// 3-stage ring of K+V tiles in the 128-byte-swizzled layout wgmma reads; mbarriers say when a
-// stage is full (TMA bytes arrived) and empty (all 8 consumer warps done reading it), so the
-// warpgroups are not held in lockstep by CTA-wide barriers and one's softmax overlaps the
-// other's MMAs. The producer gives its registers to the consumers (setmaxnreg 24 / 240): with
-// the loads issued by a consumer thread instead, that thread's warp waited for the slower
-// warpgroup before every refill (H100: 547-567 TFLOP/s then, 512-642 now). Ping-pong turns
-// between the two consumer warpgroups (named barriers around their MMA issue) were measured on
-// top of this and gained nothing (626-646 TFLOP/s), so they are not used.
+// ring of K+V tiles (3 stages at head_dim 128, 6 at 64) in the 128-byte-swizzled layout wgmma
+// reads; mbarriers say when a stage is full (TMA bytes arrived) and empty (all 8 consumer warps
+// done reading it), so the warpgroups are not held in lockstep by CTA-wide barriers and one's
+// softmax overlaps the other's MMAs. The producer gives its registers to the consumers
+// (setmaxnreg 24 / 240): with the loads issued by a consumer thread instead, that thread's warp
+// waited for the slower warpgroup before every refill (H100: 547-567 TFLOP/s then, 512-642
+// now). Ping-pong turns between the two consumer warpgroups (named barriers around their MMA
+// issue) were measured on top of this and gained nothing (626-646 TFLOP/s), so they are not
+// used. At head_dim 64 the exp2s of the softmax (MUFU) take as long as the MMAs; computing a
+// share of them with a polynomial on the FMA units instead (1/16 to 1/4 of them) was measured
+// slower at every share (H100: 460 -> 445, 425, 375 TFLOP/s at 64K causal), so it is not used.
 // Key blocks run from the last to the first, so the blocks that need masking (the causal
 // diagonal, the n_kv tail) come first and the rest run without per-element checks.
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes from the runtime)
@@ -30,29 +33,37 @@
 namespace burst::kernels::detail {
 namespace {
 
-constexpr int kD = 128;
 constexpr int kBlockM = 128;  // query rows per CTA: two warpgroups of 64
 constexpr int kBlockN = 128;  // keys per pipeline stage
 constexpr int kConsumerThreads = 256;  // two warpgroups of MMAs and softmax
 // Warp specialisation: a third warpgroup only issues the TMA loads, on 24 registers, so the two
 // consumer warpgroups get 240 each (setmaxnreg; 128 x 24 + 256 x 240 <= 64K).
 constexpr int kThreads = kConsumerThreads + 128;
-// A [128 rows][128] tile of 16-bit values is stored as two column halves [128 rows][64]: one
-// row of a half is 128 bytes, the width of the 128-byte swizzle.
+// A [128 rows][head_dim] tile of 16-bit values is stored as head_dim / 64 column halves
+// [128 rows][64]: one row of a half is 128 bytes, the width of the 128-byte swizzle.
 constexpr int kRowBytes = 128;
 constexpr int kHalfBytes = 128 * kRowBytes;
-constexpr int kTileBytes = 2 * kHalfBytes;
-constexpr int kStages = 3;                 // K+V tiles in flight
-constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
-// Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
-// rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
-constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
-constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
+// The shape of the kernel for one head_dim (64 or 128); everything else derives from it.
+template <int kHeadDim>
+struct Sm90Tile {
+  static constexpr int kD = kHeadDim;
+  static constexpr int kHalves = kD / 64;
+  static constexpr int kTileBytes = kHalves * kHalfBytes;
+  // K+V tiles in flight: head_dim 64 tiles are half the size, so twice as many fit.
+  static constexpr int kStages = kD == 64 ? 6 : 3;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+  // Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
+  // rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  static constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
+
+  static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
+};
 
 static_assert(kBlockM == 2 * 64 && kConsumerThreads == 2 * 128, "one warpgroup per 64 rows");
-static_assert(kBlockM == 128 && kBlockN == 128, "Q, K and V tiles are all [128][128]");
-static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
+static_assert(kBlockM == 128 && kBlockN == 128, "Q, K and V tiles have 128 rows");
 
 // The device code exists only in the sm_90a pass; the sm_80 pass and the host pass see a stub.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -117,6 +128,10 @@ __device__ __forceinline__ void wgmma_wait() {
 #define BURST_D64                                                                       \
   BURST_D8(0), BURST_D8(8), BURST_D8(16), BURST_D8(24), BURST_D8(32), BURST_D8(40), \
       BURST_D8(48), BURST_D8(56)
+#define BURST_D32 BURST_D8(0), BURST_D8(8), BURST_D8(16), BURST_D8(24)
+#define BURST_R32                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define BURST_R64                                                                              \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
@@ -143,12 +158,24 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64
   }
 }
 
-// d[64] += A.B for a 64 x 128 x 16 slice: A (64 x 16) in registers (the m16n8k16 A fragment
-// of each warp's 16 rows), B (16 x 128) MN-major in shared memory.
-template <typename T>
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
+// d[kN / 2] += A.B for a 64 x kN x 16 slice (kN = head_dim, 64 or 128): A (64 x 16) in
+// registers (the m16n8k16 A fragment of each warp's 16 rows), B (16 x kN) MN-major in shared
+// memory.
+template <typename T, int kN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
                                          uint64_t desc_b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  static_assert(kN == 64 || kN == 128, "n64 or n128");
+  if constexpr (kN == 64 && std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " BURST_R32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : BURST_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  } else if constexpr (kN == 64) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " BURST_R32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : BURST_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " BURST_R64
                  ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
                  : BURST_D64
@@ -162,7 +189,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 }
 
 #undef BURST_D8
+#undef BURST_D32
 #undef BURST_D64
+#undef BURST_R32
 #undef BURST_R64
 
 // mbarriers (PTX "mbarrier"): a phase completes when `count` arrivals and the expected TMA
@@ -205,11 +234,14 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(col), "r"(head), "r"(row)
       : "memory");
 }
-// A whole [128][128] tile: its two 64-column halves.
+// A whole [128][kD] tile: its 64-column halves.
+template <int kD>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                               int head, int row) {
-  tma_load_box(dst, map, bar, 0, head, row);
-  tma_load_box(dst + kHalfBytes, map, bar, 64, head, row);
+#pragma unroll
+  for (int half = 0; half < kD / 64; ++half) {
+    tma_load_box(dst + half * kHalfBytes, map, bar, half * 64, head, row);
+  }
 }
 
 template <int kRegs>
@@ -225,12 +257,15 @@ __device__ __forceinline__ void regs_inc() {
 
 // ---- the kernel ------------------------------------------------------------------------------
 
-template <typename T, typename OutT>
+template <typename T, typename OutT, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const KernelArgs<T, OutT> a, const __grid_constant__ CUtensorMap q_map,
                           const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
 #ifdef BURST_SM90_KERNEL
+  using Tl = Sm90Tile<kD>;
+  constexpr int kTileBytes = Tl::kTileBytes, kStages = Tl::kStages, kStageBytes = Tl::kStageBytes;
+  constexpr int kOAcc = kD / 2;  // fp32 O accumulators per thread (m64 x kD wgmma)
   constexpr float kNegInf = -INFINITY;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -278,11 +313,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                     : a.n_kv - 1;
   }
 
-  // Accumulator fragments (m64n128, fp32): element 4j + e is row hf = e / 2, column
+  // Accumulator fragments (m64 x kD, fp32): element 4j + e is row hf = e / 2, column
   // 8j + 2 * (lane % 4) + e % 2 of this thread's rows.
-  float o[64];
+  float o[kOAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
   float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};  // max in raw score units
 
   // Block i of the loop is key block n_blocks - 1 - i; its K and V live in stage i % kStages.
@@ -292,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_block = [&](int i) {
     const int st = i % kStages, row = key_block(i) * kBlockN;
     mbar_expect_tx(bar_full(st), kStageBytes);
-    tma_load_tile(k_tile(st), &k_map, bar_full(st), g, row);
-    tma_load_tile(v_tile(st), &v_map, bar_full(st), g, row);
+    tma_load_tile<kD>(k_tile(st), &k_map, bar_full(st), g, row);
+    tma_load_tile<kD>(v_tile(st), &v_map, bar_full(st), g, row);
   };
   if (wg == 2) {
     // The producer: Q, then block i once every consumer warp has released block i - kStages.
@@ -301,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_dec<24>();
     if (tid == kConsumerThreads && n_blocks > 0) {
       mbar_expect_tx(bar_q, kTileBytes);
-      tma_load_tile(q_addr0, &q_map, bar_q, h, m0);
+      tma_load_tile<kD>(q_addr0, &q_map, bar_q, h, m0);
       for (int i = 0; i < n_blocks; ++i) {
         if (i >= kStages) mbar_wait(bar_empty(i % kStages), (i / kStages - 1) & 1);
         load_block(i);
@@ -334,11 +369,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t pf[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_rs<T>(o, pf, dv[kk]);
+      wgmma_rs<T, kD>(o, pf, dv[kk]);
     }
     wgmma_commit();
   };
-  // S = Q.K^T for block i into s (issued, committed, not waited for): 8 k16 slices of
+  // S = Q.K^T for block i into s (issued, committed, not waited for): kD / 16 k16 slices of
   // head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row (the
   // hardware applies the swizzle to the advanced address).
   float s[64];
@@ -423,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence(p_prev);
     reg_fence(o);
 #pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] *= corr[(e >> 1) & 1];
+    for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e >> 1) & 1];
     release(i - 1);
   };
   // The last block's P.V (its tiles arrived before its S).
@@ -473,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float inv = empty ? 0.f : 1.f / sum;
     OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kD / 8; ++j) {
       store2(o_row + j * 8 + (lane & 3) * 2, o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
     }
     if ((lane & 3) == 0) {
@@ -509,13 +544,13 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// The TMA map of a [rows][heads][128] 16-bit tensor (strides in elements) read in boxes of
+// The TMA map of a [rows][heads][d] 16-bit tensor (strides in elements) read in boxes of
 // [128 rows][1 head][64 columns] with the 128-byte swizzle. False if the driver refuses it.
-bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads,
+bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads, int d,
                 int64_t row_stride, int64_t head_stride) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr || rows <= 0) return false;
-  const cuuint64_t dims[3] = {cuuint64_t{kD}, static_cast<cuuint64_t>(heads),
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2,
                                  static_cast<cuuint64_t>(row_stride) * 2};
@@ -530,20 +565,23 @@ bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, typename OutT>
+template <typename T, typename OutT, int kD>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
+  constexpr int kSmemBytes = Sm90Tile<kD>::kSmemBytes;
   const KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
   CUtensorMap q_map{}, k_map{}, v_map{};
-  if (!encode_map(q_map, p.dtype, p.q, p.n_q, p.heads, p.q_row_stride, p.q_head_stride)) {
+  if (!encode_map(q_map, p.dtype, p.q, p.n_q, p.heads, kD, p.q_row_stride, p.q_head_stride)) {
     return cudaErrorInvalidValue;
   }
   // No keys: no key block is loaded, the maps are never read.
   if (p.n_kv > 0 &&
-      (!encode_map(k_map, p.dtype, p.k, p.n_kv, p.kv_heads, p.k_row_stride, p.k_head_stride) ||
-       !encode_map(v_map, p.dtype, p.v, p.n_kv, p.kv_heads, p.v_row_stride, p.v_head_stride))) {
+      (!encode_map(k_map, p.dtype, p.k, p.n_kv, p.kv_heads, kD, p.k_row_stride,
+                   p.k_head_stride) ||
+       !encode_map(v_map, p.dtype, p.v, p.n_kv, p.kv_heads, kD, p.v_row_stride,
+                   p.v_head_stride))) {
     return cudaErrorInvalidValue;
   }
-  auto* kernel = attention_sm90_kernel<T, OutT>;
+  auto* kernel = attention_sm90_kernel<T, OutT, kD>;
   // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -553,17 +591,24 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, int kD>
 cudaError_t dispatch_out(const AttnParams& p, cudaStream_t stream) {
-  return output_dtype(p) == DType::kF32 ? launch<T, float>(p, stream) : launch<T, T>(p, stream);
+  return output_dtype(p) == DType::kF32 ? launch<T, float, kD>(p, stream)
+                                        : launch<T, T, kD>(p, stream);
+}
+
+template <int kD>
+cudaError_t dispatch_dtype(const AttnParams& p, cudaStream_t stream) {
+  return p.dtype == DType::kBF16 ? dispatch_out<__nv_bfloat16, kD>(p, stream)
+                                 : dispatch_out<__half, kD>(p, stream);
 }
 
 }  // namespace
 
 cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream) {
-  if (p.head_dim != kD) return cudaErrorInvalidValue;
-  return p.dtype == DType::kBF16 ? dispatch_out<__nv_bfloat16>(p, stream)
-                                 : dispatch_out<__half>(p, stream);
+  if (p.head_dim == 128) return dispatch_dtype<128>(p, stream);
+  if (p.head_dim == 64) return dispatch_dtype<64>(p, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace burst::kernels::detail

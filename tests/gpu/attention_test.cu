@@ -336,7 +336,7 @@ void run_one(const Case& c, const Inputs& in, const Outputs& ref, const Outputs&
 }
 
 // Every prefill case runs on every prefill kernel the device has (the mma.sync kernel
-// everywhere, the wgmma kernel on compute capability 9.0 at head_dim 128).
+// everywhere, the wgmma kernel on compute capability 9.0).
 void run_case(const Case& c, Kernel kernel, uint32_t seed) {
   const Inputs in = make_inputs(c, seed);
   Outputs ref, naive;
@@ -365,6 +365,26 @@ TEST_F(GpuAttention, OddSizesFullAndCausal) {
       }
     }
   }
+}
+
+// head_dim 64 (both kernels on Hopper): odd sizes, GQA, rows that see nothing, and queries in
+// the middle of the keys (chunked prefill).
+TEST_F(GpuAttention, HeadDim64OddSizesGqaAndEmptyRows) {
+  uint32_t seed = 101;
+  for (int n_q : {1, 127, 769}) {
+    for (int n_kv : {37, 769, 4095}) {
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal}) {
+        const int64_t q_start = std::max(0, n_kv - n_q);
+        run_case({"d64-odd", n_q, n_kv, 3, 1, 64, mask, q_start, 0}, Kernel::kPrefill, seed++);
+        if (HasFailure()) return;
+      }
+    }
+  }
+  run_case({"d64-gqa8/2", 769, 1500, 8, 2, 64, MaskKind::kCausal, 731, 0}, Kernel::kPrefill,
+           seed++);
+  run_case({"d64-empty-rows", 769, 769, 3, 1, 64, MaskKind::kCausal, 0, 300}, Kernel::kPrefill,
+           seed++);
+  run_case({"d64-no-keys", 37, 0, 3, 1, 64, MaskKind::kNone}, Kernel::kPrefill, seed++);
 }
 
 TEST_F(GpuAttention, GqaLlamaShapes) {
@@ -429,11 +449,16 @@ TEST_F(GpuAttention, RejectsUnsupportedParams) {
   set_packed_strides(p);
   p.q = static_cast<char*>(buf.ptr) + 2;  // misaligned for 16-byte loads
   EXPECT_EQ(attention_cuda(p, nullptr), cudaErrorInvalidValue);
-  // The wgmma kernel exists for head_dim 128 on compute capability 9.0 only.
+  // The wgmma kernel runs on compute capability 9.0 only (head_dim 64 and 128).
   p.q = buf.ptr;
   p.head_dim = 64;
   set_packed_strides(p);
-  EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90), cudaErrorInvalidDeviceFunction);
+  int dev = 0, major = 0, minor = 0;
+  CUDA_ASSERT(cudaGetDevice(&dev));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90),
+            major == 9 && minor == 0 ? cudaSuccess : cudaErrorInvalidDeviceFunction);
   EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm80), cudaSuccess);
   CUDA_ASSERT(cudaGetLastError());
 }

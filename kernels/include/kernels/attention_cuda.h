@@ -28,7 +28,7 @@
 namespace burst::kernels {
 
 // The prefill kernels: kSm80 (mma.sync m16n8k16 + ldmatrix + cp.async; any sm_80+ device) and
-// kSm90 (wgmma from shared memory, compute capability 9.0 and head_dim 128 only). kAuto picks
+// kSm90 (wgmma from shared memory, compute capability 9.0, head_dim 128 and 64). kAuto picks
 // kSm90 where it runs, else kSm80; the explicit choices are for tests and benchmarks.
 enum class AttnKernel { kAuto, kSm80, kSm90 };
 
