@@ -16,6 +16,10 @@
 // Each warp keeps its own online softmax; at the end the 4 warps' partials are combined in
 // shared memory and each split writes a normalised partial (o, lse) in fp32 to the workspace; a
 // second kernel merges the splits in a fixed order, so the result does not depend on scheduling.
+// On compute capability 9.0+ the merge is a programmatic dependent launch: each split CTA
+// releases it as it starts (griddepcontrol.launch_dependents), so the merge's CTAs are launched
+// while the splits stream and wait (griddepcontrol.wait) only for the split grid to complete and
+// flush its memory; the second launch's latency leaves the critical path.
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 #include <cuda_bf16.h>
@@ -46,6 +50,21 @@ using detail::mma_16816;
 using detail::swz;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
+
+// Programmatic dependent launch (sm_90+; compiled out below, where launches stay serialised).
+// Lets the kernel launched after this one with programmaticStreamSerializationAllowed start.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Waits until the grid this one depends on has completed and its writes are visible; returns at
+// once in a kernel not launched as a programmatic dependent.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 
 template <int kHeadDim>
 struct DecodeTile {
@@ -152,6 +171,10 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   const int kb = split * a.keys_per_split;
   const int ke = min(n_kv, kb + a.keys_per_split);
   const int n_stages = ke > kb ? (ke - kb + kBlockN - 1) / kBlockN : 0;
+  // The merge kernel may start now: it reads nothing of ours before griddepcontrol.wait, which
+  // waits for this whole grid. (Earliest is best: its CTAs then sit resident, launched, while
+  // ours stream; they take few registers and little shared memory beside ours.)
+  pdl_launch_dependents();
 
   // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r; rows past
   // rows_total are zero (and masked below).
@@ -369,6 +392,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   constexpr int kPer = kD / 32;  // elements of head_dim per lane
   __shared__ float part_acc[kCombineWarps][kD];
   __shared__ float part_m[kCombineWarps], part_l[kCombineWarps];
+  // Launched as a programmatic dependent of the split kernel: its partials are complete and
+  // visible only after this wait.
+  pdl_wait();
   const int h = blockIdx.x / n_q, i = blockIdx.x % n_q;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t stride = int64_t{heads} * n_q;  // between splits of one (head, query)
@@ -433,6 +459,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 struct DecodePlan {
   int splits = 1, keys_per_split = 32, row_chunks = 1;
   size_t o_part_bytes = 0, workspace_bytes = 0;
+  bool dependent_merge = false;  // the merge as a programmatic dependent launch (sm_90+)
 };
 
 // Readies the split kernel of (T, kD) on the current device (above 48 KiB a kernel must opt
@@ -470,11 +497,14 @@ cudaError_t residency(const AttnParams& p, int device, int& ctas) {
 
 // The same plan for the workspace query and the launch (both read the current device).
 cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
-  int device = 0, sms = 0, ctas_per_sm = 0;
+  int device = 0, sms = 0, ctas_per_sm = 0, major = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
+  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  plan.dependent_merge = major >= 9;
   err = residency(p, device, ctas_per_sm);
   if (err != cudaSuccess) return err;
   constexpr int kRows = DecodeTile<128>::kRows, kBlockN = DecodeTile<128>::kBlockN;
@@ -550,10 +580,20 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
       <<<grid, DecodeTile<kD>::kThreads, DecodeSmem<kD>::kBytes, stream>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  decode_combine_kernel<OutT, kD><<<p.n_q * p.heads, kCombineWarps * 32, 0, stream>>>(
-      a.o_part, a.lse_part, static_cast<OutT*>(p.o), p.lse, p.o_row_stride, p.o_head_stride,
-      p.lse_head_stride, p.n_q, p.heads, plan.splits);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(p.n_q * p.heads);
+  cfg.blockDim = dim3(kCombineWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &dependent;
+  cfg.numAttrs = plan.dependent_merge ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, decode_combine_kernel<OutT, kD>,
+                            static_cast<const float*>(a.o_part),
+                            static_cast<const float*>(a.lse_part), static_cast<OutT*>(p.o), p.lse,
+                            p.o_row_stride, p.o_head_stride, p.lse_head_stride, int{p.n_q},
+                            int{p.heads}, plan.splits);
 }
 
 // Every instantiation, in one place: {bf16, fp16} x {o = input, o = fp32} x head_dim {64, 128}.
