@@ -459,54 +459,74 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 struct DecodePlan {
   int splits = 1, keys_per_split = 32, row_chunks = 1;
   size_t o_part_bytes = 0, workspace_bytes = 0;
-  bool dependent_merge = false;  // the merge as a programmatic dependent launch (sm_90+)
+  bool dependent_merge = false;  // the merge as a programmatic dependent launch
+};
+
+// What the plan needs to know of the split kernel of (T, kD) on one device.
+struct SplitKernelFacts {
+  int ctas = 0;  // how many of its CTAs one multiprocessor holds
+  // Whether the code the device runs was compiled for sm_90+ (PTX version >= 9.0): only such
+  // code carries griddepcontrol (the merge kernel is built for the same targets), so only then
+  // may the merge be a programmatic dependent launch. A Hopper running code JIT-compiled from
+  // compute_80 PTX keeps the serialised launch; a merge without the wait would race the splits.
+  bool dependent_merge = false;
 };
 
 // Readies the split kernel of (T, kD) on the current device (above 48 KiB a kernel must opt
-// in to dynamic shared memory, per device) and returns how many of its CTAs one
-// multiprocessor holds; cached per device, since the queries cost more than a launch.
+// in to dynamic shared memory, per device) and returns its facts; cached per device, since the
+// queries cost more than a launch.
 template <typename T, int kD>
-cudaError_t split_kernel_residency(int device, int& ctas) {
+cudaError_t split_kernel_facts(int device, SplitKernelFacts& facts) {
   constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0: not readied yet
+  constexpr int kDependentBit = 1 << 16;  // above any CTA count
+  // 0: not readied yet; else ctas | (dependent_merge ? kDependentBit : 0).
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  ctas = cache[size_t(device)].load(std::memory_order_acquire);
-  if (ctas > 0) return cudaSuccess;
-  auto* kernel = decode_split_kernel<T, kD>;
-  constexpr int kSmem = static_cast<int>(DecodeSmem<kD>::kBytes);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kSmem);
-  if (err != cudaSuccess) return err;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, DecodeTile<kD>::kThreads,
-                                                      kSmem);
-  if (err != cudaSuccess) return err;
-  if (ctas < 1) return cudaErrorInvalidConfiguration;
-  cache[size_t(device)].store(ctas, std::memory_order_release);
+  int packed = cache[size_t(device)].load(std::memory_order_acquire);
+  if (packed == 0) {
+    auto* kernel = decode_split_kernel<T, kD>;
+    constexpr int kSmem = static_cast<int>(DecodeSmem<kD>::kBytes);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kSmem);
+    if (err != cudaSuccess) return err;
+    int ctas = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, DecodeTile<kD>::kThreads,
+                                                        kSmem);
+    if (err != cudaSuccess) return err;
+    if (ctas < 1 || ctas >= kDependentBit) return cudaErrorInvalidConfiguration;
+    cudaFuncAttributes attr{};
+    err = cudaFuncGetAttributes(&attr, kernel);
+    if (err != cudaSuccess) return err;
+    packed = ctas | (attr.ptxVersion >= 90 ? kDependentBit : 0);
+    cache[size_t(device)].store(packed, std::memory_order_release);
+  }
+  facts.ctas = packed & (kDependentBit - 1);
+  facts.dependent_merge = (packed & kDependentBit) != 0;
   return cudaSuccess;
 }
 
-cudaError_t residency(const AttnParams& p, int device, int& ctas) {
+cudaError_t split_facts(const AttnParams& p, int device, SplitKernelFacts& facts) {
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.head_dim == 128) {
-    return bf16 ? split_kernel_residency<__nv_bfloat16, 128>(device, ctas)
-                : split_kernel_residency<__half, 128>(device, ctas);
+    return bf16 ? split_kernel_facts<__nv_bfloat16, 128>(device, facts)
+                : split_kernel_facts<__half, 128>(device, facts);
   }
-  return bf16 ? split_kernel_residency<__nv_bfloat16, 64>(device, ctas)
-              : split_kernel_residency<__half, 64>(device, ctas);
+  return bf16 ? split_kernel_facts<__nv_bfloat16, 64>(device, facts)
+              : split_kernel_facts<__half, 64>(device, facts);
 }
 
 // The same plan for the workspace query and the launch (both read the current device).
 cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
-  int device = 0, sms = 0, ctas_per_sm = 0, major = 0;
+  int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  SplitKernelFacts facts;
+  err = split_facts(p, device, facts);
   if (err != cudaSuccess) return err;
-  plan.dependent_merge = major >= 9;
-  err = residency(p, device, ctas_per_sm);
-  if (err != cudaSuccess) return err;
+  const int ctas_per_sm = facts.ctas;
+  plan.dependent_merge = facts.dependent_merge;
   constexpr int kRows = DecodeTile<128>::kRows, kBlockN = DecodeTile<128>::kBlockN;
   static_assert(kRows == DecodeTile<64>::kRows && kBlockN == DecodeTile<64>::kBlockN,
                 "one plan for both head dims");
@@ -575,7 +595,7 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.row_kv_len = p.row_kv_len;
   a.row_page_offset = p.row_page_offset;
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
-  // make_plan readied the kernel for this device (split_kernel_residency).
+  // make_plan readied the kernel for this device (split_kernel_facts).
   decode_split_kernel<T, kD>
       <<<grid, DecodeTile<kD>::kThreads, DecodeSmem<kD>::kBytes, stream>>>(a);
   cudaError_t err = cudaGetLastError();
