@@ -16,10 +16,13 @@
 // Each warp keeps its own online softmax; at the end the 4 warps' partials are combined in
 // shared memory and each split writes a normalised partial (o, lse) in fp32 to the workspace; a
 // second kernel merges the splits in a fixed order, so the result does not depend on scheduling.
-// On compute capability 9.0+ the merge is a programmatic dependent launch: each split CTA
-// releases it as it starts (griddepcontrol.launch_dependents), so the merge's CTAs are launched
-// while the splits stream and wait (griddepcontrol.wait) only for the split grid to complete and
-// flush its memory; the second launch's latency leaves the critical path.
+// Where the device runs this file's sm_90+ code, the merge is a programmatic dependent launch:
+// each split CTA releases it as it starts (griddepcontrol.launch_dependents), so the merge's CTAs
+// are launched while the splits stream and wait (griddepcontrol.wait) only for the split grid to
+// complete and flush its memory; the second launch's latency leaves the critical path (the merge
+// starts ~1 us after the last split CTA ends). What is left between this kernel and the bytes
+// floor at 32K-64K keys (docs/benchmarks.md): launch latency, the first stage under a full memory
+// queue, and SMs that finish their static share of the splits early and then idle.
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 #include <cuda_bf16.h>
