@@ -407,6 +407,13 @@ class CudaBackend final : public Backend {
       }
       return {};
     }
+    // A decode step's few rows: a kernel that streams w at the bandwidth cuBLAS misses there.
+    if (kernels::gemv_cuda_applies(m, n, k, x.dtype, x.data, w.data, out.data)) {
+      return launched("gemm",
+                      kernels::gemv_cuda(x.data, w.data, out.data, m, n, k, x.dtype, accumulate,
+                                         compute_),
+                      x.describe());
+    }
     // Row-major out[m, n] = x w^T read column-major is out^T[n, m] = w x^T: cuBLAS sees w's
     // buffer as a column-major [k, n] matrix (op T makes it [n, k]) and x's as [k, m] (op N).
     const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;

@@ -4,11 +4,12 @@
 //
 // Prefill: 4096 / head_dim heads (32 x 128, the 7B's; 64 x 64 with --head-dims 64), bf16,
 // q = kv = S tokens, full and causal, TFLOP/s by the FlashAttention convention
-// (4 * S * S * head_dim * heads, halved for causal). On Hopper both kernels are timed: the
-// one the engine runs ("attention") and the mma.sync one ("attention_sm80", what an A100 runs). Decode: one
-// token, 32 query / 8 kv heads, against S keys, GB/s of K and V read, for one sequence and for
-// a batched step of 16 paged sequences; beside it the device-to-device copy bandwidth of this
-// GPU (the floor decode is judged against).
+// (4 * S * S * head_dim * heads, halved for causal). On Hopper both kernels are timed: the one
+// the engine runs ("attention") and the mma.sync one ("attention_sm80", what an A100 runs).
+// Decode: one token, 32 query / 8 kv heads, against S keys, GB/s of K and V read, for one
+// sequence and for a batched step of 16 paged sequences; beside it the device-to-device copy
+// bandwidth of this GPU (the floor decode is judged against). GEMV: the 7B's decode GEMMs at
+// m = 1 and 4 rows by gemv_cuda and by cuBLAS, GB/s of weights read.
 // Timing: CUDA events around each call, one warm-up call, then the median of several calls
 // (at least 3, more while they take under ~2 s in total). Inputs are random, never zero.
 #include <cuda_bf16.h>
@@ -22,9 +23,13 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <cublas_v2.h>
+
 #include "kernels/attention_cuda.h"
+#include "kernels/ops_cuda.h"
 
 namespace {
 
@@ -216,6 +221,45 @@ Row bench_copy() {
   return {"copy", "-", bytes, 0, 0, 0, runs, ms, 0.0, 2.0 * bytes / (ms * 1e-3) / 1e9};
 }
 
+// A decode step's GEMM, out[m, n] = x[m, k] . w[n, k]^T in bf16, by gemv_cuda (what the CUDA
+// backend runs at m <= kGemvMaxRows) and by cuBLAS (cublasGemmEx, fp32 compute, as the backend
+// calls it for larger m): GB/s of the weights read.
+Row bench_gemv(int64_t m, int64_t n, int64_t k, bool cublas) {
+  Buffer x(m * k * 2), w(n * k * 2), out(m * n * 2);
+  fill(x.ptr, m * k, 8);
+  fill(w.ptr, n * k, 9);
+  cublasHandle_t handle = nullptr;
+  if (cublas && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  const float alpha = 1.f, beta = 0.f;
+  int runs = 0;
+  const double ms = median_ms(
+      [&] {
+        if (!cublas) {
+          CUDA_CHECK(burst::kernels::gemv_cuda(x.ptr, w.ptr, out.ptr, m, n, k, DType::kBF16,
+                                               false, nullptr));
+          return;
+        }
+        const cublasStatus_t st = cublasGemmEx(
+            handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+            static_cast<int>(k), &alpha, w.ptr, CUDA_R_16BF, static_cast<int>(k), x.ptr,
+            CUDA_R_16BF, static_cast<int>(k), &beta, out.ptr, CUDA_R_16BF, static_cast<int>(n),
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          std::fprintf(stderr, "%s:%d: cublasGemmEx failed: %d\n", __FILE__, __LINE__,
+                       static_cast<int>(st));
+          std::exit(1);
+        }
+      },
+      &runs);
+  if (handle) cublasDestroy(handle);
+  const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  return {cublas ? "gemm_cublas" : "gemv", shape, n * k, 0, 0, 0, runs, ms,
+          2.0 * m * n * k / (ms * 1e-3) / 1e12, double(n) * k * 2 / (ms * 1e-3) / 1e9};
+}
+
 std::vector<int64_t> parse_sizes(const char* arg) {
   std::vector<int64_t> out;
   for (const char* c = arg; *c;) {
@@ -282,6 +326,13 @@ int main(int argc, char** argv) {
   // sequences of 2K and of 8K keys in one launch.
   if (!decode_sizes.empty()) rows.push_back(bench_decode(decode_sizes.back(), 1, 32));
   for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows.push_back(bench_decode(s, 16, 8));
+  // The 7B's decode GEMMs (q/k/v/o 4096 x 4096, gate/up 11008 x 4096, down 4096 x 11008).
+  for (int64_t m : {int64_t{1}, int64_t{4}}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 4096}, {11008, 4096}, {4096, 11008}}) {
+      rows.push_back(bench_gemv(m, n, k, false));
+      rows.push_back(bench_gemv(m, n, k, true));
+    }
+  }
 
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::printf("%-15s %-7s %8s %6s %4s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "d",
@@ -296,9 +347,12 @@ int main(int argc, char** argv) {
     if (r.op == "copy") copy_gbps = r.gbps;
   }
   for (const Row& r : rows) {
-    if (r.op.rfind("decode", 0) == 0 && copy_gbps > 0) {
-      std::printf("%s S=%lld: %.0f GB/s = %.1f%% of copy (%.0f GB/s)\n", r.op.c_str(),
-                  static_cast<long long>(r.s), r.gbps, 100.0 * r.gbps / copy_gbps, copy_gbps);
+    if ((r.op.rfind("decode", 0) == 0 || r.op.rfind("gemv", 0) == 0 ||
+         r.op.rfind("gemm", 0) == 0) &&
+        copy_gbps > 0) {
+      std::printf("%s %s S=%lld: %.0f GB/s = %.1f%% of copy (%.0f GB/s)\n", r.op.c_str(),
+                  r.mask.c_str(), static_cast<long long>(r.s), r.gbps, 100.0 * r.gbps / copy_gbps,
+                  copy_gbps);
     }
   }
   if (!out_path.empty()) {

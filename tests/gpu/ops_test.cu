@@ -271,12 +271,70 @@ TEST_F(GpuOps, EmbeddingIsExact) {
   }
 }
 
+// The decode GEMV against a double-precision product of the same (rounded) inputs: per element
+// |ours - ref| <= 2 |naive - ref| (the rounding to the dtype) + k 2^-23 sum |x w| (fp32
+// accumulation in any order) + the file's slack. Rows m = 1..kGemvMaxRows, n odd (a warp's tail),
+// k from under one warp's pass to several with a partial last pass; out accumulated or not.
+TEST_F(GpuOps, GemvMatchesDoubleProductWithinAccumulationBound) {
+  std::mt19937 rng(41);
+  struct Shape { int64_t n, k; };
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (Shape sh : {Shape{37, 264}, Shape{1031, 4096}, Shape{77, 11008}}) {
+      for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+        const auto x = random_values(size_t(m * sh.k), -1.f, 1.f, t, rng);
+        const auto w = random_values(size_t(sh.n * sh.k), -0.05f, 0.05f, t, rng);
+        const auto old = random_values(size_t(m * sh.n), -1.f, 1.f, t, rng);
+        for (bool accumulate : {false, true}) {
+          const std::string what = std::string(name(t)) + " m=" + std::to_string(m) +
+                                   " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
+                                   (accumulate ? " accumulate" : "");
+          DevBuf dx, dw, dout;
+          upload(dx, t, x);
+          upload(dw, t, w);
+          upload(dout, t, old);
+          ASSERT_TRUE(gemv_cuda_applies(m, sh.n, sh.k, t, dx.ptr, dw.ptr, dout.ptr)) << what;
+          CUDA_ASSERT(gemv_cuda(dx.ptr, dw.ptr, dout.ptr, m, sh.n, sh.k, t, accumulate, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          std::vector<float> ours;
+          download(dout, t, size_t(m * sh.n), ours);
+          int bad = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < sh.n; ++j) {
+              double ref = accumulate ? old[size_t(i * sh.n + j)] : 0.0, mag = 0.0;
+              for (int64_t c = 0; c < sh.k; ++c) {
+                const double p = double(x[size_t(i * sh.k + c)]) * w[size_t(j * sh.k + c)];
+                ref += p;
+                mag += std::fabs(p);
+              }
+              const double got = ours[size_t(i * sh.n + j)];
+              const double naive_err = std::fabs(double(round_to(t, float(ref))) - ref);
+              const double tol = 2 * naive_err + double(sh.k) * std::ldexp(1.0, -23) * mag +
+                                 4e-6 * std::fabs(ref) + 1e-6;
+              if (!(std::fabs(got - ref) <= tol) && bad++ < 5) {
+                ADD_FAILURE() << what << " [" << i << ", " << j << "]: ours " << got << " ref "
+                              << ref << " > tol " << tol;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(GpuOps, RejectsBadArguments) {
   EXPECT_EQ(rope_cuda(nullptr, 1, 1, 63, 63, nullptr, nullptr, DType::kBF16, nullptr),
             cudaErrorInvalidValue);  // odd head_dim
   EXPECT_EQ(rms_norm_cuda(nullptr, nullptr, nullptr, 1, 8, 1e-5f, DType::kBF16, nullptr),
             cudaErrorInvalidValue);  // null pointers
   EXPECT_EQ(silu_mul_cuda(nullptr, nullptr, nullptr, 0, DType::kBF16, nullptr), cudaSuccess);
+  alignas(16) static const uint16_t buf[64] = {};
+  EXPECT_FALSE(gemv_cuda_applies(kGemvMaxRows + 1, 8, 8, DType::kBF16, buf, buf, buf));  // m
+  EXPECT_FALSE(gemv_cuda_applies(1, 8, 12, DType::kBF16, buf, buf, buf));  // k % 8
+  EXPECT_FALSE(gemv_cuda_applies(1, 8, 8, DType::kF32, buf, buf, buf));    // dtype
+  EXPECT_FALSE(gemv_cuda_applies(1, 8, 8, DType::kBF16, buf + 1, buf, buf));  // misaligned x
+  EXPECT_EQ(gemv_cuda(buf, buf, nullptr, 1, 8, 8, DType::kBF16, false, nullptr),
+            cudaErrorInvalidValue);  // null out
   CUDA_ASSERT(cudaGetLastError());
 }
 

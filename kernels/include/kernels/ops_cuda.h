@@ -51,6 +51,17 @@ cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t 
 cudaError_t convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                          cudaStream_t stream);
 
+// out[m, n] (+)= x[m, k] . w[n, k]^T for the few rows of a decode step (1 <= m <=
+// kGemvMaxRows): x, w, out contiguous row-major in dtype (kBF16 or kF16), k a multiple of 8,
+// x and w 16-byte aligned; fp32 accumulation, out rounded once (after adding its old value when
+// accumulating). A weight-streaming kernel: cuBLAS reads w more slowly at these m.
+// gemv_cuda_applies says whether it takes these arguments (else cudaErrorInvalidValue).
+constexpr int64_t kGemvMaxRows = 4;
+bool gemv_cuda_applies(int64_t m, int64_t n, int64_t k, DType dtype, const void* x,
+                       const void* w, const void* out);
+cudaError_t gemv_cuda(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
+                      DType dtype, bool accumulate, cudaStream_t stream);
+
 // x[i] += y[i] in fp32, one rounding to dtype; n elements.
 cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_t stream);
 
