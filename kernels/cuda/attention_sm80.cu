@@ -1,15 +1,26 @@
 // Flash attention forward for one ring step (LAO), the contract of kernels/attention_cuda.h.
 // Ampere-style tensor-core path (mma.sync m16n8k16, ldmatrix, cp.async): what runs on sm_80
-// and, on Hopper, for head_dim 64 (head_dim 128 takes the wgmma kernel, attention_sm90.cu).
+// (A100). On Hopper the wgmma kernel (attention_sm90.cu) runs instead, this one only where the
+// driver refuses a TMA layout of the strides (and in tests and benchmarks, AttnKernel::kSm80).
 //
 // One CTA of 4 warps computes a 128-row query block of one head; each warp owns 32 rows (two
-// m16 atoms), so every K/V fragment read from shared memory feeds two MMAs. Q stays in shared
-// memory (re-read with ldmatrix each key block; keeping it in registers as well would not fit
-// beside the 128 fp32 accumulators of O at head_dim 128). K and V have one shared buffer each
-// and are loaded in a two-stage cp.async pipeline that alternates them: V[n] streams in while
-// S = Q.K[n]^T and the softmax run, K[n-1] streams in while O += P.V[n] runs.
-// Key blocks run from the last to the first, so the blocks that need masking (the causal
-// diagonal, the n_kv tail) come first and the rest run without per-element checks.
+// m16 atoms), so every K/V fragment read from shared memory feeds two MMAs. Key blocks of 64
+// run from the last to the first, so the blocks that need masking (the causal diagonal, the
+// n_kv tail) come first and the rest run without per-element checks. 2 CTAs per SM (registers:
+// up to 255 per thread); shared memory stays within an A100's 164 KB for both.
+//
+// head_dim 128: Q stays in shared memory (re-read with ldmatrix each key block; in registers
+// it would not fit beside the 128 fp32 accumulators of O). One K and one V buffer (64 KB in
+// all; two of each would not fit twice on an A100), loaded in a cp.async pipeline that
+// alternates them: V[n] streams in while S = Q.K[n]^T and the softmax run, K[n-1] while
+// O += P.V[n] runs.
+// head_dim 64: Q fragments in registers (loaded once), two K and two V buffers: block n-1
+// streams in while block n is computed, one barrier per block (48 KB).
+//
+// Online softmax: the running row max (log2 units) moves only when a block's max exceeds it by
+// more than kRescaleSlack, so P <= 2^8 and most blocks need no rescale of O and the sum; at
+// head_dim 64 the rescale is skipped when no row of the warp moved (at head_dim 128 the branch
+// costs registers that would spill, so O is always multiplied by the factor, 1 when unmoved).
 #include "attention_common.cuh"
 
 #include <algorithm>
@@ -18,20 +29,35 @@
 namespace burst::kernels::detail {
 namespace {
 
-// Tile shape of the kernel for one head_dim. All constants derive from these four.
+constexpr float kLn2 = 0.6931471805599453f;
+// A row's running max (log2 units) moves only when a block's max exceeds it by more than this:
+// P = exp2(score - max) then stays <= 2^8 (bf16/fp16 rounding is relative, so no precision is
+// lost), and O and the sum need no rescale for most blocks (O / sum and the LSE use the same,
+// possibly stale, max).
+constexpr float kRescaleSlack = 8.f;
+
+// Tile shape and pipeline of the kernel for one head_dim. All constants derive from these.
 template <int kHeadDim>
 struct Tile {
   static constexpr int kD = kHeadDim;
   static constexpr int kBlockM = 128;  // query rows per CTA
   static constexpr int kBlockN = 64;   // keys per pipeline stage
   static constexpr int kWarps = 4;
+  static constexpr int kMinBlocks = 2;  // CTAs per SM
+  // Head_dim 64: Q fragments in registers, two buffers of K and of V, the rescale skipped when
+  // no row max moved. Head_dim 128: none of these fit (registers, an A100's shared memory).
+  static constexpr bool kSmallHead = kD == 64;
+  static constexpr int kStages = kSmallHead ? 2 : 1;  // K (and V) buffers
+  static constexpr bool kQInRegs = kSmallHead;
+  static constexpr bool kSkipRescale = kSmallHead;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = kBlockM / kWarps;  // 32
   static constexpr int kMAtoms = kWarpRows / 16;      // m16 atoms per warp
   static constexpr int kSAtoms = kBlockN / 8;         // n8 atoms of S per m atom
   static constexpr int kOAtoms = kD / 8;              // n8 atoms of O per m atom
   static constexpr int kChunks = kD / 8;              // 16-byte chunks per smem row
-  static constexpr int kSmemElems = (kBlockM + 2 * kBlockN) * kD;
+  static constexpr int kTileElems = kBlockN * kD;
+  static constexpr int kSmemElems = kBlockM * kD + 2 * kStages * kTileElems;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   // The XOR swizzle permutes 8 chunks of a row: rows need at least 8 chunks of 16 bytes.
@@ -41,6 +67,8 @@ struct Tile {
   static_assert(kSAtoms % 2 == 0 && kOAtoms % 2 == 0, "ldmatrix.x4 loads two n8 atoms");
   static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
                 "every thread copies the same number of chunks");
+  // An A100 has 164 KB of shared memory per SM, 1 KB of it reserved per CTA.
+  static_assert(kMinBlocks * (kSmemElems * 2 + 1024) <= 164 * 1024, "CTAs per SM on an A100");
 };
 
 // Copies rows [0, kRows) of a tile starting at g into s; rows >= rows_valid are zero-filled
@@ -68,18 +96,19 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
 // ---- the kernel ------------------------------------------------------------------------------
 
 template <typename T, typename OutT, int kHeadDim>
-__global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
+__global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMinBlocks)
     attention_fwd_kernel(const KernelArgs<T, OutT> a) {
   using Tl = Tile<kHeadDim>;
   constexpr int kD = Tl::kD, kBlockM = Tl::kBlockM, kBlockN = Tl::kBlockN;
   constexpr int kMA = Tl::kMAtoms, kSA = Tl::kSAtoms, kOA = Tl::kOAtoms;
-  constexpr int kThreads = Tl::kThreads;
+  constexpr int kThreads = Tl::kThreads, kTile = Tl::kTileElems;
+  constexpr uint32_t kTileBytes = kTile * sizeof(T);
   constexpr float kNegInf = -INFINITY;
 
   extern __shared__ uint4 smem_raw[];  // uint4: 16-byte alignment for cp.async and ldmatrix
   T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_k = s_q + kBlockM * kD;
-  T* s_v = s_k + kBlockN * kD;
+  T* s_k = s_q + kBlockM * kD;         // kStages tiles
+  T* s_v = s_k + Tl::kStages * kTile;  // kStages tiles
 
   // Causal: the last query blocks see the most keys; launching them first shortens the tail.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -94,22 +123,13 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
   const auto [n_end, min_limit] = visible_keys(a, m0, rows_valid);
   const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
 
-  // This thread's rows: atom mi, half hf -> row m0 + warp*32 + mi*16 + lane/4 + hf*8. limit is
-  // the last key the row may see (-1: none); it also excludes the zero-filled n_kv tail.
-  int limit[kMA][2];
-#pragma unroll
-  for (int mi = 0; mi < kMA; ++mi) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int64_t row = m0 + warp * Tl::kWarpRows + mi * 16 + (lane >> 2) + hf * 8;
-      limit[mi][hf] = a.causal ? static_cast<int>(std::clamp<int64_t>(row + a.delta, -1,
-                                                                      a.n_kv - 1))
-                               : a.n_kv - 1;
-    }
-  }
+  // This thread's rows: atom mi, half hf -> row m0 + warp*kWarpRows + mi*16 + lane/4 + hf*8.
+  const int row_base = m0 + warp * Tl::kWarpRows + (lane >> 2);
 
   float acc[kMA][kOA][4];
-  float row_max[kMA][2], row_sum[kMA][2];  // row_max in raw score units (before scale)
+  // row_max in log2 units (score * scale_log2); corr: the factor that moves acc and row_sum
+  // from the previous max to the current one.
+  float row_max[kMA][2], row_sum[kMA][2], corr[kMA][2];
 #pragma unroll
   for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
@@ -119,6 +139,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
     }
     row_max[mi][0] = row_max[mi][1] = kNegInf;
     row_sum[mi][0] = row_sum[mi][1] = 0.f;
+    corr[mi][0] = corr[mi][1] = 1.f;
   }
 
   // Lane-fixed parts of the ldmatrix addresses (see LdmBases and the fragment comments below).
@@ -130,27 +151,32 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
   const T* k_base = a.k + int64_t{g} * a.k_head_stride;
   const T* v_base = a.v + int64_t{g} * a.v_head_stride;
 
-  if (n_blocks > 0) {
-    load_tile<kBlockM, kD, kThreads>(s_q, q_base, a.q_row_stride, rows_valid, tid);
-    {
-      const int n = n_blocks - 1;
-      load_tile<kBlockN, kD, kThreads>(s_k, k_base + int64_t{n} * kBlockN * a.k_row_stride,
-                                       a.k_row_stride, a.n_kv - n * kBlockN, tid);
+  auto load_k = [&](int n, int st) {
+    load_tile<kBlockN, kD, kThreads>(s_k + st * kTile,
+                                     k_base + int64_t{n} * kBlockN * a.k_row_stride, a.k_row_stride,
+                                     a.n_kv - n * kBlockN, tid);
+  };
+  auto load_v = [&](int n, int st) {
+    load_tile<kBlockN, kD, kThreads>(s_v + st * kTile,
+                                     v_base + int64_t{n} * kBlockN * a.v_row_stride, a.v_row_stride,
+                                     a.n_kv - n * kBlockN, tid);
+  };
+
+  // Q fragments in registers (kQInRegs), loaded once after Q has arrived.
+  constexpr int kQRegM = Tl::kQInRegs ? kMA : 1, kQRegK = Tl::kQInRegs ? kD / 16 : 1;
+  uint32_t qf[kQRegM][kQRegK][4];
+  auto load_q_regs = [&] {
+    if constexpr (Tl::kQInRegs) {
+#pragma unroll
+      for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) ldmatrix_x4(qf[mi][ks], q_ldm.at(ks, mi * 16));
+      }
     }
-    cp_async_commit();
-  }
+  };
 
-  for (int n = n_blocks - 1; n >= 0; --n) {
-    cp_async_wait<0>();
-    // K[n] (and Q) copied by all threads are now visible to all; and every warp has finished
-    // reading s_v in the previous P.V, so V[n] may overwrite it.
-    __syncthreads();
-    load_tile<kBlockN, kD, kThreads>(s_v, v_base + int64_t{n} * kBlockN * a.v_row_stride,
-                                     a.v_row_stride, a.n_kv - n * kBlockN, tid);
-    cp_async_commit();
-
-    // S = Q.K^T for this warp's 32 rows and the block's kBlockN keys.
-    float s[kMA][kSA][4];
+  // S = Q.K^T for this warp's rows and the kBlockN keys in K buffer st.
+  auto compute_s = [&](float(&s)[kMA][kSA][4], int st) {
 #pragma unroll
     for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
@@ -164,15 +190,20 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
       uint32_t qa[kMA][4];
 #pragma unroll
       for (int mi = 0; mi < kMA; ++mi) {
-        // Matrices 0..3 = rows 0-7/8-15 x cols 0-7, then x cols 8-15: the A fragment order.
-        ldmatrix_x4(qa[mi], q_ldm.at(ks, mi * 16));
+        if constexpr (Tl::kQInRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) qa[mi][r] = qf[mi][ks][r];
+        } else {
+          // Matrices 0..3 = rows 0-7/8-15 x cols 0-7, then x cols 8-15: the A fragment order.
+          ldmatrix_x4(qa[mi], q_ldm.at(ks, mi * 16));
+        }
       }
 #pragma unroll
       for (int np = 0; np < kSA / 2; ++np) {
         // Matrices: keys 0-7 x d 0-7, keys 0-7 x d 8-15, keys 8-15 x d 0-7, keys 8-15 x d 8-15
         // = (b0, b1) of key atom 2np, then of 2np+1 (K row-major is B column-major).
         uint32_t kb[4];
-        ldmatrix_x4(kb, k_ldm.at(ks, np * 16));
+        ldmatrix_x4(kb, k_ldm.at(ks, np * 16) + st * kTileBytes);
 #pragma unroll
         for (int mi = 0; mi < kMA; ++mi) {
           mma_16816<T>(s[mi][2 * np], qa[mi], kb[0], kb[1]);
@@ -180,30 +211,45 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
         }
       }
     }
+  };
 
-    // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
-    // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
+  // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
+  // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
+  // limit is the last key a row may see (-1: none); it also excludes the zero-filled tail.
+  auto mask = [&](float(&s)[kMA][kSA][4], int n) {
     if ((n + 1) * kBlockN - 1 > min_limit) {
 #pragma unroll
       for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
-        for (int na = 0; na < kSA; ++na) {
+        for (int hf = 0; hf < 2; ++hf) {
+          const int64_t row = row_base + mi * 16 + hf * 8;
+          const int limit =
+              a.causal ? static_cast<int>(std::clamp<int64_t>(row + a.delta, -1, a.n_kv - 1))
+                       : a.n_kv - 1;
+          // Relative to this thread's first key of the block.
+          const int rel = limit - (n * kBlockN + (lane & 3) * 2);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = n * kBlockN + na * 8 + (lane & 3) * 2 + (e & 1);
-            if (key > limit[mi][e >> 1]) s[mi][na][e] = kNegInf;
+          for (int na = 0; na < kSA; ++na) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (na * 8 + e > rel) s[mi][na][2 * hf + e] = kNegInf;
+            }
           }
         }
       }
     }
+  };
 
-    // Online softmax, per row: new max, rescale what was accumulated, P = exp2(scaled - max).
-    uint32_t pa[kMA][kSA][2];  // P as the A operand of P.V, rounded to T
+  // Online softmax of one block, per row: the block max; the running max moves only past the
+  // slack (then corr != 1); P = exp2(scaled - max) into p. Returns whether any row of this warp
+  // moved (otherwise corr is 1 for all its rows).
+  auto softmax = [&](float(&s)[kMA][kSA][4], uint32_t(&p)[kMA][kSA][2]) {
+    bool moved = false;
 #pragma unroll
     for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float mx = row_max[mi][hf];
+        float mx = kNegInf;
 #pragma unroll
         for (int na = 0; na < kSA; ++na) {
           mx = fmaxf(mx, fmaxf(s[mi][na][2 * hf], s[mi][na][2 * hf + 1]));
@@ -211,64 +257,134 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
         // The 4 threads of a quad hold the same row.
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx *= a.scale_log2;
+        // From -inf (no key seen yet) any visible key moves the max: corr = exp2(-inf) = 0.
+        const bool move = mx > row_max[mi][hf] + kRescaleSlack;
+        corr[mi][hf] = move ? exp2_approx(row_max[mi][hf] - mx) : 1.f;
+        if (move) row_max[mi][hf] = mx;
+        moved |= move;
         // A row that has seen only masked keys keeps max -inf: use 0 as the offset so that
-        // exp2(-inf - offset) = 0 instead of exp2(-inf + inf) = NaN, and leave acc (all 0).
-        const float offset = mx == kNegInf ? 0.f : mx * a.scale_log2;
-        const float corr = exp2_approx(row_max[mi][hf] * a.scale_log2 - offset);
-        row_max[mi][hf] = mx;
+        // exp2(-inf - offset) = 0 instead of exp2(-inf + inf) = NaN.
+        const float offset = row_max[mi][hf] == kNegInf ? 0.f : row_max[mi][hf];
         float sum = 0.f;
 #pragma unroll
         for (int na = 0; na < kSA; ++na) {
           const float p0 = exp2_approx(fmaf(s[mi][na][2 * hf], a.scale_log2, -offset));
           const float p1 = exp2_approx(fmaf(s[mi][na][2 * hf + 1], a.scale_log2, -offset));
           sum += p0 + p1;
-          pa[mi][na][hf] = pack2<T>(p0, p1);
+          p[mi][na][hf] = pack2<T>(p0, p1);
         }
         // The sum keeps the unrounded P (as the fp32 reference does); it stays per thread
         // until the epilogue's quad reduction.
-        row_sum[mi][hf] = row_sum[mi][hf] * corr + sum;
-#pragma unroll
-        for (int na = 0; na < kOA; ++na) {
-          acc[mi][na][2 * hf] *= corr;
-          acc[mi][na][2 * hf + 1] *= corr;
-        }
+        row_sum[mi][hf] = row_sum[mi][hf] * corr[mi][hf] + sum;
       }
     }
+    return __any_sync(0xffffffffu, moved);
+  };
 
-    cp_async_wait<0>();
-    // V[n] is visible to all threads; and every warp has finished reading s_k for S, so
-    // K[n-1] may overwrite it.
-    __syncthreads();
-    if (n > 0) {
-      load_tile<kBlockN, kD, kThreads>(
-          s_k, k_base + int64_t{n - 1} * kBlockN * a.k_row_stride, a.k_row_stride,
-          a.n_kv - (n - 1) * kBlockN, tid);
-      cp_async_commit();
+  auto rescale = [&] {
+#pragma unroll
+    for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+      for (int na = 0; na < kOA; ++na) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][na][e] *= corr[mi][e >> 1];
+      }
     }
+  };
 
-    // O += P.V. The C fragment of S (rows g, g+8 x keys 2t, 2t+1 of an n8 atom) is the A
-    // fragment of a k16 slice when two key atoms are paired: no shuffles needed.
+  // O += P.V with V buffer st. The C fragment of S (rows g, g+8 x keys 2t, 2t+1 of an n8
+  // atom) is the A fragment of a k16 slice when two key atoms are paired: no shuffles needed.
+  auto pv = [&](const uint32_t(&p)[kMA][kSA][2], int st) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pf[kMA][4];
 #pragma unroll
       for (int mi = 0; mi < kMA; ++mi) {
-        pf[mi][0] = pa[mi][2 * kk][0];
-        pf[mi][1] = pa[mi][2 * kk][1];
-        pf[mi][2] = pa[mi][2 * kk + 1][0];
-        pf[mi][3] = pa[mi][2 * kk + 1][1];
+        pf[mi][0] = p[mi][2 * kk][0];
+        pf[mi][1] = p[mi][2 * kk][1];
+        pf[mi][2] = p[mi][2 * kk + 1][0];
+        pf[mi][3] = p[mi][2 * kk + 1][1];
       }
 #pragma unroll
       for (int dp = 0; dp < kOA / 2; ++dp) {
         // Transposed: matrices keys 0-7 x d 0-7, keys 8-15 x d 0-7, keys 0-7 x d 8-15, keys
         // 8-15 x d 8-15 = (b0, b1) of d atom 2dp, then of 2dp+1.
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_ldm.at(dp, kk * 16));
+        ldmatrix_x4_trans(vb, v_ldm.at(dp, kk * 16) + st * kTileBytes);
 #pragma unroll
         for (int mi = 0; mi < kMA; ++mi) {
           mma_16816<T>(acc[mi][2 * dp], pf[mi], vb[0], vb[1]);
           mma_16816<T>(acc[mi][2 * dp + 1], pf[mi], vb[2], vb[3]);
         }
+      }
+    }
+  };
+
+  // acc *= corr, skipped where it is the identity and the branch is affordable.
+  auto rescale_if = [&](bool moved) {
+    if (!Tl::kSkipRescale || moved) rescale();
+  };
+
+  if (n_blocks > 0) {
+    const int n0 = n_blocks - 1;
+    load_tile<kBlockM, kD, kThreads>(s_q, q_base, a.q_row_stride, rows_valid, tid);
+    load_k(n0, 0);
+    if constexpr (Tl::kStages == 2) load_v(n0, 0);
+    cp_async_commit();
+    if constexpr (Tl::kQInRegs) {
+      cp_async_wait<0>();
+      __syncthreads();
+      load_q_regs();
+    }
+
+    if constexpr (Tl::kStages == 1) {
+      // One K and one V buffer, loads alternating: V[n] streams in while S = Q.K[n]^T and the
+      // softmax run, K[n-1] while O += P.V[n] runs.
+      for (int n = n0; n >= 0; --n) {
+        cp_async_wait<0>();
+        // K[n] is visible to all; every warp has finished reading s_v: V[n] may overwrite it.
+        __syncthreads();
+        load_v(n, 0);
+        cp_async_commit();
+        float s[kMA][kSA][4];
+        compute_s(s, 0);
+        mask(s, n);
+        uint32_t p[kMA][kSA][2];
+        rescale_if(softmax(s, p));
+        cp_async_wait<0>();
+        // V[n] is visible to all; every warp has finished reading s_k: K[n-1] may overwrite it.
+        __syncthreads();
+        if (n > 0) {
+          load_k(n - 1, 0);
+          cp_async_commit();
+        }
+        pv(p, 0);
+      }
+    } else {
+      // Two buffers of each: block n-1 streams into buffer st^1 while block n is computed.
+      // Unrolled by two, so that the buffer offsets are constants.
+      auto step = [&](int n, int st) {
+        cp_async_wait<0>();
+        // Block n is visible to all; every warp has finished block n+1 (buffer st^1).
+        __syncthreads();
+        if (n > 0) {
+          load_k(n - 1, st ^ 1);
+          load_v(n - 1, st ^ 1);
+          cp_async_commit();
+        }
+        float s[kMA][kSA][4];
+        compute_s(s, st);
+        mask(s, n);
+        uint32_t p[kMA][kSA][2];
+        rescale_if(softmax(s, p));
+        pv(p, st);
+      };
+      for (int n = n0;;) {
+        step(n, 0);
+        if (--n < 0) break;
+        step(n, 1);
+        if (--n < 0) break;
       }
     }
   }
@@ -283,7 +399,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
       float sum = row_sum[mi][hf];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = m0 + warp * Tl::kWarpRows + mi * 16 + (lane >> 2) + hf * 8;
+      const int row = row_base + mi * 16 + hf * 8;
       if (row >= a.n_q) continue;
       const bool empty = !(sum > 0.f);
       const float inv = empty ? 0.f : 1.f / sum;
@@ -295,7 +411,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads)
       }
       if ((lane & 3) == 0) {
         a.lse[int64_t{h} * a.lse_head_stride + row] =
-            empty ? kNegInf : row_max[mi][hf] * a.scale + logf(sum);
+            empty ? kNegInf : row_max[mi][hf] * kLn2 + logf(sum);
       }
     }
   }
