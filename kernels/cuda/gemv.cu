@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda_dispatch.cuh"
 #include "kernels/ops_cuda.h"
 
 namespace burst::kernels {
@@ -53,23 +54,6 @@ __device__ __forceinline__ float dot8(const uint4& xv, const uint4& wv, float ac
     acc = fmaf(a.y, b.y, acc);
   }
   return acc;
-}
-
-template <typename T>
-__device__ __forceinline__ float to_f32(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
-template <typename T>
-__device__ __forceinline__ T from_f32(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return __float2half_rn(v);
-  }
 }
 
 template <typename T, int kM>
@@ -123,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
       if (lane == i * kRows + r && n0 + r < n) {
         T* o = out + int64_t{i} * n + n0 + r;
-        *o = from_f32<T>(accumulate ? to_f32(*o) + v : v);
+        store_f32(o, accumulate ? load_f32(o) + v : v);
       }
     }
   }

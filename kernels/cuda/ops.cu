@@ -15,28 +15,6 @@
 namespace burst::kernels {
 namespace {
 
-template <typename T>
-__device__ __forceinline__ float load_f32(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return *p;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(*p);
-  } else {
-    return __half2float(*p);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void store_f32(T* p, float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    *p = v;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    *p = __float2bfloat16_rn(v);
-  } else {
-    *p = __float2half_rn(v);
-  }
-}
-
 constexpr int kNormThreads = 256;
 static_assert(kNormThreads % 32 == 0 && kNormThreads <= 1024, "whole warps per block");
 

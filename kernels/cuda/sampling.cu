@@ -23,18 +23,6 @@
 namespace burst::kernels {
 namespace {
 
-template <typename T>
-__device__ __forceinline__ float load_f32(const T* p) {
-  // fp16 is refused by sample_cuda; it is spelled out so every dtype instantiates.
-  if constexpr (std::is_same_v<T, float>) {
-    return *p;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(*p);
-  } else {
-    return __bfloat162float(*p);
-  }
-}
-
 // Order-preserving map float -> uint32 (unsigned order of keys = numeric order of floats).
 // -0 maps to the key of +0: the host compares them equal, so they must tie and go by id.
 __device__ __forceinline__ uint32_t order_key(float s) {

@@ -1,5 +1,6 @@
-// Launch helpers shared by every CUDA file (kernels/cuda/*.cu, engine/cuda/cuda_backend.cu):
-// the dtype -> element type dispatch and the grid size of grid-stride element-wise kernels.
+// Helpers shared by every CUDA file (kernels/cuda/*.cu, engine/cuda/cuda_backend.cu): the dtype
+// -> element type dispatch, the grid size of grid-stride element-wise kernels, and one element
+// read as / written from fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention.h"
 
@@ -37,6 +39,30 @@ constexpr int kGridStrideThreads = 256;
 inline unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>(
       (n + kGridStrideThreads - 1) / kGridStrideThreads, 1, int64_t{1} << 16));
+}
+
+// One element of a float, bf16 or fp16 tensor read as fp32 (exact).
+template <typename T>
+__device__ __forceinline__ float load_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *p;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(*p);
+  } else {
+    return __half2float(*p);
+  }
+}
+
+// v rounded to nearest (even) into one element of a float, bf16 or fp16 tensor.
+template <typename T>
+__device__ __forceinline__ void store_f32(T* p, float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    *p = v;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *p = __float2bfloat16_rn(v);
+  } else {
+    *p = __float2half_rn(v);
+  }
 }
 
 }  // namespace burst::kernels
