@@ -1,8 +1,8 @@
 // burst-server: the frontend process. Reads the config (--config FILE, flags override; default
 // configs/cpu-tiny.json), loads the tokenizer, starts the scheduler (which spawns and supervises
 // the worker group, or with --remote-workers N waits for N `burst-worker --join` to register
-// with the WorkerRegistry started here), then serves HTTP (OpenAI-compatible) and gRPC. Binds 127.0.0.1 unless told
-// otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE, requests in flight get
+// with the WorkerRegistry started here), then serves HTTP (OpenAI-compatible) and gRPC. Binds
+// 127.0.0.1 unless told otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE, requests in flight get
 // drain_timeout_ms to finish and are then cancelled, the listeners close, the workers stop, and
 // the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
 // the config and flags, prints the resolved settings and exits (deployment checks, CI).
@@ -17,6 +17,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -43,6 +44,8 @@ int fail(const std::string& msg) {
   spdlog::error("{}", msg);
   return 1;
 }
+
+bool is_cuda(const burst::server::ServerConfig& cfg) { return cfg.device.rfind("cuda", 0) == 0; }
 
 // --check-config: the server config is valid once parsed; the model's config.json and the
 // tokenizer are checked where they exist (a deployment's model often lives on another host or
@@ -88,16 +91,10 @@ int64_t kv_activation_reserve(const burst::models::LlamaConfig& m, int64_t max_c
   return (int64_t{1} << 30) + 2 * (prefix + chunk * per_token);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace burst;
+// The flags: --version and --check-config (no value, unlike every config flag) are taken out
+// before parsing. Returns the config, or the exit code when the process is done already.
+std::variant<burst::server::ServerConfig, int> parse_flags(int argc, char** argv) {
   using namespace burst::server;
-  // First, before any thread exists (the arena bound applies to threads created after it).
-  HeapKeeper heap;
-  (void)setup_logging("burst-server", "info", "text");
-  // --check-config and --version take no value, unlike every config flag: taken out before
-  // parsing.
   bool check_only = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -123,26 +120,22 @@ int main(int argc, char** argv) {
   }
   ServerConfig cfg = parsed.take();
   if (check_only) return check_config(cfg);
-  if (Status st = setup_logging("burst-server", cfg.log_level, cfg.log_format); !st.ok()) {
+  if (burst::Status st = setup_logging("burst-server", cfg.log_level, cfg.log_format); !st.ok()) {
     std::cerr << "burst-server: " << st.message() << "\n" << kServerUsage;
     return 2;
   }
-  spdlog::info("{}", version_string("burst-server"));
+  return cfg;
+}
 
-  // A preset (random weights, for benchmarks) takes the place of the model directory.
-  auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
-                                      : models::preset_config(cfg.preset);
-  if (!model_cfg.ok()) return fail(model_cfg.message());
-  auto tok = Tokenizer::load(cfg.tokenizer);
-  if (!tok.ok()) return fail("tokenizer: " + tok.message());
-  std::unique_ptr<Tokenizer> tokenizer = tok.take();
-
-  if (cfg.max_context == 0) cfg.max_context = model_cfg.value().max_position_embeddings;
-  const bool cuda = cfg.device.rfind("cuda", 0) == 0;
+// The limits left at 0 in the config, from the model and the tokenizer. Returns whether the KV
+// pool is sized from GPU memory.
+bool resolve_limits(burst::server::ServerConfig& cfg, const burst::models::LlamaConfig& model,
+                    const burst::server::Tokenizer& tokenizer) {
+  if (cfg.max_context == 0) cfg.max_context = model.max_position_embeddings;
   // The KV pool: on GPUs (spawned here or joined), by default as large as each GPU holds once
   // the weights are in (kv_memory_percent of the device, less a reserve for activations), so a
   // long prompt leaves room for others; else kv_capacity tokens, by default the max context.
-  const bool kv_from_memory = cfg.kv_capacity == 0 && cuda;
+  const bool kv_from_memory = cfg.kv_capacity == 0 && is_cuda(cfg);
   if (cfg.kv_capacity == 0 && !kv_from_memory) cfg.kv_capacity = cfg.max_context;
   if (cfg.max_tokens_limit == 0) {
     cfg.max_tokens_limit = static_cast<int>(kv_from_memory ? cfg.max_context : cfg.kv_capacity);
@@ -150,10 +143,18 @@ int main(int argc, char** argv) {
   // No token stands for more text than the vocabulary's longest piece, so longer text can never
   // fit max_context tokens: refusing it untokenized never refuses a prompt that would fit.
   if (cfg.max_prompt_bytes == 0) {
-    cfg.max_prompt_bytes = cfg.max_context * static_cast<int64_t>(tokenizer->max_piece_bytes());
+    cfg.max_prompt_bytes = cfg.max_context * static_cast<int64_t>(tokenizer.max_piece_bytes());
   }
+  return kv_from_memory;
+}
 
-  SchedulerOptions so;
+// The scheduler's and the worker group's options from the resolved config.
+burst::server::SchedulerOptions scheduler_options(const burst::server::ServerConfig& cfg,
+                                                  const burst::models::LlamaConfig& model,
+                                                  bool kv_from_memory, int64_t weight_bytes) {
+  using namespace burst;
+  const bool cuda = is_cuda(cfg);
+  server::SchedulerOptions so;
   so.group.model = cfg.preset.empty()
                        ? models::ModelSpec{cfg.model, "", 0}
                        : models::ModelSpec{"", cfg.preset,
@@ -162,13 +163,9 @@ int main(int argc, char** argv) {
   so.group.device = cfg.device;
   so.group.kv_capacity = cfg.kv_capacity;
   so.group.threads_per_worker = cfg.threads_per_worker;
-  // Every rank holds the whole model (sharded by sequence) in the backend's compute dtype.
-  const int64_t weight_bytes = models::model_weight_bytes(
-      model_cfg.value(),
-      cfg.device.rfind("cuda", 0) == 0 ? engine::DType::kBF16 : engine::DType::kF32);
   so.group.start_timeout = cfg.start_timeout_ms > 0
                                ? std::chrono::milliseconds(cfg.start_timeout_ms)
-                               : default_start_timeout(weight_bytes);
+                               : server::default_start_timeout(weight_bytes);
   so.group.layout = cfg.layout == "contiguous" ? engine::ShardLayout::kContiguous
                                                : engine::ShardLayout::kZigzag;
   so.max_context = cfg.max_context;
@@ -186,42 +183,98 @@ int main(int argc, char** argv) {
   so.prefill_chunk_decoding = cfg.prefill_chunk_decoding > 0 ? cfg.prefill_chunk_decoding
                               : cuda ? 2048
                                      : so.group.prefill_chunk;
-  so.vocab_size = static_cast<int>(model_cfg.value().vocab_size);
+  so.vocab_size = static_cast<int>(model.vocab_size);
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;
     so.group.kv_reserve_bytes = kv_activation_reserve(
-        model_cfg.value(), cfg.max_context,
-        cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers, so.group.prefill_chunk);
+        model, cfg.max_context, cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers,
+        so.group.prefill_chunk);
   }
-  std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
-  if (cfg.remote_workers > 0) {
-    RegistryOptions ro;
-    ro.listen = cfg.worker_listen;
-    ro.world_size = cfg.remote_workers;
-    ro.fingerprint = model_fingerprint(model_cfg.value(), so.group.model);
-    ro.device_kind = cfg.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
-    ro.kv_capacity_per_rank =
-        kv_from_memory
-            ? 0
-            : kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
-    ro.kv_memory_fraction = so.group.kv_memory_fraction;
-    ro.kv_reserve_bytes = so.group.kv_reserve_bytes;
-    ro.comm_timeout = so.group.comm_timeout;
-    auto r = WorkerRegistry::start(ro);
-    if (!r.ok()) return fail(r.message());
-    registry = r.take();
-    so.group.workers = cfg.remote_workers;
-    so.group.registry = registry;
-    spdlog::info("multi-node: waiting for {} `burst-worker --join` on {} (port {}); model [{}]",
-                 cfg.remote_workers, cfg.worker_listen, registry->port(), ro.fingerprint);
-  }
+  return so;
+}
 
+// Multi-node: the registry `burst-worker --join` registers with; the group is theirs.
+burst::Result<std::shared_ptr<burst::server::WorkerRegistry>> start_registry(
+    const burst::server::ServerConfig& cfg, const burst::models::LlamaConfig& model,
+    bool kv_from_memory, burst::server::SchedulerOptions& so) {
+  using namespace burst::server;
+  RegistryOptions ro;
+  ro.listen = cfg.worker_listen;
+  ro.world_size = cfg.remote_workers;
+  ro.fingerprint = model_fingerprint(model, so.group.model);
+  ro.device_kind = is_cuda(cfg) ? "cuda" : "cpu";
+  ro.kv_capacity_per_rank =
+      kv_from_memory
+          ? 0
+          : kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
+  ro.kv_memory_fraction = so.group.kv_memory_fraction;
+  ro.kv_reserve_bytes = so.group.kv_reserve_bytes;
+  ro.comm_timeout = so.group.comm_timeout;
+  auto r = WorkerRegistry::start(ro);
+  if (!r.ok()) return r.status();
+  std::shared_ptr<WorkerRegistry> registry = r.take();
+  so.group.workers = cfg.remote_workers;
+  so.group.registry = registry;
+  spdlog::info("multi-node: waiting for {} `burst-worker --join` on {} (port {}); model [{}]",
+               cfg.remote_workers, cfg.worker_listen, registry->port(), ro.fingerprint);
+  return registry;
+}
+
+void install_signal_handlers() {
   struct sigaction sa = {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a process kill
+}
+
+// Written whole then renamed, so a reader never sees half a file.
+bool write_port_file(const std::string& path, int http_port, int grpc_port, int worker_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << "{\"http_port\": " << http_port << ", \"grpc_port\": " << grpc_port
+      << ", \"worker_port\": " << worker_port << ", \"pid\": " << getpid() << "}\n";
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace burst;
+  using namespace burst::server;
+  // First, before any thread exists (the arena bound applies to threads created after it).
+  HeapKeeper heap;
+  (void)setup_logging("burst-server", "info", "text");
+  auto flags = parse_flags(argc, argv);
+  if (const int* code = std::get_if<int>(&flags)) return *code;
+  ServerConfig cfg = std::get<ServerConfig>(std::move(flags));
+  spdlog::info("{}", version_string("burst-server"));
+
+  // A preset (random weights, for benchmarks) takes the place of the model directory.
+  auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
+                                      : models::preset_config(cfg.preset);
+  if (!model_cfg.ok()) return fail(model_cfg.message());
+  auto tok = Tokenizer::load(cfg.tokenizer);
+  if (!tok.ok()) return fail("tokenizer: " + tok.message());
+  std::unique_ptr<Tokenizer> tokenizer = tok.take();
+  const bool kv_from_memory = resolve_limits(cfg, model_cfg.value(), *tokenizer);
+  // Every rank holds the whole model (sharded by sequence) in the backend's compute dtype.
+  const int64_t weight_bytes = models::model_weight_bytes(
+      model_cfg.value(), is_cuda(cfg) ? engine::DType::kBF16 : engine::DType::kF32);
+  SchedulerOptions so = scheduler_options(cfg, model_cfg.value(), kv_from_memory, weight_bytes);
+  std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
+  if (cfg.remote_workers > 0) {
+    auto r = start_registry(cfg, model_cfg.value(), kv_from_memory, so);
+    if (!r.ok()) return fail(r.message());
+    registry = r.take();
+  }
+
+  install_signal_handlers();
   // Request bodies of megabytes come and go on many connection threads. glibc raises its mmap
   // threshold after the first large free, and from then on keeps such buffers in per-thread
   // arenas: five refused 8 MB prompts left 140 MB resident. A fixed threshold keeps every
@@ -263,18 +316,9 @@ int main(int argc, char** argv) {
                               : std::to_string(cfg.kv_capacity) + " tokens",
                cfg.max_prompt_bytes,
                cfg.api_key.empty() ? "off" : "on");
-  if (!cfg.port_file.empty()) {
-    // Written whole then renamed, so a reader never sees half a file.
-    const std::string tmp = cfg.port_file + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << "{\"http_port\": " << http_port << ", \"grpc_port\": " << grpc_port
-        << ", \"worker_port\": " << (registry ? registry->port() : -1)
-        << ", \"pid\": " << getpid() << "}\n";
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, cfg.port_file, ec);
-    if (ec) return fail("cannot write the port file " + cfg.port_file);
+  if (!cfg.port_file.empty() &&
+      !write_port_file(cfg.port_file, http_port, grpc_port, registry ? registry->port() : -1)) {
+    return fail("cannot write the port file " + cfg.port_file);
   }
 
   while (g_signal == 0) usleep(50 * 1000);
