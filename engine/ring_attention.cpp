@@ -210,91 +210,110 @@ Status RingAttention::attend(int layer, const Tensor& q, const Tensor& k, const 
   return {};
 }
 
+Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {
+  const int world = comm_.world_size();
+  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  const DType dt = backend_.compute_dtype();
+  b.rows = sr.plan.local_rows(comm_.rank());
+  b.prefix.assign(static_cast<size_t>(world), 0);
+  int64_t max_prefix = 0;
+  for (int r = 0; r < world; ++r) {
+    b.prefix[static_cast<size_t>(r)] = rows_on(sr.seq, r);
+    max_prefix = std::max(max_prefix, b.prefix[static_cast<size_t>(r)]);
+  }
+  b.block_rows = max_prefix + b.rows;
+  // A block is K rows then V rows, one buffer, so one transfer moves both.
+  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * b.block_rows, kvw}, dt));
+  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * b.block_rows, kvw}, dt));
+  BURST_RETURN_IF_ERROR(ensure(o_part_, {b.rows, qw}, DType::kF32));
+  BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * b.rows}, DType::kF32));
+  BURST_RETURN_IF_ERROR(ensure(o_acc_, {b.rows, qw}, DType::kF32));
+  BURST_RETURN_IF_ERROR(ensure(lse_acc_, {shape_.heads * b.rows}, DType::kF32));
+  // Nothing seen yet: o 0 and lse -inf, so the first merge takes the partial as is.
+  BURST_RETURN_IF_ERROR(backend_.fill_random(o_acc_, 0, 0.f, /*constant=*/true));
+  return backend_.fill_random(lse_acc_, 0, kNegInf, /*constant=*/true);
+}
+
+Status RingAttention::load_own_block(int layer, const SeqRows& sr, const PrefillBlocks& b,
+                                     const Tensor& k, const Tensor& v) {
+  const int64_t own_prefix = b.prefix[static_cast<size_t>(comm_.rank())];
+  Tensor pk = block_[0].rows(0, own_prefix), pv = block_[0].rows(b.block_rows, own_prefix);
+  if (own_prefix > 0) {
+    const int32_t* pages = at<int32_t>(tables_, prefill_table_.at(sr.seq));
+    const int64_t ps = cache_->page_size();
+    BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->k_pool(layer), pages, ps, own_prefix, pk));
+    BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->v_pool(layer), pages, ps, own_prefix, pv));
+  }
+  Tensor ck = block_[0].rows(own_prefix, b.rows);
+  Tensor cv = block_[0].rows(b.block_rows + own_prefix, b.rows);
+  BURST_RETURN_IF_ERROR(backend_.copy(k, ck));
+  return backend_.copy(v, cv);
+}
+
+Status RingAttention::attend_merge(const PrefillBlocks& b, const Tensor& q, const Tensor& blk,
+                                   const Segment& qs, const Segment& ks,
+                                   kernels::MaskKind mask) {
+  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  kernels::AttnParams p;
+  p.heads = shape_.heads;
+  p.kv_heads = shape_.kv_heads;
+  p.head_dim = shape_.head_dim;
+  p.n_q = static_cast<int32_t>(qs.len);
+  p.n_kv = static_cast<int32_t>(ks.len);
+  kernels::set_packed_strides(p);
+  p.lse_head_stride = b.rows;  // partial lse laid out [heads, rows] over all local rows
+  p.q = at(q, qs.row * qw);
+  p.k = at(blk, ks.row * kvw);
+  p.v = at(blk, (b.block_rows + ks.row) * kvw);
+  p.o = at(o_part_, qs.row * qw);
+  p.lse = at<float>(lse_part_, qs.row);
+  p.q_start = qs.pos;
+  p.kv_start = ks.pos;
+  p.mask = mask;
+  p.scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+  p.dtype = backend_.compute_dtype();
+  p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
+  BURST_RETURN_IF_ERROR(backend_.attention(p));
+  kernels::MergeParams m;
+  m.o_a = at<float>(o_acc_, qs.row * qw);
+  m.lse_a = at<float>(lse_acc_, qs.row);
+  m.o_b = at<float>(o_part_, qs.row * qw);
+  m.lse_b = at<float>(lse_part_, qs.row);
+  m.o_row_stride = qw;
+  m.o_head_stride = shape_.head_dim;
+  m.lse_head_stride = b.rows;
+  m.rows = static_cast<int32_t>(qs.len);
+  m.heads = shape_.heads;
+  m.head_dim = shape_.head_dim;
+  return backend_.merge(m);
+}
+
+Status RingAttention::cache_chunk(int layer, const SeqRows& sr, const PrefillBlocks& b,
+                                  const Tensor& k, const Tensor& v) {
+  // Padding rows are never attended to again: only the real ones follow the prefix.
+  int64_t written = b.prefix[static_cast<size_t>(comm_.rank())];
+  for (const Segment& sg : sr.plan.segments(comm_.rank())) {
+    const int64_t valid = sr.plan.real_len(sg);
+    if (valid == 0) continue;
+    BURST_RETURN_IF_ERROR(
+        cache_->write(sr.seq, layer, written, k.rows(sg.row, valid), v.rows(sg.row, valid)));
+    written += valid;
+  }
+  return {};
+}
+
 Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, const Tensor& k,
                               const Tensor& v, Tensor& out) {
   const int world = comm_.world_size(), rank = comm_.rank();
   const ShardPlan& plan = sr.plan;
-  const int64_t rows = plan.local_rows(rank);
-  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
-  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  const DType dt = backend_.compute_dtype();
-  // The prefix each rank holds of this sequence (its earlier chunks): a block carries the
-  // sender's prefix rows, then its chunk rows. Every block has room for the largest prefix, so
-  // one transfer size serves every hop.
-  std::vector<int64_t> prefix(static_cast<size_t>(world));
-  int64_t max_prefix = 0;
-  for (int r = 0; r < world; ++r) {
-    prefix[static_cast<size_t>(r)] = rows_on(sr.seq, r);
-    max_prefix = std::max(max_prefix, prefix[static_cast<size_t>(r)]);
-  }
-  const int64_t own_prefix = prefix[static_cast<size_t>(rank)];
-  const int64_t block_rows = max_prefix + rows;
-  // A block is K rows then V rows, one buffer, so one transfer moves both.
-  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * block_rows, kvw}, dt));
-  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * block_rows, kvw}, dt));
-  BURST_RETURN_IF_ERROR(ensure(o_part_, {rows, qw}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * rows}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(o_acc_, {rows, qw}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(lse_acc_, {shape_.heads * rows}, DType::kF32));
-  // Nothing seen yet: o 0 and lse -inf, so the first merge takes the partial as is.
-  BURST_RETURN_IF_ERROR(backend_.fill_random(o_acc_, 0, 0.f, /*constant=*/true));
-  BURST_RETURN_IF_ERROR(backend_.fill_random(lse_acc_, 0, kNegInf, /*constant=*/true));
-
-  // Step 0's block is our own prefix (from the pages) and chunk.
-  {
-    Tensor pk = block_[0].rows(0, own_prefix), pv = block_[0].rows(block_rows, own_prefix);
-    if (own_prefix > 0) {
-      const int32_t* pages = at<int32_t>(tables_, prefill_table_.at(sr.seq));
-      const int64_t ps = cache_->page_size();
-      BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->k_pool(layer), pages, ps, own_prefix, pk));
-      BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->v_pool(layer), pages, ps, own_prefix, pv));
-    }
-    Tensor ck = block_[0].rows(own_prefix, rows), cv = block_[0].rows(block_rows + own_prefix, rows);
-    BURST_RETURN_IF_ERROR(backend_.copy(k, ck));
-    BURST_RETURN_IF_ERROR(backend_.copy(v, cv));
-  }
+  PrefillBlocks b;
+  BURST_RETURN_IF_ERROR(prefill_buffers(sr, b));
+  BURST_RETURN_IF_ERROR(load_own_block(layer, sr, b, k, v));
   const std::vector<Segment> q_segs = plan.segments(rank);
   const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
-  const float scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
   const size_t block_bytes = static_cast<size_t>(block_[0].bytes());
-
-  // One attention call of rows [q_row, q_row + n_q) against keys [kv_row, kv_row + n_kv) of
-  // `blk`, merged into the accumulator.
-  auto attend_merge = [&](const Tensor& blk, int64_t q_row, int64_t n_q, int64_t q_pos,
-                          int64_t kv_row, int64_t n_kv, int64_t kv_pos, kernels::MaskKind mask) {
-    kernels::AttnParams p;
-    p.heads = shape_.heads;
-    p.kv_heads = shape_.kv_heads;
-    p.head_dim = shape_.head_dim;
-    p.n_q = static_cast<int32_t>(n_q);
-    p.n_kv = static_cast<int32_t>(n_kv);
-    kernels::set_packed_strides(p);
-    p.lse_head_stride = rows;  // partial lse laid out [heads, rows] over all local rows
-    p.q = at(q, q_row * qw);
-    p.k = at(blk, kv_row * kvw);
-    p.v = at(blk, (block_rows + kv_row) * kvw);
-    p.o = at(o_part_, q_row * qw);
-    p.lse = at<float>(lse_part_, q_row);
-    p.q_start = q_pos;
-    p.kv_start = kv_pos;
-    p.mask = mask;
-    p.scale = scale;
-    p.dtype = dt;
-    p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
-    BURST_RETURN_IF_ERROR(backend_.attention(p));
-    kernels::MergeParams m;
-    m.o_a = at<float>(o_acc_, q_row * qw);
-    m.lse_a = at<float>(lse_acc_, q_row);
-    m.o_b = at<float>(o_part_, q_row * qw);
-    m.lse_b = at<float>(lse_part_, q_row);
-    m.o_row_stride = qw;
-    m.o_head_stride = shape_.head_dim;
-    m.lse_head_stride = rows;
-    m.rows = static_cast<int32_t>(n_q);
-    m.heads = shape_.heads;
-    m.head_dim = shape_.head_dim;
-    return backend_.merge(m);
-  };
 
   for (int s = 0; s < world; ++s) {
     Tensor& cur = block_[transfers_ ? s % 2 : 0];
@@ -309,18 +328,18 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int src = (rank - s + world) % world;
-    const int64_t src_prefix = prefix[static_cast<size_t>(src)];
+    const int64_t src_prefix = b.prefix[static_cast<size_t>(src)];
     // Every prefix key precedes every query of the chunk: no mask, and positions do not matter.
     if (src_prefix > 0) {
-      BURST_RETURN_IF_ERROR(attend_merge(cur, 0, rows, plan.start, 0, src_prefix, 0,
-                                         kernels::MaskKind::kNone));
+      BURST_RETURN_IF_ERROR(attend_merge(b, q, cur, Segment{plan.start, 0, b.rows},
+                                         Segment{0, 0, src_prefix}, kernels::MaskKind::kNone));
     }
     for (const Segment& qs : q_segs) {
       for (const Segment& ks : plan.segments(src)) {
         const auto rel = kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
         if (rel == kernels::BlockRelation::kSkip) continue;  // keys all after the queries
         BURST_RETURN_IF_ERROR(attend_merge(
-            cur, qs.row, qs.len, qs.pos, src_prefix + ks.row, ks.len, ks.pos,
+            b, q, cur, qs, Segment{ks.pos, src_prefix + ks.row, ks.len},
             rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
                                                  : kernels::MaskKind::kCausal));
       }
@@ -337,18 +356,7 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
     ++stats_.steps;
   }
   BURST_RETURN_IF_ERROR(backend_.convert(o_acc_, out));
-
-  // Cache the real tokens of our share of the chunk after the prefix (padding is never
-  // attended to again).
-  int64_t written = own_prefix;
-  for (const Segment& sg : q_segs) {
-    const int64_t valid = plan.real_len(sg);
-    if (valid == 0) continue;
-    BURST_RETURN_IF_ERROR(
-        cache_->write(sr.seq, layer, written, k.rows(sg.row, valid), v.rows(sg.row, valid)));
-    written += valid;
-  }
-  return {};
+  return cache_chunk(layer, sr, b, k, v);
 }
 
 Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -89,6 +89,25 @@ class RingAttention final : public AttentionContext {
       : backend_(backend), comm_(comm), shape_(shape) {}
   Status prefill(int layer, const SeqRows& s, const Tensor& q, const Tensor& k, const Tensor& v,
                  Tensor& out);
+  // One sequence's prefill blocks on this rank: every block carries the sender's cached prefix
+  // rows, then its chunk rows, and has room for the largest prefix (one transfer size).
+  struct PrefillBlocks {
+    int64_t rows = 0;                // this rank's chunk rows (the queries)
+    std::vector<int64_t> prefix;     // each rank's cached rows of the sequence
+    int64_t block_rows = 0;          // max prefix + rows: K rows, then as many V rows
+  };
+  // Sizes the blocks and the (o, lse) scratch and resets the accumulator to "nothing seen".
+  Status prefill_buffers(const SeqRows& s, PrefillBlocks& b);
+  // Block 0 (the first hop's): this rank's prefix from the pages, then its chunk's k and v.
+  Status load_own_block(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
+                        const Tensor& v);
+  // Attention of the query rows qs of q against the key rows ks of blk, merged into the
+  // accumulator (positions from qs.pos and ks.pos under mask).
+  Status attend_merge(const PrefillBlocks& b, const Tensor& q, const Tensor& blk,
+                      const Segment& qs, const Segment& ks, kernels::MaskKind mask);
+  // Caches the real (not padding) tokens of this rank's chunk after its prefix.
+  Status cache_chunk(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
+                     const Tensor& v);
   Status decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::vector<int64_t>& positions, Tensor& out);
   // t becomes a [shape] tensor of dtype, reusing its buffer when large enough.
