@@ -2,9 +2,9 @@
 // configs/cpu-tiny.json), loads the tokenizer, starts the scheduler (which spawns and supervises
 // the worker group, or with --remote-workers N waits for N `burst-worker --join` to register
 // with the WorkerRegistry started here), then serves HTTP (OpenAI-compatible) and gRPC. Binds
-// 127.0.0.1 unless told otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE, requests in flight get
-// drain_timeout_ms to finish and are then cancelled, the listeners close, the workers stop, and
-// the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
+// 127.0.0.1 unless told otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE,
+// requests in flight get drain_timeout_ms to finish and are then cancelled, the listeners close,
+// the workers stop, and the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
 // the config and flags, prints the resolved settings and exits (deployment checks, CI).
 #include <malloc.h>
 #include <signal.h>

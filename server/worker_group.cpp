@@ -730,8 +730,74 @@ Result<StepOutcome> WorkerGroup::step(const models::StepPlan& plan,
   return step_locked(plan, on_layer);
 }
 
-Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
-                                             const LayerProgress& on_layer) {
+namespace {
+
+// The plan as the ranks' Session stream carries it.
+pb::StepRequest step_request(const models::StepPlan& plan, bool report_progress) {
+  pb::StepRequest req;
+  req.set_layout(plan.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS : pb::ZIGZAG);
+  req.mutable_release()->Add(plan.release.begin(), plan.release.end());
+  for (const models::SeqWork& s : plan.seqs) {
+    pb::SeqWork* w = req.add_seqs();
+    w->set_id(s.id);
+    w->set_decode(s.decode);
+    w->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
+    w->set_start(s.start);
+    w->set_prompt_len(s.prompt_len);
+    w->set_sample(s.sample);
+    w->set_temperature(s.sampling.temperature);
+    w->set_top_k(s.sampling.top_k);
+    w->set_top_p(s.sampling.top_p);
+    w->set_seed(s.sampling.seed);
+    w->set_report_progress(report_progress);
+    w->set_presence_penalty(s.adjust.presence_penalty);
+    w->set_frequency_penalty(s.adjust.frequency_penalty);
+    w->set_repetition_penalty(s.adjust.repetition_penalty);
+    for (const auto& [token, bias] : s.adjust.logit_bias) {
+      auto* b = w->add_logit_bias();
+      b->set_token(token);
+      b->set_bias(bias);
+    }
+    w->set_min_tokens(s.adjust.min_tokens);
+    w->set_logprobs(s.logprobs + 1);
+    w->set_prompt_logprobs(s.prompt_logprobs + 1);
+    w->set_next_token(s.next_token + 1);
+  }
+  return req;
+}
+
+// Rank 0's reply: the sampled tokens, the prompt logprobs and the step's ring timings.
+void take_results(const pb::StepReply& reply, StepOutcome& out) {
+  for (const auto& t : reply.tokens()) {
+    models::SampledToken st;
+    st.id = t.id();
+    st.token = t.token();
+    st.has_logprob = t.has_logprob();
+    st.logprob = t.logprob();
+    for (const auto& tl : t.top()) st.top.emplace_back(tl.token(), tl.logprob());
+    out.tokens.push_back(std::move(st));
+  }
+  for (const auto& pl : reply.prompt_logprobs()) {
+    models::PromptLogprobs m;
+    m.id = pl.id();
+    for (const auto& e : pl.entries()) {
+      models::PromptTokenLogprob me;
+      me.pos = e.pos();
+      me.token = e.token();
+      me.logprob = e.logprob();
+      for (const auto& t : e.top()) me.top.emplace_back(t.token(), t.logprob());
+      m.entries.push_back(std::move(me));
+    }
+    out.prompt_logprobs.push_back(std::move(m));
+  }
+  out.rows = reply.rows();
+  out.ring_compute_ms = reply.ring_compute_ms();
+  out.ring_wait_ms = reply.ring_wait_ms();
+}
+
+}  // namespace
+
+Status WorkerGroup::open_session_locked() {
   const size_t n = ranks_.size();
   if (!session_) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -750,76 +816,57 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
       session_->streams.push_back(ranks_[r]->stub->Session(session_->ctx[r].get()));
     }
   }
-  pb::StepRequest req;
-  req.set_layout(plan.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS : pb::ZIGZAG);
-  req.mutable_release()->Add(plan.release.begin(), plan.release.end());
-  for (const models::SeqWork& s : plan.seqs) {
-    pb::SeqWork* w = req.add_seqs();
-    w->set_id(s.id);
-    w->set_decode(s.decode);
-    w->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
-    w->set_start(s.start);
-    w->set_prompt_len(s.prompt_len);
-    w->set_sample(s.sample);
-    w->set_temperature(s.sampling.temperature);
-    w->set_top_k(s.sampling.top_k);
-    w->set_top_p(s.sampling.top_p);
-    w->set_seed(s.sampling.seed);
-    w->set_report_progress(static_cast<bool>(on_layer));
-    w->set_presence_penalty(s.adjust.presence_penalty);
-    w->set_frequency_penalty(s.adjust.frequency_penalty);
-    w->set_repetition_penalty(s.adjust.repetition_penalty);
-    for (const auto& [token, bias] : s.adjust.logit_bias) {
-      auto* b = w->add_logit_bias();
-      b->set_token(token);
-      b->set_bias(bias);
-    }
-    w->set_min_tokens(s.adjust.min_tokens);
-    w->set_logprobs(s.logprobs + 1);
-    w->set_prompt_logprobs(s.prompt_logprobs + 1);
-    w->set_next_token(s.next_token + 1);
+  return {};
+}
+
+Status WorkerGroup::session_broken_locked(size_t r, const std::string& what) {
+  for (auto& c : session_->ctx) c->TryCancel();
+  std::string why;
+  grpc::Status st = session_->streams[r]->Finish();
+  // The supervisor (waitpid every 20 ms) or the registry names a dead rank better than a
+  // cancelled stream does: give it a moment.
+  for (int i = 0; i < 25 && healthy_; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // A broken stream: the rank died or cannot be reached. The session is gone with it, and the
-  // group too (the ranks are mid-step, out of lockstep).
-  auto broken = [&](size_t r, const std::string& what) -> Status {
-    for (auto& c : session_->ctx) c->TryCancel();
-    std::string why;
-    grpc::Status st = session_->streams[r]->Finish();
-    // The supervisor (waitpid every 20 ms) or the registry names a dead rank better than a
-    // cancelled stream does: give it a moment.
-    for (int i = 0; i < 25 && healthy_; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      why = death_;
-      in_flight_.clear();
-    }
-    if (why.empty()) {
-      why = rank_name(*ranks_[r]) + " " + what + ": " + st.error_message();
-      if (remote()) options_.registry->dissolve(why);
-      mark_dead(why);
-    }
-    for (size_t o = 0; o < session_->streams.size(); ++o) {
-      if (o != r) session_->streams[o]->Finish();
-    }
-    session_.reset();
-    return Status::error(StatusCode::kUnavailable, "request failed: " + why);
-  };
-  // The step deadline, watched by the monitor thread: it cancels the streams (mark_dead) of a
-  // step that runs past it.
-  if (options_.step_timeout.count() > 0) {
-    int64_t tokens = 0;
-    for (const models::SeqWork& s : plan.seqs) tokens += static_cast<int64_t>(s.tokens.size());
-    const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        options_.step_timeout +
-        std::chrono::duration<double, std::milli>(options_.step_ms_per_token *
-                                                  static_cast<double>(tokens)));
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    step_running_ = true;
-    step_tokens_ = tokens;
-    step_deadline_ = std::chrono::steady_clock::now() + budget;
+    why = death_;
+    in_flight_.clear();
   }
+  if (why.empty()) {
+    why = rank_name(*ranks_[r]) + " " + what + ": " + st.error_message();
+    if (remote()) options_.registry->dissolve(why);
+    mark_dead(why);
+  }
+  for (size_t o = 0; o < session_->streams.size(); ++o) {
+    if (o != r) session_->streams[o]->Finish();
+  }
+  session_.reset();
+  return Status::error(StatusCode::kUnavailable, "request failed: " + why);
+}
+
+void WorkerGroup::arm_step_deadline(const models::StepPlan& plan) {
+  if (options_.step_timeout.count() <= 0) return;
+  int64_t tokens = 0;
+  for (const models::SeqWork& s : plan.seqs) tokens += static_cast<int64_t>(s.tokens.size());
+  const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      options_.step_timeout + std::chrono::duration<double, std::milli>(
+                                  options_.step_ms_per_token * static_cast<double>(tokens)));
+  std::lock_guard<std::mutex> lock(mu_);
+  step_running_ = true;
+  step_tokens_ = tokens;
+  step_deadline_ = std::chrono::steady_clock::now() + budget;
+}
+
+Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
+                                             const LayerProgress& on_layer) {
+  const size_t n = ranks_.size();
+  BURST_RETURN_IF_ERROR(open_session_locked());
+  const pb::StepRequest req = step_request(plan, static_cast<bool>(on_layer));
+  // The step deadline, watched by the monitor thread: it cancels the streams (mark_dead) of a
+  // step that runs past it. A broken stream (the rank died or cannot be reached) takes the
+  // session with it, and the group too (the ranks are mid-step, out of lockstep).
+  arm_step_deadline(plan);
   struct StepDone {
     WorkerGroup* g;
     ~StepDone() {
@@ -828,7 +875,7 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     }
   } step_done{this};
   for (size_t r = 0; r < n; ++r) {
-    if (!session_->streams[r]->Write(req)) return broken(r, "did not take the step");
+    if (!session_->streams[r]->Write(req)) return session_broken_locked(r, "did not take the step");
   }
   StepOutcome out;
   out.kv_used_pages.assign(n, 0);
@@ -836,7 +883,7 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
   for (size_t r = 0; r < n; ++r) {
     pb::StepReply reply;
     while (true) {
-      if (!session_->streams[r]->Read(&reply)) return broken(r, "ended its session");
+      if (!session_->streams[r]->Read(&reply)) return session_broken_locked(r, "ended its session");
       if (reply.final()) break;
       if (r == 0 && on_layer) on_layer(reply.layers_done(), reply.layers());
     }
@@ -845,33 +892,7 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
       continue;
     }
     out.kv_used_pages[r] = reply.kv_used_pages();
-    if (r == 0) {
-      for (const auto& t : reply.tokens()) {
-        models::SampledToken st;
-        st.id = t.id();
-        st.token = t.token();
-        st.has_logprob = t.has_logprob();
-        st.logprob = t.logprob();
-        for (const auto& tl : t.top()) st.top.emplace_back(tl.token(), tl.logprob());
-        out.tokens.push_back(std::move(st));
-      }
-      for (const auto& pl : reply.prompt_logprobs()) {
-        models::PromptLogprobs m;
-        m.id = pl.id();
-        for (const auto& e : pl.entries()) {
-          models::PromptTokenLogprob me;
-          me.pos = e.pos();
-          me.token = e.token();
-          me.logprob = e.logprob();
-          for (const auto& t : e.top()) me.top.emplace_back(t.token(), t.logprob());
-          m.entries.push_back(std::move(me));
-        }
-        out.prompt_logprobs.push_back(std::move(m));
-      }
-      out.rows = reply.rows();
-      out.ring_compute_ms = reply.ring_compute_ms();
-      out.ring_wait_ms = reply.ring_wait_ms();
-    }
+    if (r == 0) take_results(reply, out);
   }
   if (error_reply.error_code() != 0) {
     // Every rank refused the same plan before any collective: the session goes on.

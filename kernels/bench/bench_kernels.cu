@@ -150,7 +150,8 @@ Row bench_prefill(int64_t s, int d, MaskKind mask, burst::kernels::AttnKernel ke
 // Decode of `seqs` sequences of s keys each, one token each, 32 query / kv_heads kv heads x 128
 // (8: GQA as LLaMA-3; 32: the LLaMA-2-7B preset, "decode_mha"): seqs == 1 is one sequence in
 // contiguous K/V; seqs > 1 is the server's batched step ("..._batched16"): every sequence's
-// K/V in shuffled 256-row pages of one pool, one launch with per-row K/V. GB/s counts the K and V bytes read.
+// K/V in shuffled 256-row pages of one pool, one launch with per-row K/V. GB/s counts the K and
+// V bytes read.
 Row bench_decode(int64_t s, int seqs, int kv_heads) {
   constexpr int kHeads = 32, kD = 128, kPage = 256;
   const int64_t row_elems = int64_t{kv_heads} * kD;

@@ -195,6 +195,13 @@ class WorkerGroup {
   void stop_monitor();
   void monitor();
   Result<StepOutcome> step_locked(const models::StepPlan& plan, const LayerProgress& on_layer);
+  // The Session streams of every rank, opened on the first step (or after a broken one).
+  Status open_session_locked();
+  // Rank r's stream broke (it died or cannot be reached): cancels the session, names the cause
+  // (the supervisor's or registry's word when it has one), marks the group dead.
+  Status session_broken_locked(size_t r, const std::string& what);
+  // Arms the step deadline the monitor watches (step_timeout plus a time per token).
+  void arm_step_deadline(const models::StepPlan& plan);
   void end_session_locked();
 
   WorkerGroupOptions options_;
