@@ -340,10 +340,9 @@ struct CommonParams {
   bool max_tokens_given = false;
 };
 
-CommonParams parse_common(const json& body, const std::string& model_name, bool chat,
-                          int vocab_size) {
-  refuse_unsupported(body, chat);
-  CommonParams p;
+// n, model, temperature, top_p, top_k, seed.
+void parse_choices_and_sampling(const json& body, const std::string& model_name,
+                                CommonParams& p) {
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) bad_field("model", "a string");
     if (m->get<std::string>() != model_name) {
@@ -370,6 +369,10 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
   const json* seed = field(body, "seed");
   s.seed = seed ? static_cast<uint64_t>(get_int(body, "seed", 0)) : std::random_device{}();
   p.seed_given = seed != nullptr;
+}
+
+// max_tokens / max_completion_tokens, stop, stream, stream_options, return_progress.
+void parse_limits_and_stream(const json& body, CommonParams& p) {
   // The newer name wins; both are validated.
   const json* mct = field(body, "max_completion_tokens");
   const json* mt = field(body, "max_tokens");
@@ -408,8 +411,11 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
     p.include_usage = get_bool(*so, "include_usage", false);
   }
   p.request.return_progress = get_bool(body, "return_progress", false);
+}
 
-  // Logits processing and logprobs (rank 0, engine::LogitAdjust).
+// Logits processing (rank 0, engine::LogitAdjust): penalties, logit_bias, min_tokens,
+// ignore_eos. After parse_limits_and_stream (min_tokens is checked against max_tokens).
+void parse_adjust(const json& body, int vocab_size, CommonParams& p) {
   auto& a = p.request.adjust;
   auto penalty = [&](const char* name, double lo, double hi, double dflt) {
     const double v = get_number(body, name, dflt);
@@ -453,6 +459,10 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
   }
   a.min_tokens = static_cast<int>(std::min<int64_t>(min_tokens, 1 << 30));
   p.request.ignore_eos = get_bool(body, "ignore_eos", false);
+}
+
+// logprobs / top_logprobs (chat), logprobs, echo and best_of (completions).
+void parse_logprobs(const json& body, bool chat, CommonParams& p) {
   constexpr int64_t kMaxLogprobs = 20;
   if (chat) {
     const bool want = get_bool(body, "logprobs", false);
@@ -490,6 +500,16 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
     // Ranking by cumulative logprob needs each token's logprob.
     if (p.best_of > p.n && !p.logprobs) p.request.logprobs = 0;
   }
+}
+
+CommonParams parse_common(const json& body, const std::string& model_name, bool chat,
+                          int vocab_size) {
+  refuse_unsupported(body, chat);
+  CommonParams p;
+  parse_choices_and_sampling(body, model_name, p);
+  parse_limits_and_stream(body, p);
+  parse_adjust(body, vocab_size, p);
+  parse_logprobs(body, chat, p);
   return p;
 }
 
