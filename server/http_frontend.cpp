@@ -553,139 +553,176 @@ void HttpFrontend::reject_loop() {
   rejected_.clear();
 }
 
-void HttpFrontend::serve(int fd) {
-  int port = -1;
-  const std::string ip = peer_address(fd, &port);
-  std::string in;  // bytes received and not yet served (pipelined requests wait here)
-  // A connection's first request has header_timeout from the accept; later ones may idle
-  // kKeepAliveIdle before their first byte, then have header_timeout.
-  Clock::time_point deadline = Clock::now() + options_.header_timeout;
-  bool idle = false;
-  // Reads more bytes until `deadline`: false on EOF, timeout, stop or error (*timed_out says
+// One client connection of a worker thread: the bytes received and not yet served (pipelined
+// requests wait there) and the deadline of what it waits for.
+class HttpFrontend::Connection {
+ public:
+  Connection(HttpFrontend& frontend, int fd) : f_(frontend), fd_(fd) {
+    ip_ = peer_address(fd, &port_);
+  }
+
+  // Serves requests in order until the client closes, a limit or a refusal ends the connection.
+  void run() {
+    // A connection's first request has header_timeout from the accept; later ones may idle
+    // kKeepAliveIdle before their first byte, then have header_timeout.
+    deadline_ = Clock::now() + f_.options_.header_timeout;
+    for (int served = 0; served < kRequestsPerConnection && !f_.stopping_; ++served) {
+      if (served > 0 && in_.empty()) {
+        deadline_ = Clock::now() + HttpFrontend::kKeepAliveIdle;
+        idle_ = true;
+      }
+      size_t head_end = 0;
+      if (!read_head(head_end)) return;
+      const RequestHead head = parse_request_head(std::string_view(in_).substr(0, head_end + 4));
+      if (head.status != 0) return refuse(head.status, head.message);
+      if (head.content_length > f_.options_.max_body_bytes) {
+        return refuse(413, "the request body (" + std::to_string(head.content_length) +
+                               " bytes) is over the size limit (" +
+                               std::to_string(f_.options_.max_body_bytes) + " bytes)");
+      }
+      size_t body_at = head.head_bytes, body_bytes = 0;
+      if (!read_body(head, body_at, body_bytes)) return;
+      const size_t request_bytes = body_at + body_bytes;
+      const bool last = served + 1 >= kRequestsPerConnection || f_.stopping_;
+      bool closed = false;
+      OneRequestStream stream(fd_, std::string_view(in_).substr(0, request_bytes),
+                              f_.options_.write_timeout, ip_, port_);
+      t_connection_fd = fd_;
+      const bool ok = f_.router_.process_request(stream, last, closed, nullptr);
+      t_connection_fd = -1;
+      in_.erase(0, request_bytes);
+      if (in_.capacity() > kMaxHeadBytes && in_.size() < kMaxHeadBytes) in_.shrink_to_fit();
+      if (!ok || closed || last) return;
+    }
+  }
+
+ private:
+  // Reads more bytes until the deadline: false on EOF, timeout, stop or error (*timed_out says
   // which).
-  auto receive = [&](bool* timed_out) {
+  bool receive(bool* timed_out) {
     *timed_out = false;
-    const int r = wait_readable(fd, wake_fd_, deadline);
+    const int r = wait_readable(fd_, f_.wake_fd_, deadline_);
     if (r == 0) {
-      *timed_out = !stopping_;
+      *timed_out = !f_.stopping_;
       return false;
     }
     if (r < 0) return false;
     char buf[64 * 1024];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
     if (n <= 0) return false;
-    in.append(buf, static_cast<size_t>(n));
+    in_.append(buf, static_cast<size_t>(n));
     return true;
-  };
-  auto refuse_here = [&](int status, const std::string& message) {
-    send_all(fd, canned_response(status, refusal_(status, message, ip)), options_.write_timeout);
-    shutdown(fd, SHUT_WR);
-    // Waits briefly for the client's EOF so that unread bytes do not reset the connection.
-    deadline = Clock::now() + kLinger;
-    bool t = false;
-    in.clear();
-    while (receive(&t)) in.clear();
-  };
+  }
 
-  for (int served = 0; served < kRequestsPerConnection && !stopping_; ++served) {
-    if (served > 0 && in.empty()) {
-      deadline = Clock::now() + HttpFrontend::kKeepAliveIdle;
-      idle = true;
-    }
-    size_t head_end = std::string::npos;
-    size_t scanned = 0;  // bytes of `in` already searched (a head may arrive a byte at a time)
+  void refuse(int status, const std::string& message) {
+    send_all(fd_, canned_response(status, f_.refusal_(status, message, ip_)),
+             f_.options_.write_timeout);
+    shutdown(fd_, SHUT_WR);
+    // Waits briefly for the client's EOF so that unread bytes do not reset the connection.
+    deadline_ = Clock::now() + kLinger;
+    bool t = false;
+    in_.clear();
+    while (receive(&t)) in_.clear();
+  }
+
+  // Until in_ holds a whole request head, ending at head_end ("\r\n\r\n" there). False when
+  // the connection is done (closed, timed out or refused).
+  bool read_head(size_t& head_end) {
+    size_t scanned = 0;  // bytes of in_ already searched (a head may arrive a byte at a time)
     bool timed_out = false;
     for (;;) {
       // Empty lines before a request line are ignored (RFC 9112 2.2: some clients send a CRLF
       // after a body).
       if (scanned == 0) {
-        while (in.compare(0, 2, "\r\n") == 0) in.erase(0, 2);
+        while (in_.compare(0, 2, "\r\n") == 0) in_.erase(0, 2);
       }
-      head_end = in.find("\r\n\r\n", scanned < 3 ? 0 : scanned - 3);
-      const size_t head_size = head_end == std::string::npos ? in.size() : head_end + 4;
+      head_end = in_.find("\r\n\r\n", scanned < 3 ? 0 : scanned - 3);
+      const size_t head_size = head_end == std::string::npos ? in_.size() : head_end + 4;
       if (head_size > kMaxHeadBytes) {
-        return refuse_here(431, "the request head is over " + std::to_string(kMaxHeadBytes) +
-                                    " bytes");
+        refuse(431, "the request head is over " + std::to_string(kMaxHeadBytes) + " bytes");
+        return false;
       }
-      if (head_end != std::string::npos) break;
+      if (head_end != std::string::npos) return true;
       // A head with a bare LF never ends in CRLF CRLF: refused now, not after the deadline.
-      for (size_t i = scanned; i < in.size(); ++i) {
-        if (in[i] == '\n' && (i == 0 || in[i - 1] != '\r')) {
-          return refuse_here(400, "a bare LF in the request head (lines must end with CRLF)");
+      for (size_t i = scanned; i < in_.size(); ++i) {
+        if (in_[i] == '\n' && (i == 0 || in_[i - 1] != '\r')) {
+          refuse(400, "a bare LF in the request head (lines must end with CRLF)");
+          return false;
         }
       }
-      scanned = in.size();
+      scanned = in_.size();
       if (!receive(&timed_out)) {
         // An idle keep-alive connection simply closes; a started request is told why.
-        if (timed_out && !(idle && in.empty())) {
-          refuse_here(408, "the request head did not arrive within " +
-                               std::to_string(options_.header_timeout.count()) +
-                               " ms (--http-header-timeout-ms)");
+        if (timed_out && !(idle_ && in_.empty())) {
+          refuse(408, "the request head did not arrive within " +
+                          std::to_string(f_.options_.header_timeout.count()) +
+                          " ms (--http-header-timeout-ms)");
         }
-        return;
+        return false;
       }
-      if (idle) {
-        idle = false;
-        deadline = Clock::now() + options_.header_timeout;
+      if (idle_) {
+        idle_ = false;
+        deadline_ = Clock::now() + f_.options_.header_timeout;
       }
     }
-    const RequestHead head = parse_request_head(std::string_view(in).substr(0, head_end + 4));
-    if (head.status != 0) return refuse_here(head.status, head.message);
-    if (head.content_length > options_.max_body_bytes) {
-      return refuse_here(413, "the request body (" + std::to_string(head.content_length) +
-                                  " bytes) is over the size limit (" +
-                                  std::to_string(options_.max_body_bytes) + " bytes)");
-    }
-    size_t body_at = head.head_bytes;
+  }
+
+  // Until in_ holds the whole body after the head (body_at: where it starts; body_bytes: its
+  // size as sent, chunked framing included). Leaves out an Expect line (cpp-httplib would answer
+  // it a second time). False when the connection is done.
+  bool read_body(const RequestHead& head, size_t& body_at, size_t& body_bytes) {
     const bool has_body = head.chunked || head.content_length > 0;
-    if (head.expect_continue && has_body && in.size() == body_at) {
-      send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", options_.write_timeout);
+    if (head.expect_continue && has_body && in_.size() == body_at) {
+      send_all(fd_, "HTTP/1.1 100 Continue\r\n\r\n", f_.options_.write_timeout);
     }
-    deadline = Clock::now() + options_.body_timeout;
-    if (!head.chunked) in.reserve(body_at + static_cast<size_t>(head.content_length));
-    size_t body_bytes = 0;
+    deadline_ = Clock::now() + f_.options_.body_timeout;
+    if (!head.chunked) in_.reserve(body_at + static_cast<size_t>(head.content_length));
+    bool timed_out = false;
     for (;;) {
       if (head.chunked) {
         std::string why;
-        const ChunkScan s = scan_chunked_body(std::string_view(in).substr(body_at),
-                                              options_.max_body_bytes, &body_bytes, &why);
-        if (s == ChunkScan::kBad) return refuse_here(400, "malformed chunked body: " + why);
+        const ChunkScan s = scan_chunked_body(std::string_view(in_).substr(body_at),
+                                              f_.options_.max_body_bytes, &body_bytes, &why);
+        if (s == ChunkScan::kBad) {
+          refuse(400, "malformed chunked body: " + why);
+          return false;
+        }
         if (s == ChunkScan::kTooLarge) {
-          return refuse_here(413, "the request body is over the size limit (" +
-                                      std::to_string(options_.max_body_bytes) + " bytes)");
+          refuse(413, "the request body is over the size limit (" +
+                          std::to_string(f_.options_.max_body_bytes) + " bytes)");
+          return false;
         }
         if (s == ChunkScan::kDone) break;
       } else {
         body_bytes = static_cast<size_t>(head.content_length);
-        if (in.size() >= body_at + body_bytes) break;
+        if (in_.size() >= body_at + body_bytes) break;
       }
       if (!receive(&timed_out)) {
         if (timed_out) {
-          refuse_here(408, "the request body did not arrive within " +
-                               std::to_string(options_.body_timeout.count()) +
-                               " ms (--http-body-timeout-ms)");
+          refuse(408, "the request body did not arrive within " +
+                          std::to_string(f_.options_.body_timeout.count()) +
+                          " ms (--http-body-timeout-ms)");
         }
-        return;
+        return false;
       }
     }
-    // cpp-httplib would answer Expect itself a second time: the line is left out.
     if (head.expect_continue) {
-      in.erase(head.expect_begin, head.expect_end - head.expect_begin);
+      in_.erase(head.expect_begin, head.expect_end - head.expect_begin);
       body_at -= head.expect_end - head.expect_begin;
     }
-    const size_t request_bytes = body_at + body_bytes;
-    const bool last = served + 1 >= kRequestsPerConnection || stopping_;
-    bool closed = false;
-    OneRequestStream stream(fd, std::string_view(in).substr(0, request_bytes),
-                            options_.write_timeout, ip, port);
-    t_connection_fd = fd;
-    const bool ok = router_.process_request(stream, last, closed, nullptr);
-    t_connection_fd = -1;
-    in.erase(0, request_bytes);
-    if (in.capacity() > kMaxHeadBytes && in.size() < kMaxHeadBytes) in.shrink_to_fit();
-    if (!ok || closed || last) return;
+    return true;
   }
-}
+
+  HttpFrontend& f_;
+  const int fd_;
+  std::string ip_;
+  int port_ = -1;
+  std::string in_;  // bytes received and not yet served
+  Clock::time_point deadline_;
+  bool idle_ = false;  // waiting for a keep-alive connection's next request
+};
+
+void HttpFrontend::serve(int fd) { Connection(*this, fd).run(); }
 
 }  // namespace burst::server

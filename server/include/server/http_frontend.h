@@ -115,6 +115,7 @@ class HttpFrontend {
   void accept_loop();
   void worker_loop();
   void reject_loop();
+  class Connection;  // one client connection's requests, in order (http_frontend.cpp)
   void serve(int fd);
   void refuse(int fd, int status, const std::string& message, const std::string& client);
 
