@@ -3,6 +3,8 @@
 // worker.proto) where `burst-worker --join HOST:PORT` registers, checks that every worker loaded
 // the coordinator's model, hands out ranks once N workers joined, and serves the rendezvous store
 // their communicator meets through. RegistryStore is the worker side of that store.
+// Sources: worker_registry.cpp (the coordinator: MemoryStore, WorkerRegistry), registry_store.cpp
+// (the worker's store client), cluster_identity.cpp (cluster token, model fingerprint, addresses).
 //
 // Membership: a worker holds its Join stream open for as long as it belongs to the group. The
 // stream breaking (process killed; a silent host is caught by HTTP/2 keepalive within ~3 s)
