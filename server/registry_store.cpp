@@ -17,16 +17,17 @@ struct RegistryStore::Impl {
   uint64_t generation = 0;
   std::string token;
 
-  void authorize(grpc::ClientContext* ctx) const {
-    if (!token.empty()) ctx->AddMetadata(kWorkerTokenKey, token);
-  }
-
-  // The RPC gets the store's own wait plus slack, so a slow network is not taken for a
-  // missing key.
-  static void deadline(grpc::ClientContext* ctx, std::chrono::milliseconds wait) {
-    ctx->set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(10));
-  }
-  static Status error(const std::string& what, const grpc::Status& st) {
+  // One store RPC: the token, a deadline of the store's own wait plus slack (so a slow network
+  // is not taken for a missing key), this generation; `what` names the call in errors.
+  template <typename Req, typename Resp, typename Call>
+  Status call(Call rpc, Req& req, Resp& resp, std::chrono::milliseconds wait,
+              const std::string& what) const {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata(kWorkerTokenKey, token);
+    ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(10));
+    req.set_generation(generation);
+    const grpc::Status st = (stub.get()->*rpc)(&ctx, req, &resp);
+    if (st.ok()) return {};
     return Status::error("coordinator store " + what + ": " + st.error_message() + " (gRPC code " +
                          std::to_string(static_cast<int>(st.error_code())) + ")");
   }
@@ -43,47 +44,33 @@ RegistryStore::RegistryStore(std::shared_ptr<grpc::Channel> channel, uint64_t ge
 RegistryStore::~RegistryStore() = default;
 
 Status RegistryStore::set(const std::string& key, const std::vector<char>& value) {
-  grpc::ClientContext ctx;
-  impl_->authorize(&ctx);
-  Impl::deadline(&ctx, std::chrono::milliseconds(0));
   pb::StoreSetRequest req;
-  req.set_generation(impl_->generation);
   req.set_key(key);
   req.set_value(std::string(value.begin(), value.end()));
   pb::StoreSetResponse resp;
-  const grpc::Status st = impl_->stub->StoreSet(&ctx, req, &resp);
-  if (!st.ok()) return Impl::error("set '" + key + "'", st);
-  return {};
+  return impl_->call(&pb::WorkerRegistry::Stub::StoreSet, req, resp,
+                     std::chrono::milliseconds(0), "set '" + key + "'");
 }
 
 Result<std::vector<char>> RegistryStore::get(const std::string& key,
                                              std::chrono::milliseconds timeout) {
-  grpc::ClientContext ctx;
-  impl_->authorize(&ctx);
-  Impl::deadline(&ctx, timeout);
   pb::StoreGetRequest req;
-  req.set_generation(impl_->generation);
   req.set_key(key);
   req.set_timeout_ms(timeout.count());
   pb::StoreGetResponse resp;
-  const grpc::Status st = impl_->stub->StoreGet(&ctx, req, &resp);
-  if (!st.ok()) return Impl::error("get '" + key + "'", st);
+  BURST_RETURN_IF_ERROR(impl_->call(&pb::WorkerRegistry::Stub::StoreGet, req, resp, timeout,
+                                    "get '" + key + "'"));
   return std::vector<char>(resp.value().begin(), resp.value().end());
 }
 
 Status RegistryStore::wait(const std::vector<std::string>& keys,
                            std::chrono::milliseconds timeout) {
-  grpc::ClientContext ctx;
-  impl_->authorize(&ctx);
-  Impl::deadline(&ctx, timeout);
   pb::StoreWaitRequest req;
-  req.set_generation(impl_->generation);
   for (const auto& k : keys) req.add_keys(k);
   req.set_timeout_ms(timeout.count());
   pb::StoreWaitResponse resp;
-  const grpc::Status st = impl_->stub->StoreWait(&ctx, req, &resp);
-  if (!st.ok()) return Impl::error("wait (" + std::to_string(keys.size()) + " keys)", st);
-  return {};
+  return impl_->call(&pb::WorkerRegistry::Stub::StoreWait, req, resp, timeout,
+                     "wait (" + std::to_string(keys.size()) + " keys)");
 }
 
 }  // namespace burst::server
