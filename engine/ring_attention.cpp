@@ -359,9 +359,73 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
   return cache_chunk(layer, sr, b, k, v);
 }
 
+kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t n,
+                                                 const Tensor& q, int64_t q_row) {
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  kernels::AttnParams p;
+  p.heads = shape_.heads;
+  p.kv_heads = shape_.kv_heads;
+  p.head_dim = shape_.head_dim;
+  p.n_q = static_cast<int32_t>(n_q);
+  kernels::set_packed_strides(p);
+  p.lse_head_stride = n;  // the batch's lse is [heads, n]
+  p.q = at(q, q_row * qw);
+  p.k = cache_->k_pool(layer).data;
+  p.v = cache_->v_pool(layer).data;
+  p.page_size = cache_->page_size();
+  p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
+  p.scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+  p.dtype = backend_.compute_dtype();
+  p.o_dtype = DType::kF32;
+  return p;
+}
+
+Status RingAttention::decode_each(int layer, const std::vector<const SeqRows*>& batch,
+                                  const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int world = comm_.world_size(), rank = comm_.rank();
+  const auto n = static_cast<int64_t>(batch.size());
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  for (int64_t b = 0; b < n; ++b) {
+    const SeqRows& s = *batch[static_cast<size_t>(b)];
+    // Round robin by position, so no shard grows faster than another.
+    const int64_t len = cache_->length(s.seq);
+    const bool mine = s.pos % world == rank;
+    if (mine) {
+      BURST_RETURN_IF_ERROR(
+          cache_->write(s.seq, layer, len, k.rows(s.row, 1), v.rows(s.row, 1)));
+    }
+    kernels::AttnParams p = decode_params(layer, 1, n, q, s.row);
+    p.n_kv = static_cast<int32_t>(len + (mine ? 1 : 0));
+    p.kv_pages = at<int32_t>(tables_, table_offset_[static_cast<size_t>(b)]);
+    p.o = at(pairs_, b * qw);
+    p.lse = at<float>(pairs_, n * qw + b);
+    BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
+  }
+  return {};
+}
+
+Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*>& batch,
+                                     const Tensor& q, const Tensor& k, const Tensor& v) {
+  const auto n = static_cast<int64_t>(batch.size());
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
+  const int32_t* dst = at<int32_t>(tables_, decode_dst_);
+  Tensor kp = cache_->k_pool(layer), vp = cache_->v_pool(layer);
+  BURST_RETURN_IF_ERROR(backend_.scatter_rows(k.rows(batch[0]->row, n), dst, kp));
+  BURST_RETURN_IF_ERROR(backend_.scatter_rows(v.rows(batch[0]->row, n), dst, vp));
+  kernels::AttnParams p = decode_params(layer, n, n, q, batch[0]->row);
+  p.n_kv = decode_max_kv_;  // the longest row_kv_len of the step (begin_step)
+  p.kv_pages = at<int32_t>(tables_, 0);
+  p.row_kv_len = at<int32_t>(tables_, decode_meta_);
+  p.row_page_offset = at<int32_t>(tables_, decode_meta_ + n);
+  p.o = pairs_.data;
+  p.lse = at<float>(pairs_, n * qw);
+  return backend_.attention(p);
+}
+
 Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                              const std::vector<int64_t>& positions, Tensor& out) {
-  const int world = comm_.world_size(), rank = comm_.rank();
+  const int world = comm_.world_size();
   std::vector<const SeqRows*> batch;
   for (const SeqRows& s : step_) {
     if (s.decode) batch.push_back(&s);
@@ -369,83 +433,27 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   if (batch.empty()) return {};
   const auto n = static_cast<int64_t>(batch.size());
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  for (const SeqRows* s : batch) {
+    if (positions[static_cast<size_t>(s->row)] != s->pos) {
+      return Status::error("ring decode: the token of sequence " + std::to_string(s->seq) +
+                           " is at position " +
+                           std::to_string(positions[static_cast<size_t>(s->row)]) +
+                           ", the step says " + std::to_string(s->pos));
+    }
+  }
   // This rank's partials of the whole batch, o [n, qw] then lse [heads, n], fp32: one
   // all-gather per layer moves them all.
   const int64_t part = n * qw + int64_t{shape_.heads} * n;
   BURST_RETURN_IF_ERROR(ensure(pairs_, {part}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
-  const float scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
   // Decode tokens on consecutive rows (the scheduler puts them first) attend in ONE launch:
   // per-row K/V, each row with its own sequence's length and page table.
   bool consecutive = n > 1;
   for (int64_t b = 1; b < n && consecutive; ++b) {
     consecutive = batch[static_cast<size_t>(b)]->row == batch[0]->row + b;
   }
-  for (int64_t b = 0; b < n; ++b) {
-    const SeqRows& s = *batch[static_cast<size_t>(b)];
-    if (positions[static_cast<size_t>(s.row)] != s.pos) {
-      return Status::error("ring decode: the token of sequence " + std::to_string(s.seq) +
-                           " is at position " +
-                           std::to_string(positions[static_cast<size_t>(s.row)]) +
-                           ", the step says " + std::to_string(s.pos));
-    }
-    // Round robin by position, so no shard grows faster than another.
-    const int64_t len = cache_->length(s.seq);
-    const bool mine = s.pos % world == rank;
-    if (mine && !consecutive) {
-      BURST_RETURN_IF_ERROR(
-          cache_->write(s.seq, layer, len, k.rows(s.row, 1), v.rows(s.row, 1)));
-    }
-    if (consecutive) continue;  // attended below, all at once
-    kernels::AttnParams p;
-    p.heads = shape_.heads;
-    p.kv_heads = shape_.kv_heads;
-    p.head_dim = shape_.head_dim;
-    p.n_q = 1;
-    p.n_kv = static_cast<int32_t>(len + (mine ? 1 : 0));
-    kernels::set_packed_strides(p);
-    p.lse_head_stride = n;
-    p.q = at(q, s.row * qw);
-    p.k = cache_->k_pool(layer).data;
-    p.v = cache_->v_pool(layer).data;
-    p.kv_pages = at<int32_t>(tables_, table_offset_[static_cast<size_t>(b)]);
-    p.page_size = cache_->page_size();
-    p.o = at(pairs_, b * qw);
-    p.lse = at<float>(pairs_, n * qw + b);
-    p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
-    p.scale = scale;
-    p.dtype = backend_.compute_dtype();
-    p.o_dtype = DType::kF32;
-    BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
-  }
-  if (consecutive) {
-    // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
-    const int32_t* dst = at<int32_t>(tables_, decode_dst_);
-    Tensor kp = cache_->k_pool(layer), vp = cache_->v_pool(layer);
-    BURST_RETURN_IF_ERROR(backend_.scatter_rows(k.rows(batch[0]->row, n), dst, kp));
-    BURST_RETURN_IF_ERROR(backend_.scatter_rows(v.rows(batch[0]->row, n), dst, vp));
-    kernels::AttnParams p;
-    p.heads = shape_.heads;
-    p.kv_heads = shape_.kv_heads;
-    p.head_dim = shape_.head_dim;
-    p.n_q = static_cast<int32_t>(n);
-    p.n_kv = decode_max_kv_;  // the longest row_kv_len of the step (begin_step)
-    kernels::set_packed_strides(p);  // lse [heads, n] with head stride n
-    p.q = at(q, batch[0]->row * qw);
-    p.k = cache_->k_pool(layer).data;
-    p.v = cache_->v_pool(layer).data;
-    p.kv_pages = at<int32_t>(tables_, 0);
-    p.page_size = cache_->page_size();
-    p.row_kv_len = at<int32_t>(tables_, decode_meta_);
-    p.row_page_offset = at<int32_t>(tables_, decode_meta_ + n);
-    p.o = pairs_.data;
-    p.lse = at<float>(pairs_, n * qw);
-    p.mask = kernels::MaskKind::kNone;
-    p.scale = scale;
-    p.dtype = backend_.compute_dtype();
-    p.o_dtype = DType::kF32;
-    BURST_RETURN_IF_ERROR(backend_.attention(p));
-  }
+  BURST_RETURN_IF_ERROR(consecutive ? decode_batched(layer, batch, q, k, v)
+                                    : decode_each(layer, batch, q, k, v));
   BURST_RETURN_IF_ERROR(
       comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));
   // Merge in rank order on every rank: the same operations in the same order give the same
@@ -466,12 +474,13 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   }
   for (int64_t b = 0; b < n;) {
     // Consecutive batch rows convert in one call.
+    const int64_t first = batch[static_cast<size_t>(b)]->row;
     int64_t e = b + 1;
-    while (e < n && batch[static_cast<size_t>(e)]->row == batch[static_cast<size_t>(b)]->row + (e - b)) ++e;
+    while (e < n && batch[static_cast<size_t>(e)]->row == first + (e - b)) ++e;
     Tensor merged = gathered_.rows(0, 1);
     merged.data = at(gathered_, b * qw);
     merged.shape = {e - b, qw};
-    Tensor dst = out.rows(batch[static_cast<size_t>(b)]->row, e - b);
+    Tensor dst = out.rows(first, e - b);
     BURST_RETURN_IF_ERROR(backend_.convert(merged, dst));
     b = e;
   }

@@ -110,6 +110,16 @@ class RingAttention final : public AttentionContext {
                      const Tensor& v);
   Status decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::vector<int64_t>& positions, Tensor& out);
+  // The AttnParams both decode launches share: n_q rows of q from q_row against this layer's
+  // paged pool, o and lse fp32 into the batch's [n] partials (o, lse set by the caller).
+  kernels::AttnParams decode_params(int layer, int64_t n_q, int64_t n, const Tensor& q,
+                                    int64_t q_row);
+  // Decode rows not consecutive: each token's k/v to its page, one launch per token.
+  Status decode_each(int layer, const std::vector<const SeqRows*>& batch, const Tensor& q,
+                     const Tensor& k, const Tensor& v);
+  // Consecutive decode rows: one scatter of k/v and one launch with per-row K/V for all.
+  Status decode_batched(int layer, const std::vector<const SeqRows*>& batch, const Tensor& q,
+                        const Tensor& k, const Tensor& v);
   // t becomes a [shape] tensor of dtype, reusing its buffer when large enough.
   Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype);
 
