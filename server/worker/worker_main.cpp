@@ -576,34 +576,27 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
   std::_Exit(1);
 }
 
-int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model, char** argv) {
+// The cluster token: --cluster-token-file, else the environment (empty: none).
+Result<std::string> join_token(const Args& a) {
   namespace srv = burst::server;
-  g_who = "burst-worker (join " + a.join + ")";
-  std::string token;
-  if (!a.cluster_token_file.empty()) {
-    auto t = srv::read_token_file(a.cluster_token_file);
-    if (!t.ok()) return fail(t.message());
-    token = t.value();
-  } else {
-    auto t = srv::cluster_token_from_env();
-    if (!t.ok()) return fail(t.message());
-    token = t.value();
+  return a.cluster_token_file.empty() ? srv::cluster_token_from_env()
+                                      : srv::read_token_file(a.cluster_token_file);
+}
+
+// The address the other ranks and the server reach this worker at: --advertise-host, else the
+// local address of the route towards the server.
+Result<std::string> advertised_host(const Args& a) {
+  if (!a.advertise_host.empty()) return a.advertise_host;
+  const auto hp = burst::server::split_host_port(a.join).value();
+  auto local = burst::server::local_address_towards(hp.first, hp.second);
+  if (!local.ok()) {
+    return Status::error("cannot find this host's address towards " + a.join + ": " +
+                         local.message() + " (set --advertise-host)");
   }
-  const auto hp = srv::split_host_port(a.join).value();
-  std::string host = a.advertise_host;
-  if (host.empty()) {
-    auto local = srv::local_address_towards(hp.first, hp.second);
-    if (!local.ok()) return fail("cannot find this host's address towards " + a.join + ": " +
-                                 local.message() + " (set --advertise-host)");
-    host = local.value();
-  }
-  const bool rejoining = std::getenv(kRejoinEnv) != nullptr;
-  pb::JoinRequest req;
-  req.set_fingerprint(srv::model_fingerprint(model.config(), a.model));
-  req.set_device_kind(backend.device() == engine::DeviceKind::kCuda ? "cuda" : "cpu");
-  req.set_host(host);
-  req.set_pid(getpid());
-  req.set_rejoin(rejoining);
+  return local.value();
+}
+
+std::shared_ptr<grpc::Channel> registry_channel(const std::string& target) {
   grpc::ChannelArguments ch_args;
   // Keepalive: a coordinator that vanished without closing the connection is noticed within
   // ~4 s, and this worker goes back to registering.
@@ -611,101 +604,131 @@ int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model,
   ch_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   ch_args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   ch_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto channel = grpc::CreateCustomChannel(a.join, grpc::InsecureChannelCredentials(), ch_args);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ch_args);
+}
+
+// A member of the group the server assigned: the communicator through the server's store, the
+// KV pool, the control service (its address into the store), then serving until the membership
+// stream ends or a signal. Returns only the exit code of a set-up failure; otherwise it exits,
+// or re-executes itself to register again.
+int serve_as_member(const Args& a, engine::Backend& backend,
+                                  models::LlamaModel& model, char** argv,
+                                  const std::shared_ptr<grpc::Channel>& channel,
+                                  const std::string& token, const std::string& host,
+                                  grpc::ClientReader<pb::JoinEvent>& reader,
+                                  const pb::JoinAssigned& as) {
+  namespace srv = burst::server;
+  g_who = "burst-worker rank " + std::to_string(as.rank()) + " (join " + a.join + ")";
+  say("joined as rank " + std::to_string(as.rank()) + " of " + std::to_string(as.world_size()) +
+      " (generation " + std::to_string(as.generation()) + ")");
+  if (a.threads == 0) {
+    // Every rank on its own host gets all of its cores.
+    omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  }
+  auto store = std::make_shared<srv::RegistryStore>(channel, as.generation(), token);
+  auto comm = make_communicator(backend, as.rank(), as.world_size(), "", store, host,
+                                std::chrono::milliseconds(as.comm_timeout_ms()));
+  if (!comm.ok()) {
+    say("error: " + comm.message() + "; registering again");
+    rejoin(argv);
+  }
+  // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
+  // fraction and activation reserve, as a local rank would.
+  Args sized = a;
+  sized.kv_capacity = as.kv_capacity();
+  sized.kv_memory_fraction = as.kv_memory_fraction();
+  sized.kv_reserve_bytes = as.kv_reserve_bytes();
+  auto capacity = kv_rows(sized, backend, model);
+  if (!capacity.ok()) return fail(capacity.message());  // cannot hold the KV shard: setup
+  auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
+                                            capacity.value(), kv_page_size(backend));
+  if (!ring.ok()) return fail(ring.message());
+  WorkerService service(model, *comm.value(), *ring.value(), token);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = start_control(service, host, &port);
+  if (!server || port == 0) {
+    return fail("cannot start the control service on " + host +
+                " (--advertise-host must be an address of this host)");
+  }
+  const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  const std::string address = bracketed + ":" + std::to_string(port);
+  if (Status st = store->set("control/" + std::to_string(as.rank()),
+                             std::vector<char>(address.begin(), address.end()));
+      !st.ok()) {
+    say("error: " + st.message() + "; registering again");
+    rejoin(argv);
+  }
+  g_in_group = true;
+  // The membership stream: a leave event or its end (the coordinator is gone) ends the group
+  // for this worker.
+  std::thread([&reader] {
+    pb::JoinEvent next;
+    std::string why = "the server closed the membership stream";
+    while (reader.Read(&next)) {
+      if (next.has_leave()) {
+        why = "told to leave: " + next.leave().reason();
+        break;
+      }
+    }
+    if (why.rfind("told", 0) != 0) {
+      const grpc::Status st = reader.Finish();
+      if (!st.ok()) why = "lost the server: " + st.error_message();
+    }
+    say(why);
+    g_exit.request(kRejoin);
+  }).detach();
+  const int code = g_exit.wait();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (code == kRejoin || code == kExitBroken) rejoin(argv);
+  std::_Exit(code);  // Shutdown or SIGTERM; skip destructors of a possibly broken communicator
+}
+
+// --join: registers with the server (retrying with backoff until the group forms; a refusal
+// ends the process), then serves as the member it was assigned.
+int run_join(const Args& a, engine::Backend& backend, models::LlamaModel& model, char** argv) {
+  namespace srv = burst::server;
+  g_who = "burst-worker (join " + a.join + ")";
+  auto token = join_token(a);
+  if (!token.ok()) return fail(token.message());
+  auto host = advertised_host(a);
+  if (!host.ok()) return fail(host.message());
+  const bool rejoining = std::getenv(kRejoinEnv) != nullptr;
+  pb::JoinRequest req;
+  req.set_fingerprint(srv::model_fingerprint(model.config(), a.model));
+  req.set_device_kind(backend.device() == engine::DeviceKind::kCuda ? "cuda" : "cpu");
+  req.set_host(host.value());
+  req.set_pid(getpid());
+  req.set_rejoin(rejoining);
+  auto channel = registry_channel(a.join);
   auto stub = pb::WorkerRegistry::NewStub(channel);
-  say(std::string(rejoining ? "registering again" : "registering") + " as " + host + " (pid " +
-      std::to_string(getpid()) + ")");
+  say(std::string(rejoining ? "registering again" : "registering") + " as " + host.value() +
+      " (pid " + std::to_string(getpid()) + ")");
 
   auto backoff = std::chrono::milliseconds(500);
   while (true) {
     grpc::ClientContext ctx;
-    if (!token.empty()) ctx.AddMetadata(srv::kWorkerTokenKey, token);
+    if (!token.value().empty()) ctx.AddMetadata(srv::kWorkerTokenKey, token.value());
     auto reader = stub->Join(&ctx, req);
     pb::JoinEvent ev;
-    if (!reader->Read(&ev) || !ev.has_assigned()) {
-      const grpc::Status st = reader->Finish();
-      const auto code = st.error_code();
-      if (code == grpc::StatusCode::FAILED_PRECONDITION ||
-          code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-          code == grpc::StatusCode::UNAUTHENTICATED ||
-          code == grpc::StatusCode::INVALID_ARGUMENT) {
-        std::cerr << g_who << ": refused by the server: " << st.error_message() << std::endl;
-        return kExitRefused;
-      }
-      const std::string why = st.ok() ? "told to leave before the group formed: " +
-                                            ev.leave().reason()
-                                      : st.error_message();
-      say("cannot register yet (" + why + "); retrying in " + std::to_string(backoff.count()) +
-          " ms");
-      std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(10000));
-      continue;
+    if (reader->Read(&ev) && ev.has_assigned()) {
+      return serve_as_member(a, backend, model, argv, channel, token.value(), host.value(),
+                             *reader, ev.assigned());
     }
-    const pb::JoinAssigned& as = ev.assigned();
-    g_who = "burst-worker rank " + std::to_string(as.rank()) + " (join " + a.join + ")";
-    say("joined as rank " + std::to_string(as.rank()) + " of " +
-        std::to_string(as.world_size()) + " (generation " + std::to_string(as.generation()) +
-        ")");
-    if (a.threads == 0) {
-      // Every rank on its own host gets all of its cores.
-      omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+    const grpc::Status st = reader->Finish();
+    const auto code = st.error_code();
+    if (code == grpc::StatusCode::FAILED_PRECONDITION ||
+        code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+        code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::INVALID_ARGUMENT) {
+      std::cerr << g_who << ": refused by the server: " << st.error_message() << std::endl;
+      return kExitRefused;
     }
-    auto store = std::make_shared<srv::RegistryStore>(channel, as.generation(), token);
-    auto comm = make_communicator(backend, as.rank(), as.world_size(), "", store, host,
-                                  std::chrono::milliseconds(as.comm_timeout_ms()));
-    if (!comm.ok()) {
-      say("error: " + comm.message() + "; registering again");
-      rejoin(argv);
-    }
-    // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
-    // fraction and activation reserve, as a local rank would.
-    Args sized = a;
-    sized.kv_capacity = as.kv_capacity();
-    sized.kv_memory_fraction = as.kv_memory_fraction();
-    sized.kv_reserve_bytes = as.kv_reserve_bytes();
-    auto capacity = kv_rows(sized, backend, model);
-    if (!capacity.ok()) return fail(capacity.message());  // cannot hold the KV shard: setup
-    auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
-                                              capacity.value(), kv_page_size(backend));
-    if (!ring.ok()) return fail(ring.message());
-    WorkerService service(model, *comm.value(), *ring.value(), token);
-    int port = 0;
-    std::unique_ptr<grpc::Server> server = start_control(service, host, &port);
-    if (!server || port == 0) {
-      return fail("cannot start the control service on " + host + " (--advertise-host must be "
-                  "an address of this host)");
-    }
-    const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-    const std::string address = bracketed + ":" + std::to_string(port);
-    if (Status st = store->set("control/" + std::to_string(as.rank()),
-                               std::vector<char>(address.begin(), address.end()));
-        !st.ok()) {
-      say("error: " + st.message() + "; registering again");
-      rejoin(argv);
-    }
-    g_in_group = true;
-    // The membership stream: a leave event or its end (the coordinator is gone) ends the
-    // group for this worker.
-    std::thread([&] {
-      pb::JoinEvent next;
-      std::string why = "the server closed the membership stream";
-      while (reader->Read(&next)) {
-        if (next.has_leave()) {
-          why = "told to leave: " + next.leave().reason();
-          break;
-        }
-      }
-      if (why.rfind("told", 0) != 0) {
-        const grpc::Status st = reader->Finish();
-        if (!st.ok()) why = "lost the server: " + st.error_message();
-      }
-      say(why);
-      g_exit.request(kRejoin);
-    }).detach();
-    const int code = g_exit.wait();
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    if (code == kRejoin || code == kExitBroken) rejoin(argv);
-    std::_Exit(code);  // Shutdown or SIGTERM; skip destructors of a possibly broken communicator
+    const std::string why = st.ok() ? "told to leave before the group formed: " +
+                                          ev.leave().reason()
+                                    : st.error_message();
+    say("cannot register yet (" + why + "); retrying in " + std::to_string(backoff.count()) +
+        " ms");
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(10000));
   }
 }
 
