@@ -194,119 +194,145 @@ std::string canned_response(int status, const std::string& body) {
          body;
 }
 
+// A refusal of a request head: the HTTP status (0: none) and what was wrong.
+struct HeadError {
+  int status = 0;
+  std::string message;
+};
+
+// Splits a head into its lines (without CRLF), the last, empty one dropped. Every line must end
+// with CRLF: a lone CR or LF is how one parser's line becomes two of another's.
+HeadError head_lines(std::string_view head, std::vector<std::string_view>& lines) {
+  for (size_t i = 0; i < head.size(); ++i) {
+    if (head[i] == '\r' && (i + 1 >= head.size() || head[i + 1] != '\n')) {
+      return {400, "a bare CR in the request head (lines must end with CRLF)"};
+    }
+    if (head[i] == '\n' && (i == 0 || head[i - 1] != '\r')) {
+      return {400, "a bare LF in the request head (lines must end with CRLF)"};
+    }
+  }
+  for (size_t pos = 0; pos < head.size();) {
+    const size_t eol = head.find("\r\n", pos);
+    if (eol == std::string_view::npos) return {400, "the request head does not end in CRLF"};
+    lines.push_back(head.substr(pos, eol - pos));
+    pos = eol + 2;
+  }
+  if (lines.size() < 2 || !lines.back().empty()) return {400, "incomplete request head"};
+  lines.pop_back();
+  return {};
+}
+
+// METHOD SP TARGET SP HTTP/1.x, a method we serve; *version is the protocol.
+HeadError check_request_line(std::string_view line, std::string_view* version) {
+  if (line.size() > kMaxRequestLine) {
+    return {414, "the request line is over " + std::to_string(kMaxRequestLine) + " bytes"};
+  }
+  const size_t sp1 = line.find(' ');
+  const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp1 == 0 || sp2 == std::string_view::npos || sp2 == sp1 + 1 ||
+      line.find(' ', sp2 + 1) != std::string_view::npos) {
+    return {400, "malformed request line " + quoted(line) +
+                     " (want METHOD SP TARGET SP HTTP/1.1)"};
+  }
+  *version = line.substr(sp2 + 1);
+  if (*version != "HTTP/1.1" && *version != "HTTP/1.0") {
+    if (version->size() == 8 && version->substr(0, 5) == "HTTP/") {
+      return {505, "HTTP version " + quoted(*version) + " is not supported (HTTP/1.1, 1.0)"};
+    }
+    return {400, "malformed request line " + quoted(line)};
+  }
+  const std::string_view method = line.substr(0, sp1);
+  if (std::none_of(std::begin(kMethods), std::end(kMethods),
+                   [&](const char* m) { return method == m; })) {
+    return {501, "method " + quoted(method) + " is not supported"};
+  }
+  return {};
+}
+
+// Header line i (at byte `offset` of the head): its syntax, and the framing headers we act on
+// (Content-Length, Transfer-Encoding, Expect) into h; the counts catch repeated ones.
+HeadError check_header_line(size_t i, std::string_view line, size_t offset, RequestHead& h,
+                            int& content_lengths, int& transfer_encodings) {
+  if (line.size() > kMaxHeaderLine) {
+    return {431, "header line " + std::to_string(i) + " is over " +
+                     std::to_string(kMaxHeaderLine) + " bytes"};
+  }
+  if (line.front() == ' ' || line.front() == '\t') {
+    return {400, "header line " + std::to_string(i) + " " + quoted(line) +
+                     " starts with whitespace (obsolete line folding is refused)"};
+  }
+  const size_t colon = line.find(':');
+  if (colon == std::string_view::npos) {
+    return {400, "header line " + std::to_string(i) + " " + quoted(line) + " has no colon"};
+  }
+  const std::string_view name = line.substr(0, colon);
+  if (name.empty() || !std::all_of(name.begin(), name.end(), is_tchar)) {
+    return {400, "header name " + quoted(name) + " is not a token (whitespace before the "
+                     "colon or a character a header name cannot hold)"};
+  }
+  const std::string_view value = trim_ows(line.substr(colon + 1));
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t') || u == 0x7f) {
+      return {400, "header " + quoted(name) + " holds a control character"};
+    }
+  }
+  const std::string key = lower(name);
+  if (key == "content-length") {
+    if (++content_lengths > 1) return {400, "more than one Content-Length header"};
+    if (value.empty() || value.size() > 18 ||
+        !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return {400, "Content-Length " + quoted(value) + " is not a number of bytes"};
+    }
+    h.content_length = std::stoll(std::string(value));
+  } else if (key == "transfer-encoding") {
+    if (++transfer_encodings > 1) return {400, "more than one Transfer-Encoding header"};
+    if (lower(value) != "chunked") {
+      return {501, "Transfer-Encoding " + quoted(value) + " is not supported (only chunked)"};
+    }
+    h.chunked = true;
+  } else if (key == "expect") {
+    if (lower(value) != "100-continue") {
+      return {417, "Expect " + quoted(value) + " is not supported (only 100-continue)"};
+    }
+    h.expect_continue = true;
+    h.expect_begin = offset;
+    h.expect_end = offset + line.size() + 2;
+  }
+  return {};
+}
+
 }  // namespace
 
 RequestHead parse_request_head(std::string_view head) {
   RequestHead h;
-  auto bad = [&](int status, std::string message) {
-    h.status = status;
-    h.message = std::move(message);
+  auto bad = [&](HeadError e) {
+    h.status = e.status;
+    h.message = std::move(e.message);
     return h;
   };
   h.head_bytes = head.size();
-  // Every line ends with CRLF; a lone CR or LF is how one parser's line becomes two of another's.
-  for (size_t i = 0; i < head.size(); ++i) {
-    if (head[i] == '\r' && (i + 1 >= head.size() || head[i + 1] != '\n')) {
-      return bad(400, "a bare CR in the request head (lines must end with CRLF)");
-    }
-    if (head[i] == '\n' && (i == 0 || head[i - 1] != '\r')) {
-      return bad(400, "a bare LF in the request head (lines must end with CRLF)");
-    }
-  }
   std::vector<std::string_view> lines;
-  for (size_t pos = 0; pos < head.size();) {
-    const size_t eol = head.find("\r\n", pos);
-    if (eol == std::string_view::npos) return bad(400, "the request head does not end in CRLF");
-    lines.push_back(head.substr(pos, eol - pos));
-    pos = eol + 2;
-  }
-  if (lines.size() < 2 || !lines.back().empty()) return bad(400, "incomplete request head");
-  lines.pop_back();
-  const std::string_view request_line = lines[0];
-  if (request_line.size() > kMaxRequestLine) {
-    return bad(414, "the request line is over " + std::to_string(kMaxRequestLine) + " bytes");
-  }
-  const size_t sp1 = request_line.find(' ');
-  const size_t sp2 = sp1 == std::string_view::npos ? sp1 : request_line.find(' ', sp1 + 1);
-  if (sp1 == 0 || sp2 == std::string_view::npos || sp2 == sp1 + 1 ||
-      request_line.find(' ', sp2 + 1) != std::string_view::npos) {
-    return bad(400, "malformed request line " + quoted(request_line) +
-                        " (want METHOD SP TARGET SP HTTP/1.1)");
-  }
-  const std::string_view version = request_line.substr(sp2 + 1);
-  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
-    if (version.size() == 8 && version.substr(0, 5) == "HTTP/") {
-      return bad(505, "HTTP version " + quoted(version) + " is not supported (HTTP/1.1, 1.0)");
-    }
-    return bad(400, "malformed request line " + quoted(request_line));
-  }
-  const std::string_view method = request_line.substr(0, sp1);
-  if (std::none_of(std::begin(kMethods), std::end(kMethods),
-                   [&](const char* m) { return method == m; })) {
-    return bad(501, "method " + quoted(method) + " is not supported");
+  if (HeadError e = head_lines(head, lines); e.status != 0) return bad(std::move(e));
+  std::string_view version;
+  if (HeadError e = check_request_line(lines[0], &version); e.status != 0) {
+    return bad(std::move(e));
   }
   if (lines.size() - 1 > kMaxHeaderLines) {
-    return bad(431, "more than " + std::to_string(kMaxHeaderLines) + " header lines");
+    return bad({431, "more than " + std::to_string(kMaxHeaderLines) + " header lines"});
   }
   int content_lengths = 0, transfer_encodings = 0;
   size_t offset = lines[0].size() + 2;
   for (size_t i = 1; i < lines.size(); offset += lines[i].size() + 2, ++i) {
-    const std::string_view line = lines[i];
-    if (line.size() > kMaxHeaderLine) {
-      return bad(431, "header line " + std::to_string(i) + " is over " +
-                          std::to_string(kMaxHeaderLine) + " bytes");
-    }
-    if (line.front() == ' ' || line.front() == '\t') {
-      return bad(400, "header line " + std::to_string(i) + " " + quoted(line) +
-                          " starts with whitespace (obsolete line folding is refused)");
-    }
-    const size_t colon = line.find(':');
-    if (colon == std::string_view::npos) {
-      return bad(400, "header line " + std::to_string(i) + " " + quoted(line) + " has no colon");
-    }
-    const std::string_view name = line.substr(0, colon);
-    if (name.empty() || !std::all_of(name.begin(), name.end(), is_tchar)) {
-      return bad(400, "header name " + quoted(name) + " is not a token (whitespace before the "
-                          "colon or a character a header name cannot hold)");
-    }
-    const std::string_view value = trim_ows(line.substr(colon + 1));
-    for (char c : value) {
-      const auto u = static_cast<unsigned char>(c);
-      if ((u < 0x20 && c != '\t') || u == 0x7f) {
-        return bad(400, "header " + quoted(name) + " holds a control character");
-      }
-    }
-    const std::string key = lower(name);
-    if (key == "content-length") {
-      if (++content_lengths > 1) return bad(400, "more than one Content-Length header");
-      if (value.empty() || value.size() > 18 ||
-          !std::all_of(value.begin(), value.end(),
-                       [](char c) { return c >= '0' && c <= '9'; })) {
-        return bad(400, "Content-Length " + quoted(value) + " is not a number of bytes");
-      }
-      h.content_length = std::stoll(std::string(value));
-    } else if (key == "transfer-encoding") {
-      if (++transfer_encodings > 1) return bad(400, "more than one Transfer-Encoding header");
-      if (lower(value) != "chunked") {
-        return bad(501, "Transfer-Encoding " + quoted(value) + " is not supported (only "
-                            "chunked)");
-      }
-      h.chunked = true;
-    } else if (key == "expect") {
-      if (lower(value) != "100-continue") {
-        return bad(417, "Expect " + quoted(value) + " is not supported (only 100-continue)");
-      }
-      h.expect_continue = true;
-      h.expect_begin = offset;
-      h.expect_end = offset + line.size() + 2;
-    }
+    HeadError e = check_header_line(i, lines[i], offset, h, content_lengths, transfer_encodings);
+    if (e.status != 0) return bad(std::move(e));
   }
   if (content_lengths > 0 && h.chunked) {
-    return bad(400, "Content-Length together with Transfer-Encoding: chunked (a request "
-                    "smuggling pattern) is refused");
+    return bad({400, "Content-Length together with Transfer-Encoding: chunked (a request "
+                     "smuggling pattern) is refused"});
   }
   if (h.chunked && version == "HTTP/1.0") {
-    return bad(400, "Transfer-Encoding in an HTTP/1.0 request is refused");
+    return bad({400, "Transfer-Encoding in an HTTP/1.0 request is refused"});
   }
   return h;
 }
