@@ -149,11 +149,13 @@ def test_64_concurrent_streaming_clients():
 
 
 def test_short_request_not_stuck_behind_long_prefill():
-    # 1500 prompt tokens in chunks of 128 take many steps; a 20-token request sent just after
-    # the long one starts gets its first token first.
+    # ~3700 prompt tokens (near the model's 4096) in chunks of 128 take many steps; a
+    # 20-token request sent just after the long one starts gets its first token first. (With
+    # 1500 tokens the whole prefill took ~0.4 s once the CPU kernels got faster, too close to
+    # the 0.3 s the short request waits.)
     srv = Server("--prefill-chunk", 128, workers=2)
     try:
-        long_words = text_of(1400)
+        long_words = text_of(3500)
         out = {}
 
         def long_request():
