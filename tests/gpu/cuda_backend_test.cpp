@@ -899,6 +899,20 @@ std::optional<std::vector<int64_t>> bench_lengths(const char* var, const char* e
   return parse_lengths(env);
 }
 
+// What both opt-in benchmarks run on: the CUDA backend of device 0 and the 7B preset's shape.
+struct Bench7b {
+  std::unique_ptr<Backend> backend;
+  models::LlamaConfig config;
+};
+void make_bench_7b(Bench7b& out) {
+  auto backend = engine::make_cuda_backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.message();
+  out.backend = backend.take();
+  auto config = models::preset_config("7b");
+  ASSERT_TRUE(config.ok()) << config.message();
+  out.config = config.value();
+}
+
 // TTFT of the 7B preset (random weights, seed 0) on one GPU at the lengths in
 // BURST_BENCH_PREFILL (comma separated): models::generate with max_tokens 1 and the prompt
 // burst-generate --prompt-tokens N builds, one warm-up then BURST_BENCH_REPS (3) timed runs in
@@ -913,12 +927,10 @@ TEST(CudaPrefillBench, Preset7b) {
   const char* out_path = std::getenv("BURST_BENCH_OUT");
   FILE* out = out_path ? std::fopen(out_path, "w") : stdout;
   ASSERT_NE(out, nullptr);
-  auto backend = engine::make_cuda_backend(0);
-  ASSERT_TRUE(backend.ok()) << backend.message();
-  Backend& b = *backend.value();
-  auto config = models::preset_config("7b");
-  ASSERT_TRUE(config.ok());
-  const models::LlamaConfig& c = config.value();
+  Bench7b bench;
+  ASSERT_NO_FATAL_FAILURE(make_bench_7b(bench));
+  Backend& b = *bench.backend;
+  const models::LlamaConfig& c = bench.config;
   const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
 
   // The memory plan, stated before allocating: weights, KV cache at the longest length.
@@ -987,12 +999,10 @@ TEST(CudaDecodeBench, HostOverhead7b) {
   const auto asked = bench_lengths("BURST_BENCH_DECODE", "512,32768", skip);
   if (!asked) GTEST_SKIP() << skip;
   const std::vector<int64_t>& contexts = *asked;
-  auto backend = engine::make_cuda_backend(0);
-  ASSERT_TRUE(backend.ok()) << backend.message();
-  Backend& b = *backend.value();
-  auto config = models::preset_config("7b");
-  ASSERT_TRUE(config.ok());
-  const models::LlamaConfig& c = config.value();
+  Bench7b bench;
+  ASSERT_NO_FATAL_FAILURE(make_bench_7b(bench));
+  Backend& b = *bench.backend;
+  const models::LlamaConfig& c = bench.config;
   using Clock = std::chrono::steady_clock;
   auto us = [](Clock::duration d) {
     return std::chrono::duration<double, std::micro>(d).count();
