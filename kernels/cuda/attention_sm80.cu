@@ -29,7 +29,6 @@
 namespace burst::kernels::detail {
 namespace {
 
-constexpr float kLn2 = 0.6931471805599453f;
 // A row's running max (log2 units) moves only when a block's max exceeds it by more than this:
 // P = exp2(score - max) then stays <= 2^8 (bf16/fp16 rounding is relative, so no precision is
 // lost), and O and the sum need no rescale for most blocks (O / sum and the LSE use the same,

@@ -45,13 +45,13 @@ using detail::cp_async_16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::exp2_approx;
+using detail::kLn2;
 using detail::kLog2e;
 using detail::LdmBases;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
 using detail::swz;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
 
 // Programmatic dependent launch (sm_90+; compiled out below, where launches stay serialised).
