@@ -109,7 +109,10 @@ void PagedKvCache::commit(uint64_t seq) {
 void PagedKvCache::release(uint64_t seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  for (int32_t p : it->second.pages) free_.push_back(p);
+  // Back on the stack last page first, so the next sequence takes them in ascending order: a
+  // prefix on consecutive pages is attended in place (RingAttention::local_prefix).
+  const auto& pages = it->second.pages;
+  free_.insert(free_.end(), pages.rbegin(), pages.rend());
   seqs_.erase(it);
 }
 

@@ -12,6 +12,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kTagKv = 1;
+constexpr int kTagQ = 2;        // pass-Q: a query block around the ring
+constexpr int kTagPartial = 3;  // pass-Q: a partial (o, lse) back to its queries' rank
 
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -212,9 +214,7 @@ Status RingAttention::attend(int layer, const Tensor& q, const Tensor& k, const 
 
 Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {
   const int world = comm_.world_size();
-  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  const DType dt = backend_.compute_dtype();
   b.rows = sr.plan.local_rows(comm_.rank());
   b.prefix.assign(static_cast<size_t>(world), 0);
   int64_t max_prefix = 0;
@@ -223,39 +223,56 @@ Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {
     max_prefix = std::max(max_prefix, b.prefix[static_cast<size_t>(r)]);
   }
   b.block_rows = max_prefix + b.rows;
-  // A block is K rows then V rows, one buffer, so one transfer moves both.
-  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * b.block_rows, kvw}, dt));
-  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * b.block_rows, kvw}, dt));
   BURST_RETURN_IF_ERROR(ensure(o_part_, {b.rows, qw}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * b.rows}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(o_acc_, {b.rows, qw}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(lse_acc_, {shape_.heads * b.rows}, DType::kF32));
+  return reset_acc(o_acc_, lse_acc_);
+}
+
+Status RingAttention::reset_acc(Tensor& o, Tensor& lse) {
   // Nothing seen yet: o 0 and lse -inf, so the first merge takes the partial as is.
-  BURST_RETURN_IF_ERROR(backend_.fill_random(o_acc_, 0, 0.f, /*constant=*/true));
-  return backend_.fill_random(lse_acc_, 0, kNegInf, /*constant=*/true);
+  BURST_RETURN_IF_ERROR(backend_.fill_random(o, 0, 0.f, /*constant=*/true));
+  return backend_.fill_random(lse, 0, kNegInf, /*constant=*/true);
+}
+
+bool RingAttention::pass_q(const PrefillBlocks& b) const {
+  if (comm_.world_size() == 1 || !transfers_) return false;
+  if (pass_ != RingPass::kAuto) return pass_ == RingPass::kQ;
+  // Bytes one hop moves: a KV block (K and V of the largest prefix plus the chunk) against a
+  // query block out and its fp32 (o, lse) partial back.
+  const int64_t elt = static_cast<int64_t>(dtype_size(backend_.compute_dtype()));
+  const int64_t kv = b.block_rows * 2 * shape_.kv_heads * shape_.head_dim * elt;
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  const int64_t q = b.rows * (qw * elt + (qw + shape_.heads) * 4);
+  return q < kv;
 }
 
 Status RingAttention::load_own_block(int layer, const SeqRows& sr, const PrefillBlocks& b,
                                      const Tensor& k, const Tensor& v) {
   const int64_t own_prefix = b.prefix[static_cast<size_t>(comm_.rank())];
   Tensor pk = block_[0].rows(0, own_prefix), pv = block_[0].rows(b.block_rows, own_prefix);
-  if (own_prefix > 0) {
-    const int32_t* pages = at<int32_t>(tables_, prefill_table_.at(sr.seq));
-    const int64_t ps = cache_->page_size();
-    BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->k_pool(layer), pages, ps, own_prefix, pk));
-    BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->v_pool(layer), pages, ps, own_prefix, pv));
-  }
+  if (own_prefix > 0) BURST_RETURN_IF_ERROR(gather_prefix(layer, sr, own_prefix, pk, pv));
   Tensor ck = block_[0].rows(own_prefix, b.rows);
   Tensor cv = block_[0].rows(b.block_rows + own_prefix, b.rows);
   BURST_RETURN_IF_ERROR(backend_.copy(k, ck));
   return backend_.copy(v, cv);
 }
 
-Status RingAttention::attend_merge(const PrefillBlocks& b, const Tensor& q, const Tensor& blk,
-                                   const Segment& qs, const Segment& ks,
-                                   kernels::MaskKind mask) {
+Status RingAttention::gather_prefix(int layer, const SeqRows& sr, int64_t n, Tensor& k,
+                                    Tensor& v) {
+  const int32_t* pages = at<int32_t>(tables_, prefill_table_.at(sr.seq));
+  const int64_t ps = cache_->page_size();
+  BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->k_pool(layer), pages, ps, n, k));
+  return backend_.gather_rows(cache_->v_pool(layer), pages, ps, n, v);
+}
+
+Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, const void* v,
+                                   const Segment& qs, const Segment& ks, kernels::MaskKind mask,
+                                   float* o_acc, float* lse_acc) {
   const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  const auto elt = static_cast<int64_t>(dtype_size(backend_.compute_dtype()));
   kernels::AttnParams p;
   p.heads = shape_.heads;
   p.kv_heads = shape_.kv_heads;
@@ -263,10 +280,10 @@ Status RingAttention::attend_merge(const PrefillBlocks& b, const Tensor& q, cons
   p.n_q = static_cast<int32_t>(qs.len);
   p.n_kv = static_cast<int32_t>(ks.len);
   kernels::set_packed_strides(p);
-  p.lse_head_stride = b.rows;  // partial lse laid out [heads, rows] over all local rows
-  p.q = at(q, qs.row * qw);
-  p.k = at(blk, ks.row * kvw);
-  p.v = at(blk, (b.block_rows + ks.row) * kvw);
+  p.lse_head_stride = rows;  // partial lse laid out [heads, rows] over all local rows
+  p.q = static_cast<const char*>(q) + qs.row * qw * elt;
+  p.k = static_cast<const char*>(k) + ks.row * kvw * elt;
+  p.v = static_cast<const char*>(v) + ks.row * kvw * elt;
   p.o = at(o_part_, qs.row * qw);
   p.lse = at<float>(lse_part_, qs.row);
   p.q_start = qs.pos;
@@ -277,13 +294,13 @@ Status RingAttention::attend_merge(const PrefillBlocks& b, const Tensor& q, cons
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   BURST_RETURN_IF_ERROR(backend_.attention(p));
   kernels::MergeParams m;
-  m.o_a = at<float>(o_acc_, qs.row * qw);
-  m.lse_a = at<float>(lse_acc_, qs.row);
+  m.o_a = o_acc + qs.row * qw;
+  m.lse_a = lse_acc + qs.row;
   m.o_b = at<float>(o_part_, qs.row * qw);
   m.lse_b = at<float>(lse_part_, qs.row);
   m.o_row_stride = qw;
   m.o_head_stride = shape_.head_dim;
-  m.lse_head_stride = b.rows;
+  m.lse_head_stride = rows;
   m.rows = static_cast<int32_t>(qs.len);
   m.heads = shape_.heads;
   m.head_dim = shape_.head_dim;
@@ -306,14 +323,28 @@ Status RingAttention::cache_chunk(int layer, const SeqRows& sr, const PrefillBlo
 
 Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, const Tensor& k,
                               const Tensor& v, Tensor& out) {
-  const int world = comm_.world_size(), rank = comm_.rank();
-  const ShardPlan& plan = sr.plan;
   PrefillBlocks b;
   BURST_RETURN_IF_ERROR(prefill_buffers(sr, b));
+  BURST_RETURN_IF_ERROR(pass_q(b) ? prefill_pass_q(layer, sr, b, q, k, v)
+                                  : prefill_pass_kv(layer, sr, b, q, k, v));
+  BURST_RETURN_IF_ERROR(backend_.convert(o_acc_, out));
+  return cache_chunk(layer, sr, b, k, v);
+}
+
+Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const PrefillBlocks& b,
+                                      const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int world = comm_.world_size(), rank = comm_.rank();
+  const ShardPlan& plan = sr.plan;
+  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+  // A block is K rows then V rows, one buffer, so one transfer moves both.
+  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * b.block_rows, kvw}, backend_.compute_dtype()));
+  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * b.block_rows, kvw}, backend_.compute_dtype()));
   BURST_RETURN_IF_ERROR(load_own_block(layer, sr, b, k, v));
   const std::vector<Segment> q_segs = plan.segments(rank);
   const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
   const size_t block_bytes = static_cast<size_t>(block_[0].bytes());
+  float* o_acc = o_acc_.as<float>();
+  float* lse_acc = lse_acc_.as<float>();
 
   for (int s = 0; s < world; ++s) {
     Tensor& cur = block_[transfers_ ? s % 2 : 0];
@@ -329,19 +360,19 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
     const auto t0 = std::chrono::steady_clock::now();
     const int src = (rank - s + world) % world;
     const int64_t src_prefix = b.prefix[static_cast<size_t>(src)];
+    const void* bk = cur.data;
+    const void* bv = at(cur, b.block_rows * kvw);
     // Every prefix key precedes every query of the chunk: no mask, and positions do not matter.
     if (src_prefix > 0) {
-      BURST_RETURN_IF_ERROR(attend_merge(b, q, cur, Segment{plan.start, 0, b.rows},
-                                         Segment{0, 0, src_prefix}, kernels::MaskKind::kNone));
+      BURST_RETURN_IF_ERROR(attend_merge(b.rows, q.data, bk, bv, Segment{plan.start, 0, b.rows},
+                                         Segment{0, 0, src_prefix}, kernels::MaskKind::kNone,
+                                         o_acc, lse_acc));
     }
     for (const Segment& qs : q_segs) {
       for (const Segment& ks : plan.segments(src)) {
-        const auto rel = kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
-        if (rel == kernels::BlockRelation::kSkip) continue;  // keys all after the queries
-        BURST_RETURN_IF_ERROR(attend_merge(
-            b, q, cur, qs, Segment{ks.pos, src_prefix + ks.row, ks.len},
-            rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
-                                                 : kernels::MaskKind::kCausal));
+        BURST_RETURN_IF_ERROR(attend_chunk(b.rows, q.data, bk, bv, qs,
+                                           Segment{ks.pos, src_prefix + ks.row, ks.len}, o_acc,
+                                           lse_acc));
       }
     }
     // Host time of the compute: exact on CPU; on a GPU the ops are queued, so the benchmark
@@ -350,13 +381,145 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
     // The next step reads `nxt` (it must have arrived) and the step after overwrites `cur`
     // (our send of it must be done).
     if (xfer) BURST_RETURN_IF_ERROR(xfer->wait());
-    const auto t2 = std::chrono::steady_clock::now();
-    stats_.compute_ms += ms_between(t0, t1);
-    stats_.wait_ms += ms_between(t1, t2);
-    ++stats_.steps;
+    count_step(t0, t1);
   }
-  BURST_RETURN_IF_ERROR(backend_.convert(o_acc_, out));
-  return cache_chunk(layer, sr, b, k, v);
+  return {};
+}
+
+Status RingAttention::attend_chunk(int64_t rows, const void* q, const void* k, const void* v,
+                                   const Segment& qs, const Segment& ks, float* o_acc,
+                                   float* lse_acc) {
+  const auto rel = kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
+  if (rel == kernels::BlockRelation::kSkip) return {};  // keys all after the queries
+  return attend_merge(rows, q, k, v, qs, ks,
+                      rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
+                                                           : kernels::MaskKind::kCausal,
+                      o_acc, lse_acc);
+}
+
+void RingAttention::count_step(std::chrono::steady_clock::time_point t0,
+                               std::chrono::steady_clock::time_point t1) {
+  const auto t2 = std::chrono::steady_clock::now();
+  stats_.compute_ms += ms_between(t0, t1);
+  stats_.wait_ms += ms_between(t1, t2);
+  ++stats_.steps;
+}
+
+Status RingAttention::local_prefix(int layer, const SeqRows& sr, int64_t n, const void** k,
+                                   const void** v) {
+  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+  const std::vector<int32_t>& pages = cache_->pages(sr.seq);
+  const int64_t ps = cache_->page_size();
+  bool runs = true;
+  for (int64_t i = 1; i < (n + ps - 1) / ps && runs; ++i) {
+    runs = pages[static_cast<size_t>(i)] == pages[0] + i;
+  }
+  if (runs) {  // the pool rows in place: no copy
+    *k = at(cache_->k_pool(layer), int64_t{pages[0]} * ps * kvw);
+    *v = at(cache_->v_pool(layer), int64_t{pages[0]} * ps * kvw);
+    return {};
+  }
+  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * n, kvw}, backend_.compute_dtype()));
+  Tensor pk = block_[0].rows(0, n), pv = block_[0].rows(n, n);
+  BURST_RETURN_IF_ERROR(gather_prefix(layer, sr, n, pk, pv));
+  *k = pk.data;
+  *v = pv.data;
+  return {};
+}
+
+Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const PrefillBlocks& b,
+                                     const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int world = comm_.world_size(), rank = comm_.rank();
+  const ShardPlan& plan = sr.plan;
+  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
+  const DType dt = backend_.compute_dtype();
+  // This rank's keys: its cached prefix, then its chunk's k and v as the forward made them.
+  const int64_t own_prefix = b.prefix[static_cast<size_t>(rank)];
+  const void* pk = nullptr;
+  const void* pv = nullptr;
+  if (own_prefix > 0) BURST_RETURN_IF_ERROR(local_prefix(layer, sr, own_prefix, &pk, &pv));
+  const std::vector<Segment> own_segs = plan.segments(rank);
+  // Every rank holds as many chunk rows (padding included), so blocks have one size. A
+  // partial is o [rows, qw] then lse [heads, rows], fp32, one buffer for one transfer.
+  const int64_t o_len = b.rows * qw, part = o_len + shape_.heads * b.rows;
+  for (int i = 0; i < 2; ++i) {
+    BURST_RETURN_IF_ERROR(ensure(q_block_[i], {b.rows, qw}, dt));
+    BURST_RETURN_IF_ERROR(ensure(part_out_[i], {part}, DType::kF32));
+    BURST_RETURN_IF_ERROR(ensure(part_in_[i], {part}, DType::kF32));
+  }
+  const size_t q_bytes = static_cast<size_t>(b.rows * qw) * dtype_size(dt);
+  const size_t part_bytes = static_cast<size_t>(part) * 4;
+  const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
+  float* o_acc = o_acc_.as<float>();
+  float* lse_acc = lse_acc_.as<float>();
+  // The partial of our queries computed by rank (rank + s), merged into the accumulator.
+  std::unique_ptr<CommHandle> back[2];
+  auto merge_back = [&](int slot) -> Status {
+    if (!back[slot]) return {};
+    BURST_RETURN_IF_ERROR(back[slot]->wait());
+    back[slot].reset();
+    kernels::MergeParams m;
+    m.o_a = o_acc;
+    m.lse_a = lse_acc;
+    m.o_b = part_in_[slot].as<float>();
+    m.lse_b = part_in_[slot].as<float>() + o_len;
+    m.o_row_stride = qw;
+    m.o_head_stride = shape_.head_dim;
+    m.lse_head_stride = b.rows;
+    m.rows = static_cast<int32_t>(b.rows);
+    m.heads = shape_.heads;
+    m.head_dim = shape_.head_dim;
+    return backend_.merge(m);
+  };
+
+  for (int s = 0; s < world; ++s) {
+    // Step s: the queries of rank src against this rank's keys. The next step's query block is
+    // in flight meanwhile; the partial goes back to src while step s + 1 computes.
+    const int src = (rank - s + world) % world;
+    const void* qcur = s == 0 ? q.data : q_block_[s % 2].data;
+    std::unique_ptr<CommHandle> xfer;
+    if (s + 1 < world) {
+      auto h = comm_.isendrecv(qcur, next, q_block_[(s + 1) % 2].data, prev, q_bytes, kTagQ);
+      if (!h.ok()) return h.status();
+      xfer = h.take();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    float* o_to = o_acc;
+    float* lse_to = lse_acc;
+    if (s > 0) {
+      // This slot's previous partial (step s - 2) must have left, and its answer merged.
+      BURST_RETURN_IF_ERROR(merge_back(s % 2));
+      Tensor o_view = part_out_[s % 2], lse_view = part_out_[s % 2];
+      o_view.shape = {o_len};
+      lse_view.data = at(part_out_[s % 2], o_len);
+      lse_view.shape = {shape_.heads * b.rows};
+      BURST_RETURN_IF_ERROR(reset_acc(o_view, lse_view));
+      o_to = o_view.as<float>();
+      lse_to = lse_view.as<float>();
+    }
+    if (own_prefix > 0) {
+      BURST_RETURN_IF_ERROR(attend_merge(b.rows, qcur, pk, pv, Segment{plan.start, 0, b.rows},
+                                         Segment{0, 0, own_prefix}, kernels::MaskKind::kNone,
+                                         o_to, lse_to));
+    }
+    for (const Segment& qs : plan.segments(src)) {
+      for (const Segment& ks : own_segs) {
+        BURST_RETURN_IF_ERROR(attend_chunk(b.rows, qcur, k.data, v.data, qs, ks, o_to, lse_to));
+      }
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    if (xfer) BURST_RETURN_IF_ERROR(xfer->wait());
+    if (s > 0) {
+      auto h = comm_.isendrecv(part_out_[s % 2].data, src, part_in_[s % 2].data,
+                               (rank + s) % world, part_bytes, kTagPartial);
+      if (!h.ok()) return h.status();
+      back[s % 2] = h.take();
+    }
+    count_step(t0, t1);
+  }
+  // The last partials, in the order they were sent.
+  for (int s = std::max(1, world - 2); s < world; ++s) BURST_RETURN_IF_ERROR(merge_back(s % 2));
+  return {};
 }
 
 kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t n,

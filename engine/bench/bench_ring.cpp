@@ -2,14 +2,20 @@
 // layer at a given shape, for several total sequence lengths. For each length it reports the
 // ring's time per layer, the same kernels with transfers switched off (compute alone), one
 // hop's transfer alone, and the exposed communication (ring - compute alone).
+// With --chunk C it then prefills each length in C-token chunks (the continuous-batching
+// server's chunked prefill), once with every chunk by pass-KV and once by pass-Q, reports the
+// time per layer of each, and checks that both rings give the same outputs (exit 1 if any
+// element differs by more than 2 bf16 ulps of its magnitude: the two merge the same fp32
+// partials in another order, then round once).
 //
 // usage: burst-bench-ring --world N [--seq 32768,131072] [--heads 32] [--kv-heads 32]
-//                         [--head-dim 128] [--reps 5] [--out FILE.json]
+//                         [--head-dim 128] [--reps 5] [--chunk C] [--out FILE.json]
 #include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -28,6 +34,7 @@ using namespace burst::engine;
 
 struct Opts {
   int world = 2, heads = 32, kv_heads = 32, head_dim = 128, reps = 5;
+  int64_t chunk = 0;
   std::vector<int64_t> seqs = {32768, 131072};
   std::string out;
 };
@@ -40,6 +47,103 @@ int fail(int rank, const std::string& what) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The prompt of `seq` tokens prefilled in o.chunk-token chunks as one sequence, every chunk by
+// pass-KV, then every chunk by pass-Q: time per layer of each, and the largest difference.
+int run_chunked(const Opts& o, int rank, Backend& be, Communicator& comm, cudaStream_t stream,
+                int64_t seq) {
+  const int64_t qw = int64_t{o.heads} * o.head_dim, kvw = int64_t{o.kv_heads} * o.head_dim;
+  struct Chunk {
+    ShardPlan plan;
+    Tensor q, k, v, out[2];
+    std::vector<int64_t> positions;
+  };
+  std::vector<Chunk> chunks;
+  int64_t rows_total = 0;
+  for (int64_t start = 0; start < seq; start += o.chunk) {
+    Chunk c;
+    c.plan = ShardPlan::make(ShardLayout::kZigzag, std::min(o.chunk, seq - start), o.world, start);
+    const int64_t rows = c.plan.local_rows(rank);
+    rows_total += rows;
+    for (auto [t, w] : {std::pair{&c.q, qw}, {&c.k, kvw}, {&c.v, kvw}, {&c.out[0], qw},
+                        {&c.out[1], qw}}) {
+      auto a = be.alloc({rows, w}, be.compute_dtype());
+      if (!a.ok()) return fail(rank, "chunked " + std::to_string(seq) + ": " + a.message());
+      *t = a.take();
+    }
+    const auto salt = static_cast<uint64_t>(1000 * chunks.size() + 10 * rank);
+    be.fill_random(c.q, 11 + salt, 1.f, false);
+    be.fill_random(c.k, 23 + salt, 1.f, false);
+    be.fill_random(c.v, 37 + salt, 1.f, false);
+    for (const auto& sg : c.plan.segments(rank)) {
+      for (int64_t i = 0; i < sg.len; ++i) c.positions.push_back(sg.pos + i);
+    }
+    chunks.push_back(std::move(c));
+  }
+  auto ring = RingAttention::create(be, comm, {1, o.heads, o.kv_heads, o.head_dim},
+                                    rows_total + 512, /*page_size=*/256);
+  if (!ring.ok()) return fail(rank, ring.message());
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  auto run = [&](RingPass pass, int slot) -> Result<double> {
+    ring.value()->set_pass(pass);
+    std::vector<double> ms;
+    for (int r = 0; r < std::max(2, o.reps / 2 + 1); ++r) {
+      BURST_RETURN_IF_ERROR(comm.barrier());
+      cudaEventRecord(a, stream);
+      for (Chunk& c : chunks) {
+        SeqRows sr;
+        sr.seq = 1;
+        sr.plan = c.plan;
+        BURST_RETURN_IF_ERROR(ring.value()->begin_step({sr}));
+        const Status st = ring.value()->attend(0, c.q, c.k, c.v, c.positions, c.out[slot]);
+        ring.value()->end_step();
+        BURST_RETURN_IF_ERROR(st);
+      }
+      cudaEventRecord(b, stream);
+      BURST_RETURN_IF_ERROR(be.synchronize());
+      ring.value()->release(1);
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      if (r > 0) ms.push_back(t);  // the first is the warm-up
+    }
+    return median(ms);
+  };
+  auto kv = run(RingPass::kKv, 0);
+  if (!kv.ok()) return fail(rank, "pass-KV: " + kv.message());
+  auto pq = run(RingPass::kQ, 1);
+  if (!pq.ok()) return fail(rank, "pass-Q: " + pq.message());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  // Real rows only (padding rows see nothing real).
+  double worst = 0;  // |kv - q| / (2 bf16 ulps of max(|kv|, |q|), at least 2^-14)
+  float worst_kv = 0, worst_q = 0;
+  for (Chunk& c : chunks) {
+    std::vector<float> x, y;
+    if (!be.download(c.out[0], x).ok() || !be.download(c.out[1], y).ok()) {
+      return fail(rank, "download");
+    }
+    for (const auto& sg : c.plan.segments(rank)) {
+      for (int64_t i = sg.row * qw; i < (sg.row + c.plan.real_len(sg)) * qw; ++i) {
+        const auto ix = static_cast<size_t>(i);
+        const double tol = 2.0 * std::max({std::fabs(x[ix]), std::fabs(y[ix]), 1.f / 16384}) / 128;
+        const double r = std::fabs(x[ix] - y[ix]) / tol;
+        if (!(r <= worst)) {
+          worst = r;
+          worst_kv = x[ix];
+          worst_q = y[ix];
+        }
+      }
+    }
+  }
+  std::printf("rank %d: %8ld tokens in %ld-token chunks  pass-KV %8.2f ms/layer  pass-Q %8.2f "
+              "ms/layer  worst difference %.3g of the tolerance (%g vs %g)%s\n",
+              rank, static_cast<long>(seq), static_cast<long>(o.chunk), kv.value(), pq.value(),
+              worst, worst_kv, worst_q, worst <= 1.0 ? "" : "  FAILED");
+  std::fflush(stdout);
+  return worst <= 1.0 ? 0 : 1;
 }
 
 int run_rank(const Opts& o, int rank, const std::string& store) {
@@ -139,6 +243,9 @@ int run_rank(const Opts& o, int rank, const std::string& store) {
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
+    if (o.chunk > 0) {
+      if (const int e = run_chunked(o, rank, be, *comm.value(), stream, seq)) return e;
+    }
   }
   json << "]\n";
   if (rank == 0 && !o.out.empty()) std::ofstream(o.out) << json.str();
@@ -157,6 +264,7 @@ int main(int argc, char** argv) {
     else if (f == "--head-dim") o.head_dim = std::stoi(v);
     else if (f == "--reps") o.reps = std::stoi(v);
     else if (f == "--out") o.out = v;
+    else if (f == "--chunk") o.chunk = std::stoll(v);
     else if (f == "--seq") {
       o.seqs.clear();
       std::stringstream ss(v);

@@ -3,7 +3,8 @@
 # root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR burst-server burst-worker
 # libburst_spm.so [burst_gpu_tests burst-generate] first). Results under $OUT.
 #   1. Correctness first: burst_gpu_tests (GPU 0), and the tiny model's greedy text through
-#      burst-generate in-process == 1 and 2 NCCL workers (paged decode, chunked ring).
+#      burst-generate in-process == 1 and 2 NCCL workers (paged decode), and through burst-server
+#      on $WORKERS workers in 8-token chunks (chunked ring, pass-KV then pass-Q) == 1 worker.
 #   2. 7B preset (random weights, bf16) through burst-server on $WORKERS GPUs (default 2), for each prefill chunk
 #      size in $CHUNKS: a 128K-token request alone (TTFT, TPOT), then the head-of-line probe
 #      (3 x 100-token requests sent 1 s into a 128K one), then (first chunk size only) decode
@@ -30,6 +31,47 @@ if command -v burst-generate > /dev/null; then
   done | tee "$out/invariance.txt"
 fi
 py=$(command -v python3)
+# Chunked ring prefill over NCCL (pass-KV for the first chunk, pass-Q once the prefix is
+# larger): the tiny model's greedy text through 2 workers with 8-token chunks == 1 worker, whole
+# prompt.
+tiny_text() {  # WORKERS CHUNK: the completion of a 3-verse prompt, greedy, 24 tokens
+  local pf="$out/tiny_ports_$1_$2.json" pid text=""
+  rm -f "$pf"
+  burst-server --model models/kjv-tiny --device cuda --workers "$1" --prefill-chunk "$2" \
+    --http-port 0 --grpc-port -1 --port-file "$pf" > "$out/tiny_server_$1_$2.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do [ -s "$pf" ] && break; sleep 0.2; done
+  [ -s "$pf" ] && text=$("$py" - "$pf" <<'PYEOF'
+import json, sys, time, urllib.request
+port = json.load(open(sys.argv[1]))["http_port"]
+verse = ("In the beginning God created the heaven and the earth. And the earth was without form, "
+         "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+         "the face of the waters. And God said, Let there be light: and there was light.")
+body = json.dumps({"model": "kjv-tiny", "prompt": verse, "max_tokens": 24, "temperature": 0}).encode()
+for _ in range(100):
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body,
+            {"Content-Type": "application/json"}), timeout=60)
+        print(json.load(r)["choices"][0]["text"]); break
+    except Exception as e:  # not ready yet
+        err = e; time.sleep(0.3)
+else:
+    print(f"ERROR {err}")
+PYEOF
+)
+  kill "$pid"; wait "$pid" 2>/dev/null
+  echo "$text"
+}
+if [ "${WORKERS:-2}" -gt 1 ]; then
+  whole=$(tiny_text 1 4096)
+  chunked=$(tiny_text "${WORKERS:-2}" 8)
+  if [ -n "$whole" ] && [ "$whole" = "$chunked" ]; then
+    echo "tiny model, ${WORKERS:-2} workers, 8-token chunks == 1 worker whole: $chunked"
+  else
+    echo "tiny model chunked DIFFERENT: '$chunked' vs '$whole'"; status=1
+  fi | tee -a "$out/invariance.txt"
+fi
 for chunk in ${CHUNKS:-4096 8192 16384 32768 131072}; do
   ports="$out/ports_$chunk.json"
   rm -f "$ports"

@@ -15,7 +15,10 @@
 # vLLM field names), bench_KIND_table.md, bench_KIND_plots/, bench_KIND_server.log.
 # LENGTHS (comma list) overrides the lengths; KV the KV capacity in tokens (default per kind,
 # at least the longest prompt); MIXED=1 adds the mixed workload on any kind;
-# STEP_TIMEOUT (s, default 300) bounds each point.
+# STEP_TIMEOUT (s, default 300) bounds each point. SERVER_FLAGS adds burst-server flags and TAG
+# names the run in the file names (e.g. SERVER_FLAGS="--max-running 1 --prefill-chunk 262144"
+# TAG=serial: one request at a time, whole prompts: the server before continuous batching).
+# LAYOUT=1 (default on h200x2) ends with burst-generate at 128K, zigzag against contiguous.
 set -uo pipefail
 kind=${1:-}
 # def_kv: KV capacity in tokens, what the GPUs hold beside the weights (the 7B's KV is 512 KiB
@@ -25,9 +28,11 @@ case "$kind" in
   h100) workers=1; def_lengths=4096,16384,32768,65536; mixed=0; def_kv=110000 ;;
   h200) workers=1; def_lengths=32768,65536,131072; mixed=0; def_kv=200000 ;;
   h200x2) workers=2; def_lengths=32768,65536,131072,262144; mixed=1; def_kv=400000 ;;
-  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,21p' "$0" >&2; exit 2 ;;
 esac
 lengths=${LENGTHS:-$def_lengths}
+layout=${LAYOUT:-$mixed}
+[ -n "${TAG:-}" ] && kind="${kind}_$TAG"
 mixed=${MIXED:-$mixed}
 out=${OUT:-$PWD/gpu-out}
 reqs=${REQS:-3}
@@ -54,7 +59,8 @@ ports=$(mktemp -d)/ports.json
 CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
   --device cuda --workers "$workers" --tokenizer models/kjv-tiny/tokenizer.model \
   --max-context "$ctx" --kv-capacity "$kv" --max-queue 1024 \
-  --http-port 0 --grpc-port -1 --port-file "$ports" > "$out/bench_${kind}_server.log" 2>&1 &
+  --http-port 0 --grpc-port -1 --port-file "$ports" ${SERVER_FLAGS:-} \
+  > "$out/bench_${kind}_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 600); do
@@ -101,4 +107,16 @@ fi
 kill -TERM $server; wait $server
 trap - EXIT
 tail -3 "$out/bench_${kind}_server.log"
+if [ "$layout" -eq 1 ] && [ "$workers" -gt 1 ]; then
+  # Sequence sharding: zigzag (each rank a front and a back block: equal causal work) against
+  # contiguous blocks (the last rank does most of the work), one 128K prompt through the ring.
+  for l in zigzag contiguous; do
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) timeout "$step_timeout" burst-generate \
+      --preset 7b --random-weights 0 --device cuda --temperature 0 --workers "$workers" \
+      --prompt-tokens 131072 --max-tokens 8 --layout "$l" > /dev/null 2> "$out/bench_${kind}_layout_$l.err" \
+      || status=1
+    echo "layout $l, 128K, $workers GPUs: $(grep -h 'prefill (TTFT)' "$out/bench_${kind}_layout_$l.err" \
+      || tail -2 "$out/bench_${kind}_layout_$l.err")" | tee -a "$out/bench_${kind}_layout.txt"
+  done
+fi
 exit $status

@@ -1,7 +1,8 @@
 // BurstAttention on real processes over Gloo (loopback): the ring's prefill output equals one
 // monolithic attention over the whole sequence for N = 1..4 ranks, zigzag and contiguous,
 // lengths that are not multiples of 2N, GQA, rows that see nothing; one decode step gives the
-// monolithic answer, bit-identical on every rank; and with a transport that is slower than
+// monolithic answer, bit-identical on every rank; chunk-by-chunk prefill by either ring (pass-KV,
+// pass-Q) gives the same rows; and with a transport that is slower than
 // compute, the double buffer hides it (total close to max(compute, comm), not their sum).
 #include <gtest/gtest.h>
 
@@ -203,6 +204,126 @@ INSTANTIATE_TEST_SUITE_P(
       std::ostringstream os;  // not string +: see attention_cpu_test.cpp
       os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
          << c.shape.kv_heads << "kv_" << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous");
+      return os.str();
+    });
+
+// Chunked prefill: a prompt prefilled chunk by chunk (sizes that divide neither the prompt nor
+// 2N) gives the monolithic rows, by pass-KV, by pass-Q and by the ring each chunk picks. Sequence
+// 1 runs alone (its pages follow each other: pass-Q reads the prefix in place); sequences 2 and 3
+// alternate chunk by chunk on pages of 4 rows (their pages interleave: the prefix is gathered).
+int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout,
+                 RingPass pass) {
+  auto comm = make_gloo_communicator({rank, world, store, "127.0.0.1",
+                                      std::chrono::milliseconds(20000), nullptr});
+  if (!comm.ok()) return 10;
+  const std::vector<int64_t> chunks = {s.n / 3, 7, s.n / 4 + 1, 0};  // 0: the rest
+  Problem pr(s, s.n + 2 * world * 8);  // room for the last chunk's padding rows
+  auto backend = make_cpu_backend();
+  auto ring = RingAttention::create(*backend, *comm.value(), {1, s.heads, s.kv_heads, s.head_dim},
+                                    3 * s.n + 64, /*page_size=*/4);
+  if (!ring.ok()) return 11;
+  RingAttention& ra = *ring.value();
+  ra.set_pass(pass);
+  const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
+  // One chunk [start, start + len) of sequence seq, checked against the monolithic rows.
+  auto chunk = [&](uint64_t seq, int64_t start, int64_t len) -> int {
+    SeqRows sr;
+    sr.seq = seq;
+    sr.plan = ShardPlan::make(layout, len, world, start);
+    const int64_t rows = sr.plan.local_rows(rank);
+    auto q = backend->alloc({rows, qw}, DType::kF32).take();
+    auto k = backend->alloc({rows, kvw}, DType::kF32).take();
+    auto v = backend->alloc({rows, kvw}, DType::kF32).take();
+    auto o = backend->alloc({rows, qw}, DType::kF32).take();
+    std::vector<int64_t> positions;
+    for (const auto& sg : sr.plan.segments(rank)) {
+      std::memcpy(q.as<float>() + sg.row * qw, pr.q.data() + sg.pos * qw, sg.len * qw * 4);
+      std::memcpy(k.as<float>() + sg.row * kvw, pr.k.data() + sg.pos * kvw, sg.len * kvw * 4);
+      std::memcpy(v.as<float>() + sg.row * kvw, pr.v.data() + sg.pos * kvw, sg.len * kvw * 4);
+      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
+    }
+    Status st = ra.begin_step({sr});
+    if (st.ok()) st = ra.attend(0, q, k, v, positions, o);
+    ra.end_step();
+    if (!st.ok()) {
+      std::fprintf(stderr, "rank %d seq %lu chunk at %ld: %s\n", rank,
+                   static_cast<unsigned long>(seq), static_cast<long>(start),
+                   st.message().c_str());
+      return 12;
+    }
+    int bad = 0;
+    for (const auto& sg : sr.plan.segments(rank)) {
+      for (int64_t i = 0; i < sg.len && sg.pos + i < start + len; ++i) {
+        for (int64_t c = 0; c < qw; ++c) {
+          const float got = o.as<float>()[(sg.row + i) * qw + c];
+          const float want = pr.o_ref[(sg.pos + i) * qw + c];
+          if (!(std::fabs(got - want) <= 2e-5f) && bad++ < 3) {
+            std::fprintf(stderr, "rank %d seq %lu pos %ld col %ld: %g vs %g\n", rank,
+                         static_cast<unsigned long>(seq), static_cast<long>(sg.pos + i),
+                         static_cast<long>(c), got, want);
+          }
+        }
+      }
+    }
+    return bad ? 13 : 0;
+  };
+  int64_t start = 0;
+  for (int64_t c : chunks) {
+    const int64_t len = c == 0 ? s.n - start : c;
+    if (const int e = chunk(1, start, len)) return e;
+    start += len;
+  }
+  start = 0;
+  for (int64_t c : chunks) {
+    const int64_t len = c == 0 ? s.n - start : c;
+    for (uint64_t seq : {2, 3}) {
+      if (const int e = chunk(seq, start, len)) return e;
+    }
+    start += len;
+  }
+  for (uint64_t seq : {1, 2, 3}) {
+    if (ra.rows_on(seq, rank) != ra.cache().length(seq)) return 14;
+    ra.release(seq);
+  }
+  return ra.cache().usage().used_pages == 0 ? 0 : 15;
+}
+
+struct ChunkedCase {
+  int world;
+  Shape shape;
+  ShardLayout layout;
+  RingPass pass;
+};
+
+class RingChunkedTest : public ::testing::TestWithParam<ChunkedCase> {};
+
+TEST_P(RingChunkedTest, ChunkByChunkEqualsMonolithicAttention) {
+  const ChunkedCase c = GetParam();
+  const std::string store = make_temp_dir();
+  ASSERT_FALSE(store.empty());
+  const auto codes = run_ranks(c.world, [&](int rank) {
+    return chunked_rank(rank, c.world, store, c.shape, c.layout, c.pass);
+  });
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Passes, RingChunkedTest,
+    ::testing::Values(ChunkedCase{1, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kQ},
+                      ChunkedCase{2, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kKv},
+                      ChunkedCase{2, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kQ},
+                      ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kZigzag, RingPass::kQ},
+                      ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kZigzag, RingPass::kAuto},
+                      ChunkedCase{4, {83, 4, 1, 32}, ShardLayout::kZigzag, RingPass::kQ},
+                      ChunkedCase{4, {83, 4, 1, 32}, ShardLayout::kContiguous, RingPass::kKv},
+                      ChunkedCase{3, {70, 2, 2, 16}, ShardLayout::kContiguous, RingPass::kQ}),
+    [](const auto& info) {
+      const ChunkedCase& c = info.param;
+      std::ostringstream os;
+      os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
+         << c.shape.kv_heads << "kv_"
+         << (c.layout == ShardLayout::kZigzag ? "zigzag_" : "contiguous_")
+         << (c.pass == RingPass::kQ ? "passQ" : c.pass == RingPass::kKv ? "passKV" : "auto");
       return os.str();
     });
 

@@ -4,14 +4,22 @@
 // decode token (replicated on every rank). Every rank runs the same steps in the same order.
 //
 // Prefill chunk (per layer): the rank holds q, k, v of its share of the chunk, and its share of
-// the sequence's earlier chunks in the cache (the prefix). K and V travel around the ring
-// packed in one buffer, prefix then chunk (pass-KV); at step s the rank attends its queries to
-// the block that started on rank (r - s) mod N while the block for step s + 1 is already in
-// flight (double buffer: the send/recv of the next block is posted before the current step is
-// computed, and the next step waits only on that transfer). Every prefix key precedes every
-// chunk query (kNone); each (q segment, kv segment) pair of the chunk is skipped, full or causal
-// by absolute positions (kernels::block_relation). Partial results merge by the online-softmax
-// merge (GAO) in fp32. An unchunked prefill is the case of an empty prefix.
+// the sequence's earlier chunks in the cache (the prefix). One of two rings moves the data:
+// - pass-KV: K and V travel around the ring packed in one buffer, prefix then chunk; at step s
+//   the rank attends its queries to the block that started on rank (r - s) mod N while the
+//   block for step s + 1 is already in flight (double buffer: the send/recv of the next block
+//   is posted before the current step is computed, and the next step waits only on that
+//   transfer).
+// - pass-Q: the query blocks travel instead; at step s the rank attends the queries of rank
+//   (r - s) mod N to its own prefix and chunk keys and sends that partial (o, lse) back to their
+//   rank while step s + 1 computes; each rank merges the partials of its queries as they arrive.
+//   A hop moves rows x (q + fp32 o and lse) instead of (prefix + rows) x (k + v): once the
+//   cached prefix is larger than about half the chunk, far fewer bytes (the pass-Q of Meta's
+//   context-parallel inference paper). Each chunk takes the ring that moves fewer bytes.
+// Every prefix key precedes every chunk query (kNone); each (q segment, kv segment) pair of the
+// chunk is skipped, full or causal by absolute positions (kernels::block_relation). Partial
+// results merge by the online-softmax merge (GAO) in fp32. An unchunked prefill is the case of
+// an empty prefix.
 //
 // Decode (per layer, all decode tokens of the step at once): each token's k/v is appended on
 // one rank, round robin by position; each rank attends every token to its own shard of that
@@ -20,6 +28,7 @@
 // output.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -50,6 +59,9 @@ struct SeqRows {
 // CPU workers: small pages (tiny models, many short requests). GPU workers pass a larger one:
 // a page is copied in one call when a prefix travels, so fewer, larger pages mean fewer copies.
 constexpr int kDefaultKvPageSize = 16;
+
+// Which ring a prefill chunk uses (tests and benchmarks force one; kAuto picks per chunk).
+enum class RingPass { kAuto, kKv, kQ };
 
 class RingAttention final : public AttentionContext {
  public:
@@ -83,28 +95,52 @@ class RingAttention final : public AttentionContext {
   // Benchmarks only: when false, every step reuses the block in hand instead of receiving the
   // next one (same kernels, same shapes, no transfer), which measures compute alone.
   void set_transfers(bool on) { transfers_ = on; }
+  void set_pass(RingPass pass) { pass_ = pass; }
 
  private:
   RingAttention(Backend& backend, Communicator& comm, AttentionShape shape)
       : backend_(backend), comm_(comm), shape_(shape) {}
   Status prefill(int layer, const SeqRows& s, const Tensor& q, const Tensor& k, const Tensor& v,
                  Tensor& out);
-  // One sequence's prefill blocks on this rank: every block carries the sender's cached prefix
-  // rows, then its chunk rows, and has room for the largest prefix (one transfer size).
+  // One sequence's prefill on this rank: its chunk rows (the queries), every rank's cached rows
+  // of the sequence, and the pass-KV block size (room for the largest prefix: one transfer
+  // size).
   struct PrefillBlocks {
-    int64_t rows = 0;                // this rank's chunk rows (the queries)
+    int64_t rows = 0;                // this rank's chunk rows (padding included; equal on all)
     std::vector<int64_t> prefix;     // each rank's cached rows of the sequence
     int64_t block_rows = 0;          // max prefix + rows: K rows, then as many V rows
   };
-  // Sizes the blocks and the (o, lse) scratch and resets the accumulator to "nothing seen".
+  // Sizes the (o, lse) scratch and resets the accumulator to "nothing seen".
   Status prefill_buffers(const SeqRows& s, PrefillBlocks& b);
+  // o 0 and lse -inf: the first merge into them takes the partial as is.
+  Status reset_acc(Tensor& o, Tensor& lse);
+  // Whether this chunk goes by pass-Q: the ring that moves fewer bytes per hop (or the forced one).
+  bool pass_q(const PrefillBlocks& b) const;
+  // The two rings; both leave this rank's queries' output in (o_acc_, lse_acc_).
+  Status prefill_pass_kv(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& q,
+                         const Tensor& k, const Tensor& v);
+  Status prefill_pass_q(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& q,
+                        const Tensor& k, const Tensor& v);
   // Block 0 (the first hop's): this rank's prefix from the pages, then its chunk's k and v.
   Status load_own_block(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
                         const Tensor& v);
-  // Attention of the query rows qs of q against the key rows ks of blk, merged into the
-  // accumulator (positions from qs.pos and ks.pos under mask).
-  Status attend_merge(const PrefillBlocks& b, const Tensor& q, const Tensor& blk,
-                      const Segment& qs, const Segment& ks, kernels::MaskKind mask);
+  // The first n cached rows of s in this layer, copied from the pages into k and v ([n, kvw]).
+  Status gather_prefix(int layer, const SeqRows& s, int64_t n, Tensor& k, Tensor& v);
+  // Row 0 of this rank's first n cached rows of s (K and V): the pool rows themselves when the
+  // pages follow each other, else a copy gathered into block_[0].
+  Status local_prefix(int layer, const SeqRows& s, int64_t n, const void** k, const void** v);
+  // Attention of the query rows qs of q ([rows, qw], positions from qs.pos) against the key
+  // rows ks of k and v (positions from ks.pos) under mask, merged into the accumulator o_acc
+  // [rows, qw] and lse_acc [heads, rows] (fp32).
+  Status attend_merge(int64_t rows, const void* q, const void* k, const void* v,
+                      const Segment& qs, const Segment& ks, kernels::MaskKind mask, float* o_acc,
+                      float* lse_acc);
+  // The same for a pair of chunk segments: skipped, full or causal by their positions.
+  Status attend_chunk(int64_t rows, const void* q, const void* k, const void* v,
+                      const Segment& qs, const Segment& ks, float* o_acc, float* lse_acc);
+  // Adds a ring step's host times (compute t0..t1, then the wait up to now) to the stats.
+  void count_step(std::chrono::steady_clock::time_point t0,
+                  std::chrono::steady_clock::time_point t1);
   // Caches the real (not padding) tokens of this rank's chunk after its prefix.
   Status cache_chunk(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
                      const Tensor& v);
@@ -133,11 +169,14 @@ class RingAttention final : public AttentionContext {
   enum class Auto { kOff, kPrefill, kDecode } auto_ = Auto::kOff;
   ShardPlan auto_plan_;
   bool transfers_ = true;
+  RingPass pass_ = RingPass::kAuto;
   // Rows of each sequence on every rank (the prefix sizes of the ring's blocks).
   std::unordered_map<uint64_t, std::vector<int64_t>> rows_;
   // Scratch: two packed KV blocks (double buffer), partial and accumulated (o, lse), the decode
   // batch's (o, lse) pairs and their all-gather, the decode page tables.
   Tensor block_[2], o_part_, lse_part_, o_acc_, lse_acc_, pairs_, gathered_, tables_;
+  // pass-Q: the query blocks (double buffer), the partials sent back and received.
+  Tensor q_block_[2], part_out_[2], part_in_[2];
   std::vector<int64_t> table_offset_;  // per decode entry of the step, into tables_
   int64_t decode_meta_ = 0;            // tables_: row_kv_len then row_page_offset start here
   int32_t decode_max_kv_ = 0;          // the step's longest decode key count on this rank

@@ -51,7 +51,7 @@ struct ServerConfig {
   int max_queue = 64;        // waiting requests beyond which new ones get 503
   int max_running = 64;      // sequences batched at once (continuous batching)
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk/4)
-  int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: 256 on cpu, 8192 on cuda
+  int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: see kServerUsage
   // Prefill chunk while other sequences decode (their inter-token time is one step); 0: 2048 on
   // cuda, prefill_chunk on cpu.
   int64_t prefill_chunk_decoding = 0;
@@ -124,7 +124,8 @@ constexpr const char* kServerUsage =
   --max-queue N     waiting requests beyond which new ones get 503 (default 64)
   --max-running N   sequences batched at once (default 64)
   --max-batched-tokens T  tokens per engine step (0: chunk + max(max-running, chunk / 4))
-  --prefill-chunk T prompt tokens per prefill chunk (0: 256 on CPU, 8192 on CUDA)
+  --prefill-chunk T prompt tokens per prefill chunk (0: 256 on CPU; on CUDA 8192 with one
+                    worker, 2048 x workers with more)
   --prefill-chunk-decoding T  the chunk while other sequences decode, which bounds their
                     inter-token time (0: 2048 on CUDA, --prefill-chunk on CPU)
   --max-body-bytes B  largest HTTP request body (default 8 MiB)
