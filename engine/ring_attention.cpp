@@ -226,8 +226,7 @@ Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {
   BURST_RETURN_IF_ERROR(ensure(o_part_, {b.rows, qw}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * b.rows}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(o_acc_, {b.rows, qw}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(lse_acc_, {shape_.heads * b.rows}, DType::kF32));
-  return reset_acc(o_acc_, lse_acc_);
+  return ensure(lse_acc_, {shape_.heads * b.rows}, DType::kF32);
 }
 
 Status RingAttention::reset_acc(Tensor& o, Tensor& lse) {
@@ -269,7 +268,7 @@ Status RingAttention::gather_prefix(int layer, const SeqRows& sr, int64_t n, Ten
 
 Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, const void* v,
                                    const Segment& qs, const Segment& ks, kernels::MaskKind mask,
-                                   float* o_acc, float* lse_acc) {
+                                   float* o_acc, float* lse_acc, bool direct) {
   const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   const auto elt = static_cast<int64_t>(dtype_size(backend_.compute_dtype()));
@@ -284,8 +283,9 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.q = static_cast<const char*>(q) + qs.row * qw * elt;
   p.k = static_cast<const char*>(k) + ks.row * kvw * elt;
   p.v = static_cast<const char*>(v) + ks.row * kvw * elt;
-  p.o = at(o_part_, qs.row * qw);
-  p.lse = at<float>(lse_part_, qs.row);
+  // The first contribution to these rows goes straight into the accumulator (same layout).
+  p.o = direct ? static_cast<void*>(o_acc + qs.row * qw) : at(o_part_, qs.row * qw);
+  p.lse = direct ? lse_acc + qs.row : at<float>(lse_part_, qs.row);
   p.q_start = qs.pos;
   p.kv_start = ks.pos;
   p.mask = mask;
@@ -293,6 +293,7 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   BURST_RETURN_IF_ERROR(backend_.attention(p));
+  if (direct) return {};
   kernels::MergeParams m;
   m.o_a = o_acc + qs.row * qw;
   m.lse_a = lse_acc + qs.row;
@@ -343,8 +344,6 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
   const std::vector<Segment> q_segs = plan.segments(rank);
   const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
   const size_t block_bytes = static_cast<size_t>(block_[0].bytes());
-  float* o_acc = o_acc_.as<float>();
-  float* lse_acc = lse_acc_.as<float>();
 
   for (int s = 0; s < world; ++s) {
     Tensor& cur = block_[transfers_ ? s % 2 : 0];
@@ -362,19 +361,9 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
     const int64_t src_prefix = b.prefix[static_cast<size_t>(src)];
     const void* bk = cur.data;
     const void* bv = at(cur, b.block_rows * kvw);
-    // Every prefix key precedes every query of the chunk: no mask, and positions do not matter.
-    if (src_prefix > 0) {
-      BURST_RETURN_IF_ERROR(attend_merge(b.rows, q.data, bk, bv, Segment{plan.start, 0, b.rows},
-                                         Segment{0, 0, src_prefix}, kernels::MaskKind::kNone,
-                                         o_acc, lse_acc));
-    }
-    for (const Segment& qs : q_segs) {
-      for (const Segment& ks : plan.segments(src)) {
-        BURST_RETURN_IF_ERROR(attend_chunk(b.rows, q.data, bk, bv, qs,
-                                           Segment{ks.pos, src_prefix + ks.row, ks.len}, o_acc,
-                                           lse_acc));
-      }
-    }
+    BURST_RETURN_IF_ERROR(attend_keys(b.rows, q.data, q_segs, bk, bv, src_prefix, bk, bv,
+                                      plan.segments(src), src_prefix, o_acc_, lse_acc_,
+                                      /*fresh=*/s == 0));
     // Host time of the compute: exact on CPU; on a GPU the ops are queued, so the benchmark
     // measures with events instead.
     const auto t1 = std::chrono::steady_clock::now();
@@ -386,15 +375,48 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
   return {};
 }
 
-Status RingAttention::attend_chunk(int64_t rows, const void* q, const void* k, const void* v,
-                                   const Segment& qs, const Segment& ks, float* o_acc,
-                                   float* lse_acc) {
-  const auto rel = kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
-  if (rel == kernels::BlockRelation::kSkip) return {};  // keys all after the queries
-  return attend_merge(rows, q, k, v, qs, ks,
-                      rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
-                                                           : kernels::MaskKind::kCausal,
-                      o_acc, lse_acc);
+Status RingAttention::attend_keys(int64_t rows, const void* q, const std::vector<Segment>& q_segs,
+                                  const void* pk, const void* pv, int64_t n_prefix,
+                                  const void* k, const void* v,
+                                  const std::vector<Segment>& k_segs, int64_t k_row0, Tensor& o,
+                                  Tensor& lse, bool fresh) {
+  auto relation = [](const Segment& qs, const Segment& ks) {
+    return kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
+  };
+  if (fresh && n_prefix == 0) {
+    // A query segment no key reaches would keep what the buffer held: start from nothing seen.
+    for (const Segment& qs : q_segs) {
+      bool reached = false;
+      for (const Segment& ks : k_segs) reached |= relation(qs, ks) != kernels::BlockRelation::kSkip;
+      if (reached) continue;
+      BURST_RETURN_IF_ERROR(reset_acc(o, lse));
+      fresh = false;
+      break;
+    }
+  }
+  float* o_acc = o.as<float>();
+  float* lse_acc = lse.as<float>();
+  if (n_prefix > 0) {
+    // Every prefix key precedes every query of the chunk: no mask, and positions do not matter.
+    BURST_RETURN_IF_ERROR(attend_merge(rows, q, pk, pv, Segment{q_segs[0].pos, 0, rows},
+                                       Segment{0, 0, n_prefix}, kernels::MaskKind::kNone, o_acc,
+                                       lse_acc, fresh));
+    fresh = false;
+  }
+  for (const Segment& qs : q_segs) {
+    bool first = fresh;
+    for (const Segment& ks : k_segs) {
+      const auto rel = relation(qs, ks);
+      if (rel == kernels::BlockRelation::kSkip) continue;  // keys all after the queries
+      BURST_RETURN_IF_ERROR(attend_merge(
+          rows, q, k, v, qs, Segment{ks.pos, k_row0 + ks.row, ks.len},
+          rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
+                                               : kernels::MaskKind::kCausal,
+          o_acc, lse_acc, first));
+      first = false;
+    }
+  }
+  return {};
 }
 
 void RingAttention::count_step(std::chrono::steady_clock::time_point t0,
@@ -450,8 +472,6 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
   const size_t q_bytes = static_cast<size_t>(b.rows * qw) * dtype_size(dt);
   const size_t part_bytes = static_cast<size_t>(part) * 4;
   const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
-  float* o_acc = o_acc_.as<float>();
-  float* lse_acc = lse_acc_.as<float>();
   // The partial of our queries computed by rank (rank + s), merged into the accumulator.
   std::unique_ptr<CommHandle> back[2];
   auto merge_back = [&](int slot) -> Status {
@@ -459,8 +479,8 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
     BURST_RETURN_IF_ERROR(back[slot]->wait());
     back[slot].reset();
     kernels::MergeParams m;
-    m.o_a = o_acc;
-    m.lse_a = lse_acc;
+    m.o_a = o_acc_.as<float>();
+    m.lse_a = lse_acc_.as<float>();
     m.o_b = part_in_[slot].as<float>();
     m.lse_b = part_in_[slot].as<float>() + o_len;
     m.o_row_stride = qw;
@@ -484,29 +504,19 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
       xfer = h.take();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    float* o_to = o_acc;
-    float* lse_to = lse_acc;
+    Tensor o_to = o_acc_, lse_to = lse_acc_;
     if (s > 0) {
       // This slot's previous partial (step s - 2) must have left, and its answer merged.
       BURST_RETURN_IF_ERROR(merge_back(s % 2));
-      Tensor o_view = part_out_[s % 2], lse_view = part_out_[s % 2];
-      o_view.shape = {o_len};
-      lse_view.data = at(part_out_[s % 2], o_len);
-      lse_view.shape = {shape_.heads * b.rows};
-      BURST_RETURN_IF_ERROR(reset_acc(o_view, lse_view));
-      o_to = o_view.as<float>();
-      lse_to = lse_view.as<float>();
+      o_to = part_out_[s % 2];
+      o_to.shape = {b.rows, qw};
+      lse_to = part_out_[s % 2];
+      lse_to.data = at(part_out_[s % 2], o_len);
+      lse_to.shape = {shape_.heads * b.rows};
     }
-    if (own_prefix > 0) {
-      BURST_RETURN_IF_ERROR(attend_merge(b.rows, qcur, pk, pv, Segment{plan.start, 0, b.rows},
-                                         Segment{0, 0, own_prefix}, kernels::MaskKind::kNone,
-                                         o_to, lse_to));
-    }
-    for (const Segment& qs : plan.segments(src)) {
-      for (const Segment& ks : own_segs) {
-        BURST_RETURN_IF_ERROR(attend_chunk(b.rows, qcur, k.data, v.data, qs, ks, o_to, lse_to));
-      }
-    }
+    BURST_RETURN_IF_ERROR(attend_keys(b.rows, qcur, plan.segments(src), pk, pv, own_prefix,
+                                      k.data, v.data, own_segs, 0, o_to, lse_to,
+                                      /*fresh=*/true));
     const auto t1 = std::chrono::steady_clock::now();
     if (xfer) BURST_RETURN_IF_ERROR(xfer->wait());
     if (s > 0) {

@@ -110,7 +110,7 @@ class RingAttention final : public AttentionContext {
     std::vector<int64_t> prefix;     // each rank's cached rows of the sequence
     int64_t block_rows = 0;          // max prefix + rows: K rows, then as many V rows
   };
-  // Sizes the (o, lse) scratch and resets the accumulator to "nothing seen".
+  // Sizes the (o, lse) scratch (the first ring step writes the accumulator without reading it).
   Status prefill_buffers(const SeqRows& s, PrefillBlocks& b);
   // o 0 and lse -inf: the first merge into them takes the partial as is.
   Status reset_acc(Tensor& o, Tensor& lse);
@@ -131,13 +131,19 @@ class RingAttention final : public AttentionContext {
   Status local_prefix(int layer, const SeqRows& s, int64_t n, const void** k, const void** v);
   // Attention of the query rows qs of q ([rows, qw], positions from qs.pos) against the key
   // rows ks of k and v (positions from ks.pos) under mask, merged into the accumulator o_acc
-  // [rows, qw] and lse_acc [heads, rows] (fp32).
+  // [rows, qw] and lse_acc [heads, rows] (fp32), or written there in place when `direct`.
   Status attend_merge(int64_t rows, const void* q, const void* k, const void* v,
                       const Segment& qs, const Segment& ks, kernels::MaskKind mask, float* o_acc,
-                      float* lse_acc);
-  // The same for a pair of chunk segments: skipped, full or causal by their positions.
-  Status attend_chunk(int64_t rows, const void* q, const void* k, const void* v,
-                      const Segment& qs, const Segment& ks, float* o_acc, float* lse_acc);
+                      float* lse_acc, bool direct);
+  // One ring step: the query segments q_segs of q against n_prefix prefix rows at (pk, pv)
+  // (all before every query: kNone) and the chunk segments k_segs of (k, v), found at rows
+  // k_row0 + ks.row (each pair skipped, full or causal by positions), into (o, lse). `fresh`:
+  // what (o, lse) hold is ignored: a row's first contribution is written in place (no merge),
+  // rows no key reaches become o 0, lse -inf; otherwise every contribution is merged.
+  Status attend_keys(int64_t rows, const void* q, const std::vector<Segment>& q_segs,
+                     const void* pk, const void* pv, int64_t n_prefix, const void* k,
+                     const void* v, const std::vector<Segment>& k_segs, int64_t k_row0,
+                     Tensor& o, Tensor& lse, bool fresh);
   // Adds a ring step's host times (compute t0..t1, then the wait up to now) to the stats.
   void count_step(std::chrono::steady_clock::time_point t0,
                   std::chrono::steady_clock::time_point t1);
