@@ -226,7 +226,9 @@ int32_t sample_impl(const float* logits, int64_t vocab, const SamplingParams& p,
 
 int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& p,
                             double u) {
-  Scratch scratch;
+  // Kept per thread: Backend::sample calls this once per row and token, and a fresh buffer of
+  // vocab pairs (256 KB for 32000 ids) per call would be an allocation on every decode step.
+  thread_local Scratch scratch;
   return sample_impl(logits, vocab, p, u, scratch);
 }
 
@@ -237,10 +239,13 @@ double Sampler::next_uniform() {
   return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab) {
+double Sampler::draw_uniform() {
   // Greedy consumes no randomness, so a greedy step leaves the stream where it was.
-  const double u = params_.temperature == 0.f ? 0.0 : next_uniform();
-  return sample_impl(logits, vocab, params_, u, scratch_);
+  return params_.temperature == 0.f ? 0.0 : next_uniform();
+}
+
+int32_t Sampler::sample(const float* logits, int64_t vocab) {
+  return sample_impl(logits, vocab, params_, draw_uniform(), scratch_);
 }
 
 }  // namespace burst::engine

@@ -91,6 +91,146 @@ void BatchRunner::release_all() {
   histories_.clear();
 }
 
+namespace {
+
+// Whether rank 0 must see a sampled row's logits: logprobs are computed from them, and a
+// LogitAdjust changes them with the sequence's history, which rank 0 keeps. Any other row is
+// drawn by the backend of the rank that computes it, and only its id travels.
+bool needs_host_logits(const SeqWork& s) { return s.logprobs >= 0 || s.adjust.active(); }
+
+}  // namespace
+
+// A sampled row of a step, as every rank sees it (all know the plan, hence every owner).
+struct BatchRunner::Sample {
+  size_t seq;       // index into plan.seqs
+  int owner;        // the rank that computes its logits
+  bool on_device;   // drawn by the owner's backend (!needs_host_logits)
+  int64_t index;    // on the owner: its index in the forward's logits, or in its SampleRows
+  int64_t remote;   // device-drawn, owner > 0: its slot in the ids' all-gather; else -1
+  int64_t remote_u; // ... and not greedy: its slot in the uniforms' broadcast; else -1
+};
+
+Status BatchRunner::draw_uniforms(const StepPlan& plan, const std::vector<Sample>& samples,
+                                  size_t remote_u, SampleRows& device) {
+  const int rank = comm_.rank();
+  std::vector<double> shared(remote_u, 0.0);
+  if (rank == 0) {
+    for (const Sample& sm : samples) {
+      const SeqWork& s = plan.seqs[sm.seq];
+      // Made at a sequence's first sample and kept: one stream per sequence, as one process.
+      engine::Sampler& sampler = samplers_.try_emplace(s.id, s.sampling).first->second;
+      if (!sm.on_device) continue;  // sample_on_host draws it
+      const double u = sampler.draw_uniform();  // greedy draws nothing (0)
+      if (sm.owner == 0) {
+        device.uniforms[static_cast<size_t>(sm.index)] = u;
+      } else if (sm.remote_u >= 0) {
+        shared[static_cast<size_t>(sm.remote_u)] = u;
+      }
+    }
+  }
+  if (remote_u == 0) return {};
+  BURST_RETURN_IF_ERROR(comm_.broadcast(shared.data(), shared.size() * sizeof(double), 0));
+  for (const Sample& sm : samples) {
+    if (sm.owner == rank && sm.remote_u >= 0) {
+      device.uniforms[static_cast<size_t>(sm.index)] = shared[static_cast<size_t>(sm.remote_u)];
+    }
+  }
+  return {};
+}
+
+Status BatchRunner::gather_ids(const std::vector<Sample>& samples, size_t remote,
+                               const std::vector<int32_t>& sampled,
+                               std::vector<int32_t>& device_ids) {
+  const int rank = comm_.rank(), world = comm_.world_size();
+  device_ids.assign(samples.size(), -1);
+  std::vector<int32_t> mine(remote, -1);
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const Sample& sm = samples[k];
+    if (!sm.on_device || sm.owner != rank) continue;
+    const int32_t id = sampled.at(static_cast<size_t>(sm.index));
+    if (rank == 0) {
+      device_ids[k] = id;
+    } else {
+      mine[static_cast<size_t>(sm.remote)] = id;
+    }
+  }
+  if (remote == 0) return {};
+  std::vector<int32_t> all(remote * static_cast<size_t>(world));
+  BURST_RETURN_IF_ERROR(comm_.all_gather(mine.data(), all.data(), remote * sizeof(int32_t)));
+  if (rank != 0) return {};
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const Sample& sm = samples[k];
+    if (sm.remote >= 0) {
+      device_ids[k] = all[static_cast<size_t>(sm.owner) * remote + static_cast<size_t>(sm.remote)];
+    }
+  }
+  return {};
+}
+
+Status BatchRunner::sample_on_host(const StepPlan& plan, const std::vector<Sample>& samples,
+                                   const std::vector<float>& logits,
+                                   const std::vector<int32_t>& device_ids, StepResult& result) {
+  const int rank = comm_.rank();
+  const int64_t vocab = model_.config().vocab_size;
+  // Logits a rank other than 0 computed travel to rank 0, one broadcast each, in plan order.
+  std::vector<const float*> sample_rows(samples.size(), nullptr);
+  std::vector<std::vector<float>> moved(samples.size());
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const Sample& sm = samples[k];
+    if (sm.on_device) continue;
+    if (sm.owner == 0) {
+      if (rank == 0) sample_rows[k] = logits.data() + sm.index * vocab;
+      continue;
+    }
+    moved[k].resize(static_cast<size_t>(vocab));
+    if (rank == sm.owner) {
+      std::copy(logits.begin() + sm.index * vocab, logits.begin() + (sm.index + 1) * vocab,
+                moved[k].begin());
+    }
+    BURST_RETURN_IF_ERROR(comm_.broadcast(moved[k].data(), moved[k].size() * 4, sm.owner));
+    sample_rows[k] = moved[k].data();
+  }
+  if (rank != 0) return {};
+  // Each sequence draws from its own stream, so the draws run in parallel (a draw without
+  // top-k is ~1 ms of CPU for a 32000-id vocabulary: sixteen in a row were a decode step's
+  // time); the map entries are made first, one thread (draw_uniforms made the samplers).
+  std::vector<engine::Sampler*> samplers(samples.size());
+  std::vector<engine::TokenHistory*> histories(samples.size(), nullptr);
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const SeqWork& s = plan.seqs[samples[k].seq];
+    samplers[k] = &samplers_.at(s.id);
+    if (s.adjust.active()) histories[k] = &histories_[s.id];
+  }
+  std::vector<SampledToken> drawn(samples.size());
+  const int32_t eos = model_.config().eos_token_id;
+#pragma omp parallel for schedule(dynamic) if (samples.size() > 1)
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const SeqWork& s = plan.seqs[samples[k].seq];
+    SampledToken& t = drawn[k];
+    t.id = s.id;
+    if (samples[k].on_device) {
+      t.token = device_ids[k];
+      continue;
+    }
+    const float* row = sample_rows[k];
+    std::vector<float> adjusted;
+    const float* use = row;
+    if (histories[k]) {
+      adjusted.assign(row, row + vocab);
+      engine::adjust_logits(adjusted.data(), vocab, s.adjust, *histories[k], eos);
+      use = adjusted.data();
+    }
+    t.token = samplers[k]->sample(use, vocab);
+    if (histories[k]) histories[k]->add_generated(t.token);
+    if (s.logprobs >= 0) {
+      t.has_logprob = true;
+      t.logprob = engine::log_softmax_at(row, vocab, t.token, s.logprobs, &t.top);
+    }
+  }
+  for (SampledToken& t : drawn) result.tokens.push_back(std::move(t));
+  return {};
+}
+
 Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
   BURST_RETURN_IF_ERROR(validate(plan));
   const int rank = comm_.rank(), world = comm_.world_size();
@@ -108,12 +248,27 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
   std::vector<engine::SeqRows> rows;
   std::vector<RopeSpan> spans;
   std::vector<int64_t> logit_rows;
-  struct Sample {
-    size_t seq;      // index into plan.seqs
-    int owner;       // the rank that computes its logits
-    int64_t logit;   // index of its logits on the owner
-  };
+  SampleRows device;  // this rank's rows drawn by its backend
   std::vector<Sample> samples;
+  size_t remote = 0, remote_u = 0;  // device-drawn samples owned by ranks > 0 (not greedy)
+  auto add_sample = [&](size_t i, int owner, int64_t row) {
+    const SeqWork& s = plan.seqs[i];
+    Sample sm{i, owner, !needs_host_logits(s), 0, -1, -1};
+    if (sm.on_device && owner != 0) {
+      sm.remote = static_cast<int64_t>(remote++);
+      if (s.sampling.temperature > 0.f) sm.remote_u = static_cast<int64_t>(remote_u++);
+    }
+    if (rank == owner && sm.on_device) {
+      sm.index = static_cast<int64_t>(device.size());
+      device.rows.push_back(row);
+      device.params.push_back(s.sampling);
+      device.uniforms.push_back(0.0);  // draw_uniforms fills it
+    } else if (rank == owner) {
+      sm.index = static_cast<int64_t>(logit_rows.size());
+      logit_rows.push_back(row);
+    }
+    samples.push_back(sm);
+  };
   // Prompt logprobs: per such sequence (plan order), this rank's (position, logit index).
   std::vector<std::pair<size_t, std::vector<std::pair<int64_t, int64_t>>>> prompt_rows;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -128,10 +283,8 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
       ids.push_back(s.tokens[0]);
       positions.push_back(s.start);
       spans.push_back({sr.row, 1, s.start + 1});
-      if (s.sample) {
-        samples.push_back({i, 0, rank == 0 ? static_cast<int64_t>(logit_rows.size()) : 0});
-        if (rank == 0) logit_rows.push_back(sr.row);
-      }
+      // Every rank runs the decode token; rank 0 samples it.
+      if (s.sample) add_sample(i, 0, sr.row);
     } else {
       sr.plan = engine::ShardPlan::make(plan.layout, n, world, s.start);
       // Padding (id 0, past the chunk's end) is never cached, attended to or sampled.
@@ -146,8 +299,7 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
       if (s.sample) {
         int64_t local = 0;
         const int owner = sr.plan.owner(s.start + n - 1, &local);
-        samples.push_back({i, owner, rank == owner ? static_cast<int64_t>(logit_rows.size()) : 0});
-        if (rank == owner) logit_rows.push_back(sr.row + local);
+        add_sample(i, owner, sr.row + local);
       }
       if (s.prompt_logprobs >= 0) {
         // Every real row of this rank's shard whose next token is a prompt token.
@@ -167,9 +319,12 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
     }
     rows.push_back(std::move(sr));
   }
+  BURST_RETURN_IF_ERROR(draw_uniforms(plan, samples, remote_u, device));
   BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(rows)));
   std::vector<float> logits;
-  Status st = model_.forward(ids, positions, ring_, logit_rows, logits, spans, after_layer);
+  std::vector<int32_t> sampled;
+  Status st = model_.forward(ids, positions, ring_, logit_rows, logits, device, sampled, spans,
+                             after_layer);
   if (!st.ok()) return st;  // the caller treats the group as broken: the ring may be mid-step
   ring_.end_step();
   for (const SeqWork& s : plan.seqs) {
@@ -179,59 +334,9 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
       histories_[s.id].add_prompt(s.tokens.data(), s.tokens.size());
     }
   }
-
-  // Logits a rank other than 0 computed travel to rank 0, one broadcast each, in plan order.
-  std::vector<const float*> sample_rows(samples.size(), nullptr);
-  std::vector<std::vector<float>> moved(samples.size());
-  for (size_t k = 0; k < samples.size(); ++k) {
-    const Sample& sm = samples[k];
-    if (sm.owner == 0) {
-      if (rank == 0) sample_rows[k] = logits.data() + sm.logit * vocab;
-      continue;
-    }
-    moved[k].resize(static_cast<size_t>(vocab));
-    if (rank == sm.owner) {
-      std::copy(logits.begin() + sm.logit * vocab, logits.begin() + (sm.logit + 1) * vocab,
-                moved[k].begin());
-    }
-    BURST_RETURN_IF_ERROR(comm_.broadcast(moved[k].data(), moved[k].size() * 4, sm.owner));
-    sample_rows[k] = moved[k].data();
-  }
-  if (rank == 0) {
-    // Each sequence draws from its own stream, so the draws run in parallel (a draw without
-    // top-k is ~1 ms of CPU for a 32000-id vocabulary: sixteen in a row were a decode step's
-    // time); the map entries are made first, one thread.
-    std::vector<engine::Sampler*> samplers(samples.size());
-    std::vector<engine::TokenHistory*> histories(samples.size(), nullptr);
-    for (size_t k = 0; k < samples.size(); ++k) {
-      const SeqWork& s = plan.seqs[samples[k].seq];
-      samplers[k] = &samplers_.try_emplace(s.id, s.sampling).first->second;
-      if (s.adjust.active()) histories[k] = &histories_[s.id];
-    }
-    std::vector<SampledToken> drawn(samples.size());
-    const int32_t eos = model_.config().eos_token_id;
-#pragma omp parallel for schedule(dynamic) if (samples.size() > 1)
-    for (size_t k = 0; k < samples.size(); ++k) {
-      const SeqWork& s = plan.seqs[samples[k].seq];
-      const float* row = sample_rows[k];
-      SampledToken& t = drawn[k];
-      t.id = s.id;
-      std::vector<float> adjusted;
-      const float* use = row;
-      if (histories[k]) {
-        adjusted.assign(row, row + vocab);
-        engine::adjust_logits(adjusted.data(), vocab, s.adjust, *histories[k], eos);
-        use = adjusted.data();
-      }
-      t.token = samplers[k]->sample(use, vocab);
-      if (histories[k]) histories[k]->add_generated(t.token);
-      if (s.logprobs >= 0) {
-        t.has_logprob = true;
-        t.logprob = engine::log_softmax_at(row, vocab, t.token, s.logprobs, &t.top);
-      }
-    }
-    for (SampledToken& t : drawn) result.tokens.push_back(std::move(t));
-  }
+  std::vector<int32_t> device_ids;
+  BURST_RETURN_IF_ERROR(gather_ids(samples, remote, sampled, device_ids));
+  BURST_RETURN_IF_ERROR(sample_on_host(plan, samples, logits, device_ids, result));
   // Prompt logprobs: each rank scores its rows; one all-gather of fixed-size records per
   // sequence (every rank knows every rank's row count from the plan), merged on rank 0.
   for (auto& [i, mine] : prompt_rows) {

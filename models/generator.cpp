@@ -55,13 +55,20 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
       return Status::error("cancelled during the prefill");
     };
   }
-  Status st = model.forward(request.prompt, positions, cache, {n - 1}, logits, 0, hook);
+  // Every token is drawn on the model's backend (no logits to the host: nothing here reads
+  // them), with this request's random stream: the uniform sampler.sample() would use.
+  std::vector<int32_t> sampled;
+  auto last_row = [&](int64_t row) {
+    return SampleRows{{row}, {request.sampling}, {sampler.draw_uniform()}};
+  };
+  Status st = model.forward(request.prompt, positions, cache, {}, logits, last_row(n - 1),
+                            sampled, {{0, n, n}}, hook);
   if (cancelled) {
     cache.clear();
     return cancelled_in_prefill(n, ms_since(t0));
   }
   if (!st.ok()) return st;
-  int32_t token = sampler.sample(logits.data(), c.vocab_size);
+  int32_t token = sampled.at(0);
   stats.prefill_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
   int64_t pos = n;
@@ -79,10 +86,11 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
       stats.finish_reason = "length";
       break;
     }
-    logits.clear();
-    st = model.forward({token}, {pos}, cache, {0}, logits);
+    sampled.clear();
+    st = model.forward({token}, {pos}, cache, {}, logits, last_row(0), sampled,
+                       {{0, 1, pos + 1}});
     if (!st.ok()) return st;
-    token = sampler.sample(logits.data(), c.vocab_size);
+    token = sampled.at(0);
     ++pos;
   }
   stats.decode_ms = ms_since(t0);

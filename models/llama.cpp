@@ -163,6 +163,16 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
                            engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
                            std::vector<float>& logits, const std::vector<RopeSpan>& spans,
                            const LayerHook& after_layer) {
+  std::vector<int32_t> none;
+  return forward(ids, positions, attn, logit_rows, logits, SampleRows{}, none, spans,
+                 after_layer);
+}
+
+Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                           std::vector<float>& logits, const SampleRows& sample,
+                           std::vector<int32_t>& sampled, const std::vector<RopeSpan>& spans,
+                           const LayerHook& after_layer) {
   const auto& c = config_;
   const auto rows = static_cast<int64_t>(ids.size());
   if (rows == 0) return Status::error("forward: no tokens");
@@ -192,8 +202,14 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   for (RopeRun& r : runs) {
     r.positions.assign(positions.begin() + r.row, positions.begin() + r.row + r.rows);
   }
-  for (int64_t r : logit_rows) {
+  // The LM head's rows: the logit rows, then the sampled rows.
+  std::vector<int64_t> head_rows = logit_rows;
+  head_rows.insert(head_rows.end(), sample.rows.begin(), sample.rows.end());
+  for (int64_t r : head_rows) {
     if (r < 0 || r >= rows) return Status::error("forward: logit row outside the batch");
+  }
+  if (sample.params.size() != sample.size() || sample.uniforms.size() != sample.size()) {
+    return Status::error("forward: one sampling params and one uniform per sampled row");
   }
   BURST_RETURN_IF_ERROR(ensure_scratch(rows));
   Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
@@ -230,9 +246,9 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
     }
     if (after_layer) BURST_RETURN_IF_ERROR(after_layer(l + 1));
   }
-  if (logit_rows.empty()) return backend_.synchronize();
+  if (head_rows.empty()) return backend_.synchronize();
   // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
-  const auto n = static_cast<int64_t>(logit_rows.size());
+  const auto n = static_cast<int64_t>(head_rows.size());
   // Kept between forwards: every decode step needs them, and a device allocation per token
   // would sit on the hot path (cudaMalloc synchronises).
   if (head_rows_ < n) {
@@ -252,12 +268,20 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   Tensor sel = head_in_.rows(0, n), normed = head_normed_.rows(0, n), out = head_out_.rows(0, n);
   for (int64_t i = 0; i < n; ++i) {
     Tensor dst = sel.rows(i, 1);
-    BURST_RETURN_IF_ERROR(backend_.copy(x.rows(logit_rows[static_cast<size_t>(i)], 1), dst));
+    BURST_RETURN_IF_ERROR(backend_.copy(x.rows(head_rows[static_cast<size_t>(i)], 1), dst));
   }
   BURST_RETURN_IF_ERROR(backend_.rms_norm(sel, final_norm_, eps, normed));
   BURST_RETURN_IF_ERROR(backend_.gemm(normed, lm_head_, out, false));
+  const auto n_logits = static_cast<int64_t>(logit_rows.size());
+  if (!sample.rows.empty()) {
+    std::vector<int32_t> drawn;
+    BURST_RETURN_IF_ERROR(backend_.sample(out.rows(n_logits, n - n_logits), sample.params,
+                                          sample.uniforms, drawn));
+    sampled.insert(sampled.end(), drawn.begin(), drawn.end());
+  }
+  if (n_logits == 0) return {};  // sample() waited for its ids
   std::vector<float> host;
-  BURST_RETURN_IF_ERROR(backend_.download(out, host));
+  BURST_RETURN_IF_ERROR(backend_.download(out.rows(0, n_logits), host));
   logits.insert(logits.end(), host.begin(), host.end());
   return {};
 }

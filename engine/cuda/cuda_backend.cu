@@ -2,7 +2,8 @@
 // accumulation: GEMMs through cuBLAS (bf16 in and out, fp32 compute), RMSNorm / RoPE / SwiGLU /
 // embedding / conversion / add / random fill through kernels/ops_cuda.h (this file holds no
 // device code), attention through kernels/attention_cuda.h (the prefill kernel, or split-KV
-// decode for one query row), merge through merge_cuda.
+// decode for one query row), merge through merge_cuda, token sampling through
+// kernels/sampling_cuda.h (only the ids come back to the host).
 //
 // Contract beyond backend.h:
 // - Tensors are device memory (never managed memory) from a stream-ordered pool of the
@@ -12,8 +13,8 @@
 //   with it, a decode step of the 7B preset stalled the GPU hundreds of times). Out of memory
 //   is an error naming the tensor, what it needs and what is free (the pool's cached bytes
 //   count as free); engine/cuda/cuda_backend.h offers the same check up front.
-// - Every op is queued on one compute stream in call order; only download() and
-//   synchronize() wait. Host inputs of ops (token ids, positions, RoPE frequencies) are copied
+// - Every op is queued on one compute stream in call order; only download(),
+//   sample() and synchronize() wait. Host inputs of ops (token ids, positions, RoPE frequencies) are copied
 //   to device scratch on that stream, so the caller may reuse its vectors once an op returns.
 // - Every CUDA and cuBLAS return code is checked; failures come back as Status naming the
 //   device, the op, the failing call, the error, file and line. Nothing throws or exits.
@@ -34,6 +35,7 @@
 #include "engine/dtype_convert.h"
 #include "kernels/attention_cuda.h"
 #include "kernels/ops_cuda.h"
+#include "kernels/sampling_cuda.h"
 
 namespace burst::engine {
 namespace {
@@ -156,9 +158,11 @@ class CudaBackend final : public Backend {
     // free it), so only the backend's own objects go.
     cudaSetDevice(device_);
     if (compute_) cudaStreamSynchronize(compute_);
-    for (Scratch* s : {&staging_, &ids_, &positions_, &inv_freq_, &decode_ws_}) {
+    for (Scratch* s : {&staging_, &ids_, &positions_, &inv_freq_, &decode_ws_, &sample_in_,
+                       &sample_ws_}) {
       if (s->ptr) cudaFree(s->ptr);
     }
+    if (sample_pinned_.ptr) cudaFreeHost(sample_pinned_.ptr);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (cublas_) cublasDestroy(cublas_);
     if (comm_) cudaStreamDestroy(comm_);
@@ -544,6 +548,83 @@ class CudaBackend final : public Backend {
                         " head_dim=" + std::to_string(p.head_dim));
   }
 
+  Status sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                const std::vector<double>& uniforms, std::vector<int32_t>& ids) override {
+    BURST_RETURN_IF_ERROR(on_device("sample", logits));
+    const std::string bad = check_sample_args(logits, params, uniforms);
+    if (!bad.empty()) return op_error("sample", bad);
+    if (logits.dtype != DType::kF32 && logits.dtype != DType::kBF16) {
+      return op_error("sample", "logits " + logits.describe() + " are not fp32 or bf16");
+    }
+    const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+    ids.resize(static_cast<size_t>(rows));
+    if (rows == 0) return {};
+    BURST_RETURN_IF_ERROR(use_device("sample"));
+    kernels::SampleParams p;
+    p.logits = logits.data;
+    p.dtype = logits.dtype;
+    p.rows = rows;
+    p.vocab = vocab;
+    p.row_stride = vocab;
+    // One setting for every row (the common batch): the scalars, and for all-greedy rows the
+    // argmax kernel alone. Otherwise per-row settings, one call for the whole batch. A greedy
+    // row's top_k and top_p do not matter.
+    std::vector<kernels::SampleRowParams> settings(params.size());
+    for (size_t r = 0; r < params.size(); ++r) {
+      const SamplingParams& q = params[r];
+      if (q.temperature > 0.f) settings[r] = {q.temperature, q.top_k, q.top_p};
+    }
+    const kernels::SampleRowParams& first = settings.front();
+    const bool same = std::all_of(settings.begin(), settings.end(), [&](const auto& q) {
+      return q.temperature == first.temperature && q.top_k == first.top_k &&
+             q.top_p == first.top_p;
+    });
+    const bool greedy = same && first.temperature == 0.f;
+    // The inputs travel in one copy: [uniforms (rows fp64) | row settings | out ids (rows)].
+    const size_t u_bytes = static_cast<size_t>(rows) * sizeof(double);
+    const size_t rp_bytes = same ? 0 : settings.size() * sizeof(kernels::SampleRowParams);
+    const size_t in_bytes = u_bytes + rp_bytes;
+    const size_t all_bytes = in_bytes + settings.size() * 4;
+    BURST_RETURN_IF_ERROR(ensure(sample_in_, all_bytes, "sample"));
+    BURST_RETURN_IF_ERROR(ensure_pinned(all_bytes, "sample"));
+    auto* dev = static_cast<unsigned char*>(sample_in_.ptr);
+    auto* host = static_cast<unsigned char*>(sample_pinned_.ptr);
+    p.out_ids = reinterpret_cast<int32_t*>(dev + in_bytes);
+    if (same) {
+      p.temperature = first.temperature;
+      p.top_k = first.top_k;
+      p.top_p = first.top_p;
+    } else {
+      p.row_params = reinterpret_cast<const kernels::SampleRowParams*>(dev + u_bytes);
+    }
+    if (!greedy) {
+      // Pinned, so both copies are truly asynchronous; the buffer is rewritten only by the
+      // next call, after this one's synchronize.
+      std::memcpy(host, uniforms.data(), u_bytes);
+      if (!same) std::memcpy(host + u_bytes, settings.data(), rp_bytes);
+      p.uniforms = reinterpret_cast<const double*>(dev);
+      BURST_CUDA_TRY(device_, "sample",
+                     cudaMemcpyAsync(dev, host, in_bytes, cudaMemcpyHostToDevice, compute_));
+      const size_t ws = kernels::sample_cuda_workspace_bytes(vocab, rows);
+      if (ws == 0) {
+        return op_error("sample", "no workspace size for " + logits.describe() +
+                                      " (rows * vocab beyond INT32_MAX?)");
+      }
+      // Kept and grown between calls: no allocation on the decode path once it has its size.
+      BURST_RETURN_IF_ERROR(ensure(sample_ws_, ws, "sample"));
+      p.workspace = sample_ws_.ptr;
+      p.workspace_bytes = sample_ws_.bytes;
+    }
+    BURST_RETURN_IF_ERROR(launched("sample", kernels::sample_cuda(p, compute_),
+                                   logits.describe()));
+    BURST_CUDA_TRY(device_, "sample",
+                   cudaMemcpyAsync(host + in_bytes, p.out_ids, settings.size() * 4,
+                                   cudaMemcpyDeviceToHost, compute_));
+    BURST_CUDA_TRY(device_, "sample", cudaStreamSynchronize(compute_));
+    std::memcpy(ids.data(), host + in_bytes, settings.size() * 4);
+    return {};
+  }
+
   Status check_fits(int64_t bytes, const std::string& what) override {
     // 1 GiB stays free for cuBLAS workspaces and the per-forward scratch.
     return cuda_check_fits(*this, bytes, what, int64_t{1} << 30);
@@ -611,6 +692,19 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+  // Grows the pinned host buffer of sample() (cudaMallocHost: rarely, not per token).
+  Status ensure_pinned(size_t bytes, const char* op) {
+    if (sample_pinned_.bytes >= bytes) return {};
+    // A copy queued by a call that failed half-way may still read the old buffer.
+    BURST_CUDA_TRY(device_, op, cudaStreamSynchronize(compute_));
+    if (sample_pinned_.ptr) BURST_CUDA_TRY(device_, op, cudaFreeHost(sample_pinned_.ptr));
+    sample_pinned_ = Scratch{};
+    const size_t want = std::max<size_t>(bytes + bytes / 2, 4096);
+    BURST_CUDA_TRY(device_, op, cudaMallocHost(&sample_pinned_.ptr, want));
+    sample_pinned_.bytes = want;
+    return {};
+  }
+
   // Copies host to s unless s already holds exactly these values (mirror is what it holds).
   template <typename T>
   Status upload_cached(Scratch& s, std::vector<T>& mirror, const std::vector<T>& host,
@@ -632,6 +726,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   Scratch staging_, ids_, positions_, inv_freq_, decode_ws_;
+  // sample(): its inputs and ids ([uniforms | row settings | ids]) on the device and their
+  // pinned host mirror, and the kernel's workspace.
+  Scratch sample_in_, sample_ws_, sample_pinned_;
   std::vector<int64_t> positions_host_;
   std::vector<float> inv_freq_host_;
   // Shared with the deleters of the tensors this backend allocated, which may outlive it;

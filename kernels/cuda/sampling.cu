@@ -7,7 +7,9 @@
 // 128-bit fixed point (the host's representation): once for the total, once (top_p < 1) for
 // the nucleus cut, once for the first cumulative mass above u * kept mass. Exact prefix sums
 // make the walk order irrelevant; only a 1-ulp difference between the host's and CUDA's fp64
-// exp can move a choice, and only when u * mass falls within that ulp of a prefix.
+// exp can move a choice, and only when u * mass falls within that ulp of a prefix. With
+// per-row settings (SampleParams::row_params) steps 1 and 3 read each row's own; greedy rows
+// then go through the sort too (one call for a whole mixed batch), their keys unscaled.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -89,9 +91,20 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 
 constexpr int kThreads = kGridStrideThreads;  // grid_for assumes it
 
+// The temperature a row's keys are divided by: its own with per-row settings, where a greedy
+// row (0) keeps its raw logits (x / 1 is x exactly), so that its first sorted id is the argmax
+// with ties to the lowest id.
+__device__ __forceinline__ float key_temperature(const SampleRowParams* row_params, int64_t r,
+                                                 float temperature) {
+  if (!row_params) return temperature;
+  const float t = row_params[r].temperature;
+  return t > 0.f ? t : 1.f;
+}
+
 template <typename T>
 __global__ void keys_kernel(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                            float temperature, uint32_t* keys, int32_t* ids, int32_t* offsets) {
+                            float temperature, const SampleRowParams* row_params, uint32_t* keys,
+                            int32_t* ids, int32_t* offsets) {
   const int64_t total = rows * vocab;
   // total + 1 items: the offsets array has rows + 1 entries, one more than there are logits
   // when vocab == 1.
@@ -102,7 +115,8 @@ __global__ void keys_kernel(const T* logits, int64_t rows, int64_t vocab, int64_
     const int64_t r = i / vocab, c = i % vocab;
     // Correctly rounded fp32 division, as the host's `logits[i] / temperature`, whatever
     // -prec-div says: logits that differ may round to the same s and must then tie here too.
-    keys[i] = order_key(__fdiv_rn(load_f32(logits + r * row_stride + c), temperature));
+    keys[i] = order_key(__fdiv_rn(load_f32(logits + r * row_stride + c),
+                                  key_temperature(row_params, r, temperature)));
     ids[i] = static_cast<int32_t>(c);
   }
 }
@@ -228,12 +242,24 @@ __device__ int scan_find(const uint32_t* keys, int keep, int stop, double mx, Pr
   return -1;
 }
 
+// How many sorted ids top_k keeps (0 or >= vocab: all).
+__host__ __device__ __forceinline__ int kept_ids(int top_k, int64_t vocab) {
+  return top_k > 0 && top_k < vocab ? top_k : static_cast<int>(vocab);
+}
+
 __global__ void __launch_bounds__(kPickThreads)
     pick_kernel(const uint32_t* sorted_keys, const int32_t* sorted_ids, int64_t vocab, int keep,
-                float top_p, const double* uniforms, int32_t* out) {
+                float top_p, const SampleRowParams* row_params, const double* uniforms,
+                int32_t* out) {
   __shared__ ScanSmem sm;
   const uint32_t* keys = sorted_keys + int64_t{blockIdx.x} * vocab;
   const int32_t* ids = sorted_ids + int64_t{blockIdx.x} * vocab;
+  if (row_params) {
+    const SampleRowParams rp = row_params[blockIdx.x];
+    // A greedy row keeps its first sorted id: the argmax of its raw keys (key_temperature).
+    keep = rp.temperature > 0.f ? kept_ids(rp.top_k, vocab) : 1;
+    top_p = rp.top_p;
+  }
   if (keep == 1) {
     // One kept id: the host returns it for every u too.
     if (threadIdx.x == 0) out[blockIdx.x] = ids[0];
@@ -316,11 +342,13 @@ size_t sample_cuda_workspace_bytes(int64_t vocab, int64_t rows) {
 cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
   if (!sizes_ok(p.vocab, p.rows) || p.row_stride < p.vocab) return cudaErrorInvalidValue;
   if (!p.logits || !p.out_ids) return cudaErrorInvalidValue;
-  if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) return cudaErrorInvalidValue;
-  if (p.top_k < 0 || !(p.top_p > 0.f && p.top_p <= 1.f)) return cudaErrorInvalidValue;
+  if (!p.row_params) {
+    if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) return cudaErrorInvalidValue;
+    if (p.top_k < 0 || !(p.top_p > 0.f && p.top_p <= 1.f)) return cudaErrorInvalidValue;
+  }
   if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) return cudaErrorInvalidValue;
   const unsigned rows = static_cast<unsigned>(p.rows);
-  if (p.temperature == 0.f) {
+  if (p.temperature == 0.f && !p.row_params) {
     return with_type(p.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       argmax_kernel<T><<<rows, kArgmaxThreads, 0, stream>>>(static_cast<const T*>(p.logits),
@@ -343,8 +371,8 @@ cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
   err = with_type(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     keys_kernel<T><<<grid_for(n + 1), kThreads, 0, stream>>>(
-        static_cast<const T*>(p.logits), p.rows, p.vocab, p.row_stride, p.temperature, keys_in,
-        ids_in, offsets);
+        static_cast<const T*>(p.logits), p.rows, p.vocab, p.row_stride, p.temperature,
+        p.row_params, keys_in, ids_in, offsets);
     return cudaGetLastError();
   });
   if (err != cudaSuccess) return err;
@@ -353,9 +381,9 @@ cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
       ws + l.scratch, scratch_bytes, keys_in, keys_out, ids_in, ids_out, static_cast<int>(n),
       static_cast<int>(p.rows), offsets, offsets + 1, 0, 32, stream);
   if (err != cudaSuccess) return err;
-  const int keep = p.top_k > 0 && p.top_k < p.vocab ? p.top_k : static_cast<int>(p.vocab);
-  pick_kernel<<<rows, kPickThreads, 0, stream>>>(keys_out, ids_out, p.vocab, keep, p.top_p,
-                                                 p.uniforms, p.out_ids);
+  pick_kernel<<<rows, kPickThreads, 0, stream>>>(keys_out, ids_out, p.vocab,
+                                                 kept_ids(p.top_k, p.vocab), p.top_p,
+                                                 p.row_params, p.uniforms, p.out_ids);
   return cudaGetLastError();
 }
 

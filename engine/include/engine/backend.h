@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "engine/status.h"
 #include "engine/tensor.h"
 #include "kernels/attention.h"
@@ -68,6 +69,15 @@ class Backend {
   virtual Status attention(const kernels::AttnParams& p) = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.
   virtual Status merge(const kernels::MergeParams& p) = 0;
+  // One token per row of logits [rows, vocab] (this backend's memory, fp32 or its compute
+  // dtype): row r drawn by engine::sample_with_uniform's contract (engine/sampler.h) with
+  // params[r] (temperature, top_k, top_p; the seed is not used) and uniforms[r] (read only
+  // when params[r].temperature > 0: Sampler::draw_uniform gives it), rows of different settings
+  // in one call; ids [rows] on the host. The CPU backend is that function itself; the CUDA one
+  // its GPU twin (kernels/sampling_cuda.h: the same id but for the documented 1-ulp exp edge).
+  // Waits for the ids. check_sample_args says what is refused.
+  virtual Status sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                        const std::vector<double>& uniforms, std::vector<int32_t>& ids) = 0;
   // The memory plan: OK when `bytes` more fit on the device now, else an error naming `what`,
   // the bytes needed and the bytes free. Called before allocating weights or a KV cache so a
   // model that cannot fit fails with one clear message. Host memory is not planned (default).
@@ -79,6 +89,11 @@ class Backend {
   // Waits for queued work; a no-op on CPU.
   virtual Status synchronize() = 0;
 };
+
+// Empty when Backend::sample may run on these arguments, else what is wrong: logits 2-D with at
+// least one id per row, one params (valid: engine::validate) and one uniform per row.
+std::string check_sample_args(const Tensor& logits, const std::vector<SamplingParams>& params,
+                              const std::vector<double>& uniforms);
 
 // The CPU backend (fp32). Always available.
 std::unique_ptr<Backend> make_cpu_backend();

@@ -84,6 +84,11 @@ class Sampler {
   // The next uniform of this sampler's stream: 53 random bits, in [0, 1). A GPU sampler fed
   // these (one per sampled token, none for greedy) replays the host's choices.
   double next_uniform();
+  // The uniform the next sample() would use, consumed: next_uniform() when temperature > 0,
+  // else 0 (greedy draws nothing). sample_with_uniform(logits, vocab, params(), draw_uniform())
+  // on any backend (Backend::sample) is sample(logits, vocab).
+  double draw_uniform();
+  const SamplingParams& params() const { return params_; }
 
  private:
   SamplingParams params_;

@@ -22,6 +22,13 @@
 
 namespace burst::kernels {
 
+// One row's settings, for calls whose rows differ (SampleParams::row_params).
+struct SampleRowParams {
+  float temperature = 0.f;  // finite, >= 0; 0: greedy (top_k, top_p and the uniform unread)
+  int32_t top_k = 0;        // >= 0; 0: off
+  float top_p = 1.f;        // in (0, 1]; 1: off
+};
+
 // The kernel ABI: one flat struct. All pointers are device pointers.
 struct SampleParams {
   const void* logits = nullptr;  // [rows, vocab], row r at logits + r * row_stride elements
@@ -32,15 +39,21 @@ struct SampleParams {
   float temperature = 0.f;       // finite, >= 0; 0: greedy
   int top_k = 0;                 // >= 0; 0: off
   float top_p = 1.f;             // in (0, 1]; 1: off
+  // Or per row: [rows] settings that replace the three above row by row, so the rows of a
+  // batch's requests sample in one call. Validated by the caller (engine::validate), not here:
+  // they live on the device. A greedy row (temperature 0) among them is the argmax of its raw
+  // logits, ties to the lowest id, as with the scalar temperature 0, but it runs through the
+  // sort with the other rows; uniforms and workspace are required whenever row_params is set.
+  const SampleRowParams* row_params = nullptr;
   // [rows] fp64 uniforms in [0, 1), one per row, drawn by the host from its seeded generator
   // (Sampler::next_uniform) so that a seed replays and host and GPU consume the same stream.
-  // Read only when temperature > 0 (the host draws none for greedy either). u >= 1 gives the
+  // Read only for rows with temperature > 0 (the host draws none for greedy either). u >= 1 gives the
   // last kept id, u <= 0 the first.
   const double* uniforms = nullptr;
   int32_t* out_ids = nullptr;    // [rows] int32
   // Scratch of at least sample_cuda_workspace_bytes(vocab, rows) bytes, 256-byte aligned (as
-  // from cudaMalloc); unused (may be null) when temperature == 0. Not shared between calls in
-  // flight on different streams.
+  // from cudaMalloc); unused (may be null) when temperature == 0 and row_params is null. Not
+  // shared between calls in flight on different streams.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
@@ -52,7 +65,8 @@ size_t sample_cuda_workspace_bytes(int64_t vocab, int64_t rows);
 
 // Writes p.out_ids[r] for every row, asynchronously on `stream`. Returns the first CUDA error,
 // cudaErrorInvalidValue for bad params (sizes, null pointers, dtype, temperature, top_k, top_p,
-// a workspace smaller than sample_cuda_workspace_bytes).
+// a workspace smaller than sample_cuda_workspace_bytes). The scalar settings are not checked
+// when row_params is set.
 cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream);
 
 }  // namespace burst::kernels

@@ -3,7 +3,10 @@
 // within the chunk) or one decode token (replicated), runs as ONE forward: the GEMMs see every
 // row of every sequence, attention runs per sequence through the ring (engine::RingAttention),
 // and all decode tokens share one all-gather per layer. Every rank calls step() with the same
-// plan, in the same order; rank 0 samples and returns the tokens.
+// plan, in the same order; rank 0 returns the tokens. A sampled row whose logits nothing on
+// the host reads (no logprobs, no LogitAdjust) is drawn by the backend of the rank that
+// computes it (Backend::sample: on a GPU no logits leave the device), with a uniform from rank
+// 0's stream for its sequence; the others' logits go to rank 0, which samples them there.
 #pragma once
 
 #include <cstdint>
@@ -102,6 +105,24 @@ class BatchRunner {
   engine::RingAttention& ring() { return ring_; }
 
  private:
+  struct Sample;  // a sampled row of a step (batch.cpp)
+  // Rank 0 draws the uniform of every device-drawn sample from its sequence's stream (greedy
+  // draws none) into `device` (its own rows); those of rows that other ranks own reach them
+  // in ONE broadcast (none when there are none), whatever the number of sequences.
+  Status draw_uniforms(const StepPlan& plan, const std::vector<Sample>& samples,
+                       size_t remote_u, SampleRows& device);
+  // device_ids[k] on rank 0: the id drawn for device sample k (-1 for host samples). Those
+  // that other ranks drew (`sampled`: this rank's ids, in SampleRows order) come in ONE
+  // all-gather of `remote` slots per rank (none when there are none).
+  Status gather_ids(const std::vector<Sample>& samples, size_t remote,
+                    const std::vector<int32_t>& sampled, std::vector<int32_t>& device_ids);
+  // The samples that need their logits on rank 0 (logprobs, LogitAdjust): today's path, one
+  // broadcast of a logits row per such sample that another rank computed; rank 0 adjusts,
+  // samples and scores them, and appends every sample's token to result.tokens in plan order.
+  Status sample_on_host(const StepPlan& plan, const std::vector<Sample>& samples,
+                        const std::vector<float>& logits, const std::vector<int32_t>& device_ids,
+                        StepResult& result);
+
   LlamaModel& model_;
   engine::RingAttention& ring_;
   engine::Communicator& comm_;

@@ -11,6 +11,7 @@
 
 #include "engine/attention_context.h"
 #include "engine/backend.h"
+#include "engine/sampler.h"
 #include "models/config.h"
 
 namespace burst::models {
@@ -27,6 +28,16 @@ using LayerHook = std::function<Status(int64_t layers_done)>;
 // RoPE scales by): a batch of several sequences passes one span per sequence.
 struct RopeSpan {
   int64_t row = 0, rows = 0, seq_len = 0;
+};
+
+// Rows of a forward whose next token is drawn on the backend (Backend::sample) rather than
+// returned as logits: no logits leave the device for them, only the ids. Row rows[i] of the
+// batch is sampled with params[i] and uniforms[i] (Sampler::draw_uniform of its sequence).
+struct SampleRows {
+  std::vector<int64_t> rows;
+  std::vector<engine::SamplingParams> params;
+  std::vector<double> uniforms;
+  size_t size() const { return rows.size(); }
 };
 
 // Called after each weight is loaded or generated: bytes of the model's weights (in the
@@ -67,6 +78,13 @@ class LlamaModel {
   Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
                  engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
                  std::vector<float>& logits, const std::vector<RopeSpan>& spans,
+                 const LayerHook& after_layer = nullptr);
+  // The same, and for each row of `sample` a token drawn on the backend, appended to `sampled`
+  // (the LM head runs once over the logit rows and the sampled rows together).
+  Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                 engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                 std::vector<float>& logits, const SampleRows& sample,
+                 std::vector<int32_t>& sampled, const std::vector<RopeSpan>& spans,
                  const LayerHook& after_layer = nullptr);
 
  private:
