@@ -539,6 +539,61 @@ TEST_F(CudaBackendTest, MergeMatchesCpu) {
 
 // ---- errors, memory plan, streams -------------------------------------------------------------
 
+// Backend::sample: on the same logits (bf16 values, so both backends see the same numbers)
+// and the same uniforms (seeded Samplers' draw_uniform), the CUDA backend draws the CPU
+// backend's ids: rows of mixed settings in one call (greedy rows among them, one with a top_k
+// it must ignore), one setting for every row (the scalar call) and all-greedy rows (the argmax
+// kernel), from bf16 and fp32 logits, at vocab 1, 7, 4099 and 32000.
+TEST_F(CudaBackendTest, SampleEqualsCpuForMixedRows) {
+  using engine::SamplingParams;
+  const std::vector<SamplingParams> mixed = {
+      {0.f, 0, 1.f, 1},   {0.7f, 0, 1.f, 2}, {1.3f, 40, 1.f, 3}, {0.8f, 0, 0.9f, 4},
+      {1.f, 5, 0.5f, 5},  {0.f, 3, 0.5f, 6}, {0.7f, 0, 1.f, 7}};
+  const std::vector<SamplingParams> same(5, SamplingParams{0.9f, 0, 0.95f, 8});
+  const std::vector<SamplingParams> greedy = {{0.f, 0, 1.f, 0}, {0.f, 7, 0.3f, 0}};
+  const std::pair<const char*, const std::vector<SamplingParams>*> sets[] = {
+      {"mixed", &mixed}, {"same", &same}, {"greedy", &greedy}};
+  uint32_t seed = 1;
+  for (const auto& [set_name, settings] : sets) {
+    const auto rows = static_cast<int64_t>(settings->size());
+    for (int64_t vocab : {1, 7, 4099, 32000}) {
+      for (DType dt : {DType::kBF16, DType::kF32}) {
+        std::vector<engine::Sampler> streams;
+        for (const SamplingParams& p : *settings) streams.emplace_back(p);
+        int differ = 0;
+        std::vector<int32_t> first;
+        for (int step = 0; step < 12; ++step) {
+          const auto host = round_bf16(
+              random_vector(static_cast<size_t>(rows * vocab), -8.f, 8.f, seed++));
+          const Tensor c = cpu({rows, vocab}, host);
+          const Tensor g = gpu({rows, vocab}, host, dt);
+          std::vector<double> u;
+          for (engine::Sampler& s : streams) u.push_back(s.draw_uniform());
+          std::vector<int32_t> want, got;
+          Status st = cpu_->sample(c, *settings, u, want);
+          ASSERT_TRUE(st.ok()) << st.message();
+          st = gpu_->sample(g, *settings, u, got);
+          ASSERT_TRUE(st.ok()) << st.message();
+          EXPECT_EQ(got, want) << set_name << " vocab " << vocab << " "
+                               << engine::dtype_name(dt) << " step " << step;
+          if (step == 0) first = got;
+          differ += got != first;
+        }
+        if (vocab > 1) {
+          EXPECT_GT(differ, 0) << set_name << ": random logits give varied ids";
+        }
+      }
+    }
+  }
+  // Refused: a row count that is not the logits', invalid settings, fp16 logits.
+  const Tensor g = gpu({2, 8}, std::vector<float>(16, 1.f));
+  std::vector<int32_t> ids;
+  EXPECT_FALSE(gpu_->sample(g, {mixed[0]}, {0.5}, ids).ok());
+  EXPECT_FALSE(gpu_->sample(g, {mixed[0], {1.f, -1, 1.f, 0}}, {0.5, 0.5}, ids).ok());
+  const Tensor h = gpu({2, 8}, std::vector<float>(16, 1.f), DType::kF16);
+  EXPECT_FALSE(gpu_->sample(h, {mixed[1], mixed[1]}, {0.5, 0.5}, ids).ok());
+}
+
 TEST_F(CudaBackendTest, OutOfMemoryIsAClearError) {
   // 2^40 bf16 elements (2 TiB): no GPU holds it.
   auto t = gpu_->alloc({int64_t{1} << 20, int64_t{1} << 20}, DType::kBF16);
@@ -703,6 +758,56 @@ TEST_F(CudaBackendTest, KjvTinyGreedyMatchesCpu) {
   std::printf("[ info     ] cpu  \"%s\"\n[ info     ] cuda \"%s\"\n",
               tok.value()->decode(std::vector<int>(want.begin(), want.end())).c_str(),
               tok.value()->decode(std::vector<int>(got.begin(), got.end())).c_str());
+}
+
+// models::generate draws every token on the device (no logits to the host): on the tiny model
+// on CUDA, seeded, it gives the tokens of the path it replaced on the same GPU model (each
+// step's logits downloaded, engine::Sampler on the host), greedy and sampled.
+TEST_F(CudaBackendTest, KjvTinyGenerateOnDeviceEqualsHostSampler) {
+  const std::string dir = kRoot + "/models/kjv-tiny";
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "skipping: no " << dir;
+  auto model = models::LlamaModel::load(*gpu_, dir);
+  ASSERT_TRUE(model.ok()) << model.message();
+  models::LlamaModel& m = *model.value();
+  const std::vector<int32_t> prompt = {1, 512, 4177, 1497, 29892, 2803, 727, 367, 6};
+  const auto n = static_cast<int64_t>(prompt.size());
+  constexpr int kTokens = 40;
+  auto cache = engine::LocalKvCache::create(*gpu_, m.attention_shape(), n + kTokens + 1);
+  ASSERT_TRUE(cache.ok()) << cache.message();
+  for (const engine::SamplingParams& sp :
+       {engine::SamplingParams{0.f, 0, 1.f, 0}, engine::SamplingParams{0.9f, 0, 0.95f, 42},
+        engine::SamplingParams{1.2f, 50, 1.f, 7}}) {
+    models::GenerateRequest req;
+    req.prompt = prompt;
+    req.max_tokens = kTokens;
+    req.sampling = sp;
+    req.stop_at_eos = false;
+    std::vector<int32_t> got;
+    auto stats = models::generate(m, *cache.value(), req, [&](int32_t t) {
+      got.push_back(t);
+      return true;
+    });
+    ASSERT_TRUE(stats.ok()) << stats.message();
+    // The host path, step by step.
+    engine::Sampler sampler(sp);
+    std::vector<int32_t> want;
+    std::vector<int32_t> ids = prompt;
+    std::vector<int64_t> pos(prompt.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    cache.value()->clear();
+    while (static_cast<int>(want.size()) < kTokens) {
+      std::vector<float> logits;
+      const Status st = m.forward(ids, pos, *cache.value(),
+                                  {static_cast<int64_t>(ids.size()) - 1}, logits);
+      ASSERT_TRUE(st.ok()) << st.message();
+      want.push_back(sampler.sample(logits.data(), m.config().vocab_size));
+      ids = {want.back()};
+      pos = {pos.back() + 1};
+    }
+    cache.value()->clear();
+    EXPECT_EQ(got, want) << "temperature " << sp.temperature << " top_k " << sp.top_k
+                         << " top_p " << sp.top_p;
+  }
 }
 
 // ---- the 2-layer 7B-shape model: CUDA vs CPU (and the dump for hf_compare.py) ---------------
@@ -990,10 +1095,11 @@ TEST(CudaPrefillBench, Preset7b) {
 
 // Where a decode step of the 7B preset (random weights, one GPU) spends its time at the
 // contexts in BURST_BENCH_DECODE (comma separated): the host's time to enqueue the 32 layers
-// (until the last layer's hook) against the whole step (LM head and logits download
-// included), over 32 steps after a warm-up; and the host cost of single backend calls at the
-// decode shapes (1000 enqueued calls, then one synchronize). If enqueueing takes as long as
-// the step, the GPU waits for the host. Skipped unless asked for.
+// (until the last layer's hook) against the whole step (LM head and the token drawn: greedy
+// and T=0.8 top_p=0.95, each from logits downloaded to the host and on the device), over 32
+// steps after a warm-up; and the host cost of single backend calls at the decode shapes (1000
+// enqueued calls, then one synchronize). If enqueueing takes as long as the step, the GPU waits
+// for the host. Skipped unless asked for.
 TEST(CudaDecodeBench, HostOverhead7b) {
   std::string skip;
   const auto asked = bench_lengths("BURST_BENCH_DECODE", "512,32768", skip);
@@ -1039,9 +1145,23 @@ TEST(CudaDecodeBench, HostOverhead7b) {
   const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
   auto model = models::LlamaModel::random(b, c, 0);
   ASSERT_TRUE(model.ok()) << model.message();
+  models::LlamaModel& m = *model.value();
   constexpr int kSteps = 32;
-  auto cache =
-      engine::LocalKvCache::create(b, model.value()->attention_shape(), max_ctx + kSteps + 2);
+  // How the step's token is drawn: its logits to the host and engine::Sampler there (every
+  // decode step before Backend::sample; what logprobs and penalties still take), or on the GPU
+  // (Backend::sample: only the id comes back). Each way decodes kSteps + 1 tokens in turn.
+  struct Way {
+    const char* name;
+    engine::SamplingParams sampling;
+    bool on_device;
+  };
+  const Way ways[] = {{"greedy, logits to host", {0.f, 0, 1.f, 0}, false},
+                      {"greedy, on device", {0.f, 0, 1.f, 0}, true},
+                      {"T=0.8 top_p=0.95, logits to host", {0.8f, 0, 0.95f, 1}, false},
+                      {"T=0.8 top_p=0.95, on device", {0.8f, 0, 0.95f, 1}, true}};
+  constexpr int kWays = sizeof(ways) / sizeof(ways[0]);
+  auto cache = engine::LocalKvCache::create(b, m.attention_shape(),
+                                            max_ctx + kWays * (kSteps + 1) + 2);
   ASSERT_TRUE(cache.ok()) << cache.message();
   for (int64_t n : contexts) {
     cache.value()->clear();
@@ -1053,30 +1173,44 @@ TEST(CudaDecodeBench, HostOverhead7b) {
       pos[static_cast<size_t>(i)] = i;
     }
     std::vector<float> logits;
-    ASSERT_TRUE(model.value()->forward(ids, pos, *cache.value(), {n - 1}, logits).ok());
-    std::vector<double> enq, total;
-    for (int s = 0; s <= kSteps; ++s) {  // step 0 is the warm-up
-      logits.clear();
-      Clock::time_point t_enq{};
-      const auto t0 = Clock::now();
-      const Status st = model.value()->forward(
-          {ids[static_cast<size_t>(s)]}, {n + s}, *cache.value(), {0}, logits, n + s + 1,
-          [&](int64_t layer) {
-            if (layer == c.num_layers) t_enq = Clock::now();
-            return Status{};
-          });
-      const auto t1 = Clock::now();
-      ASSERT_TRUE(st.ok()) << st.message();
-      if (s == 0) continue;
-      enq.push_back(us(t_enq - t0));
-      total.push_back(us(t1 - t0));
+    ASSERT_TRUE(m.forward(ids, pos, *cache.value(), {n - 1}, logits).ok());
+    int64_t at = n;
+    for (const Way& w : ways) {
+      engine::Sampler sampler(w.sampling);
+      int32_t token = ids.back();
+      std::vector<double> enq, total;
+      for (int s = 0; s <= kSteps; ++s, ++at) {  // step 0 is the warm-up
+        logits.clear();
+        std::vector<int32_t> sampled;
+        Clock::time_point t_enq{};
+        const models::LayerHook hook = [&](int64_t layer) {
+          if (layer == c.num_layers) t_enq = Clock::now();
+          return Status{};
+        };
+        const auto t0 = Clock::now();
+        Status st;
+        if (w.on_device) {
+          const models::SampleRows rows{{0}, {w.sampling}, {sampler.draw_uniform()}};
+          st = m.forward({token}, {at}, *cache.value(), {}, logits, rows, sampled,
+                         {{0, 1, at + 1}}, hook);
+          if (st.ok()) token = sampled.at(0);
+        } else {
+          st = m.forward({token}, {at}, *cache.value(), {0}, logits, at + 1, hook);
+          if (st.ok()) token = sampler.sample(logits.data(), c.vocab_size);
+        }
+        const auto t1 = Clock::now();
+        ASSERT_TRUE(st.ok()) << st.message();
+        if (s == 0) continue;
+        enq.push_back(us(t_enq - t0));
+        total.push_back(us(t1 - t0));
+      }
+      std::sort(enq.begin(), enq.end());
+      std::sort(total.begin(), total.end());
+      std::printf("[ info     ] 7B decode at %lld context, %s: step %.0f us (median of %d, "
+                  "token drawn), host enqueue of the layers %.0f us\n",
+                  static_cast<long long>(n), w.name, total[total.size() / 2], kSteps,
+                  enq[enq.size() / 2]);
     }
-    std::sort(enq.begin(), enq.end());
-    std::sort(total.begin(), total.end());
-    std::printf("[ info     ] 7B decode at %lld context: step %.0f us (median of %d), host "
-                "enqueue of the layers %.0f us\n",
-                static_cast<long long>(n), total[total.size() / 2], kSteps,
-                enq[enq.size() / 2]);
   }
 }
 

@@ -6,7 +6,8 @@
 // sum masses exactly (128-bit fixed point), so an id could legitimately differ only where
 // glibc's and CUDA's fp64 exp differ by an ulp and u * mass falls within it. Exact
 // ties (duplicate maxima, constant rows, ties across the top-k cut) are checked against
-// hand-derived ids too. Every test skips with a message without a GPU.
+// hand-derived ids too; rows of different settings in one call (row_params) too. Every test
+// skips with a message without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -153,7 +154,7 @@ SampleParams params_for(const Logits& l, const Setting& s, Gpu& g) {
 // Samples every row with u[r] on the GPU; ids come back in `ids`.
 void gpu_sample(const SampleParams& p, Gpu& g, const std::vector<double>& u,
                 std::vector<int32_t>& ids) {
-  if (p.temperature > 0.f) {
+  if (p.temperature > 0.f || p.row_params) {
     CUDA_ASSERT(cudaMemcpy(g.uniforms.ptr, u.data(), u.size() * sizeof(double),
                            cudaMemcpyHostToDevice));
   }
@@ -221,6 +222,57 @@ TEST_F(GpuSampling, MatchesHostSamplerForEveryUniform) {
         if (HasFatalFailure()) return;
         expect_matches_host(l, g);
         if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Per-row settings (SampleParams::row_params): 11 rows cycling through every setting above
+// (greedy rows among sampled ones) in one call, with scalars that would be refused (they are
+// not read), fp32 and bf16, vocab 7, 4099 and 32000: each row picks the host's id for its own
+// setting and uniform, over 10 calls of rotated uniforms.
+TEST_F(GpuSampling, PerRowSettingsMatchHost) {
+  const std::vector<double> us = test_uniforms();
+  const int nu = static_cast<int>(us.size());
+  constexpr int kNumSettings = sizeof(kSettings) / sizeof(kSettings[0]);
+  std::mt19937 rng(13);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t vocab : {7, 4099, 32000}) {
+      Logits l{t, 2 * kNumSettings + 1, vocab, 0, {}, {}};
+      fill_random(l, rng);
+      upload(l);
+      Gpu g;
+      alloc_gpu(g, vocab, l.rows);
+      if (HasFatalFailure()) return;
+      std::vector<SampleRowParams> rp(static_cast<size_t>(l.rows));
+      for (int64_t r = 0; r < l.rows; ++r) {
+        const Setting& s = kSettings[r % kNumSettings];
+        rp[r] = {s.temperature, s.top_k, s.top_p};
+      }
+      DevBuf dev_rp;
+      CUDA_ASSERT(cudaMalloc(&dev_rp.ptr, rp.size() * sizeof(SampleRowParams)));
+      CUDA_ASSERT(cudaMemcpy(dev_rp.ptr, rp.data(), rp.size() * sizeof(SampleRowParams),
+                             cudaMemcpyHostToDevice));
+      SampleParams p = params_for(l, kSettings[1], g);
+      p.temperature = -1.f;
+      p.top_p = 0.f;
+      p.row_params = static_cast<const SampleRowParams*>(dev_rp.ptr);
+      int bad = 0;
+      for (int j = 0; j < 10; ++j) {
+        std::vector<double> u(static_cast<size_t>(l.rows));
+        for (int64_t r = 0; r < l.rows; ++r) u[r] = us[(5 * j + 7 * r) % nu];
+        std::vector<int32_t> ids;
+        gpu_sample(p, g, u, ids);
+        if (HasFatalFailure()) return;
+        for (int64_t r = 0; r < l.rows; ++r) {
+          const Setting& s = kSettings[r % kNumSettings];
+          const int32_t want = engine::sample_with_uniform(&l.host[r * l.stride], l.vocab,
+                                                           host_params(s), u[r]);
+          if (ids[r] != want && bad++ < 5) {
+            ADD_FAILURE() << name(t) << " vocab=" << vocab << " row " << r << " (" << s.name
+                          << ") u=" << u[r] << ": gpu " << ids[r] << " host " << want;
+          }
+        }
       }
     }
   }

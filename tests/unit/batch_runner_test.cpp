@@ -2,12 +2,19 @@
 // and prefill chunks in any row order (decodes NOT on consecutive rows, so the ring takes its
 // one-launch-per-token decode path, and prefill chunks between them) gives every sequence the
 // greedy tokens it gets when it runs alone; releasing every sequence frees every page.
+// Sampling: a batch of seeded rows of every kind (greedy and sampled rows drawn on their owner
+// rank's backend, rows with logprobs or penalties on rank 0's host) gives, on 1, 2 and 3 ranks,
+// the tokens of the host sampler on a single-process forward of each sequence alone; and the
+// step's own collectives do not grow with the number of sequences it samples.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <vector>
 
+#include "engine/attention_context.h"
 #include "engine/backend.h"
 #include "models/batch.h"
 #include "multiprocess.h"
@@ -141,6 +148,265 @@ TEST_P(BatchRunnerMixed, InterleavedStepsEqualEachSequenceAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, BatchRunnerMixed, ::testing::Values(2, 3));
+
+// A sequence of the sampling tests: how it samples, and what reads its logits on the host.
+struct SampledSeq {
+  engine::SamplingParams sampling;
+  int logprobs = -1;            // >= 0: rank 0 scores the token (host path)
+  engine::LogitAdjust adjust;   // active: rank 0 adjusts the logits (host path)
+  int prompt_len = 0;
+};
+
+std::vector<SampledSeq> sampled_seqs() {
+  engine::LogitAdjust pen;
+  pen.presence_penalty = 0.5f;
+  pen.repetition_penalty = 1.3f;
+  return {
+      {{0.f, 0, 1.f, 0}, -1, {}, 23},      // greedy, on the owner's backend
+      {{0.8f, 0, 0.9f, 7}, -1, {}, 40},    // top-p, backend
+      {{1.f, 40, 1.f, 11}, 2, {}, 9},      // top-k with logprobs: host
+      {{0.7f, 0, 1.f, 5}, -1, pen, 31},    // penalties: host
+      {{0.f, 0, 1.f, 0}, 0, {}, 17},       // greedy with logprobs: host
+      {{1.2f, 0, 1.f, 3}, -1, {}, 12},     // plain temperature, backend
+      {{1.5f, 5, 0.95f, 9}, -1, {}, 28},   // top-k and top-p, backend
+  };
+}
+
+// Today's semantics, independently of BatchRunner: the sequence alone in one process, its
+// logits on the host, adjusted (with rank 0's history rules), drawn by its Sampler.
+std::vector<int32_t> host_reference(engine::Backend& b, LlamaModel& m,
+                                    const std::vector<int32_t>& prompt, const SampledSeq& q,
+                                    int n_new, std::vector<float>& logprobs) {
+  const int64_t vocab = m.config().vocab_size, n = static_cast<int64_t>(prompt.size());
+  auto cache = engine::LocalKvCache::create(b, m.attention_shape(), 256);
+  if (!cache.ok()) return {};
+  std::vector<int64_t> pos(prompt.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> logits;
+  if (!m.forward(prompt, pos, *cache.value(), {n - 1}, logits, n).ok()) return {};
+  engine::Sampler sampler(q.sampling);
+  engine::TokenHistory h;
+  if (q.adjust.repetition_penalty != 1.f) h.add_prompt(prompt.data(), prompt.size());
+  std::vector<int32_t> out;
+  for (int t = 0; t < n_new; ++t) {
+    std::vector<float> use = logits;
+    if (q.adjust.active()) {
+      engine::adjust_logits(use.data(), vocab, q.adjust, h, m.config().eos_token_id);
+    }
+    const int32_t token = sampler.sample(use.data(), vocab);
+    if (q.adjust.active()) h.add_generated(token);
+    logprobs.push_back(engine::log_softmax_at(logits.data(), vocab, token, 0, nullptr));
+    out.push_back(token);
+    logits.clear();
+    if (!m.forward({token}, {n + t}, *cache.value(), {0}, logits, n + t + 1).ok()) return {};
+  }
+  return out;
+}
+
+struct SamplingCase {
+  int world;
+  engine::ShardLayout layout;
+};
+
+int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store) {
+  const std::string root = BURST_SOURCE_DIR;
+  auto comm = engine::make_gloo_communicator({rank, c.world, store, "127.0.0.1",
+                                              std::chrono::milliseconds(30000), nullptr});
+  if (!comm.ok()) return 30;
+  auto backend = engine::make_cpu_backend();
+  auto model = LlamaModel::load(*backend, root + "/models/kjv-tiny");
+  if (!model.ok()) return 31;
+  auto ring = engine::RingAttention::create(*backend, *comm.value(),
+                                            model.value()->attention_shape(), 2048);
+  if (!ring.ok()) return 32;
+  BatchRunner runner(*model.value(), *ring.value(), *comm.value());
+  const std::vector<SampledSeq> seqs = sampled_seqs();
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    prompts.push_back(prompt_of(seqs[i].prompt_len, static_cast<int>(i) + 4));
+  }
+  // Prompts in chunks of 16 (so they complete in different steps, their last rows on
+  // different ranks), each sequence decoding as soon as it has its first token.
+  constexpr int kChunk = 16;
+  std::vector<int64_t> done(seqs.size(), 0);
+  std::vector<std::vector<int32_t>> got(seqs.size());
+  std::vector<std::vector<SampledToken>> tokens(seqs.size());
+  for (int step = 0; step < 40; ++step) {
+    StepPlan p;
+    p.layout = c.layout;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(prompts[i].size());
+      SeqWork w;
+      if (done[i] < n) {
+        const int64_t len = std::min<int64_t>(kChunk, n - done[i]);
+        w = prefill_work(i, prompts[i], done[i], len, seqs[i].sampling);
+        done[i] += len;
+      } else if (static_cast<int>(got[i].size()) < kNew) {
+        w = decode_work(i, got[i].back(), n + static_cast<int64_t>(got[i].size()) - 1, n,
+                        seqs[i].sampling);
+      } else {
+        continue;
+      }
+      w.adjust = seqs[i].adjust;  // every chunk: rank 0 keeps the prompt's ids for repetition
+      w.logprobs = seqs[i].logprobs;
+      p.seqs.push_back(std::move(w));
+    }
+    if (p.seqs.empty()) break;
+    auto r = runner.step(p);
+    if (!r.ok()) {
+      std::fprintf(stderr, "rank %d step %d: %s\n", rank, step, r.message().c_str());
+      return 33;
+    }
+    auto toks = share(*comm.value(), p, r.value());
+    if (!toks.ok()) return 34;
+    for (const auto& [id, t] : toks.value()) got[id].push_back(t);
+    for (const SampledToken& t : r.value().tokens) tokens[t.id].push_back(t);
+  }
+  if (rank != 0) return 0;
+  int bad = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<float> lps;
+    const auto want = host_reference(*backend, *model.value(), prompts[i], seqs[i], kNew, lps);
+    if (got[i] != want) {
+      std::fprintf(stderr, "world %d: sequence %zu: tokens differ from the host sampler's\n",
+                   c.world, i);
+      ++bad;
+      continue;
+    }
+    for (size_t t = 0; t < tokens[i].size(); ++t) {
+      const SampledToken& st = tokens[i][t];
+      if (st.has_logprob != (seqs[i].logprobs >= 0) ||
+          (st.has_logprob && !(std::fabs(st.logprob - lps[t]) < 1e-3f))) {
+        std::fprintf(stderr, "world %d: sequence %zu token %zu: logprob %g, want %g\n",
+                     c.world, i, t, st.logprob, lps[t]);
+        ++bad;
+      }
+    }
+  }
+  // The sampled sequences really sample: their tokens are not all their greedy twins'.
+  SampledSeq greedy = seqs[1];
+  greedy.sampling = {};
+  std::vector<float> unused;
+  if (host_reference(*backend, *model.value(), prompts[1], greedy, kNew, unused) == got[1]) {
+    std::fprintf(stderr, "sequence 1 drew its greedy tokens\n");
+    ++bad;
+  }
+  return bad == 0 ? 0 : 35;
+}
+
+class BatchRunnerSampling : public ::testing::TestWithParam<SamplingCase> {};
+
+TEST_P(BatchRunnerSampling, MixedRowsDrawTheHostSamplersTokens) {
+  const SamplingCase c = GetParam();
+  const std::string store = make_temp_dir();
+  const auto codes = run_ranks(c.world, [&](int rank) { return sampling_rank_main(c, rank, store); },
+                               std::chrono::seconds(120));
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, BatchRunnerSampling,
+    ::testing::Values(SamplingCase{1, engine::ShardLayout::kZigzag},
+                      SamplingCase{2, engine::ShardLayout::kZigzag},
+                      SamplingCase{2, engine::ShardLayout::kContiguous},
+                      SamplingCase{3, engine::ShardLayout::kContiguous}),
+    [](const ::testing::TestParamInfo<SamplingCase>& i) {
+      return std::to_string(i.param.world) +
+             (i.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig");
+    });
+
+// Counts broadcasts and all-gathers (the collectives whose number must not grow with the
+// sequences a step samples); forwards everything to the real communicator.
+class CountingComm final : public engine::Communicator {
+ public:
+  explicit CountingComm(engine::Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  Result<std::unique_ptr<engine::CommHandle>> isend(const void* data, size_t bytes, int peer,
+                                                    int tag) override {
+    return inner_.isend(data, bytes, peer, tag);
+  }
+  Result<std::unique_ptr<engine::CommHandle>> irecv(void* data, size_t bytes, int peer,
+                                                    int tag) override {
+    return inner_.irecv(data, bytes, peer, tag);
+  }
+  Result<std::unique_ptr<engine::CommHandle>> isendrecv(const void* send, int send_peer,
+                                                        void* recv, int recv_peer, size_t bytes,
+                                                        int tag) override {
+    return inner_.isendrecv(send, send_peer, recv, recv_peer, bytes, tag);
+  }
+  Status all_gather(const void* in, void* out, size_t bytes) override {
+    ++collectives;
+    return inner_.all_gather(in, out, bytes);
+  }
+  Status broadcast(void* data, size_t bytes, int root) override {
+    ++collectives;
+    return inner_.broadcast(data, bytes, root);
+  }
+  Status barrier() override { return inner_.barrier(); }
+  int collectives = 0;
+
+ private:
+  engine::Communicator& inner_;
+};
+
+// Prompts whose last row lies on rank 1 (contiguous layout, 2 ranks), drawn on rank 1's
+// backend: the step's collectives (the ring's prefill uses neither broadcast nor all-gather)
+// are one uniforms broadcast and one ids all-gather, for 1 sequence as for 5; a greedy-only
+// step needs no broadcast. The old path was one 4 * vocab-byte broadcast per sequence.
+int count_rank_main(int rank, const std::string& store) {
+  const std::string root = BURST_SOURCE_DIR;
+  auto gloo = engine::make_gloo_communicator({rank, 2, store, "127.0.0.1",
+                                              std::chrono::milliseconds(30000), nullptr});
+  if (!gloo.ok()) return 30;
+  CountingComm comm(*gloo.value());
+  auto backend = engine::make_cpu_backend();
+  auto model = LlamaModel::load(*backend, root + "/models/kjv-tiny");
+  if (!model.ok()) return 31;
+  auto ring = engine::RingAttention::create(*backend, comm, model.value()->attention_shape(),
+                                            2048);
+  if (!ring.ok()) return 32;
+  BatchRunner runner(*model.value(), *ring.value(), comm);
+  const int vocab = static_cast<int>(model.value()->config().vocab_size);
+  uint64_t next_id = 0;
+  auto run = [&](const std::vector<engine::SamplingParams>& settings) -> int {
+    StepPlan p;
+    p.layout = engine::ShardLayout::kContiguous;
+    for (size_t i = 0; i < settings.size(); ++i) {
+      const auto prompt = prompt_of(20 + 3 * static_cast<int>(i), static_cast<int>(i));
+      p.seqs.push_back(prefill_work(next_id++, prompt, 0, static_cast<int64_t>(prompt.size()),
+                                    settings[i]));
+    }
+    comm.collectives = 0;
+    auto r = runner.step(p);
+    if (!r.ok()) return -1;
+    if (rank == 0) {
+      if (r.value().tokens.size() != settings.size()) return -1;
+      for (const auto& t : r.value().tokens) {
+        if (t.token < 0 || t.token >= vocab) return -1;
+      }
+    }
+    return comm.collectives;
+  };
+  const engine::SamplingParams greedy{0.f, 0, 1.f, 0}, hot{0.9f, 0, 1.f, 1};
+  const engine::SamplingParams top{1.1f, 20, 0.9f, 2};
+  const int one = run({hot});
+  const int five = run({hot, greedy, top, hot, greedy});
+  const int greedy_only = run({greedy, greedy, greedy});
+  if (one != 2 || five != 2 || greedy_only != 1) {
+    std::fprintf(stderr, "rank %d: collectives 1 seq %d, 5 seqs %d, 3 greedy %d\n", rank, one,
+                 five, greedy_only);
+    return 33;
+  }
+  return 0;
+}
+
+TEST(BatchRunnerSamplingCollectives, DoNotGrowWithTheSequences) {
+  const std::string store = make_temp_dir();
+  const auto codes = run_ranks(2, [&](int rank) { return count_rank_main(rank, store); },
+                               std::chrono::seconds(120));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
 
 }  // namespace
 }  // namespace burst::models

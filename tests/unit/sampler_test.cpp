@@ -1,5 +1,6 @@
 // Sampling: greedy ties, seeded replay, the empirical distribution against softmax(l / T), and
-// that top-k / top-p never return an id outside their set.
+// that top-k / top-p never return an id outside their set; the CPU backend's sample op is the
+// Sampler's draws, row by row, for rows of mixed settings.
 #include "engine/sampler.h"
 
 #include <gtest/gtest.h>
@@ -8,7 +9,10 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
+
+#include "engine/backend.h"
 
 namespace burst::engine {
 namespace {
@@ -131,6 +135,65 @@ TEST(Sampler, ValidateRejectsBadParams) {
   EXPECT_FALSE(validate(SamplingParams{1.f, -1, 1.f, 0}).empty());
   EXPECT_FALSE(validate(SamplingParams{1.f, 0, 0.f, 0}).empty());
   EXPECT_FALSE(validate(SamplingParams{1.f, 0, 1.5f, 0}).empty());
+}
+
+// Backend::sample on the CPU backend: six rows of mixed settings (greedy, temperature, top-k,
+// top-p, both; a greedy row with a top_k it must ignore), each with its own seeded stream, drawn
+// in one call per step with Sampler::draw_uniform, pick what each row's own Sampler::sample
+// picks on the same logits, and leave every stream where sample() leaves it.
+TEST(BackendSample, CpuEqualsSamplerDrawsForMixedSettings) {
+  auto backend = make_cpu_backend();
+  const std::vector<SamplingParams> settings = {
+      {0.f, 0, 1.f, 1},   {0.7f, 0, 1.f, 2},    {1.3f, 40, 1.f, 3},
+      {0.8f, 0, 0.9f, 4}, {1.f, 5, 0.5f, 5},    {0.f, 3, 0.5f, 6}};
+  const auto rows = static_cast<int64_t>(settings.size());
+  constexpr int64_t kVocab = 4099;
+  std::vector<Sampler> drawers, reference;
+  for (const auto& p : settings) {
+    drawers.emplace_back(p);
+    reference.emplace_back(p);
+  }
+  auto t = backend->alloc({rows, kVocab}, DType::kF32);
+  ASSERT_TRUE(t.ok()) << t.message();
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> dist(-6.f, 6.f);
+  std::vector<std::set<int32_t>> seen(settings.size());
+  for (int step = 0; step < 60; ++step) {
+    std::vector<float> host(static_cast<size_t>(rows * kVocab));
+    for (float& x : host) x = dist(rng);
+    ASSERT_TRUE(backend->upload(host.data(), DType::kF32, t.value()).ok());
+    std::vector<double> u;
+    for (Sampler& s : drawers) u.push_back(s.draw_uniform());
+    std::vector<int32_t> ids;
+    const Status st = backend->sample(t.value(), settings, u, ids);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(ids.size(), settings.size());
+    for (size_t r = 0; r < settings.size(); ++r) {
+      EXPECT_EQ(ids[r], reference[r].sample(&host[r * kVocab], kVocab))
+          << "step " << step << " row " << r;
+      seen[r].insert(ids[r]);
+    }
+  }
+  for (size_t r = 0; r < settings.size(); ++r) {
+    EXPECT_EQ(drawers[r].next_uniform(), reference[r].next_uniform()) << "row " << r;
+    EXPECT_GT(seen[r].size(), 10u) << "row " << r << ": random logits give varied ids";
+  }
+}
+
+TEST(BackendSample, RejectsBadArguments) {
+  auto backend = make_cpu_backend();
+  auto t = backend->alloc({2, 8}, DType::kF32);
+  auto flat = backend->alloc({16}, DType::kF32);
+  ASSERT_TRUE(t.ok() && flat.ok());
+  const SamplingParams ok{1.f, 0, 1.f, 0};
+  std::vector<int32_t> ids;
+  EXPECT_TRUE(backend->sample(t.value(), {ok, ok}, {0.5, 0.5}, ids).ok());
+  EXPECT_FALSE(backend->sample(t.value(), {ok}, {0.5, 0.5}, ids).ok());
+  EXPECT_FALSE(backend->sample(t.value(), {ok, ok}, {0.5}, ids).ok());
+  EXPECT_FALSE(backend->sample(flat.value(), {ok, ok}, {0.5, 0.5}, ids).ok());
+  const Status bad = backend->sample(t.value(), {ok, {1.f, 0, 0.f, 0}}, {0.5, 0.5}, ids);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("row 1: top_p"), std::string::npos) << bad.message();
 }
 
 }  // namespace

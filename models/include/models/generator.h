@@ -1,6 +1,7 @@
 // Generation on one process: prefill the prompt (positions 0..n-1), sample the first token
 // from the last position's logits, then decode one token at a time until EOS, max_tokens, the
-// KV capacity, or the callback asks to stop.
+// KV capacity, or the callback asks to stop. Tokens are drawn on the model's backend
+// (Backend::sample, with the request's seeded stream): on a GPU no logits reach the host.
 #pragma once
 
 #include <functional>
@@ -48,11 +49,12 @@ namespace burst::models {
 
 // Generation on one rank of a sequence-sharded group: every rank calls this with the same
 // request. The prompt is sharded by `layout`, prefilled through the BurstAttention ring; the
-// rank holding the last prompt position broadcasts its logits, rank 0 samples and broadcasts
-// every token (so the sampler's random stream is the single-process one); decode runs the
-// replicated token through the distributed flash-decode. on_token and on_progress are called on
-// rank 0 only; after every prefill layer rank 0 broadcasts whether to go on, so a cancel during
-// a long prefill stops every rank at the next layer.
+// rank holding the last prompt position draws the first token on its backend with rank 0's
+// uniform (BatchRunner), rank 0 broadcasts every token (so the sampler's random stream is the
+// single-process one); decode runs the replicated token through the distributed flash-decode.
+// on_token and on_progress are called on rank 0 only; after every prefill layer rank 0
+// broadcasts whether to go on, so a cancel during a long prefill stops every rank at the next
+// layer.
 Result<GenerateStats> generate_sharded(LlamaModel& model, engine::RingAttention& ring,
                                        engine::Communicator& comm, engine::ShardLayout layout,
                                        const GenerateRequest& request,
