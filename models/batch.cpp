@@ -102,12 +102,12 @@ bool needs_host_logits(const SeqWork& s) { return s.logprobs >= 0 || s.adjust.ac
 
 // A sampled row of a step, as every rank sees it (all know the plan, hence every owner).
 struct BatchRunner::Sample {
-  size_t seq;       // index into plan.seqs
-  int owner;        // the rank that computes its logits
-  bool on_device;   // drawn by the owner's backend (!needs_host_logits)
-  int64_t index;    // on the owner: its index in the forward's logits, or in its SampleRows
-  int64_t remote;   // device-drawn, owner > 0: its slot in the ids' all-gather; else -1
-  int64_t remote_u; // ... and not greedy: its slot in the uniforms' broadcast; else -1
+  size_t seq;        // index into plan.seqs
+  int owner;         // the rank that computes its logits
+  bool on_device;    // drawn by the owner's backend (!needs_host_logits)
+  int64_t index;     // on the owner: its index in the forward's logits, or in its SampleRows
+  int64_t remote;    // device-drawn, owner > 0: its slot in the ids' all-gather; else -1
+  int64_t remote_u;  // ... and not greedy: its slot in the uniforms' broadcast; else -1
 };
 
 Status BatchRunner::draw_uniforms(const StepPlan& plan, const std::vector<Sample>& samples,

@@ -61,8 +61,8 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
   auto last_row = [&](int64_t row) {
     return SampleRows{{row}, {request.sampling}, {sampler.draw_uniform()}};
   };
-  Status st = model.forward(request.prompt, positions, cache, {}, logits, last_row(n - 1),
-                            sampled, {{0, n, n}}, hook);
+  Status st = model.forward(request.prompt, positions, cache, {}, logits, last_row(n - 1), sampled,
+                            {{0, n, n}}, hook);
   if (cancelled) {
     cache.clear();
     return cancelled_in_prefill(n, ms_since(t0));
@@ -87,8 +87,7 @@ Result<GenerateStats> generate(LlamaModel& model, engine::AttentionContext& cach
       break;
     }
     sampled.clear();
-    st = model.forward({token}, {pos}, cache, {}, logits, last_row(0), sampled,
-                       {{0, 1, pos + 1}});
+    st = model.forward({token}, {pos}, cache, {}, logits, last_row(0), sampled, {{0, 1, pos + 1}});
     if (!st.ok()) return st;
     token = sampled.at(0);
     ++pos;

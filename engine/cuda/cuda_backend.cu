@@ -13,9 +13,10 @@
 //   with it, a decode step of the 7B preset stalled the GPU hundreds of times). Out of memory
 //   is an error naming the tensor, what it needs and what is free (the pool's cached bytes
 //   count as free); engine/cuda/cuda_backend.h offers the same check up front.
-// - Every op is queued on one compute stream in call order; only download(),
-//   sample() and synchronize() wait. Host inputs of ops (token ids, positions, RoPE frequencies) are copied
-//   to device scratch on that stream, so the caller may reuse its vectors once an op returns.
+// - Every op is queued on one compute stream in call order; only download(), sample() and
+//   synchronize() wait. Host inputs of ops (token ids, positions, RoPE frequencies, sampling
+//   uniforms) are copied to device scratch on that stream, so the caller may reuse its vectors
+//   once an op returns.
 // - Every CUDA and cuBLAS return code is checked; failures come back as Status naming the
 //   device, the op, the failing call, the error, file and line. Nothing throws or exits.
 #include <cublas_v2.h>

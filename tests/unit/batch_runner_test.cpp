@@ -152,8 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Worlds, BatchRunnerMixed, ::testing::Values(2, 3));
 // A sequence of the sampling tests: how it samples, and what reads its logits on the host.
 struct SampledSeq {
   engine::SamplingParams sampling;
-  int logprobs = -1;            // >= 0: rank 0 scores the token (host path)
-  engine::LogitAdjust adjust;   // active: rank 0 adjusts the logits (host path)
+  int logprobs = -1;           // >= 0: rank 0 scores the token (host path)
+  engine::LogitAdjust adjust;  // active: rank 0 adjusts the logits (host path)
   int prompt_len = 0;
 };
 
@@ -162,13 +162,13 @@ std::vector<SampledSeq> sampled_seqs() {
   pen.presence_penalty = 0.5f;
   pen.repetition_penalty = 1.3f;
   return {
-      {{0.f, 0, 1.f, 0}, -1, {}, 23},      // greedy, on the owner's backend
-      {{0.8f, 0, 0.9f, 7}, -1, {}, 40},    // top-p, backend
-      {{1.f, 40, 1.f, 11}, 2, {}, 9},      // top-k with logprobs: host
-      {{0.7f, 0, 1.f, 5}, -1, pen, 31},    // penalties: host
-      {{0.f, 0, 1.f, 0}, 0, {}, 17},       // greedy with logprobs: host
-      {{1.2f, 0, 1.f, 3}, -1, {}, 12},     // plain temperature, backend
-      {{1.5f, 5, 0.95f, 9}, -1, {}, 28},   // top-k and top-p, backend
+      {{0.f, 0, 1.f, 0}, -1, {}, 23},     // greedy, on the owner's backend
+      {{0.8f, 0, 0.9f, 7}, -1, {}, 40},   // top-p, backend
+      {{1.f, 40, 1.f, 11}, 2, {}, 9},     // top-k with logprobs: host
+      {{0.7f, 0, 1.f, 5}, -1, pen, 31},   // penalties: host
+      {{0.f, 0, 1.f, 0}, 0, {}, 17},      // greedy with logprobs: host
+      {{1.2f, 0, 1.f, 3}, -1, {}, 12},    // plain temperature, backend
+      {{1.5f, 5, 0.95f, 9}, -1, {}, 28},  // top-k and top-p, backend
   };
 }
 
@@ -299,8 +299,9 @@ class BatchRunnerSampling : public ::testing::TestWithParam<SamplingCase> {};
 TEST_P(BatchRunnerSampling, MixedRowsDrawTheHostSamplersTokens) {
   const SamplingCase c = GetParam();
   const std::string store = make_temp_dir();
-  const auto codes = run_ranks(c.world, [&](int rank) { return sampling_rank_main(c, rank, store); },
-                               std::chrono::seconds(120));
+  const auto codes = run_ranks(
+      c.world, [&](int rank) { return sampling_rank_main(c, rank, store); },
+      std::chrono::seconds(120));
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 

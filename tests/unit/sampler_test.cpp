@@ -143,9 +143,9 @@ TEST(Sampler, ValidateRejectsBadParams) {
 // picks on the same logits, and leave every stream where sample() leaves it.
 TEST(BackendSample, CpuEqualsSamplerDrawsForMixedSettings) {
   auto backend = make_cpu_backend();
-  const std::vector<SamplingParams> settings = {
-      {0.f, 0, 1.f, 1},   {0.7f, 0, 1.f, 2},    {1.3f, 40, 1.f, 3},
-      {0.8f, 0, 0.9f, 4}, {1.f, 5, 0.5f, 5},    {0.f, 3, 0.5f, 6}};
+  const std::vector<SamplingParams> settings = {{0.f, 0, 1.f, 1},   {0.7f, 0, 1.f, 2},
+                                                {1.3f, 40, 1.f, 3}, {0.8f, 0, 0.9f, 4},
+                                                {1.f, 5, 0.5f, 5},  {0.f, 3, 0.5f, 6}};
   const auto rows = static_cast<int64_t>(settings.size());
   constexpr int64_t kVocab = 4099;
   std::vector<Sampler> drawers, reference;

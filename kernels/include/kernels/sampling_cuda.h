@@ -47,8 +47,8 @@ struct SampleParams {
   const SampleRowParams* row_params = nullptr;
   // [rows] fp64 uniforms in [0, 1), one per row, drawn by the host from its seeded generator
   // (Sampler::next_uniform) so that a seed replays and host and GPU consume the same stream.
-  // Read only for rows with temperature > 0 (the host draws none for greedy either). u >= 1 gives the
-  // last kept id, u <= 0 the first.
+  // Read only for rows with temperature > 0 (the host draws none for greedy either). u >= 1
+  // gives the last kept id, u <= 0 the first.
   const double* uniforms = nullptr;
   int32_t* out_ids = nullptr;    // [rows] int32
   // Scratch of at least sample_cuda_workspace_bytes(vocab, rows) bytes, 256-byte aligned (as

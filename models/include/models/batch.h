@@ -109,8 +109,8 @@ class BatchRunner {
   // Rank 0 draws the uniform of every device-drawn sample from its sequence's stream (greedy
   // draws none) into `device` (its own rows); those of rows that other ranks own reach them
   // in ONE broadcast (none when there are none), whatever the number of sequences.
-  Status draw_uniforms(const StepPlan& plan, const std::vector<Sample>& samples,
-                       size_t remote_u, SampleRows& device);
+  Status draw_uniforms(const StepPlan& plan, const std::vector<Sample>& samples, size_t remote_u,
+                       SampleRows& device);
   // device_ids[k] on rank 0: the id drawn for device sample k (-1 for host samples). Those
   // that other ranks drew (`sampled`: this rank's ids, in SampleRows order) come in ONE
   // all-gather of `remote` slots per rank (none when there are none).
