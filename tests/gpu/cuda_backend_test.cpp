@@ -1099,7 +1099,8 @@ TEST(CudaPrefillBench, Preset7b) {
 // and T=0.8 top_p=0.95, each from logits downloaded to the host and on the device), over 32
 // steps after a warm-up; and the host cost of single backend calls at the decode shapes (1000
 // enqueued calls, then one synchronize). If enqueueing takes as long as the step, the GPU waits
-// for the host. Skipped unless asked for.
+// for the host; and the time to draw the tokens of 1, 16 and 64 rows on the host and on the
+// device. Skipped unless asked for.
 TEST(CudaDecodeBench, HostOverhead7b) {
   std::string skip;
   const auto asked = bench_lengths("BURST_BENCH_DECODE", "512,32768", skip);
@@ -1141,6 +1142,52 @@ TEST(CudaDecodeBench, HostOverhead7b) {
                [&] { return b.gemm(x.value(), w2.value(), y2.value(), false); });
     time_calls("rms_norm 1 x 4096",
                [&] { return b.rms_norm(x.value(), nw.value(), 1e-5f, y.value()); });
+  }
+  {  // drawing the tokens of R rows of logits (the 7B's vocab, bf16 as the LM head leaves them)
+    // The host way: the logits downloaded, engine::Sampler per row, OpenMP over rows (what
+    // BatchRunner did for every row); the device way: Backend::sample, only the ids back.
+    // Logits uniform in [-4, 4]: flatter than a trained model's, so top-p keeps many ids.
+    const engine::SamplingParams settings[] = {{0.f, 0, 1.f, 0}, {0.8f, 0, 0.95f, 1}};
+    for (int64_t rows : {1, 16, 64}) {
+      auto logits = b.alloc({rows, c.vocab_size}, b.compute_dtype());
+      ASSERT_TRUE(logits.ok()) << logits.message();
+      ASSERT_TRUE(b.fill_random(logits.value(), 5, 4.f, false).ok());
+      for (const engine::SamplingParams& sp : settings) {
+        std::vector<engine::Sampler> on_host(static_cast<size_t>(rows), engine::Sampler(sp));
+        std::vector<engine::Sampler> on_dev = on_host;
+        const std::vector<engine::SamplingParams> params(static_cast<size_t>(rows), sp);
+        std::vector<double> host_us, dev_us;
+        std::vector<float> host;
+        std::vector<int32_t> want(static_cast<size_t>(rows)), got;
+        for (int rep = 0; rep <= 20; ++rep) {  // rep 0 is the warm-up
+          ASSERT_TRUE(b.synchronize().ok());
+          auto t0 = Clock::now();
+          ASSERT_TRUE(b.download(logits.value(), host).ok());
+#pragma omp parallel for schedule(dynamic) if (rows > 1)
+          for (int64_t r = 0; r < rows; ++r) {
+            want[static_cast<size_t>(r)] = on_host[static_cast<size_t>(r)].sample(
+                host.data() + r * c.vocab_size, c.vocab_size);
+          }
+          auto t1 = Clock::now();
+          std::vector<double> u;
+          for (engine::Sampler& smp : on_dev) u.push_back(smp.draw_uniform());
+          const Status st = b.sample(logits.value(), params, u, got);
+          auto t2 = Clock::now();
+          ASSERT_TRUE(st.ok()) << st.message();
+          EXPECT_EQ(got, want) << rows << " rows, T=" << sp.temperature;
+          if (rep == 0) continue;
+          host_us.push_back(us(t1 - t0));
+          dev_us.push_back(us(t2 - t1));
+        }
+        std::sort(host_us.begin(), host_us.end());
+        std::sort(dev_us.begin(), dev_us.end());
+        std::printf("[ info     ] draw %lld row(s), %s: logits to host + host sampler %.0f us, "
+                    "on device %.0f us (medians of 20)\n",
+                    static_cast<long long>(rows),
+                    sp.temperature == 0.f ? "greedy" : "T=0.8 top_p=0.95",
+                    host_us[host_us.size() / 2], dev_us[dev_us.size() / 2]);
+      }
+    }
   }
   const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
   auto model = models::LlamaModel::random(b, c, 0);
