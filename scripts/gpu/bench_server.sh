@@ -96,9 +96,11 @@ for n in ${lengths//,/ }; do
 done
 if [ "$mixed" -eq 1 ]; then
   # Head-of-line blocking: short prompts arriving behind 128K ones (see the per-group TTFTs).
+  # Goodput: requests with TTFT <= 1 s and TPOT <= 50 ms (GOODPUT overrides).
+  # shellcheck disable=SC2086
   point mixed --input-len 2048 --long-fraction 0.1 --long-len 131072 \
     --output-len "$output_len" --ignore-eos --num-requests "${MIXED_REQS:-50}" \
-    --request-rate "${MIXED_RATE:-0.5}"
+    --request-rate "${MIXED_RATE:-0.5}" --goodput ${GOODPUT:-ttft:1000 tpot:50}
 fi
 if [ ${#points[@]} -gt 0 ]; then
   "${bench[@]}" --report "${points[@]}" --markdown "$out/bench_${kind}_table.md" \
