@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -50,18 +51,40 @@ Result<std::map<uint64_t, int32_t>> share(engine::Communicator& comm, const Step
   return out;
 }
 
+// One rank of a CPU group over Gloo: the kjv-tiny model, a 2048-row ring and a batch runner.
+struct Member {
+  std::unique_ptr<engine::Communicator> gloo;
+  std::unique_ptr<engine::Backend> backend;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<engine::RingAttention> ring;
+  std::unique_ptr<BatchRunner> runner;
+  // 0, or the rank's exit code: 30 no communicator.
+  int connect(int world, int rank, const std::string& store) {
+    auto c = engine::make_gloo_communicator({rank, world, store, "127.0.0.1",
+                                             std::chrono::milliseconds(30000), nullptr});
+    if (!c.ok()) return 30;
+    gloo = c.take();
+    return 0;
+  }
+  // The model, ring and runner over comm (gloo, or a wrapper of it): 0, 31 no model, 32 no ring.
+  int load(engine::Communicator& comm) {
+    backend = engine::make_cpu_backend();
+    auto m = LlamaModel::load(*backend, std::string(BURST_SOURCE_DIR) + "/models/kjv-tiny");
+    if (!m.ok()) return 31;
+    model = m.take();
+    auto r = engine::RingAttention::create(*backend, comm, model->attention_shape(), 2048);
+    if (!r.ok()) return 32;
+    ring = r.take();
+    runner = std::make_unique<BatchRunner>(*model, *ring, comm);
+    return 0;
+  }
+};
+
 int rank_main(int world, int rank, const std::string& store) {
-  const std::string root = BURST_SOURCE_DIR;
-  auto comm = engine::make_gloo_communicator({rank, world, store, "127.0.0.1",
-                                              std::chrono::milliseconds(30000), nullptr});
-  if (!comm.ok()) return 30;
-  auto backend = engine::make_cpu_backend();
-  auto model = LlamaModel::load(*backend, root + "/models/kjv-tiny");
-  if (!model.ok()) return 31;
-  auto ring = engine::RingAttention::create(*backend, *comm.value(),
-                                            model.value()->attention_shape(), 2048);
-  if (!ring.ok()) return 32;
-  BatchRunner runner(*model.value(), *ring.value(), *comm.value());
+  Member m;
+  if (const int e = m.connect(world, rank, store)) return e;
+  if (const int e = m.load(*m.gloo)) return e;
+  BatchRunner& runner = *m.runner;
   const std::vector<std::vector<int32_t>> prompts = {prompt_of(23, 1), prompt_of(61, 2),
                                                      prompt_of(9, 3)};
   auto work = [&](uint64_t id, bool decode, std::vector<int32_t> toks, int64_t start,
@@ -84,7 +107,7 @@ int rank_main(int world, int rank, const std::string& store) {
     for (int t = 0; t < kNew; ++t) {
       auto r = runner.step(p);
       if (!r.ok()) return 33;
-      auto got = share(*comm.value(), p, r.value());
+      auto got = share(*m.gloo, p, r.value());
       if (!got.ok()) return 34;
       want[i].push_back(got.value()[i]);
       p = StepPlan();
@@ -108,7 +131,7 @@ int rank_main(int world, int rank, const std::string& store) {
       std::fprintf(stderr, "rank %d step %d: %s\n", rank, step, r.message().c_str());
       return 35;
     }
-    auto toks = share(*comm.value(), p, r.value());
+    auto toks = share(*m.gloo, p, r.value());
     if (!toks.ok()) return 36;
     for (const auto& [id, t] : toks.value()) got[id].push_back(t);
     p = StepPlan();
@@ -134,7 +157,7 @@ int rank_main(int world, int rank, const std::string& store) {
     }
     runner.release(id);
   }
-  return ring.value()->cache().usage().used_pages == 0 ? 0 : 38;
+  return m.ring->cache().usage().used_pages == 0 ? 0 : 38;
 }
 
 class BatchRunnerMixed : public ::testing::TestWithParam<int> {};
@@ -209,17 +232,10 @@ struct SamplingCase {
 };
 
 int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store) {
-  const std::string root = BURST_SOURCE_DIR;
-  auto comm = engine::make_gloo_communicator({rank, c.world, store, "127.0.0.1",
-                                              std::chrono::milliseconds(30000), nullptr});
-  if (!comm.ok()) return 30;
-  auto backend = engine::make_cpu_backend();
-  auto model = LlamaModel::load(*backend, root + "/models/kjv-tiny");
-  if (!model.ok()) return 31;
-  auto ring = engine::RingAttention::create(*backend, *comm.value(),
-                                            model.value()->attention_shape(), 2048);
-  if (!ring.ok()) return 32;
-  BatchRunner runner(*model.value(), *ring.value(), *comm.value());
+  Member m;
+  if (const int e = m.connect(c.world, rank, store)) return e;
+  if (const int e = m.load(*m.gloo)) return e;
+  BatchRunner& runner = *m.runner;
   const std::vector<SampledSeq> seqs = sampled_seqs();
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -257,7 +273,7 @@ int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store
       std::fprintf(stderr, "rank %d step %d: %s\n", rank, step, r.message().c_str());
       return 33;
     }
-    auto toks = share(*comm.value(), p, r.value());
+    auto toks = share(*m.gloo, p, r.value());
     if (!toks.ok()) return 34;
     for (const auto& [id, t] : toks.value()) got[id].push_back(t);
     for (const SampledToken& t : r.value().tokens) tokens[t.id].push_back(t);
@@ -266,7 +282,7 @@ int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store
   int bad = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     std::vector<float> lps;
-    const auto want = host_reference(*backend, *model.value(), prompts[i], seqs[i], kNew, lps);
+    const auto want = host_reference(*m.backend, *m.model, prompts[i], seqs[i], kNew, lps);
     if (got[i] != want) {
       std::fprintf(stderr, "world %d: sequence %zu: tokens differ from the host sampler's\n",
                    c.world, i);
@@ -287,7 +303,7 @@ int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store
   SampledSeq greedy = seqs[1];
   greedy.sampling = {};
   std::vector<float> unused;
-  if (host_reference(*backend, *model.value(), prompts[1], greedy, kNew, unused) == got[1]) {
+  if (host_reference(*m.backend, *m.model, prompts[1], greedy, kNew, unused) == got[1]) {
     std::fprintf(stderr, "sequence 1 drew its greedy tokens\n");
     ++bad;
   }
@@ -356,19 +372,12 @@ class CountingComm final : public engine::Communicator {
 // are one uniforms broadcast and one ids all-gather, for 1 sequence as for 5; a greedy-only
 // step needs no broadcast. The old path was one 4 * vocab-byte broadcast per sequence.
 int count_rank_main(int rank, const std::string& store) {
-  const std::string root = BURST_SOURCE_DIR;
-  auto gloo = engine::make_gloo_communicator({rank, 2, store, "127.0.0.1",
-                                              std::chrono::milliseconds(30000), nullptr});
-  if (!gloo.ok()) return 30;
-  CountingComm comm(*gloo.value());
-  auto backend = engine::make_cpu_backend();
-  auto model = LlamaModel::load(*backend, root + "/models/kjv-tiny");
-  if (!model.ok()) return 31;
-  auto ring = engine::RingAttention::create(*backend, comm, model.value()->attention_shape(),
-                                            2048);
-  if (!ring.ok()) return 32;
-  BatchRunner runner(*model.value(), *ring.value(), comm);
-  const int vocab = static_cast<int>(model.value()->config().vocab_size);
+  Member m;
+  if (const int e = m.connect(2, rank, store)) return e;
+  CountingComm comm(*m.gloo);
+  if (const int e = m.load(comm)) return e;
+  BatchRunner& runner = *m.runner;
+  const int vocab = static_cast<int>(m.model->config().vocab_size);
   uint64_t next_id = 0;
   auto run = [&](const std::vector<engine::SamplingParams>& settings) -> int {
     StepPlan p;

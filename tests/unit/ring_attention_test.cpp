@@ -81,6 +81,47 @@ struct Problem {
   }
 };
 
+// The rows of `rank` under plan (q, k, v from the problem's arrays, fp32 on the CPU backend)
+// and their positions.
+struct Rows {
+  Tensor q, k, v, o;
+  std::vector<int64_t> positions;
+  Rows(Backend& backend, const Problem& pr, const ShardPlan& plan, int rank) {
+    const int64_t qw = int64_t{pr.s.heads} * pr.s.head_dim;
+    const int64_t kvw = int64_t{pr.s.kv_heads} * pr.s.head_dim;
+    const int64_t rows = plan.local_rows(rank);
+    q = backend.alloc({rows, qw}, DType::kF32).take();
+    k = backend.alloc({rows, kvw}, DType::kF32).take();
+    v = backend.alloc({rows, kvw}, DType::kF32).take();
+    o = backend.alloc({rows, qw}, DType::kF32).take();
+    for (const auto& sg : plan.segments(rank)) {
+      std::memcpy(q.as<float>() + sg.row * qw, pr.q.data() + sg.pos * qw, sg.len * qw * 4);
+      std::memcpy(k.as<float>() + sg.row * kvw, pr.k.data() + sg.pos * kvw, sg.len * kvw * 4);
+      std::memcpy(v.as<float>() + sg.row * kvw, pr.v.data() + sg.pos * kvw, sg.len * kvw * 4);
+      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
+    }
+  }
+  // Output elements at positions before `end` farther than 2e-5 from the monolithic rows (the
+  // first three printed): merging shards reorders fp32 sums, a few ulps of O(1) outputs.
+  int mismatches(const Problem& pr, const ShardPlan& plan, int rank, int64_t end) const {
+    const int64_t qw = int64_t{pr.s.heads} * pr.s.head_dim;
+    int bad = 0;
+    for (const auto& sg : plan.segments(rank)) {
+      for (int64_t i = 0; i < sg.len && sg.pos + i < end; ++i) {
+        for (int64_t c = 0; c < qw; ++c) {
+          const float got = o.as<float>()[(sg.row + i) * qw + c];
+          const float want = pr.o_ref[(sg.pos + i) * qw + c];
+          if (!(std::fabs(got - want) <= 2e-5f) && bad++ < 3) {
+            std::fprintf(stderr, "rank %d pos %ld col %ld: %g vs %g\n", rank,
+                         static_cast<long>(sg.pos + i), static_cast<long>(c), got, want);
+          }
+        }
+      }
+    }
+    return bad;
+  }
+};
+
 // One rank: ring prefill of its shard, compared with the monolithic rows; then one decode
 // step compared with monolithic attention and with every other rank's bits.
 int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout) {
@@ -97,39 +138,14 @@ int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayou
                                     {1, s.heads, s.kv_heads, s.head_dim}, plan.local_rows(rank) + 2);
   if (!ring.ok()) return 11;
   const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
-  const int64_t rows = plan.local_rows(rank);
-  auto q = backend->alloc({rows, qw}, DType::kF32).take();
-  auto k = backend->alloc({rows, kvw}, DType::kF32).take();
-  auto v = backend->alloc({rows, kvw}, DType::kF32).take();
-  auto o = backend->alloc({rows, qw}, DType::kF32).take();
-  std::vector<int64_t> positions;
-  for (const auto& sg : plan.segments(rank)) {
-    std::memcpy(q.as<float>() + sg.row * qw, pr.q.data() + sg.pos * qw, sg.len * qw * 4);
-    std::memcpy(k.as<float>() + sg.row * kvw, pr.k.data() + sg.pos * kvw, sg.len * kvw * 4);
-    std::memcpy(v.as<float>() + sg.row * kvw, pr.v.data() + sg.pos * kvw, sg.len * kvw * 4);
-    for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
-  }
+  Rows in(*backend, pr, plan, rank);
   ring.value()->begin_prefill(plan);
-  Status st = ring.value()->attend(0, q, k, v, positions, o);
+  Status st = ring.value()->attend(0, in.q, in.k, in.v, in.positions, in.o);
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, st.message().c_str());
     return 12;
   }
-  // Merging shards reorders fp32 sums: allow a few ulps of the O(1) outputs.
-  int bad = 0;
-  for (const auto& sg : plan.segments(rank)) {
-    for (int64_t i = 0; i < sg.len && sg.pos + i < s.n; ++i) {
-      for (int64_t c = 0; c < qw; ++c) {
-        const float got = o.as<float>()[(sg.row + i) * qw + c];
-        const float want = pr.o_ref[(sg.pos + i) * qw + c];
-        if (!(std::fabs(got - want) <= 2e-5f) && bad++ < 3) {
-          std::fprintf(stderr, "rank %d pos %ld col %ld: %g vs %g\n", rank,
-                       static_cast<long>(sg.pos + i), static_cast<long>(c), got, want);
-        }
-      }
-    }
-  }
-  if (bad) return 13;
+  if (in.mismatches(pr, plan, rank, s.n)) return 13;
 
   // Decode: the token at position n attends to every real token and itself.
   ring.value()->begin_decode();
@@ -224,26 +240,14 @@ int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLa
   if (!ring.ok()) return 11;
   RingAttention& ra = *ring.value();
   ra.set_pass(pass);
-  const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
   // One chunk [start, start + len) of sequence seq, checked against the monolithic rows.
   auto chunk = [&](uint64_t seq, int64_t start, int64_t len) -> int {
     SeqRows sr;
     sr.seq = seq;
     sr.plan = ShardPlan::make(layout, len, world, start);
-    const int64_t rows = sr.plan.local_rows(rank);
-    auto q = backend->alloc({rows, qw}, DType::kF32).take();
-    auto k = backend->alloc({rows, kvw}, DType::kF32).take();
-    auto v = backend->alloc({rows, kvw}, DType::kF32).take();
-    auto o = backend->alloc({rows, qw}, DType::kF32).take();
-    std::vector<int64_t> positions;
-    for (const auto& sg : sr.plan.segments(rank)) {
-      std::memcpy(q.as<float>() + sg.row * qw, pr.q.data() + sg.pos * qw, sg.len * qw * 4);
-      std::memcpy(k.as<float>() + sg.row * kvw, pr.k.data() + sg.pos * kvw, sg.len * kvw * 4);
-      std::memcpy(v.as<float>() + sg.row * kvw, pr.v.data() + sg.pos * kvw, sg.len * kvw * 4);
-      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
-    }
+    Rows in(*backend, pr, sr.plan, rank);
     Status st = ra.begin_step({sr});
-    if (st.ok()) st = ra.attend(0, q, k, v, positions, o);
+    if (st.ok()) st = ra.attend(0, in.q, in.k, in.v, in.positions, in.o);
     ra.end_step();
     if (!st.ok()) {
       std::fprintf(stderr, "rank %d seq %lu chunk at %ld: %s\n", rank,
@@ -251,21 +255,7 @@ int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLa
                    st.message().c_str());
       return 12;
     }
-    int bad = 0;
-    for (const auto& sg : sr.plan.segments(rank)) {
-      for (int64_t i = 0; i < sg.len && sg.pos + i < start + len; ++i) {
-        for (int64_t c = 0; c < qw; ++c) {
-          const float got = o.as<float>()[(sg.row + i) * qw + c];
-          const float want = pr.o_ref[(sg.pos + i) * qw + c];
-          if (!(std::fabs(got - want) <= 2e-5f) && bad++ < 3) {
-            std::fprintf(stderr, "rank %d seq %lu pos %ld col %ld: %g vs %g\n", rank,
-                         static_cast<unsigned long>(seq), static_cast<long>(sg.pos + i),
-                         static_cast<long>(c), got, want);
-          }
-        }
-      }
-    }
-    return bad ? 13 : 0;
+    return in.mismatches(pr, sr.plan, rank, start + len) ? 13 : 0;
   };
   int64_t start = 0;
   for (int64_t c : chunks) {
