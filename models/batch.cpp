@@ -231,27 +231,20 @@ Status BatchRunner::sample_on_host(const StepPlan& plan, const std::vector<Sampl
   return {};
 }
 
-Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
-  BURST_RETURN_IF_ERROR(validate(plan));
-  const int rank = comm_.rank(), world = comm_.world_size();
-  const int64_t vocab = model_.config().vocab_size;
-  for (uint64_t id : plan.release) release(id);
-  StepResult result;
-  if (plan.seqs.empty()) {
-    result.kv = ring_.cache().usage();
-    return result;
-  }
-
-  // This rank's rows: each sequence's share, in plan order.
+// This rank's rows of a step: each sequence's share, in plan order, and what is drawn or scored.
+struct BatchRunner::StepInputs {
   std::vector<int32_t> ids;
   std::vector<int64_t> positions;
   std::vector<engine::SeqRows> rows;
   std::vector<RopeSpan> spans;
-  std::vector<int64_t> logit_rows;
-  SampleRows device;  // this rank's rows drawn by its backend
+  std::vector<int64_t> logit_rows;  // rows whose logits come back to the host
+  SampleRows device;                // this rank's rows drawn by its backend
   std::vector<Sample> samples;
   size_t remote = 0, remote_u = 0;  // device-drawn samples owned by ranks > 0 (not greedy)
-  auto add_sample = [&](size_t i, int owner, int64_t row) {
+  // Prompt logprobs: per such sequence (plan order), this rank's (position, logit index).
+  std::vector<std::pair<size_t, std::vector<std::pair<int64_t, int64_t>>>> prompt_rows;
+
+  void add_sample(const StepPlan& plan, int rank, size_t i, int owner, int64_t row) {
     const SeqWork& s = plan.seqs[i];
     Sample sm{i, owner, !needs_host_logits(s), 0, -1, -1};
     if (sm.on_device && owner != 0) {
@@ -268,127 +261,150 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
       logit_rows.push_back(row);
     }
     samples.push_back(sm);
-  };
-  // Prompt logprobs: per such sequence (plan order), this rank's (position, logit index).
-  std::vector<std::pair<size_t, std::vector<std::pair<int64_t, int64_t>>>> prompt_rows;
+  }
+};
+
+void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
+  const int rank = comm_.rank(), world = comm_.world_size();
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqWork& s = plan.seqs[i];
     engine::SeqRows sr;
     sr.seq = s.id;
-    sr.row = static_cast<int64_t>(ids.size());
+    sr.row = static_cast<int64_t>(in.ids.size());
     const auto n = static_cast<int64_t>(s.tokens.size());
     if (s.decode) {
       sr.decode = true;
       sr.pos = s.start;
-      ids.push_back(s.tokens[0]);
-      positions.push_back(s.start);
-      spans.push_back({sr.row, 1, s.start + 1});
+      in.ids.push_back(s.tokens[0]);
+      in.positions.push_back(s.start);
+      in.spans.push_back({sr.row, 1, s.start + 1});
       // Every rank runs the decode token; rank 0 samples it.
-      if (s.sample) add_sample(i, 0, sr.row);
-    } else {
-      sr.plan = engine::ShardPlan::make(plan.layout, n, world, s.start);
-      // Padding (id 0, past the chunk's end) is never cached, attended to or sampled.
-      for (const auto& sg : sr.plan.segments(rank)) {
-        for (int64_t j = 0; j < sg.len; ++j) {
-          const int64_t pos = sg.pos + j;
-          ids.push_back(pos < s.start + n ? s.tokens[static_cast<size_t>(pos - s.start)] : 0);
-          positions.push_back(pos);
-        }
-      }
-      spans.push_back({sr.row, sr.plan.local_rows(rank), s.prompt_len});
-      if (s.sample) {
-        int64_t local = 0;
-        const int owner = sr.plan.owner(s.start + n - 1, &local);
-        add_sample(i, owner, sr.row + local);
-      }
-      if (s.prompt_logprobs >= 0) {
-        // Every real row of this rank's shard whose next token is a prompt token.
-        std::vector<std::pair<int64_t, int64_t>> mine;
-        int64_t row = sr.row;
-        for (const auto& sg : sr.plan.segments(rank)) {
-          for (int64_t j = 0; j < sg.len; ++j, ++row) {
-            const int64_t pos = sg.pos + j;
-            if (pos < s.start + n && pos + 1 < s.prompt_len) {
-              mine.emplace_back(pos, static_cast<int64_t>(logit_rows.size()));
-              logit_rows.push_back(row);
-            }
-          }
-        }
-        prompt_rows.emplace_back(i, std::move(mine));
+      if (s.sample) in.add_sample(plan, rank, i, 0, sr.row);
+      in.rows.push_back(std::move(sr));
+      continue;
+    }
+    sr.plan = engine::ShardPlan::make(plan.layout, n, world, s.start);
+    // Padding (id 0, past the chunk's end) is never cached, attended to or sampled.
+    for (const auto& sg : sr.plan.segments(rank)) {
+      for (int64_t j = 0; j < sg.len; ++j) {
+        const int64_t pos = sg.pos + j;
+        in.ids.push_back(pos < s.start + n ? s.tokens[static_cast<size_t>(pos - s.start)] : 0);
+        in.positions.push_back(pos);
       }
     }
-    rows.push_back(std::move(sr));
+    in.spans.push_back({sr.row, sr.plan.local_rows(rank), s.prompt_len});
+    if (s.sample) {
+      int64_t local = 0;
+      const int owner = sr.plan.owner(s.start + n - 1, &local);
+      in.add_sample(plan, rank, i, owner, sr.row + local);
+    }
+    if (s.prompt_logprobs >= 0) {
+      // Every real row of this rank's shard whose next token is a prompt token.
+      std::vector<std::pair<int64_t, int64_t>> mine;
+      int64_t row = sr.row;
+      for (const auto& sg : sr.plan.segments(rank)) {
+        for (int64_t j = 0; j < sg.len; ++j, ++row) {
+          const int64_t pos = sg.pos + j;
+          if (pos < s.start + n && pos + 1 < s.prompt_len) {
+            mine.emplace_back(pos, static_cast<int64_t>(in.logit_rows.size()));
+            in.logit_rows.push_back(row);
+          }
+        }
+      }
+      in.prompt_rows.emplace_back(i, std::move(mine));
+    }
+    in.rows.push_back(std::move(sr));
   }
-  BURST_RETURN_IF_ERROR(draw_uniforms(plan, samples, remote_u, device));
-  BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(rows)));
+}
+
+Status BatchRunner::score_prompt(const StepPlan& plan, const SeqWork& s,
+                                 const std::vector<std::pair<int64_t, int64_t>>& mine,
+                                 const std::vector<float>& logits, StepResult& result) {
+  const int rank = comm_.rank(), world = comm_.world_size();
+  const int64_t vocab = model_.config().vocab_size;
+  const int k = std::min<int>(s.prompt_logprobs, static_cast<int>(vocab));
+  const size_t rec = 3 + 2 * static_cast<size_t>(k);  // pos, token, logprob, k x (id, lp)
+  const auto sp = engine::ShardPlan::make(plan.layout, static_cast<int64_t>(s.tokens.size()),
+                                          world, s.start);
+  int64_t most = 0;
+  for (int r = 0; r < world; ++r) most = std::max(most, sp.real_rows(r));
+  std::vector<double> send(static_cast<size_t>(most) * rec, -1.0);
+  std::vector<std::pair<int32_t, float>> top;
+  for (size_t m = 0; m < mine.size(); ++m) {
+    const auto [pos, li] = mine[m];
+    const int64_t next = pos + 1;
+    const int32_t tok = next < s.start + static_cast<int64_t>(s.tokens.size())
+                            ? s.tokens[static_cast<size_t>(next - s.start)]
+                            : s.next_token;
+    double* out = send.data() + m * rec;
+    out[0] = static_cast<double>(next);
+    out[1] = tok;
+    out[2] = tok < 0 ? 0.0
+                     : engine::log_softmax_at(logits.data() + li * vocab, vocab, tok, k, &top);
+    if (tok < 0) top.clear();
+    for (size_t t = 0; t < top.size(); ++t) {
+      out[3 + 2 * t] = top[t].first;
+      out[4 + 2 * t] = top[t].second;
+    }
+  }
+  std::vector<double> all(send.size() * static_cast<size_t>(world));
+  BURST_RETURN_IF_ERROR(comm_.all_gather(send.data(), all.data(), send.size() * 8));
+  if (rank != 0) return {};
+  PromptLogprobs pl;
+  pl.id = s.id;
+  for (size_t r = 0; r < all.size(); r += rec) {
+    if (all[r] < 0 || all[r + 1] < 0) continue;
+    PromptTokenLogprob e;
+    e.pos = static_cast<int64_t>(all[r]);
+    e.token = static_cast<int32_t>(all[r + 1]);
+    e.logprob = static_cast<float>(all[r + 2]);
+    for (int t = 0; t < k; ++t) {
+      e.top.emplace_back(static_cast<int32_t>(all[r + 3 + 2 * t]),
+                         static_cast<float>(all[r + 4 + 2 * t]));
+    }
+    pl.entries.push_back(std::move(e));
+  }
+  std::sort(pl.entries.begin(), pl.entries.end(),
+            [](const PromptTokenLogprob& a, const PromptTokenLogprob& b) { return a.pos < b.pos; });
+  result.prompt_logprobs.push_back(std::move(pl));
+  return {};
+}
+
+Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
+  BURST_RETURN_IF_ERROR(validate(plan));
+  for (uint64_t id : plan.release) release(id);
+  StepResult result;
+  if (plan.seqs.empty()) {
+    result.kv = ring_.cache().usage();
+    return result;
+  }
+  StepInputs in;
+  build_inputs(plan, in);
+  BURST_RETURN_IF_ERROR(draw_uniforms(plan, in.samples, in.remote_u, in.device));
+  BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(in.rows)));
   std::vector<float> logits;
   std::vector<int32_t> sampled;
-  Status st = model_.forward(ids, positions, ring_, logit_rows, logits, device, sampled, spans,
-                             after_layer);
+  Status st = model_.forward(in.ids, in.positions, ring_, in.logit_rows, logits, in.device,
+                             sampled, in.spans, after_layer);
   if (!st.ok()) return st;  // the caller treats the group as broken: the ring may be mid-step
   ring_.end_step();
   for (const SeqWork& s : plan.seqs) {
     next_pos_[s.id] = s.start + static_cast<int64_t>(s.tokens.size());
     // Repetition penalty counts the prompt's ids too: rank 0 sees every chunk's tokens.
-    if (rank == 0 && !s.decode && s.adjust.repetition_penalty != 1.f) {
+    if (comm_.rank() == 0 && !s.decode && s.adjust.repetition_penalty != 1.f) {
       histories_[s.id].add_prompt(s.tokens.data(), s.tokens.size());
     }
   }
   std::vector<int32_t> device_ids;
-  BURST_RETURN_IF_ERROR(gather_ids(samples, remote, sampled, device_ids));
-  BURST_RETURN_IF_ERROR(sample_on_host(plan, samples, logits, device_ids, result));
+  BURST_RETURN_IF_ERROR(gather_ids(in.samples, in.remote, sampled, device_ids));
+  BURST_RETURN_IF_ERROR(sample_on_host(plan, in.samples, logits, device_ids, result));
   // Prompt logprobs: each rank scores its rows; one all-gather of fixed-size records per
   // sequence (every rank knows every rank's row count from the plan), merged on rank 0.
-  for (auto& [i, mine] : prompt_rows) {
-    const SeqWork& s = plan.seqs[i];
-    const int k = std::min<int>(s.prompt_logprobs, static_cast<int>(vocab));
-    const size_t rec = 3 + 2 * static_cast<size_t>(k);  // pos, token, logprob, k x (id, lp)
-    const auto sp = engine::ShardPlan::make(plan.layout, static_cast<int64_t>(s.tokens.size()),
-                                            world, s.start);
-    int64_t most = 0;
-    for (int r = 0; r < world; ++r) most = std::max(most, sp.real_rows(r));
-    std::vector<double> send(static_cast<size_t>(most) * rec, -1.0);
-    std::vector<std::pair<int32_t, float>> top;
-    for (size_t m = 0; m < mine.size(); ++m) {
-      const auto [pos, li] = mine[m];
-      const int64_t next = pos + 1;
-      const int32_t tok = next < s.start + static_cast<int64_t>(s.tokens.size())
-                              ? s.tokens[static_cast<size_t>(next - s.start)]
-                              : s.next_token;
-      double* out = send.data() + m * rec;
-      out[0] = static_cast<double>(next);
-      out[1] = tok;
-      out[2] = tok < 0 ? 0.0
-                       : engine::log_softmax_at(logits.data() + li * vocab, vocab, tok, k, &top);
-      if (tok < 0) top.clear();
-      for (size_t t = 0; t < top.size(); ++t) {
-        out[3 + 2 * t] = top[t].first;
-        out[4 + 2 * t] = top[t].second;
-      }
-    }
-    std::vector<double> all(send.size() * static_cast<size_t>(world));
-    BURST_RETURN_IF_ERROR(comm_.all_gather(send.data(), all.data(), send.size() * 8));
-    if (rank != 0) continue;
-    PromptLogprobs pl;
-    pl.id = s.id;
-    for (size_t r = 0; r < all.size(); r += rec) {
-      if (all[r] < 0 || all[r + 1] < 0) continue;
-      PromptTokenLogprob e;
-      e.pos = static_cast<int64_t>(all[r]);
-      e.token = static_cast<int32_t>(all[r + 1]);
-      e.logprob = static_cast<float>(all[r + 2]);
-      for (int t = 0; t < k; ++t) {
-        e.top.emplace_back(static_cast<int32_t>(all[r + 3 + 2 * t]),
-                           static_cast<float>(all[r + 4 + 2 * t]));
-      }
-      pl.entries.push_back(std::move(e));
-    }
-    std::sort(pl.entries.begin(), pl.entries.end(),
-              [](const PromptTokenLogprob& a, const PromptTokenLogprob& b) { return a.pos < b.pos; });
-    result.prompt_logprobs.push_back(std::move(pl));
+  for (const auto& [i, mine] : in.prompt_rows) {
+    BURST_RETURN_IF_ERROR(score_prompt(plan, plan.seqs[i], mine, logits, result));
   }
   result.kv = ring_.cache().usage();
-  result.rows = static_cast<int64_t>(ids.size());
+  result.rows = static_cast<int64_t>(in.ids.size());
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -105,7 +106,16 @@ class BatchRunner {
   engine::RingAttention& ring() { return ring_; }
 
  private:
-  struct Sample;  // a sampled row of a step (batch.cpp)
+  struct Sample;      // a sampled row of a step (batch.cpp)
+  struct StepInputs;  // this rank's rows of a step and what they feed (batch.cpp)
+  // The step's rows on this rank: ids, positions, ring rows, RoPE spans, the rows sampled on
+  // the device or brought to the host, the prompt rows to score.
+  void build_inputs(const StepPlan& plan, StepInputs& in) const;
+  // Prompt logprobs of sequence s: this rank scores its rows `mine` (position, logits row);
+  // one all-gather of fixed-size records; rank 0 appends the merged entries to result.
+  Status score_prompt(const StepPlan& plan, const SeqWork& s,
+                      const std::vector<std::pair<int64_t, int64_t>>& mine,
+                      const std::vector<float>& logits, StepResult& result);
   // Rank 0 draws the uniform of every device-drawn sample from its sequence's stream (greedy
   // draws none) into `device` (its own rows); those of rows that other ranks own reach them
   // in ONE broadcast (none when there are none), whatever the number of sequences.
