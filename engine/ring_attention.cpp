@@ -236,8 +236,12 @@ Status RingAttention::reset_acc(Tensor& o, Tensor& lse) {
 }
 
 bool RingAttention::pass_q(const PrefillBlocks& b) const {
-  if (comm_.world_size() == 1 || !transfers_) return false;
   if (pass_ != RingPass::kAuto) return pass_ == RingPass::kQ;
+  // One rank: pass-Q is its first step alone, the queries against this rank's keys where they
+  // lie (the chunk's k/v as made, the prefix in the pool), where pass-KV first copies both
+  // into a block: ~2 GB of copies per layer late in a 128K prompt on one GPU.
+  if (comm_.world_size() == 1) return true;
+  if (!transfers_) return false;
   // Bytes one hop moves: a KV block (K and V of the largest prefix plus the chunk) against a
   // query block out and its fp32 (o, lse) partial back.
   const int64_t elt = static_cast<int64_t>(dtype_size(backend_.compute_dtype()));

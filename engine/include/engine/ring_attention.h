@@ -15,7 +15,8 @@
 //   rank while step s + 1 computes; each rank merges the partials of its queries as they arrive.
 //   A hop moves rows x (q + fp32 o and lse) instead of (prefix + rows) x (k + v): once the
 //   cached prefix is larger than about half the chunk, far fewer bytes (the pass-Q of Meta's
-//   context-parallel inference paper). Each chunk takes the ring that moves fewer bytes.
+//   context-parallel inference paper). Each chunk takes the ring that moves fewer bytes; one
+//   rank always takes pass-Q, which attends its keys in place (pass-KV copies them first).
 // Every prefix key precedes every chunk query (kNone); each (q segment, kv segment) pair of the
 // chunk is skipped, full or causal by absolute positions (kernels::block_relation). Partial
 // results merge by the online-softmax merge (GAO) in fp32. An unchunked prefill is the case of
@@ -114,7 +115,8 @@ class RingAttention final : public AttentionContext {
   Status prefill_buffers(const SeqRows& s, PrefillBlocks& b);
   // o 0 and lse -inf: the first merge into them takes the partial as is.
   Status reset_acc(Tensor& o, Tensor& lse);
-  // Whether this chunk goes by pass-Q: the ring that moves fewer bytes per hop (or the forced one).
+  // Whether this chunk goes by pass-Q: the forced ring, else on one rank always (nothing
+  // travels, nothing is copied), else the ring that moves fewer bytes per hop.
   bool pass_q(const PrefillBlocks& b) const;
   // The two rings; both leave this rank's queries' output in (o_acc_, lse_acc_).
   Status prefill_pass_kv(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& q,
