@@ -168,30 +168,16 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
                  after_layer);
 }
 
-Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                           std::vector<float>& logits, const SampleRows& sample,
-                           std::vector<int32_t>& sampled, const std::vector<RopeSpan>& spans,
-                           const LayerHook& after_layer) {
-  const auto& c = config_;
-  const auto rows = static_cast<int64_t>(ids.size());
-  if (rows == 0) return Status::error("forward: no tokens");
-  if (positions.size() != ids.size()) return Status::error("forward: one position per token");
-  // RoPE runs per run of rows that share their frequencies (only dynamic scaling makes them
-  // differ between sequences); the runs must tile the rows.
-  struct RopeRun {
-    int64_t row, rows;
-    std::vector<float> inv_freq;
-    std::vector<int64_t> positions;
-  };
-  std::vector<RopeRun> runs;
+Status LlamaModel::rope_runs(const std::vector<int64_t>& positions,
+                             const std::vector<RopeSpan>& spans, std::vector<RopeRun>& runs) const {
+  const auto rows = static_cast<int64_t>(positions.size());
   int64_t covered = 0;
   for (const RopeSpan& sp : spans) {
     if (sp.row != covered || sp.rows <= 0 || sp.seq_len <= 0) {
       return Status::error("forward: RoPE spans must tile the rows in order");
     }
     covered += sp.rows;
-    std::vector<float> f = rope_inv_freq(c, sp.seq_len);
+    std::vector<float> f = rope_inv_freq(config_, sp.seq_len);
     if (!runs.empty() && runs.back().inv_freq == f) {
       runs.back().rows += sp.rows;
     } else {
@@ -202,52 +188,49 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   for (RopeRun& r : runs) {
     r.positions.assign(positions.begin() + r.row, positions.begin() + r.row + r.rows);
   }
-  // The LM head's rows: the logit rows, then the sampled rows.
-  std::vector<int64_t> head_rows = logit_rows;
-  head_rows.insert(head_rows.end(), sample.rows.begin(), sample.rows.end());
-  for (int64_t r : head_rows) {
-    if (r < 0 || r >= rows) return Status::error("forward: logit row outside the batch");
-  }
-  if (sample.params.size() != sample.size() || sample.uniforms.size() != sample.size()) {
-    return Status::error("forward: one sampling params and one uniform per sampled row");
-  }
-  BURST_RETURN_IF_ERROR(ensure_scratch(rows));
+  return {};
+}
+
+Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
+                         const std::vector<int64_t>& positions, engine::AttentionContext& attn,
+                         int64_t rows) {
+  const auto& c = config_;
+  const LayerWeights& L = layers_[static_cast<size_t>(l)];
   Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
   Tensor k = k_.rows(0, rows), v = v_.rows(0, rows), a = attn_out_.rows(0, rows);
-  BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, x));
   const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
   const int hd = static_cast<int>(c.head_dim);
   const float eps = c.rms_norm_eps;
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& L = layers_[static_cast<size_t>(l)];
-    BURST_RETURN_IF_ERROR(backend_.rms_norm(x, L.attn_norm, eps, h));
-    BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wq, q, false));
-    BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wk, k, false));
-    BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wv, v, false));
-    for (const RopeRun& r : runs) {
-      Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
-      BURST_RETURN_IF_ERROR(backend_.rope(qr, heads, hd, r.positions, r.inv_freq));
-      BURST_RETURN_IF_ERROR(backend_.rope(kr, kv_heads, hd, r.positions, r.inv_freq));
-    }
-    BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
-    BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
-    // The MLP is token-local: chunks bound the [rows, intermediate] activations of long
-    // prefills without changing any result.
-    for (int64_t r0 = 0; r0 < rows; r0 += mlp_chunk_rows_) {
-      const int64_t n = std::min(mlp_chunk_rows_, rows - r0);
-      Tensor xc = x.rows(r0, n), hc = h.rows(r0, n);
-      Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
-      BURST_RETURN_IF_ERROR(backend_.rms_norm(xc, L.mlp_norm, eps, hc));
-      BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_gate, gate, false));
-      BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_up, up, false));
-      BURST_RETURN_IF_ERROR(backend_.silu_mul(gate, up, gate));
-      BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
-    }
-    if (after_layer) BURST_RETURN_IF_ERROR(after_layer(l + 1));
+  BURST_RETURN_IF_ERROR(backend_.rms_norm(x, L.attn_norm, eps, h));
+  BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wq, q, false));
+  BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wk, k, false));
+  BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wv, v, false));
+  for (const RopeRun& r : runs) {
+    Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
+    BURST_RETURN_IF_ERROR(backend_.rope(qr, heads, hd, r.positions, r.inv_freq));
+    BURST_RETURN_IF_ERROR(backend_.rope(kr, kv_heads, hd, r.positions, r.inv_freq));
   }
-  if (head_rows.empty()) return backend_.synchronize();
-  // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
+  BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
+  BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
+  // The MLP is token-local: chunks bound the [rows, intermediate] activations of long
+  // prefills without changing any result.
+  for (int64_t r0 = 0; r0 < rows; r0 += mlp_chunk_rows_) {
+    const int64_t n = std::min(mlp_chunk_rows_, rows - r0);
+    Tensor xc = x.rows(r0, n), hc = h.rows(r0, n);
+    Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
+    BURST_RETURN_IF_ERROR(backend_.rms_norm(xc, L.mlp_norm, eps, hc));
+    BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_gate, gate, false));
+    BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_up, up, false));
+    BURST_RETURN_IF_ERROR(backend_.silu_mul(gate, up, gate));
+    BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
+  }
+  return {};
+}
+
+Status LlamaModel::lm_head(int64_t rows, const std::vector<int64_t>& head_rows, int64_t n_logits,
+                           const SampleRows& sample, std::vector<float>& logits,
+                           std::vector<int32_t>& sampled) {
+  const auto& c = config_;
   const auto n = static_cast<int64_t>(head_rows.size());
   // Kept between forwards: every decode step needs them, and a device allocation per token
   // would sit on the hot path (cudaMalloc synchronises).
@@ -265,14 +248,14 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
     head_out_ = out.take();
     head_rows_ = n;
   }
+  Tensor x = x_.rows(0, rows);
   Tensor sel = head_in_.rows(0, n), normed = head_normed_.rows(0, n), out = head_out_.rows(0, n);
   for (int64_t i = 0; i < n; ++i) {
     Tensor dst = sel.rows(i, 1);
     BURST_RETURN_IF_ERROR(backend_.copy(x.rows(head_rows[static_cast<size_t>(i)], 1), dst));
   }
-  BURST_RETURN_IF_ERROR(backend_.rms_norm(sel, final_norm_, eps, normed));
+  BURST_RETURN_IF_ERROR(backend_.rms_norm(sel, final_norm_, c.rms_norm_eps, normed));
   BURST_RETURN_IF_ERROR(backend_.gemm(normed, lm_head_, out, false));
-  const auto n_logits = static_cast<int64_t>(logit_rows.size());
   if (!sample.rows.empty()) {
     std::vector<int32_t> drawn;
     BURST_RETURN_IF_ERROR(backend_.sample(out.rows(n_logits, n - n_logits), sample.params,
@@ -284,6 +267,40 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   BURST_RETURN_IF_ERROR(backend_.download(out.rows(0, n_logits), host));
   logits.insert(logits.end(), host.begin(), host.end());
   return {};
+}
+
+Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
+                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
+                           std::vector<float>& logits, const SampleRows& sample,
+                           std::vector<int32_t>& sampled, const std::vector<RopeSpan>& spans,
+                           const LayerHook& after_layer) {
+  const auto rows = static_cast<int64_t>(ids.size());
+  if (rows == 0) return Status::error("forward: no tokens");
+  if (positions.size() != ids.size()) return Status::error("forward: one position per token");
+  // RoPE runs per run of rows that share their frequencies (only dynamic scaling makes them
+  // differ between sequences); the runs must tile the rows.
+  std::vector<RopeRun> runs;
+  BURST_RETURN_IF_ERROR(rope_runs(positions, spans, runs));
+  // The LM head's rows: the logit rows, then the sampled rows.
+  std::vector<int64_t> head_rows = logit_rows;
+  head_rows.insert(head_rows.end(), sample.rows.begin(), sample.rows.end());
+  for (int64_t r : head_rows) {
+    if (r < 0 || r >= rows) return Status::error("forward: logit row outside the batch");
+  }
+  if (sample.params.size() != sample.size() || sample.uniforms.size() != sample.size()) {
+    return Status::error("forward: one sampling params and one uniform per sampled row");
+  }
+  BURST_RETURN_IF_ERROR(ensure_scratch(rows));
+  Tensor x = x_.rows(0, rows);
+  BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, x));
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    BURST_RETURN_IF_ERROR(layer(l, runs, positions, attn, rows));
+    if (after_layer) BURST_RETURN_IF_ERROR(after_layer(l + 1));
+  }
+  if (head_rows.empty()) return backend_.synchronize();
+  // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
+  return lm_head(rows, head_rows, static_cast<int64_t>(logit_rows.size()), sample, logits,
+                 sampled);
 }
 
 Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,

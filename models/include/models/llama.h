@@ -94,6 +94,23 @@ class LlamaModel {
   Status fill_weights(const LoadProgress& on_progress,
                       const std::function<Status(const WeightSpec&, uint64_t)>& fill);
   Status ensure_scratch(int64_t rows);
+  // Rows that share their RoPE frequencies (dynamic scaling makes sequences differ), with
+  // their positions; the spans must tile the rows in order.
+  struct RopeRun {
+    int64_t row, rows;
+    std::vector<float> inv_freq;
+    std::vector<int64_t> positions;
+  };
+  Status rope_runs(const std::vector<int64_t>& positions, const std::vector<RopeSpan>& spans,
+                   std::vector<RopeRun>& runs) const;
+  // Decoder layer l over the first `rows` rows of the activation scratch (x_ in and out).
+  Status layer(int64_t l, const std::vector<RopeRun>& runs, const std::vector<int64_t>& positions,
+               engine::AttentionContext& attn, int64_t rows);
+  // Final norm and LM head of head_rows (logit rows first, then the sampled rows): the first
+  // n_logits rows' logits to the host, the rest drawn by the backend into `sampled`.
+  Status lm_head(int64_t rows, const std::vector<int64_t>& head_rows, int64_t n_logits,
+                 const SampleRows& sample, std::vector<float>& logits,
+                 std::vector<int32_t>& sampled);
 
   engine::Backend& backend_;
   LlamaConfig config_;
