@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -284,6 +285,14 @@ struct ChunkedCase {
   ShardLayout layout;
   RingPass pass;
 };
+
+// gtest prints a failing case's parameters with this (not as raw bytes).
+void PrintTo(const ChunkedCase& c, std::ostream* os) {
+  *os << c.world << " ranks, " << c.shape.n << " tokens, " << c.shape.heads << "/"
+      << c.shape.kv_heads << " heads x " << c.shape.head_dim << ", "
+      << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous") << ", "
+      << (c.pass == RingPass::kQ ? "pass-Q" : c.pass == RingPass::kKv ? "pass-KV" : "auto");
+}
 
 class RingChunkedTest : public ::testing::TestWithParam<ChunkedCase> {};
 
