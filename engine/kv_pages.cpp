@@ -13,9 +13,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend, Att
   }
   std::unique_ptr<PagedKvCache> c(new PagedKvCache(backend, shape, pages, page_size));
   BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, pages * page_size, c->k_, c->v_));
-  c->free_.reserve(static_cast<size_t>(pages));
-  // A stack popped from the back: page 0 is handed out first (easier to read in a debugger).
-  for (int64_t p = pages - 1; p >= 0; --p) c->free_.push_back(static_cast<int32_t>(p));
+  for (int64_t p = 0; p < pages; ++p) c->free_.insert(c->free_.end(), static_cast<int32_t>(p));
   return c;
 }
 
@@ -60,11 +58,40 @@ Status PagedKvCache::reserve(uint64_t seq, int64_t rows) {
                              " free of " + std::to_string(pages_));
   }
   for (int64_t i = 0; i < more; ++i) {
-    s.pages.push_back(free_.back());
-    free_.pop_back();
+    // Keep the sequence's pages consecutive where the page after its last is free: a prefix
+    // on consecutive pages is attended in place (RingAttention::local_prefix), else gathered.
+    auto it = s.pages.empty() ? free_.end() : free_.find(s.pages.back() + 1);
+    if (it == free_.end()) it = free_.find(run_start());
+    s.pages.push_back(*it);
+    free_.erase(it);
   }
   s.pending += rows;
   return {};
+}
+
+int32_t PagedKvCache::run_start() const {
+  // The largest run of free pages (the first of equals).
+  int32_t best = *free_.begin(), best_len = 0, begin = best, len = 0, prev = -2;
+  for (int32_t p : free_) {
+    if (p != prev + 1) {
+      begin = p;
+      len = 0;
+    }
+    ++len;
+    prev = p;
+    if (len > best_len) {
+      best = begin;
+      best_len = len;
+    }
+  }
+  // A run right behind a sequence's last page is where that sequence grows (a prompt being
+  // prefilled chunk by chunk): start halfway along it instead, leaving it room.
+  if (best > 0) {
+    for (const auto& [id, q] : seqs_) {
+      if (!q.pages.empty() && q.pages.back() == best - 1) return best + best_len / 2;
+    }
+  }
+  return best;
 }
 
 template <typename F>
@@ -109,10 +136,7 @@ void PagedKvCache::commit(uint64_t seq) {
 void PagedKvCache::release(uint64_t seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  // Back on the stack last page first, so the next sequence takes them in ascending order: a
-  // prefix on consecutive pages is attended in place (RingAttention::local_prefix).
-  const auto& pages = it->second.pages;
-  free_.insert(free_.end(), pages.rbegin(), pages.rend());
+  free_.insert(it->second.pages.begin(), it->second.pages.end());
   seqs_.erase(it);
 }
 

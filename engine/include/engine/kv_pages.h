@@ -8,10 +8,15 @@
 // row j % page_size of that page (AttnParams::kv_pages reads the same mapping). A forward adds
 // rows in two phases: reserve() takes the pages for the rows this step will add and write()
 // fills them layer by layer; commit() makes them part of the sequence once every layer wrote.
+// A sequence's pages follow each other where they can (a growing prompt keeps the page after
+// its last; new sequences start in the largest free run, halfway along it when another
+// sequence ends right before it), so a long prompt's cached prefix is usually one run of the
+// pool that attention reads in place.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -75,7 +80,11 @@ class PagedKvCache {
   int64_t pages_;
   int page_size_;
   std::vector<Tensor> k_, v_;  // per layer [pages * page_size, kv_width]
-  std::vector<int32_t> free_;  // free page indices, a stack
+  // Where a run of pages for a sequence starts (a new one, or one whose next page is taken):
+  // the start of the largest free run, or its middle when a sequence ends right before it.
+  int32_t run_start() const;
+
+  std::set<int32_t> free_;  // free page indices, ordered (runs of consecutive pages)
   std::unordered_map<uint64_t, Seq> seqs_;
 };
 
