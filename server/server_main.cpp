@@ -176,8 +176,8 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   so.max_batched_tokens = cfg.max_batched_tokens;
   // A chunk bounds how long decoding sequences and short prompts wait for a long prefill (one
   // step); larger chunks run the ring more efficiently. On GPUs: 2048 rows per GPU on 2 or
-  // more (a 128K prompt 9 % slower than unchunked on 2 H200s, a 100-token request beside it
-  // answered in 0.07 s instead of 0.33 s at 8192), 8192 on one (+4 % instead of +8 % at 4096).
+  // more (on 2 H200s a 128K prompt 7 % slower than unchunked, a 100-token request beside it
+  // answered in 0.07-0.19 s instead of 0.33 s at 8192), 8192 on one (128K +2 % on an H200).
   // docs/benchmarks.md has the trade-off.
   const int world = cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers;
   const int64_t gpu_chunk = world > 1 ? int64_t{2048} * world : 8192;
