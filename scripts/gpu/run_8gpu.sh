@@ -8,12 +8,15 @@
 #   3. 7B preset TTFT and decode speed through N workers at $TTFT_SEQS, and through 4 workers
 #      at $TTFT4_SEQS (scaling 4 -> N).
 #   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
-# STEPS selects (default all, in this order): golden gputests invtiny inv7b ring ttft server hf
+#   5. Chunked prefill on N GPUs: burst-bench-ring --chunk (every chunk by pass-KV, then by
+#      pass-Q, whose partials go back to non-neighbours on 3+ GPUs; exit 1 if they differ).
+# STEPS selects (default all, in this order): golden gputests invtiny inv7b ring ringchunk ttft
+#   server hf
 #   server: burst-server (7B preset, N GPUs) timed by an HTTP client (scripts/gpu/server_ttft.py)
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
 set -uo pipefail
-STEPS=${STEPS:-golden gputests invtiny inv7b ring ttft server hf}
+STEPS=${STEPS:-golden gputests invtiny inv7b ring ringchunk ttft server hf}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -58,6 +61,11 @@ want ring && for w in 4 "$n"; do
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) timeout 300 burst-bench-ring --world "$w" \
     --seq "$seqs" --reps 3 --out "$out/ring_${w}.json" 2>&1 | tee "$out/ring_${w}.txt"
 done
+
+if want ringchunk; then
+  timeout 300 burst-bench-ring --world "$n" --seq "${RING_CHUNK_SEQS:-131072}" \
+    --chunk "${RING_CHUNK:-8192}" --reps 3 2>&1 | tee "$out/ring_chunked_${n}.txt" || status=1
+fi
 
 ttft() {  # workers, tokens
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(($1 - 1))) gen --preset 7b --random-weights 0 \
