@@ -298,15 +298,21 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   BURST_RETURN_IF_ERROR(backend_.attention(p));
   if (direct) return {};
+  return merge(o_acc + qs.row * qw, lse_acc + qs.row, at<float>(o_part_, qs.row * qw),
+               at<float>(lse_part_, qs.row), qs.len, rows);
+}
+
+Status RingAttention::merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b,
+                            int64_t rows, int64_t lse_stride) {
   kernels::MergeParams m;
-  m.o_a = o_acc + qs.row * qw;
-  m.lse_a = lse_acc + qs.row;
-  m.o_b = at<float>(o_part_, qs.row * qw);
-  m.lse_b = at<float>(lse_part_, qs.row);
-  m.o_row_stride = qw;
+  m.o_a = o_a;
+  m.lse_a = lse_a;
+  m.o_b = o_b;
+  m.lse_b = lse_b;
+  m.o_row_stride = int64_t{shape_.heads} * shape_.head_dim;
   m.o_head_stride = shape_.head_dim;
-  m.lse_head_stride = rows;
-  m.rows = static_cast<int32_t>(qs.len);
+  m.lse_head_stride = lse_stride;
+  m.rows = static_cast<int32_t>(rows);
   m.heads = shape_.heads;
   m.head_dim = shape_.head_dim;
   return backend_.merge(m);
@@ -482,18 +488,8 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
     if (!back[slot]) return {};
     BURST_RETURN_IF_ERROR(back[slot]->wait());
     back[slot].reset();
-    kernels::MergeParams m;
-    m.o_a = o_acc_.as<float>();
-    m.lse_a = lse_acc_.as<float>();
-    m.o_b = part_in_[slot].as<float>();
-    m.lse_b = part_in_[slot].as<float>() + o_len;
-    m.o_row_stride = qw;
-    m.o_head_stride = shape_.head_dim;
-    m.lse_head_stride = b.rows;
-    m.rows = static_cast<int32_t>(b.rows);
-    m.heads = shape_.heads;
-    m.head_dim = shape_.head_dim;
-    return backend_.merge(m);
+    return merge(o_acc_.as<float>(), lse_acc_.as<float>(), part_in_[slot].as<float>(),
+                 part_in_[slot].as<float>() + o_len, b.rows, b.rows);
   };
 
   for (int s = 0; s < world; ++s) {
@@ -636,18 +632,9 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   // Merge in rank order on every rank: the same operations in the same order give the same
   // bits everywhere, so the replicated decode never drifts between ranks.
   for (int r = 1; r < world; ++r) {
-    kernels::MergeParams m;
-    m.o_a = at<float>(gathered_, 0);
-    m.lse_a = at<float>(gathered_, n * qw);
-    m.o_b = at<float>(gathered_, r * part);
-    m.lse_b = at<float>(gathered_, r * part + n * qw);
-    m.o_row_stride = qw;
-    m.o_head_stride = shape_.head_dim;
-    m.lse_head_stride = n;
-    m.rows = static_cast<int32_t>(n);
-    m.heads = shape_.heads;
-    m.head_dim = shape_.head_dim;
-    BURST_RETURN_IF_ERROR(backend_.merge(m));
+    BURST_RETURN_IF_ERROR(merge(at<float>(gathered_, 0), at<float>(gathered_, n * qw),
+                                at<float>(gathered_, r * part),
+                                at<float>(gathered_, r * part + n * qw), n, n));
   }
   for (int64_t b = 0; b < n;) {
     // Consecutive batch rows convert in one call.

@@ -137,6 +137,10 @@ class RingAttention final : public AttentionContext {
   Status attend_merge(int64_t rows, const void* q, const void* k, const void* v,
                       const Segment& qs, const Segment& ks, kernels::MaskKind mask, float* o_acc,
                       float* lse_acc, bool direct);
+  // (o_b, lse_b) merged into (o_a, lse_a) in fp32: `rows` rows of o [rows, qw], lse [heads,
+  // lse_stride].
+  Status merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int64_t rows,
+               int64_t lse_stride);
   // One ring step: the query segments q_segs of q against n_prefix prefix rows at (pk, pv)
   // (all before every query: kNone) and the chunk segments k_segs of (k, v), found at rows
   // k_row0 + ks.row (each pair skipped, full or causal by positions), into (o, lse). `fresh`:
