@@ -202,9 +202,7 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
   const int hd = static_cast<int>(c.head_dim);
   const float eps = c.rms_norm_eps;
   BURST_RETURN_IF_ERROR(backend_.rms_norm(x, L.attn_norm, eps, h));
-  BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wq, q, false));
-  BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wk, k, false));
-  BURST_RETURN_IF_ERROR(backend_.gemm(h, L.wv, v, false));
+  BURST_RETURN_IF_ERROR(backend_.gemm_each(h, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
   for (const RopeRun& r : runs) {
     Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
     BURST_RETURN_IF_ERROR(backend_.rope(qr, heads, hd, r.positions, r.inv_freq));
@@ -219,9 +217,7 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
     Tensor xc = x.rows(r0, n), hc = h.rows(r0, n);
     Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
     BURST_RETURN_IF_ERROR(backend_.rms_norm(xc, L.mlp_norm, eps, hc));
-    BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_gate, gate, false));
-    BURST_RETURN_IF_ERROR(backend_.gemm(hc, L.w_up, up, false));
-    BURST_RETURN_IF_ERROR(backend_.silu_mul(gate, up, gate));
+    BURST_RETURN_IF_ERROR(backend_.gemm_swiglu(hc, L.w_gate, L.w_up, gate, up));
     BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
   }
   return {};

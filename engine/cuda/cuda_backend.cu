@@ -391,14 +391,57 @@ class CudaBackend final : public Backend {
                     x.describe());
   }
 
-  Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) override {
-    BURST_RETURN_IF_ERROR(on_device("gemm", x, w, out));
+  // gemm's arguments: on this device, 2-D, out [m, n] = x [m, k] w [n, k]^T, one dtype.
+  Status check_gemm(const char* op, const Tensor& x, const Tensor& w, const Tensor& out) const {
+    BURST_RETURN_IF_ERROR(on_device(op, x, w, out));
     if (x.shape.size() != 2 || w.shape.size() != 2 || out.shape.size() != 2 ||
         w.dim(1) != x.dim(1) || out.dim(0) != x.dim(0) || out.dim(1) != w.dim(0) ||
         x.dtype != w.dtype || x.dtype != out.dtype) {
-      return op_error("gemm", "x " + x.describe() + " w " + w.describe() + " out " +
-                                  out.describe());
+      return op_error(op, "x " + x.describe() + " w " + w.describe() + " out " + out.describe());
     }
+    return {};
+  }
+
+  // A decode step's q, k and v: one weight-streaming launch for all three.
+  Status gemm_each(const Tensor& x, std::initializer_list<Projection> projections) override {
+    kernels::GemvOut outs[kernels::kGemvMaxOuts];
+    int count = 0;
+    bool fused = projections.size() <= static_cast<size_t>(kernels::kGemvMaxOuts);
+    for (const Projection& p : projections) {
+      BURST_RETURN_IF_ERROR(check_gemm("gemm", x, p.w, p.out));
+      if (!fused) continue;
+      fused = x.dim(1) > 0 && kernels::gemv_cuda_applies(x.dim(0), p.w.dim(0), x.dim(1),
+                                                         x.dtype, x.data, p.w.data, p.out.data);
+      if (fused) outs[count++] = {p.w.data, p.out.data, p.w.dim(0)};
+    }
+    if (!fused || count == 0) return Backend::gemm_each(x, projections);
+    BURST_RETURN_IF_ERROR(use_device("gemm"));
+    return launched("gemm",
+                    kernels::gemv_multi_cuda(x.data, outs, count, x.dim(0), x.dim(1), x.dtype,
+                                             compute_),
+                    x.describe());
+  }
+
+  // A decode step's gate and up with SwiGLU at the store: one launch, no [m, n] round trips.
+  Status gemm_swiglu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& gate,
+                     Tensor& up) override {
+    BURST_RETURN_IF_ERROR(check_gemm("gemm", x, w_gate, gate));
+    BURST_RETURN_IF_ERROR(check_gemm("gemm", x, w_up, up));
+    const int64_t m = x.dim(0), n = w_gate.dim(0), k = x.dim(1);
+    if (w_up.dim(0) != n ||
+        !kernels::gemv_cuda_applies(m, n, k, x.dtype, x.data, w_gate.data, gate.data) ||
+        !kernels::gemv_cuda_applies(m, n, k, x.dtype, x.data, w_up.data, gate.data)) {
+      return Backend::gemm_swiglu(x, w_gate, w_up, gate, up);
+    }
+    BURST_RETURN_IF_ERROR(use_device("gemm"));
+    return launched("gemm",
+                    kernels::gemv_swiglu_cuda(x.data, w_gate.data, w_up.data, gate.data, m, n, k,
+                                              x.dtype, compute_),
+                    x.describe());
+  }
+
+  Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) override {
+    BURST_RETURN_IF_ERROR(check_gemm("gemm", x, w, out));
     const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX) {
       return op_error("gemm", "dimensions beyond cuBLAS's int range: x " + x.describe());

@@ -9,7 +9,8 @@
 // Decode: one token, 32 query / 8 kv heads, against S keys, GB/s of K and V read, for one
 // sequence and for a batched step of 16 paged sequences; beside it the device-to-device copy
 // bandwidth of this GPU (the floor decode is judged against). GEMV: the 7B's decode GEMMs at
-// m = 1 and 4 rows by gemv_cuda and by cuBLAS, GB/s of weights read.
+// m = 1 and 4 rows by gemv_cuda and by cuBLAS, GB/s of weights read; and 32 layers' chain of
+// them (bench_layers).
 // Timing: CUDA events around each call, one warm-up call, then the median of several calls
 // (at least 3, more while they take under ~2 s in total). Inputs are random, never zero.
 #include <cuda_bf16.h>
@@ -261,6 +262,57 @@ Row bench_gemv(int64_t m, int64_t n, int64_t k, bool cublas) {
           2.0 * m * n * k / (ms * 1e-3) / 1e12, double(n) * k * 2 / (ms * 1e-3) / 1e9};
 }
 
+// The GEMV chain of 32 decode layers of the 7B at m = 1 (attention left out): RMSNorm, q/k/v,
+// o (accumulated into x), RMSNorm, gate/up + SwiGLU, down (accumulated), queued back to back as
+// the backend queues them, timed as one: "layers_fused" with the one-launch q/k/v and gate/up
+// products, "layers_split" with one launch per product and silu_mul apart. GB/s = the weights
+// read (one layer's set, reused: 386 MB a pass, far beyond L2). Kernels are chained (PDL) on
+// sm_90+ unless BURST_PDL=0.
+Row bench_layers(bool fused) {
+  using burst::kernels::GemvOut;
+  const int64_t d = 4096, f = 11008, layers = 32;
+  Buffer x(d * 2), h(d * 2), q(d * 2), kk(d * 2), vv(d * 2), gate(f * 2), up(f * 2);
+  Buffer norm(d * 2), wq(d * d * 2), wk(d * d * 2), wv(d * d * 2), wo(d * d * 2);
+  Buffer wg(f * d * 2), wu(f * d * 2), wd(d * f * 2);
+  fill(x.ptr, d, 10);
+  fill(norm.ptr, d, 11);
+  for (auto [b, n] : {std::pair<Buffer*, int64_t>{&wq, d * d}, {&wk, d * d}, {&wv, d * d},
+                      {&wo, d * d}, {&wg, f * d}, {&wu, f * d}, {&wd, d * f}}) {
+    fill(b->ptr, n, static_cast<uint32_t>(n % 97));
+  }
+  const DType t = DType::kBF16;
+  using namespace burst::kernels;
+  int runs = 0;
+  const double ms = median_ms(
+      [&] {
+        for (int64_t l = 0; l < layers; ++l) {
+          CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, nullptr));
+          if (fused) {
+            const GemvOut qkv[3] = {{wq.ptr, q.ptr, d}, {wk.ptr, kk.ptr, d}, {wv.ptr, vv.ptr, d}};
+            CUDA_CHECK(gemv_multi_cuda(h.ptr, qkv, 3, 1, d, t, nullptr));
+          } else {
+            CUDA_CHECK(gemv_cuda(h.ptr, wq.ptr, q.ptr, 1, d, d, t, false, nullptr));
+            CUDA_CHECK(gemv_cuda(h.ptr, wk.ptr, kk.ptr, 1, d, d, t, false, nullptr));
+            CUDA_CHECK(gemv_cuda(h.ptr, wv.ptr, vv.ptr, 1, d, d, t, false, nullptr));
+          }
+          CUDA_CHECK(gemv_cuda(q.ptr, wo.ptr, x.ptr, 1, d, d, t, true, nullptr));
+          CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, nullptr));
+          if (fused) {
+            CUDA_CHECK(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, gate.ptr, 1, f, d, t, nullptr));
+          } else {
+            CUDA_CHECK(gemv_cuda(h.ptr, wg.ptr, gate.ptr, 1, f, d, t, false, nullptr));
+            CUDA_CHECK(gemv_cuda(h.ptr, wu.ptr, up.ptr, 1, f, d, t, false, nullptr));
+            CUDA_CHECK(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, f, t, nullptr));
+          }
+          CUDA_CHECK(gemv_cuda(gate.ptr, wd.ptr, x.ptr, 1, d, f, t, true, nullptr));
+        }
+      },
+      &runs);
+  const double bytes = double(layers) * (4 * d * d + 3 * f * d) * 2;
+  return {fused ? "layers_fused" : "layers_split", "-", layers, 0, 0, 0, runs, ms, 0.0,
+          bytes / (ms * 1e-3) / 1e9};
+}
+
 std::vector<int64_t> parse_sizes(const char* arg) {
   std::vector<int64_t> out;
   for (const char* c = arg; *c;) {
@@ -335,6 +387,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  rows.push_back(bench_layers(true));
+  rows.push_back(bench_layers(false));
+
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::printf("%-15s %-7s %8s %6s %4s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "d",
               "ms", "TFLOP/s", "GB/s", "runs");
@@ -349,7 +404,7 @@ int main(int argc, char** argv) {
   }
   for (const Row& r : rows) {
     if ((r.op.rfind("decode", 0) == 0 || r.op.rfind("gemv", 0) == 0 ||
-         r.op.rfind("gemm", 0) == 0) &&
+         r.op.rfind("gemm", 0) == 0 || r.op.rfind("layers", 0) == 0) &&
         copy_gbps > 0) {
       std::printf("%s %s S=%lld: %.0f GB/s = %.1f%% of copy (%.0f GB/s)\n", r.op.c_str(),
                   r.mask.c_str(), static_cast<long long>(r.s), r.gbps, 100.0 * r.gbps / copy_gbps,

@@ -20,7 +20,8 @@
 // each split CTA releases it as it starts (griddepcontrol.launch_dependents), so the merge's CTAs
 // are launched while the splits stream and wait (griddepcontrol.wait) only for the split grid to
 // complete and flush its memory; the second launch's latency leaves the critical path (the merge
-// starts ~1 us after the last split CTA ends). What is left between this kernel and the bytes
+// starts ~1 us after the last split CTA ends). The split kernel is itself launched chained after
+// the step's other kernels (cuda_dispatch.cuh), waiting for them before it reads q or K/V. What is left between this kernel and the bytes
 // floor at 32K-64K keys (docs/benchmarks.md): launch latency, the first stage under a full memory
 // queue, and SMs that finish their static share of the splits early and then idle.
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
@@ -37,6 +38,7 @@
 
 #include "attention_common.cuh"
 #include "kernels/attention_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
 
 namespace burst::kernels {
 namespace {
@@ -53,21 +55,6 @@ using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
 using detail::swz;
 constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
-
-// Programmatic dependent launch (sm_90+; compiled out below, where launches stay serialised).
-// Lets the kernel launched after this one with programmaticStreamSerializationAllowed start.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-// Waits until the grid this one depends on has completed and its writes are visible; returns at
-// once in a kernel not launched as a programmatic dependent.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 template <int kHeadDim>
 struct DecodeTile {
@@ -178,6 +165,8 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   // waits for this whole grid. (Earliest is best: its CTAs then sit resident, launched, while
   // ours stream; they take few registers and little shared memory beside ours.)
   pdl_launch_dependents();
+  // Launched chained itself: q and this step's K/V rows are the kernels before's.
+  pdl_wait();
 
   // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r; rows past
   // rows_total are zero (and masked below).
@@ -396,7 +385,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   __shared__ float part_acc[kCombineWarps][kD];
   __shared__ float part_m[kCombineWarps], part_l[kCombineWarps];
   // Launched as a programmatic dependent of the split kernel: its partials are complete and
-  // visible only after this wait.
+  // visible only after this wait. The kernel after ours may be scheduled meanwhile.
+  pdl_launch_dependents();
   pdl_wait();
   const int h = blockIdx.x / n_q, i = blockIdx.x % n_q;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -462,60 +452,40 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 struct DecodePlan {
   int splits = 1, keys_per_split = 32, row_chunks = 1;
   size_t o_part_bytes = 0, workspace_bytes = 0;
-  bool dependent_merge = false;  // the merge as a programmatic dependent launch
-};
-
-// What the plan needs to know of the split kernel of (T, kD) on one device.
-struct SplitKernelFacts {
-  int ctas = 0;  // how many of its CTAs one multiprocessor holds
-  // Whether the code the device runs was compiled for sm_90+ (PTX version >= 9.0): only such
-  // code carries griddepcontrol (the merge kernel is built for the same targets), so only then
-  // may the merge be a programmatic dependent launch. A Hopper running code JIT-compiled from
-  // compute_80 PTX keeps the serialised launch; a merge without the wait would race the splits.
-  bool dependent_merge = false;
 };
 
 // Readies the split kernel of (T, kD) on the current device (above 48 KiB a kernel must opt
-// in to dynamic shared memory, per device) and returns its facts; cached per device, since the
-// queries cost more than a launch.
+// in to dynamic shared memory, per device) and returns how many of its CTAs one multiprocessor
+// holds; cached per device, since the queries cost more than a launch.
 template <typename T, int kD>
-cudaError_t split_kernel_facts(int device, SplitKernelFacts& facts) {
+cudaError_t split_kernel_ctas(int device, int& ctas) {
   constexpr int kMaxDevices = 64;
-  constexpr int kDependentBit = 1 << 16;  // above any CTA count
-  // 0: not readied yet; else ctas | (dependent_merge ? kDependentBit : 0).
-  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0: not readied yet
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  int packed = cache[size_t(device)].load(std::memory_order_acquire);
-  if (packed == 0) {
+  ctas = cache[size_t(device)].load(std::memory_order_acquire);
+  if (ctas == 0) {
     auto* kernel = decode_split_kernel<T, kD>;
     constexpr int kSmem = static_cast<int>(DecodeSmem<kD>::kBytes);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kSmem);
     if (err != cudaSuccess) return err;
-    int ctas = 0;
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, DecodeTile<kD>::kThreads,
                                                         kSmem);
     if (err != cudaSuccess) return err;
-    if (ctas < 1 || ctas >= kDependentBit) return cudaErrorInvalidConfiguration;
-    cudaFuncAttributes attr{};
-    err = cudaFuncGetAttributes(&attr, kernel);
-    if (err != cudaSuccess) return err;
-    packed = ctas | (attr.ptxVersion >= 90 ? kDependentBit : 0);
-    cache[size_t(device)].store(packed, std::memory_order_release);
+    if (ctas < 1) return cudaErrorInvalidConfiguration;
+    cache[size_t(device)].store(ctas, std::memory_order_release);
   }
-  facts.ctas = packed & (kDependentBit - 1);
-  facts.dependent_merge = (packed & kDependentBit) != 0;
   return cudaSuccess;
 }
 
-cudaError_t split_facts(const AttnParams& p, int device, SplitKernelFacts& facts) {
+cudaError_t split_ctas(const AttnParams& p, int device, int& ctas) {
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.head_dim == 128) {
-    return bf16 ? split_kernel_facts<__nv_bfloat16, 128>(device, facts)
-                : split_kernel_facts<__half, 128>(device, facts);
+    return bf16 ? split_kernel_ctas<__nv_bfloat16, 128>(device, ctas)
+                : split_kernel_ctas<__half, 128>(device, ctas);
   }
-  return bf16 ? split_kernel_facts<__nv_bfloat16, 64>(device, facts)
-              : split_kernel_facts<__half, 64>(device, facts);
+  return bf16 ? split_kernel_ctas<__nv_bfloat16, 64>(device, ctas)
+              : split_kernel_ctas<__half, 64>(device, ctas);
 }
 
 // The same plan for the workspace query and the launch (both read the current device).
@@ -525,11 +495,9 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   if (err != cudaSuccess) return err;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  SplitKernelFacts facts;
-  err = split_facts(p, device, facts);
+  int ctas_per_sm = 0;
+  err = split_ctas(p, device, ctas_per_sm);
   if (err != cudaSuccess) return err;
-  const int ctas_per_sm = facts.ctas;
-  plan.dependent_merge = facts.dependent_merge;
   constexpr int kRows = DecodeTile<128>::kRows, kBlockN = DecodeTile<128>::kBlockN;
   static_assert(kRows == DecodeTile<64>::kRows && kBlockN == DecodeTile<64>::kBlockN,
                 "one plan for both head dims");
@@ -598,25 +566,15 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.row_kv_len = p.row_kv_len;
   a.row_page_offset = p.row_page_offset;
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
-  // make_plan readied the kernel for this device (split_kernel_facts).
-  decode_split_kernel<T, kD>
-      <<<grid, DecodeTile<kD>::kThreads, DecodeSmem<kD>::kBytes, stream>>>(a);
-  cudaError_t err = cudaGetLastError();
+  // make_plan readied the kernel for this device (split_kernel_ctas).
+  cudaError_t err = launch_chained<decode_split_kernel<T, kD>>(
+      grid, dim3(DecodeTile<kD>::kThreads), DecodeSmem<kD>::kBytes, stream, a);
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(p.n_q * p.heads);
-  cfg.blockDim = dim3(kCombineWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &dependent;
-  cfg.numAttrs = plan.dependent_merge ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, decode_combine_kernel<OutT, kD>,
-                            static_cast<const float*>(a.o_part),
-                            static_cast<const float*>(a.lse_part), static_cast<OutT*>(p.o), p.lse,
-                            p.o_row_stride, p.o_head_stride, p.lse_head_stride, int{p.n_q},
-                            int{p.heads}, plan.splits);
+  return launch_chained<decode_combine_kernel<OutT, kD>>(
+      dim3(p.n_q * p.heads), dim3(kCombineWarps * 32), 0, stream,
+      static_cast<const float*>(a.o_part), static_cast<const float*>(a.lse_part),
+      static_cast<OutT*>(p.o), p.lse, p.o_row_stride, p.o_head_stride, p.lse_head_stride,
+      int{p.n_q}, int{p.heads}, plan.splits);
 }
 
 // Every instantiation, in one place: {bf16, fp16} x {o = input, o = fp32} x head_dim {64, 128}.

@@ -1,13 +1,22 @@
-// out[m, n] (+)= x[m, k] . w[n, k]^T for a few rows m (a decode step's GEMMs): the contract of
-// gemv_cuda in kernels/ops_cuda.h.
+// out[m, n] (+)= x[m, k] . w[n, k]^T for a few rows m (a decode step's GEMMs): the contracts of
+// gemv_cuda, gemv_multi_cuda and gemv_swiglu_cuda in kernels/ops_cuda.h.
 //
 // At m <= 4 a GEMM of the 7B's weights is a read of w, and cuBLAS's kernels read it at ~76 % of
 // the H200's bandwidth (docs/benchmarks.md). Here each warp owns kRows rows of w and streams them
 // once, 16 bytes a lane per load, kUnroll loads per row in flight before any arithmetic (bytes in
-// flight are what a memory-bound kernel lives on); x (m rows, a few KB) is read beside them
-// through L1. Every lane accumulates its share of the dot products in fp32, the warp reduces
-// them with shuffles, and the sum is rounded once at the store (after adding out's old value
-// when accumulating), as cuBLAS with fp32 compute does.
+// flight are what a memory-bound kernel lives on), and the next kUnroll issued before the
+// current ones are used; x (m rows, a few KB) is read beside them through L1. Every lane
+// accumulates its share of the dot products in fp32, the warp reduces them with shuffles, and
+// the sum is rounded once at the store (after adding out's old value when accumulating), as
+// cuBLAS with fp32 compute does.
+//
+// A decode step chains these with small kernels, so the launch is a programmatic dependent
+// (cuda_dispatch.cuh): the first loads of w (which no kernel writes) are issued before
+// pdl_wait, while the kernel before still runs; x and out are touched only after it.
+// One launch serves several products of the same x (q, k and v: "segments", a CTA's segment
+// found from its index), or gate and up together with SwiGLU applied at the store (a warp
+// streams row j of both; out[j] = silu(gate_j) * up_j from the two sums rounded as the separate
+// products would store them, so the result is theirs bit for bit).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -21,9 +30,10 @@ namespace burst::kernels {
 namespace {
 
 constexpr int kWarps = 4;   // per CTA
-constexpr int kRows = 2;    // rows of w (outputs) per warp
+constexpr int kRows = 2;    // rows of w per warp
 constexpr int kUnroll = 4;  // 16-byte loads of each w row in flight per lane
 constexpr int kVec = 8;     // 16-bit elements per 16-byte load
+constexpr int kStep = 32 * kUnroll;  // 16-byte chunks of a row per iteration of a warp
 
 // Streams w: read once, so keep it out of L1 (it would only evict x).
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -56,20 +66,62 @@ __device__ __forceinline__ float dot8(const uint4& xv, const uint4& wv, float ac
   return acc;
 }
 
-template <typename T, int kM>
+// Up to kGemvMaxOuts products of one x: segment s is w[s] [n[s], k] -> out[s] [m, n[s]], served
+// by CTAs [first_cta[s], first_cta[s + 1]). With SwiGLU one segment: w[0] gate, w[1] up.
+template <typename T>
+struct Segments {
+  const T* w[kGemvMaxOuts];
+  T* out[kGemvMaxOuts];
+  int n[kGemvMaxOuts];
+  int first_cta[kGemvMaxOuts + 1];
+  int count;
+};
+
+// Outputs per warp: kRows rows of one w, or one row of gate and of up.
+template <bool kSwiglu>
+constexpr int kOutsPerWarp = kSwiglu ? 1 : kRows;
+
+template <typename T, int kM, bool kSwiglu>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out, int n,
-                int k, int accumulate) {
+    gemv_kernel(const T* __restrict__ x, const Segments<T> sg, int k, int accumulate) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * kWarps + warp) * kRows;
+  // This CTA's segment (constant indices only: a dynamic one would copy sg to local memory).
+  const T* w = sg.w[0];
+  T* out = sg.out[0];
+  int n = sg.n[0], first_cta = 0;
+#pragma unroll
+  for (int s = 1; s < kGemvMaxOuts; ++s) {
+    if (s < sg.count && static_cast<int>(blockIdx.x) >= sg.first_cta[s]) {
+      w = sg.w[s];
+      out = sg.out[s];
+      n = sg.n[s];
+      first_cta = sg.first_cta[s];
+    }
+  }
+  constexpr int kOuts = kOutsPerWarp<kSwiglu>;
+  const int n0 = ((static_cast<int>(blockIdx.x) - first_cta) * kWarps + warp) * kOuts;
+  // The next kernel may be scheduled now (it waits for this grid before touching our output).
+  pdl_launch_dependents();
   if (n0 >= n) return;
   const int chunks = k / kVec;
   // A row past n (the last warp's tail) re-reads row n - 1; its sum is not stored.
   const uint4* wr[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    wr[r] = reinterpret_cast<const uint4*>(w + int64_t{min(n0 + r, n - 1)} * k);
+    const T* base = kSwiglu ? sg.w[r] + int64_t{n0} * k : w + int64_t{min(n0 + r, n - 1)} * k;
+    wr[r] = reinterpret_cast<const uint4*>(base);
   }
+  auto load = [&](uint4 (&wv)[kUnroll][kRows], int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = base + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? load_stream(wr[r] + c) : uint4{};
+    }
+  };
+  uint4 cur[kUnroll][kRows];
+  load(cur, 0);  // weights: no earlier kernel writes them
+  pdl_wait();    // x (and out, when accumulating) are the kernel before's
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   float acc[kM][kRows];
 #pragma unroll
@@ -77,14 +129,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[i][r] = 0.f;
   }
-  for (int base = 0; base < chunks; base += 32 * kUnroll) {
-    uint4 wv[kUnroll][kRows];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = base + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? load_stream(wr[r] + c) : uint4{};
-    }
+  for (int base = 0; base < chunks; base += kStep) {
+    uint4 next[kUnroll][kRows];
+    if (base + kStep < chunks) load(next, base + kStep);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = base + u * 32 + lane;
@@ -93,51 +140,104 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int i = 0; i < kM; ++i) {
         const uint4 xv = __ldg(xr + int64_t{i} * chunks + c);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[i][r] = dot8<T>(xv, wv[u][r], acc[i][r]);
+        for (int r = 0; r < kRows; ++r) acc[i][r] = dot8<T>(xv, cur[u][r], acc[i][r]);
+      }
+    }
+    if (base + kStep < chunks) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) cur[u][r] = next[u][r];
       }
     }
   }
-  // Every lane ends with the full sums; lane i * kRows + r stores out[i, n0 + r].
+  // Every lane ends with the full sums; one lane stores each output of the warp.
 #pragma unroll
   for (int i = 0; i < kM; ++i) {
+    float v[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float v = acc[i][r];
+      v[r] = acc[i][r];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == i * kRows + r && n0 + r < n) {
-        T* o = out + int64_t{i} * n + n0 + r;
-        store_f32(o, accumulate ? load_f32(o) + v : v);
+      for (int off = 16; off > 0; off >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], off);
+    }
+    if constexpr (kSwiglu) {
+      if (lane == i) {
+        // gate and up rounded as their own products would be stored, then silu_mul's formula.
+        T g, u;
+        store_f32(&g, v[0]);
+        store_f32(&u, v[1]);
+        store_f32(out + int64_t{i} * n + n0, silu_times(load_f32(&g), load_f32(&u)));
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (lane == i * kRows + r && n0 + r < n) {
+          T* o = out + int64_t{i} * n + n0 + r;
+          store_f32(o, accumulate ? load_f32(o) + v[r] : v[r]);
+        }
       }
     }
   }
 }
 static_assert(kGemvMaxRows * kRows <= 32, "one lane stores each output of a warp");
 
-template <typename T, int kM>
-cudaError_t launch(const void* x, const void* w, void* out, int n, int k, bool accumulate,
+template <typename T, int kM, bool kSwiglu>
+cudaError_t launch(const void* x, const Segments<T>& sg, int k, bool accumulate,
                    cudaStream_t stream) {
-  const int rows_per_cta = kWarps * kRows;
-  const unsigned grid = static_cast<unsigned>((n + rows_per_cta - 1) / rows_per_cta);
-  gemv_kernel<T, kM><<<grid, kWarps * 32, 0, stream>>>(static_cast<const T*>(x),
-                                                       static_cast<const T*>(w),
-                                                       static_cast<T*>(out), n, k, accumulate);
-  return cudaGetLastError();
+  return launch_chained<gemv_kernel<T, kM, kSwiglu>>(
+      dim3(static_cast<unsigned>(sg.first_cta[sg.count])), dim3(kWarps * 32), 0, stream,
+      static_cast<const T*>(x), sg, k, accumulate ? 1 : 0);
 }
 
-template <typename T>
-cudaError_t dispatch_rows(const void* x, const void* w, void* out, int64_t m, int n, int k,
+template <typename T, bool kSwiglu>
+cudaError_t dispatch_rows(const void* x, const Segments<T>& sg, int64_t m, int k,
                           bool accumulate, cudaStream_t stream) {
   static_assert(kGemvMaxRows == 4, "one instantiation per row count");
   switch (m) {
-    case 1: return launch<T, 1>(x, w, out, n, k, accumulate, stream);
-    case 2: return launch<T, 2>(x, w, out, n, k, accumulate, stream);
-    case 3: return launch<T, 3>(x, w, out, n, k, accumulate, stream);
-    default: return launch<T, 4>(x, w, out, n, k, accumulate, stream);
+    case 1: return launch<T, 1, kSwiglu>(x, sg, k, accumulate, stream);
+    case 2: return launch<T, 2, kSwiglu>(x, sg, k, accumulate, stream);
+    case 3: return launch<T, 3, kSwiglu>(x, sg, k, accumulate, stream);
+    default: return launch<T, 4, kSwiglu>(x, sg, k, accumulate, stream);
   }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Segments of `count` products (outs), CTAs counted per segment; false where they do not fit.
+template <typename T>
+bool make_segments(const GemvOut* outs, int count, bool swiglu, Segments<T>& sg) {
+  sg = Segments<T>{};
+  sg.count = count;
+  const int per_cta = kWarps * (swiglu ? kOutsPerWarp<true> : kOutsPerWarp<false>);
+  int64_t ctas = 0;
+  for (int s = 0; s < (swiglu ? 2 : count); ++s) {
+    sg.w[s] = static_cast<const T*>(outs[s].w);
+    sg.out[s] = static_cast<T*>(outs[s].out);
+    sg.n[s] = static_cast<int>(outs[s].n);
+  }
+  for (int s = 0; s < count; ++s) {
+    sg.first_cta[s] = static_cast<int>(ctas);
+    ctas += (outs[s].n + per_cta - 1) / per_cta;
+    if (ctas > INT32_MAX) return false;
+  }
+  sg.first_cta[count] = static_cast<int>(ctas);
+  return true;
+}
+
+template <bool kSwiglu>
+cudaError_t run(const void* x, const GemvOut* outs, int count, int64_t m, int64_t k, DType dtype,
+                bool accumulate, cudaStream_t stream) {
+  const int ki = static_cast<int>(k);
+  if (dtype == DType::kBF16) {
+    Segments<__nv_bfloat16> sg;
+    if (!make_segments(outs, count, kSwiglu, sg)) return cudaErrorInvalidValue;
+    return dispatch_rows<__nv_bfloat16, kSwiglu>(x, sg, m, ki, accumulate, stream);
+  }
+  Segments<__half> sg;
+  if (!make_segments(outs, count, kSwiglu, sg)) return cudaErrorInvalidValue;
+  return dispatch_rows<__half, kSwiglu>(x, sg, m, ki, accumulate, stream);
+}
 
 }  // namespace
 
@@ -151,10 +251,29 @@ bool gemv_cuda_applies(int64_t m, int64_t n, int64_t k, DType dtype, const void*
 cudaError_t gemv_cuda(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
                       DType dtype, bool accumulate, cudaStream_t stream) {
   if (!gemv_cuda_applies(m, n, k, dtype, x, w, out)) return cudaErrorInvalidValue;
-  const int ni = static_cast<int>(n), ki = static_cast<int>(k);
-  return dtype == DType::kBF16
-             ? dispatch_rows<__nv_bfloat16>(x, w, out, m, ni, ki, accumulate, stream)
-             : dispatch_rows<__half>(x, w, out, m, ni, ki, accumulate, stream);
+  const GemvOut one{w, out, n};
+  return run<false>(x, &one, 1, m, k, dtype, accumulate, stream);
+}
+
+cudaError_t gemv_multi_cuda(const void* x, const GemvOut* outs, int count, int64_t m, int64_t k,
+                            DType dtype, cudaStream_t stream) {
+  if (outs == nullptr || count < 1 || count > kGemvMaxOuts) return cudaErrorInvalidValue;
+  for (int s = 0; s < count; ++s) {
+    if (!gemv_cuda_applies(m, outs[s].n, k, dtype, x, outs[s].w, outs[s].out)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  return run<false>(x, outs, count, m, k, dtype, false, stream);
+}
+
+cudaError_t gemv_swiglu_cuda(const void* x, const void* w_gate, const void* w_up, void* out,
+                             int64_t m, int64_t n, int64_t k, DType dtype, cudaStream_t stream) {
+  if (!gemv_cuda_applies(m, n, k, dtype, x, w_gate, out) ||
+      !gemv_cuda_applies(m, n, k, dtype, x, w_up, out)) {
+    return cudaErrorInvalidValue;
+  }
+  const GemvOut pair[2] = {{w_gate, out, n}, {w_up, out, n}};
+  return run<true>(x, pair, 1, m, k, dtype, false, stream);
 }
 
 }  // namespace burst::kernels

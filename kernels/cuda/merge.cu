@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/attention_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
 
 namespace burst::kernels {
 namespace {
@@ -12,6 +13,7 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_kernel(const MergeParams p) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (item >= int64_t{p.rows} * p.heads) return;  // whole warps leave together
@@ -46,8 +48,8 @@ cudaError_t merge_cuda(const MergeParams& p, cudaStream_t stream) {
   if (!p.o_a || !p.lse_a || !p.o_b || !p.lse_b) return cudaErrorInvalidValue;
   const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  merge_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_chained<merge_kernel>(dim3(static_cast<unsigned>(blocks)),
+                                      dim3(kWarpsPerBlock * 32), 0, stream, p);
 }
 
 }  // namespace burst::kernels

@@ -24,6 +24,7 @@ template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const T* x, const T* w, T* out, int64_t dim, float eps) {
   __shared__ float warp_sums[kNormThreads / 32];
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   const T* xr = x + int64_t{blockIdx.x} * dim;
   T* outr = out + int64_t{blockIdx.x} * dim;
   float ss = 0.f;
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(kNormThreads)
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t rows, int64_t heads, int64_t half, int64_t row_stride,
                             const int64_t* positions, const float* inv_freq) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   const int64_t total = rows * heads * half;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -68,11 +70,10 @@ __global__ void rope_kernel(T* x, int64_t rows, int64_t heads, int64_t half, int
 
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate, const T* up, T* out, int64_t n) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = load_f32(gate + i);
-    // expf(-g) overflows to inf for g < -88: g / inf = -0, the right limit of silu.
-    store_f32(out + i, g / (1.f + expf(-g)) * load_f32(up + i));
+    store_f32(out + i, silu_times(load_f32(gate + i), load_f32(up + i)));
   }
 }
 
@@ -89,6 +90,7 @@ __global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int
 
 template <typename Src, typename Dst>
 __global__ void convert_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t n) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     store_f32(dst + i, load_f32(src + i));
@@ -97,6 +99,7 @@ __global__ void convert_kernel(const Src* __restrict__ src, Dst* __restrict__ ds
 
 template <typename T>
 __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     store_f32(x + i, load_f32(x + i) + load_f32(y + i));
@@ -123,9 +126,9 @@ cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows,
   if (!x || !w || !out) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rms_norm_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
+    return launch_chained<rms_norm_kernel<T>>(
+        dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream,
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(out), dim, eps);
-    return cudaGetLastError();
   });
 }
 
@@ -139,9 +142,9 @@ cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, in
   if (!x || !positions || !inv_freq) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rope_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
-        static_cast<T*>(x), rows, heads, head_dim / 2, row_stride, positions, inv_freq);
-    return cudaGetLastError();
+    return launch_chained<rope_kernel<T>>(dim3(grid_for(total)), dim3(kThreads), 0, stream,
+                                          static_cast<T*>(x), rows, heads, head_dim / 2,
+                                          row_stride, positions, inv_freq);
   });
 }
 
@@ -149,6 +152,7 @@ namespace {
 // 16-byte vectors, consecutive threads along a row: each row is one contiguous read and write.
 __global__ void gather_rows_kernel(const uint4* pool, const int32_t* pages, int64_t page_size,
                                    int64_t rows, int64_t row_vecs, uint4* dst) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   const int64_t total = rows * row_vecs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -159,6 +163,7 @@ __global__ void gather_rows_kernel(const uint4* pool, const int32_t* pages, int6
 }
 __global__ void scatter_rows_kernel(const uint4* src, const int32_t* dst_rows, int64_t rows,
                                     int64_t row_vecs, uint4* pool) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
   const int64_t total = rows * row_vecs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -178,9 +183,9 @@ cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t 
     return cudaErrorInvalidValue;
   }
   const int64_t vecs = row_bytes / 16;
-  scatter_rows_kernel<<<grid_for(rows * vecs), kThreads, 0, stream>>>(
-      static_cast<const uint4*>(src), dst_rows, rows, vecs, static_cast<uint4*>(pool));
-  return cudaGetLastError();
+  return launch_chained<scatter_rows_kernel>(dim3(grid_for(rows * vecs)), dim3(kThreads), 0,
+                                            stream, static_cast<const uint4*>(src), dst_rows,
+                                            rows, vecs, static_cast<uint4*>(pool));
 }
 
 cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,
@@ -194,9 +199,9 @@ cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t pag
     return cudaErrorInvalidValue;
   }
   const int64_t vecs = row_bytes / 16;
-  gather_rows_kernel<<<grid_for(rows * vecs), kThreads, 0, stream>>>(
-      static_cast<const uint4*>(pool), pages, page_size, rows, vecs, static_cast<uint4*>(dst));
-  return cudaGetLastError();
+  return launch_chained<gather_rows_kernel>(dim3(grid_for(rows * vecs)), dim3(kThreads), 0,
+                                           stream, static_cast<const uint4*>(pool), pages,
+                                           page_size, rows, vecs, static_cast<uint4*>(dst));
 }
 
 cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n, DType dtype,
@@ -206,9 +211,9 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
   if (!gate || !up || !out) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    silu_mul_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
-    return cudaGetLastError();
+    return launch_chained<silu_mul_kernel<T>>(dim3(grid_for(n)), dim3(kThreads), 0, stream,
+                                              static_cast<const T*>(gate),
+                                              static_cast<const T*>(up), static_cast<T*>(out), n);
   });
 }
 
@@ -234,9 +239,9 @@ cudaError_t convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_
     using S = typename decltype(s)::type;
     return with_type(dst_dtype, [&](auto d) {
       using D = typename decltype(d)::type;
-      convert_kernel<S, D><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const S*>(src),
-                                                                   static_cast<D*>(dst), n);
-      return cudaGetLastError();
+      return launch_chained<convert_kernel<S, D>>(dim3(grid_for(n)), dim3(kThreads), 0, stream,
+                                                  static_cast<const S*>(src),
+                                                  static_cast<D*>(dst), n);
     });
   });
 }
@@ -247,9 +252,8 @@ cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_
   if (!x || !y) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    add_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(x),
-                                                         static_cast<const T*>(y), n);
-    return cudaGetLastError();
+    return launch_chained<add_kernel<T>>(dim3(grid_for(n)), dim3(kThreads), 0, stream,
+                                         static_cast<T*>(x), static_cast<const T*>(y), n);
   });
 }
 

@@ -1,35 +1,50 @@
 #!/usr/bin/env bash
-# ab_decode.sh PACK_A PACK_B [WORKERS]: the same decode workload through burst-server built two
-# ways, on one machine in one call, alternating A B A B (so drift hits both): a 2K-context
-# sequence decoding 128 tokens alone, 3 runs per server (the first warms up). PACK_* are
-# tar.xz files of a .devpack (scripts/gpu/pack.sh BUILD burst-server burst-worker
-# libburst_spm.so, then tar -cJf X.tar.xz .devpack), carried in a git-ignored folder.
-# From the repository root on the GPU machine; WORKERS (default 2) GPUs, 7B preset.
+# ab_decode.sh PACK... : the same decode workload through burst-server built several ways, on
+# one machine in one call, the packs taken in turn twice (A B C A B C: drift hits all alike).
+# Per server start, for each PROMPTS length (default "2048"): one sequence decoding OUT (default
+# 128) tokens alone, RUNS (default 2) times after one warm-up request; prints tok/s and the
+# mean inter-token time. PACK is a tar.xz of a .devpack (scripts/gpu/pack.sh BUILD burst-server
+# burst-worker libburst_spm.so, then tar -cJf X.tar.xz .devpack) carried in a git-ignored
+# folder. From the repository root on the GPU machine; WORKERS (default 2) GPUs, 7B preset
+# (random weights); extra server flags in SERVER_FLAGS; ENV_B, if set, is exported for the
+# second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice).
 set -u
-[ $# -ge 2 ] || { sed -n '2,7p' "$0" >&2; exit 2; }
-workers=${3:-2}
+[ $# -ge 1 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+workers=${WORKERS:-2}
+prompts=${PROMPTS:-2048}
+out=${OUT:-128}
+runs=${RUNS:-2}
+longest=0
+for p in $prompts; do [ "$p" -gt "$longest" ] && longest=$p; done
 export NCCL_NVLS_ENABLE=0
 i=0
-for pack in "$1" "$2"; do
+for pack in "$@"; do
   i=$((i + 1))
   mkdir -p "/tmp/ab$i" && python3 -c "import tarfile,sys;tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$pack" "/tmp/ab$i"
 done
-for v in 1 2 1 2; do
-  name=$([ "$v" = 1 ] && echo A || echo B)
-  ( source "/tmp/ab$v/.devpack/env.sh"
-    pf=/tmp/ab_ports_$v.json; rm -f "$pf"
-    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
-      --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers "$workers" \
-      --max-context 140000 --kv-capacity $((180000 * workers)) --http-port 0 --grpc-port -1 \
-      --port-file "$pf" > "/tmp/ab_server_$v.log" 2>&1 &
-    sp=$!
-    for _ in $(seq 300); do
-      [ -s "$pf" ] && curl -sf "http://127.0.0.1:$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")/health" > /dev/null && break
-      sleep 0.3
-    done
-    for r in 1 2 3; do
-      timeout 60 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt 2048 --out 128 --conc 1 \
-        | python3 -c "import json,sys;d=json.load(sys.stdin);print('$name run $r: %.1f tok/s, ITL %.3f ms'%(d['total_decode_tok_s'],d['mean_itl_ms']))"
-    done
-    kill "$sp"; wait "$sp" )
+n=$#
+for round in 1 2; do
+  for v in $(seq "$n"); do
+    name=$(printf "\\x$(printf %x $((64 + v)))")
+    ( source "/tmp/ab$v/.devpack/env.sh"
+      if [ "$v" = 2 ] && [ -n "${ENV_B:-}" ]; then export "$ENV_B"; fi
+      pf=/tmp/ab_ports_$v.json; rm -f "$pf"
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
+        --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers "$workers" \
+        --max-context $((longest + out + 1024)) --kv-capacity 0 \
+        --http-port 0 --grpc-port -1 --port-file "$pf" ${SERVER_FLAGS:-} > "/tmp/ab_server_$v.log" 2>&1 &
+      sp=$!
+      for _ in $(seq 600); do
+        [ -s "$pf" ] && curl -sf "http://127.0.0.1:$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")/health" > /dev/null && break
+        sleep 0.3
+      done
+      timeout 120 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt 2048 --out 16 --conc 1 > /dev/null
+      for p in $prompts; do
+        for r in $(seq "$runs"); do
+          timeout 300 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc 1 \
+            | python3 -c "import json,sys;d=json.load(sys.stdin);print('$name round $round prompt $p run $r: %.1f tok/s, ITL %.3f ms'%(d['total_decode_tok_s'],d['mean_itl_ms']))"
+        done
+      done
+      kill "$sp"; wait "$sp" ) || echo "$name round $round: failed (server log /tmp/ab_server_$v.log)"
+  done
 done

@@ -322,6 +322,118 @@ TEST_F(GpuOps, GemvMatchesDoubleProductWithinAccumulationBound) {
   }
 }
 
+std::vector<uint8_t> download_bytes(const DevBuf& d, size_t bytes) {
+  std::vector<uint8_t> b(bytes);
+  if (cudaMemcpy(b.data(), d.ptr, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    ADD_FAILURE() << "cudaMemcpy of " << bytes << " bytes failed";
+    b.clear();
+  }
+  return b;
+}
+
+// One launch for several products of the same x (a layer's q, k, v), and gate/up with SwiGLU at
+// the store, give what separate launches give, bit for bit (the same per-lane accumulation
+// order, the same roundings), on a stream of their own (launches there are chained: PDL).
+TEST_F(GpuOps, GemvMultiAndSwigluEqualSeparateLaunchesBitForBit) {
+  std::mt19937 rng(43);
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const size_t es = testing::dtype_bytes(t);
+    for (int64_t k : {264, 4096}) {
+      for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+        const std::string what = std::string(name(t)) + " m=" + std::to_string(m) + " k=" +
+                                 std::to_string(k);
+        const auto x = random_values(size_t(m * k), -1.f, 1.f, t, rng);
+        DevBuf dx;
+        upload(dx, t, x);
+        // q, k, v shaped: three n, one odd (a warp's tail), one under a CTA.
+        const int64_t ns[3] = {1031, 264, 5};
+        DevBuf dw[3], fused[3], alone[3];
+        GemvOut outs[3];
+        for (int s = 0; s < 3; ++s) {
+          upload(dw[s], t, random_values(size_t(ns[s] * k), -0.05f, 0.05f, t, rng));
+          CUDA_ASSERT(cudaMalloc(&fused[s].ptr, size_t(m * ns[s]) * es));
+          CUDA_ASSERT(cudaMalloc(&alone[s].ptr, size_t(m * ns[s]) * es));
+          outs[s] = {dw[s].ptr, fused[s].ptr, ns[s]};
+          CUDA_ASSERT(gemv_cuda(dx.ptr, dw[s].ptr, alone[s].ptr, m, ns[s], k, t, false, stream));
+        }
+        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, outs, 3, m, k, t, stream));
+        CUDA_ASSERT(cudaStreamSynchronize(stream));
+        for (int s = 0; s < 3; ++s) {
+          const size_t bytes = size_t(m * ns[s]) * es;
+          ASSERT_EQ(download_bytes(fused[s], bytes), download_bytes(alone[s], bytes))
+              << what << " segment " << s;
+        }
+        // SwiGLU: gate and up of n = 1031 rows, against gemv + gemv + silu_mul.
+        const int64_t n = 1031;
+        DevBuf dg, du, gate, up, out;
+        upload(dg, t, random_values(size_t(n * k), -0.2f, 0.2f, t, rng));
+        upload(du, t, random_values(size_t(n * k), -0.2f, 0.2f, t, rng));
+        for (DevBuf* b : {&gate, &up, &out}) CUDA_ASSERT(cudaMalloc(&b->ptr, size_t(m * n) * es));
+        CUDA_ASSERT(gemv_cuda(dx.ptr, dg.ptr, gate.ptr, m, n, k, t, false, stream));
+        CUDA_ASSERT(gemv_cuda(dx.ptr, du.ptr, up.ptr, m, n, k, t, false, stream));
+        CUDA_ASSERT(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, m * n, t, stream));
+        CUDA_ASSERT(gemv_swiglu_cuda(dx.ptr, dg.ptr, du.ptr, out.ptr, m, n, k, t, stream));
+        CUDA_ASSERT(cudaStreamSynchronize(stream));
+        const auto fused_bytes = download_bytes(out, size_t(m * n) * es);
+        ASSERT_EQ(fused_bytes, download_bytes(gate, size_t(m * n) * es)) << what << " swiglu";
+        // Not vacuous: silu of random sums is neither zero nor constant.
+        std::vector<float> vals;
+        download(out, t, size_t(m * n), vals);
+        ASSERT_GT(std::count_if(vals.begin(), vals.end(), [](float v) { return v != 0.f; }),
+                  int64_t(vals.size() / 2)) << what;
+      }
+    }
+  }
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
+// Chained launches (cuda_dispatch.cuh: each kernel a programmatic dependent of the one before,
+// on sm_90+) read what the kernel before wrote: a decode-like chain (norm -> GEMV -> residual
+// add -> ...) queued back to back gives the bits of the same chain with the stream synchronised
+// after every launch (where no overlap is possible). A kernel that read its input before its
+// predecessor finished would see the previous iteration's values.
+TEST_F(GpuOps, ChainedLaunchesSeeTheirPredecessorsWrites) {
+  std::mt19937 rng(44);
+  const DType t = DType::kBF16;
+  const int64_t d = 4096, f = 2752;  // 11008 / 4: a gate/up/down shape
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DevBuf norm_w, wq, wg, wu, wd;
+  upload(norm_w, t, random_values(size_t(d), 0.5f, 1.5f, t, rng));
+  upload(wq, t, random_values(size_t(d * d), -0.02f, 0.02f, t, rng));
+  upload(wg, t, random_values(size_t(f * d), -0.02f, 0.02f, t, rng));
+  upload(wu, t, random_values(size_t(f * d), -0.02f, 0.02f, t, rng));
+  upload(wd, t, random_values(size_t(d * f), -0.02f, 0.02f, t, rng));
+  const auto x0 = random_values(size_t(d), -1.f, 1.f, t, rng);
+  std::vector<uint8_t> result[2];
+  for (int synced = 0; synced < 2; ++synced) {
+    DevBuf x, h, q, g;
+    upload(x, t, x0);
+    for (DevBuf* b : {&h, &q}) CUDA_ASSERT(cudaMalloc(&b->ptr, size_t(d) * 2));
+    CUDA_ASSERT(cudaMalloc(&g.ptr, size_t(f) * 2));
+    auto step = [&](cudaError_t err) {
+      CUDA_ASSERT(err);
+      if (synced) CUDA_ASSERT(cudaStreamSynchronize(stream));
+    };
+    for (int layer = 0; layer < 24; ++layer) {
+      step(rms_norm_cuda(x.ptr, norm_w.ptr, h.ptr, 1, d, 1e-5f, t, stream));
+      step(gemv_cuda(h.ptr, wq.ptr, q.ptr, 1, d, d, t, false, stream));
+      step(add_cuda(x.ptr, q.ptr, d, t, stream));
+      step(rms_norm_cuda(x.ptr, norm_w.ptr, h.ptr, 1, d, 1e-5f, t, stream));
+      step(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, g.ptr, 1, f, d, t, stream));
+      step(gemv_cuda(g.ptr, wd.ptr, x.ptr, 1, d, f, t, true, stream));
+    }
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    result[synced] = download_bytes(x, size_t(d) * 2);
+  }
+  ASSERT_EQ(result[0], result[1]);
+  std::vector<float> first = decode(t, result[0]);
+  ASSERT_NE(first, x0);  // the chain changed x
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
 TEST_F(GpuOps, RejectsBadArguments) {
   EXPECT_EQ(rope_cuda(nullptr, 1, 1, 63, 63, nullptr, nullptr, DType::kBF16, nullptr),
             cudaErrorInvalidValue);  // odd head_dim
@@ -335,6 +447,13 @@ TEST_F(GpuOps, RejectsBadArguments) {
   EXPECT_FALSE(gemv_cuda_applies(1, 8, 8, DType::kBF16, buf + 1, buf, buf));  // misaligned x
   EXPECT_EQ(gemv_cuda(buf, buf, nullptr, 1, 8, 8, DType::kBF16, false, nullptr),
             cudaErrorInvalidValue);  // null out
+  const GemvOut one{buf, const_cast<uint16_t*>(buf), 8};
+  EXPECT_EQ(gemv_multi_cuda(buf, &one, 0, 1, 8, DType::kBF16, nullptr), cudaErrorInvalidValue);
+  const GemvOut four[4] = {one, one, one, one};
+  EXPECT_EQ(gemv_multi_cuda(buf, four, 4, 1, 8, DType::kBF16, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(gemv_swiglu_cuda(buf, buf, buf + 1, const_cast<uint16_t*>(buf), 1, 8, 8,
+                             DType::kBF16, nullptr),
+            cudaErrorInvalidValue);  // misaligned up weights
   CUDA_ASSERT(cudaGetLastError());
 }
 

@@ -7,6 +7,7 @@
 // 2-D tensors are [rows, features] row-major; weights follow HF's nn.Linear layout [out, in].
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,28 @@ class Backend {
   virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // out [m, n] (+)= x [m, k] * w [n, k]^T.
   virtual Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) = 0;
+  // One input's projections, out_i = x w_i^T for each (w_i, out_i) (no accumulation): a
+  // layer's q, k and v, in one launch where the backend can; the default is one gemm each.
+  struct Projection {
+    const Tensor& w;
+    Tensor& out;
+  };
+  virtual Status gemm_each(const Tensor& x, std::initializer_list<Projection> projections) {
+    for (const Projection& p : projections) {
+      Status s = gemm(x, p.w, p.out, false);
+      if (!s.ok()) return s;
+    }
+    return {};
+  }
+  // SwiGLU's input: gate = silu(x w_gate^T) * (x w_up^T), exactly as gemm into gate and up, then
+  // silu_mul into gate (the default); up [rows, n] is scratch a backend may leave untouched.
+  virtual Status gemm_swiglu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                             Tensor& gate, Tensor& up) {
+    Status s = gemm(x, w_gate, gate, false);
+    if (s.ok()) s = gemm(x, w_up, up, false);
+    if (s.ok()) s = silu_mul(gate, up, gate);
+    return s;
+  }
   // Rotate-half RoPE in place on x [rows, heads * head_dim], positions absolute (one per row),
   // inv_freq [head_dim / 2] already scaled (models/rope.h).
   virtual Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,

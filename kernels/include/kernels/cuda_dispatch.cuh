@@ -1,6 +1,6 @@
 // Helpers shared by every CUDA file (kernels/cuda/*.cu, engine/cuda/cuda_backend.cu): the dtype
-// -> element type dispatch, the grid size of grid-stride element-wise kernels, and one element
-// read as / written from fp32.
+// -> element type dispatch, the grid size of grid-stride element-wise kernels, one element
+// read as / written from fp32, and programmatic dependent launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,7 +8,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/attention.h"
@@ -63,6 +66,91 @@ __device__ __forceinline__ void store_f32(T* p, float v) {
   } else {
     *p = __float2half_rn(v);
   }
+}
+
+// SwiGLU's silu(g) * u in fp32 from the rounded gate and up values (ops.cu's silu_mul and
+// gemv.cu's fused gate/up product compute it in this one way, so they agree bit for bit).
+// expf(-g) overflows to inf for g < -88: g / inf = -0, the right limit of silu.
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
+// Programmatic dependent launch (PDL, sm_90+). A decode step is a chain of ~20 small kernels a
+// layer, each waiting for the one before; launched as a programmatic dependent (launch_chained)
+// a kernel's CTAs are scheduled while its predecessor still runs (once every predecessor CTA
+// has called pdl_launch_dependents or exited) and its launch latency leaves the critical path.
+// The contract of a kernel launched that way: before pdl_wait() it may only read what no
+// earlier work of the stream writes (weights), and it writes nothing; pdl_wait() returns once
+// the predecessor grid has completed and its writes are visible (at once in a kernel launched
+// normally). Waiting is transitive: the predecessor itself waited for its own.
+// Compiled out below sm_90, where launches stay serialised.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// The start of a kernel launched with launch_chained that has nothing to do before its wait.
+__device__ __forceinline__ void pdl_begin() {
+  pdl_launch_dependents();
+  pdl_wait();
+}
+
+// Whether `kernel` may be launched as a programmatic dependent on `device`: only where the code
+// the device runs was compiled for sm_90+ (PTX version >= 9.0) does it carry griddepcontrol (a
+// Hopper JIT-compiling compute_80 PTX would run it without the wait: a race). BURST_PDL=0 in the
+// environment turns it off (for A/B timing).
+inline cudaError_t pdl_capable(const void* kernel, int device, bool& capable) {
+  static const bool off = [] {
+    const char* v = std::getenv("BURST_PDL");
+    return v != nullptr && v[0] == '0';
+  }();
+  int major = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes attr{};
+  if (major >= 9 && !off) {
+    err = cudaFuncGetAttributes(&attr, kernel);
+    if (err != cudaSuccess) return err;
+  }
+  capable = major >= 9 && !off && attr.ptxVersion >= 90;
+  return cudaSuccess;
+}
+
+// Kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel
+// before it in the stream where pdl_capable (decided once per device and kernel). Kernel must
+// keep the contract above: pdl_wait() before touching anything an earlier launch writes.
+template <auto Kernel, typename... Args>
+cudaError_t launch_chained(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           Args... args) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int8_t>, kMaxDevices> cache{};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  int8_t known = cache[size_t(device)].load(std::memory_order_acquire);
+  if (known == 0) {
+    bool capable = false;
+    err = pdl_capable(reinterpret_cast<const void*>(Kernel), device, capable);
+    if (err != cudaSuccess) return err;
+    known = capable ? 2 : 1;
+    cache[size_t(device)].store(known, std::memory_order_release);
+  }
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &dependent;
+  cfg.numAttrs = known == 2 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, Kernel, args...);
 }
 
 }  // namespace burst::kernels

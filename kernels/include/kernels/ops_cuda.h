@@ -62,6 +62,24 @@ bool gemv_cuda_applies(int64_t m, int64_t n, int64_t k, DType dtype, const void*
 cudaError_t gemv_cuda(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
                       DType dtype, bool accumulate, cudaStream_t stream);
 
+// Several products of one x in one launch (a layer's q, k and v): out_s = x . w_s^T for each of
+// `count` (<= kGemvMaxOuts) outputs, each as gemv_cuda would store it (no accumulation); every
+// (w_s, out_s, n_s) must satisfy gemv_cuda_applies.
+constexpr int kGemvMaxOuts = 3;
+struct GemvOut {
+  const void* w;  // [n, k]
+  void* out;      // [m, n]
+  int64_t n;
+};
+cudaError_t gemv_multi_cuda(const void* x, const GemvOut* outs, int count, int64_t m, int64_t k,
+                            DType dtype, cudaStream_t stream);
+
+// out[m, n] = silu(x . w_gate^T) * (x . w_up^T): bit for bit what gemv_cuda into gate and up,
+// then silu_mul_cuda, store (both products rounded to dtype first), without the two [m, n]
+// intermediates; as gemv_cuda_applies for each weight.
+cudaError_t gemv_swiglu_cuda(const void* x, const void* w_gate, const void* w_up, void* out,
+                             int64_t m, int64_t n, int64_t k, DType dtype, cudaStream_t stream);
+
 // x[i] += y[i] in fp32, one rounding to dtype; n elements.
 cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_t stream);
 
