@@ -584,8 +584,8 @@ Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*
   // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
   const int32_t* dst = at<int32_t>(tables_, decode_dst_);
   Tensor kp = cache_->k_pool(layer), vp = cache_->v_pool(layer);
-  BURST_RETURN_IF_ERROR(backend_.scatter_rows(k.rows(batch[0]->row, n), dst, kp));
-  BURST_RETURN_IF_ERROR(backend_.scatter_rows(v.rows(batch[0]->row, n), dst, vp));
+  BURST_RETURN_IF_ERROR(backend_.scatter_rows_pair(k.rows(batch[0]->row, n),
+                                                   v.rows(batch[0]->row, n), dst, kp, vp));
   kernels::AttnParams p = decode_params(layer, n, n, q, batch[0]->row);
   p.n_kv = decode_max_kv_;  // the longest row_kv_len of the step (begin_step)
   p.kv_pages = at<int32_t>(tables_, 0);
@@ -627,8 +627,12 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   }
   BURST_RETURN_IF_ERROR(consecutive ? decode_batched(layer, batch, q, k, v)
                                     : decode_each(layer, batch, q, k, v));
-  BURST_RETURN_IF_ERROR(
-      comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));
+  // One rank: its partials are the answer (no gather: a copy in the step's kernel chain).
+  const Tensor& merged_all = world == 1 ? pairs_ : gathered_;
+  if (world > 1) {
+    BURST_RETURN_IF_ERROR(
+        comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));
+  }
   // Merge in rank order on every rank: the same operations in the same order give the same
   // bits everywhere, so the replicated decode never drifts between ranks.
   for (int r = 1; r < world; ++r) {
@@ -641,8 +645,8 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
     const int64_t first = batch[static_cast<size_t>(b)]->row;
     int64_t e = b + 1;
     while (e < n && batch[static_cast<size_t>(e)]->row == first + (e - b)) ++e;
-    Tensor merged = gathered_.rows(0, 1);
-    merged.data = at(gathered_, b * qw);
+    Tensor merged = gathered_.rows(0, 1);  // dtype and device; data and shape set below
+    merged.data = at(merged_all, b * qw);
     merged.shape = {e - b, qw};
     Tensor dst = out.rows(first, e - b);
     BURST_RETURN_IF_ERROR(backend_.convert(merged, dst));

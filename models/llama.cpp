@@ -201,12 +201,11 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
   const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
   const int hd = static_cast<int>(c.head_dim);
   const float eps = c.rms_norm_eps;
-  BURST_RETURN_IF_ERROR(backend_.rms_norm(x, L.attn_norm, eps, h));
-  BURST_RETURN_IF_ERROR(backend_.gemm_each(h, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
+  BURST_RETURN_IF_ERROR(
+      backend_.norm_project(x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
   for (const RopeRun& r : runs) {
     Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
-    BURST_RETURN_IF_ERROR(backend_.rope(qr, heads, hd, r.positions, r.inv_freq));
-    BURST_RETURN_IF_ERROR(backend_.rope(kr, kv_heads, hd, r.positions, r.inv_freq));
+    BURST_RETURN_IF_ERROR(backend_.rope_qk(qr, heads, kr, kv_heads, hd, r.positions, r.inv_freq));
   }
   BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
   BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
@@ -216,8 +215,8 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
     const int64_t n = std::min(mlp_chunk_rows_, rows - r0);
     Tensor xc = x.rows(r0, n), hc = h.rows(r0, n);
     Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
-    BURST_RETURN_IF_ERROR(backend_.rms_norm(xc, L.mlp_norm, eps, hc));
-    BURST_RETURN_IF_ERROR(backend_.gemm_swiglu(hc, L.w_gate, L.w_up, gate, up));
+    BURST_RETURN_IF_ERROR(
+        backend_.norm_swiglu(xc, {L.mlp_norm, eps, hc}, L.w_gate, L.w_up, gate, up));
     BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
   }
   return {};

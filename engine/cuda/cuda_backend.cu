@@ -402,42 +402,51 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  // A decode step's q, k and v: one weight-streaming launch for all three.
-  Status gemm_each(const Tensor& x, std::initializer_list<Projection> projections) override {
+  // The norm, then a decode step's q, k and v in one weight-streaming launch.
+  Status norm_project(const Tensor& x, const Norm& norm,
+                      std::initializer_list<Projection> projections) override {
+    BURST_RETURN_IF_ERROR(rms_norm(x, norm.w, norm.eps, norm.h));
+    const Tensor& h = norm.h;
     kernels::GemvOut outs[kernels::kGemvMaxOuts];
     int count = 0;
     bool fused = projections.size() <= static_cast<size_t>(kernels::kGemvMaxOuts);
     for (const Projection& p : projections) {
-      BURST_RETURN_IF_ERROR(check_gemm("gemm", x, p.w, p.out));
-      if (!fused) continue;
-      fused = x.dim(1) > 0 && kernels::gemv_cuda_applies(x.dim(0), p.w.dim(0), x.dim(1),
-                                                         x.dtype, x.data, p.w.data, p.out.data);
+      BURST_RETURN_IF_ERROR(check_gemm("gemm", h, p.w, p.out));
+      fused = fused && kernels::gemv_cuda_applies(h.dim(0), p.w.dim(0), h.dim(1), h.dtype,
+                                                  h.data, p.w.data, p.out.data);
       if (fused) outs[count++] = {p.w.data, p.out.data, p.w.dim(0)};
     }
-    if (!fused || count == 0) return Backend::gemm_each(x, projections);
-    BURST_RETURN_IF_ERROR(use_device("gemm"));
-    return launched("gemm",
-                    kernels::gemv_multi_cuda(x.data, outs, count, x.dim(0), x.dim(1), x.dtype,
-                                             compute_),
-                    x.describe());
-  }
-
-  // A decode step's gate and up with SwiGLU at the store: one launch, no [m, n] round trips.
-  Status gemm_swiglu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& gate,
-                     Tensor& up) override {
-    BURST_RETURN_IF_ERROR(check_gemm("gemm", x, w_gate, gate));
-    BURST_RETURN_IF_ERROR(check_gemm("gemm", x, w_up, up));
-    const int64_t m = x.dim(0), n = w_gate.dim(0), k = x.dim(1);
-    if (w_up.dim(0) != n ||
-        !kernels::gemv_cuda_applies(m, n, k, x.dtype, x.data, w_gate.data, gate.data) ||
-        !kernels::gemv_cuda_applies(m, n, k, x.dtype, x.data, w_up.data, gate.data)) {
-      return Backend::gemm_swiglu(x, w_gate, w_up, gate, up);
+    if (!fused || count == 0) {
+      for (const Projection& p : projections) BURST_RETURN_IF_ERROR(gemm(h, p.w, p.out, false));
+      return {};
     }
     BURST_RETURN_IF_ERROR(use_device("gemm"));
     return launched("gemm",
-                    kernels::gemv_swiglu_cuda(x.data, w_gate.data, w_up.data, gate.data, m, n, k,
-                                              x.dtype, compute_),
-                    x.describe());
+                    kernels::gemv_multi_cuda(h.data, outs, count, h.dim(0), h.dim(1), h.dtype,
+                                             compute_),
+                    h.describe());
+  }
+
+  // The norm, then a decode step's gate and up with SwiGLU at the store in one launch.
+  Status norm_swiglu(const Tensor& x, const Norm& norm, const Tensor& w_gate, const Tensor& w_up,
+                     Tensor& gate, Tensor& up) override {
+    BURST_RETURN_IF_ERROR(rms_norm(x, norm.w, norm.eps, norm.h));
+    const Tensor& h = norm.h;
+    BURST_RETURN_IF_ERROR(check_gemm("gemm", h, w_gate, gate));
+    BURST_RETURN_IF_ERROR(check_gemm("gemm", h, w_up, up));
+    const int64_t m = h.dim(0), n = w_gate.dim(0), k = h.dim(1);
+    if (w_up.dim(0) != n ||
+        !kernels::gemv_cuda_applies(m, n, k, h.dtype, h.data, w_gate.data, gate.data) ||
+        !kernels::gemv_cuda_applies(m, n, k, h.dtype, h.data, w_up.data, gate.data)) {
+      BURST_RETURN_IF_ERROR(gemm(h, w_gate, gate, false));
+      BURST_RETURN_IF_ERROR(gemm(h, w_up, up, false));
+      return silu_mul(gate, up, gate);
+    }
+    BURST_RETURN_IF_ERROR(use_device("gemm"));
+    return launched("gemm",
+                    kernels::gemv_swiglu_cuda(h.data, w_gate.data, w_up.data, gate.data, m, n, k,
+                                              h.dtype, compute_),
+                    h.describe());
   }
 
   Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) override {
@@ -476,8 +485,9 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
-              const std::vector<float>& inv_freq) override {
+  // rope's arguments for one tensor.
+  Status check_rope(const Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
+                    const std::vector<float>& inv_freq) const {
     BURST_RETURN_IF_ERROR(on_device("rope", x));
     if (x.shape.size() != 2 || static_cast<int64_t>(positions.size()) != x.dim(0) ||
         x.dim(1) != int64_t{heads} * head_dim || head_dim % 2 != 0 ||
@@ -487,16 +497,36 @@ class CudaBackend final : public Backend {
                                   std::to_string(positions.size()) + " positions, " +
                                   std::to_string(inv_freq.size()) + " frequencies");
     }
+    return {};
+  }
+
+  Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
+              const std::vector<float>& inv_freq) override {
+    return rope_pair(x, heads, nullptr, 0, head_dim, positions, inv_freq);
+  }
+
+  Status rope_qk(Tensor& q, int heads, Tensor& k, int kv_heads, int head_dim,
+                 const std::vector<int64_t>& positions,
+                 const std::vector<float>& inv_freq) override {
+    BURST_RETURN_IF_ERROR(check_rope(k, kv_heads, head_dim, positions, inv_freq));
+    return rope_pair(q, heads, &k, kv_heads, head_dim, positions, inv_freq);
+  }
+
+  // x (and k, when given) rotated in one launch.
+  Status rope_pair(Tensor& x, int heads, Tensor* k, int kv_heads, int head_dim,
+                   const std::vector<int64_t>& positions, const std::vector<float>& inv_freq) {
+    BURST_RETURN_IF_ERROR(check_rope(x, heads, head_dim, positions, inv_freq));
     if (positions.empty()) return {};
     BURST_RETURN_IF_ERROR(use_device("rope"));
     // q and k of every layer rotate by the same positions and frequencies: upload them once.
     BURST_RETURN_IF_ERROR(upload_cached(positions_, positions_host_, positions, "rope"));
     BURST_RETURN_IF_ERROR(upload_cached(inv_freq_, inv_freq_host_, inv_freq, "rope"));
     return launched("rope",
-                    kernels::rope_cuda(x.data, x.dim(0), heads, head_dim, x.dim(1),
-                                       static_cast<const int64_t*>(positions_.ptr),
-                                       static_cast<const float*>(inv_freq_.ptr), x.dtype,
-                                       compute_),
+                    kernels::rope_qk_cuda(x.data, heads, x.dim(1), k ? k->data : nullptr,
+                                          k ? kv_heads : 0, k ? k->dim(1) : 0, x.dim(0),
+                                          head_dim, static_cast<const int64_t*>(positions_.ptr),
+                                          static_cast<const float*>(inv_freq_.ptr), x.dtype,
+                                          compute_),
                     x.describe());
   }
 
@@ -516,16 +546,35 @@ class CudaBackend final : public Backend {
   }
 
   Status scatter_rows(const Tensor& src, const int32_t* dst_rows, Tensor& pool) override {
+    return scatter_pair(src, nullptr, dst_rows, pool, nullptr);
+  }
+
+  Status scatter_rows_pair(const Tensor& k, const Tensor& v, const int32_t* dst_rows,
+                           Tensor& k_pool, Tensor& v_pool) override {
+    if (k.shape != v.shape || k.dtype != v.dtype || k_pool.shape != v_pool.shape) {
+      return op_error("scatter_rows", k.describe() + ", " + v.describe() + " -> " +
+                                          k_pool.describe() + ", " + v_pool.describe());
+    }
+    return scatter_pair(k, &v, dst_rows, k_pool, &v_pool);
+  }
+
+  // src into pool (and src1 into pool1, when given: same shapes) in one launch.
+  Status scatter_pair(const Tensor& src, const Tensor* src1, const int32_t* dst_rows,
+                      Tensor& pool, Tensor* pool1) {
     BURST_RETURN_IF_ERROR(on_device("scatter_rows", src, pool));
+    if (src1) BURST_RETURN_IF_ERROR(on_device("scatter_rows", *src1, *pool1));
     if (pool.dtype != src.dtype || pool.shape.size() != 2 || src.shape.size() != 2 ||
         pool.dim(1) != src.dim(1)) {
       return op_error("scatter_rows", src.describe() + " -> " + pool.describe());
     }
     BURST_RETURN_IF_ERROR(use_device("scatter_rows"));
     return launched("scatter_rows",
-                    kernels::scatter_rows_cuda(src.data, dst_rows, src.dim(0),
-                                               src.dim(1) * dtype_size(src.dtype), pool.data,
-                                               compute_),
+                    kernels::scatter_rows_pair_cuda(src.data, pool.data,
+                                                    src1 ? src1->data : nullptr,
+                                                    pool1 ? pool1->data : nullptr, dst_rows,
+                                                    src.dim(0),
+                                                    src.dim(1) * dtype_size(src.dtype),
+                                                    compute_),
                     src.describe());
   }
 

@@ -21,9 +21,10 @@
 // are launched while the splits stream and wait (griddepcontrol.wait) only for the split grid to
 // complete and flush its memory; the second launch's latency leaves the critical path (the merge
 // starts ~1 us after the last split CTA ends). The split kernel is itself launched chained after
-// the step's other kernels (cuda_dispatch.cuh), waiting for them before it reads q or K/V. What is left between this kernel and the bytes
-// floor at 32K-64K keys (docs/benchmarks.md): launch latency, the first stage under a full memory
-// queue, and SMs that finish their static share of the splits early and then idle.
+// the step's other kernels (cuda_dispatch.cuh), waiting for them before it reads q or K/V.
+// What is left between this kernel and the bytes floor at 32K-64K keys (docs/benchmarks.md):
+// launch latency, the first stage under a full memory queue, and SMs that finish their static
+// share of the splits early and then idle.
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 #include <cuda_bf16.h>

@@ -46,22 +46,26 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-// One thread per rotated pair (row, head, d < half); consecutive threads take consecutive d,
-// so both halves are read and written coalesced.
+// One thread per rotated pair (row, head, d < half) of x0 (heads0 heads), then of x1 (heads1:
+// a layer's k beside its q, one launch); consecutive threads take consecutive d, so both halves
+// are read and written coalesced.
 template <typename T>
-__global__ void rope_kernel(T* x, int64_t rows, int64_t heads, int64_t half, int64_t row_stride,
-                            const int64_t* positions, const float* inv_freq) {
+__global__ void rope_kernel(T* x0, int64_t heads0, int64_t stride0, T* x1, int64_t heads1,
+                            int64_t stride1, int64_t rows, int64_t half, const int64_t* positions,
+                            const float* inv_freq) {
   pdl_begin();  // launched chained (cuda_dispatch.cuh)
-  const int64_t total = rows * heads * half;
+  const int64_t total0 = rows * heads0 * half, total = total0 + rows * heads1 * half;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t d = i % half, rh = i / half, h = rh % heads, r = rh / heads;
+    const bool first = i < total0;
+    const int64_t j = first ? i : i - total0, heads = first ? heads0 : heads1;
+    const int64_t d = j % half, rh = j / half, h = rh % heads, r = rh / heads;
     // As HF (and rope_cpu): the angle in fp32 from the position converted to fp32; sincosf
     // (not __sincosf) reduces large angles (position ~1e5 rad) exactly.
     const float ang = static_cast<float>(positions[r]) * inv_freq[d];
     float s, c;
     sincosf(ang, &s, &c);
-    T* xh = x + r * row_stride + h * 2 * half;
+    T* xh = (first ? x0 + r * stride0 : x1 + r * stride1) + h * 2 * half;
     const float a = load_f32(xh + d), b = load_f32(xh + d + half);
     store_f32(xh + d, a * c - b * s);
     store_f32(xh + d + half, b * c + a * s);
@@ -132,20 +136,35 @@ cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows,
   });
 }
 
-cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride,
-                      const int64_t* positions, const float* inv_freq, DType dtype,
-                      cudaStream_t stream) {
-  if (rows < 0 || heads < 0 || head_dim < 0 || head_dim % 2 != 0) return cudaErrorInvalidValue;
-  if (row_stride < heads * head_dim) return cudaErrorInvalidValue;
-  const int64_t total = rows * heads * (head_dim / 2);
+cudaError_t rope_qk_cuda(void* q, int64_t heads, int64_t q_stride, void* k, int64_t kv_heads,
+                         int64_t k_stride, int64_t rows, int64_t head_dim,
+                         const int64_t* positions, const float* inv_freq, DType dtype,
+                         cudaStream_t stream) {
+  if (rows < 0 || heads < 0 || kv_heads < 0 || head_dim < 0 || head_dim % 2 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (q_stride < heads * head_dim || (kv_heads > 0 && k_stride < kv_heads * head_dim)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t total = rows * (heads + kv_heads) * (head_dim / 2);
   if (total == 0) return cudaSuccess;
-  if (!x || !positions || !inv_freq) return cudaErrorInvalidValue;
+  if ((heads > 0 && !q) || (kv_heads > 0 && !k) || !positions || !inv_freq) {
+    return cudaErrorInvalidValue;
+  }
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return launch_chained<rope_kernel<T>>(dim3(grid_for(total)), dim3(kThreads), 0, stream,
-                                          static_cast<T*>(x), rows, heads, head_dim / 2,
-                                          row_stride, positions, inv_freq);
+                                          static_cast<T*>(q), heads, q_stride, static_cast<T*>(k),
+                                          kv_heads, k_stride, rows, head_dim / 2, positions,
+                                          inv_freq);
   });
+}
+
+cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride,
+                      const int64_t* positions, const float* inv_freq, DType dtype,
+                      cudaStream_t stream) {
+  return rope_qk_cuda(x, heads, row_stride, nullptr, 0, 0, rows, head_dim, positions, inv_freq,
+                      dtype, stream);
 }
 
 namespace {
@@ -161,31 +180,43 @@ __global__ void gather_rows_kernel(const uint4* pool, const int32_t* pages, int6
     dst[i] = pool[src * row_vecs + c];
   }
 }
-__global__ void scatter_rows_kernel(const uint4* src, const int32_t* dst_rows, int64_t rows,
-                                    int64_t row_vecs, uint4* pool) {
+// Rows of src0 into pool0 and, where src1 is given, of src1 into pool1 (a step's k and v: the
+// same destination rows), one launch.
+__global__ void scatter_rows_kernel(const uint4* src0, uint4* pool0, const uint4* src1,
+                                    uint4* pool1, const int32_t* dst_rows, int64_t rows,
+                                    int64_t row_vecs) {
   pdl_begin();  // launched chained (cuda_dispatch.cuh)
-  const int64_t total = rows * row_vecs;
+  const int64_t per = rows * row_vecs, total = src1 ? 2 * per : per;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / row_vecs, c = i % row_vecs;
+    const bool first = i < per;
+    const int64_t j = first ? i : i - per, r = j / row_vecs, c = j % row_vecs;
     const int32_t d = dst_rows[r];
-    if (d >= 0) pool[int64_t{d} * row_vecs + c] = src[i];
+    if (d >= 0) (first ? pool0 : pool1)[int64_t{d} * row_vecs + c] = (first ? src0 : src1)[j];
   }
 }
 }  // namespace
 
-cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
-                              int64_t row_bytes, void* pool, cudaStream_t stream) {
+cudaError_t scatter_rows_pair_cuda(const void* src0, void* pool0, const void* src1, void* pool1,
+                                   const int32_t* dst_rows, int64_t rows, int64_t row_bytes,
+                                   cudaStream_t stream) {
   if (rows < 0 || row_bytes <= 0 || row_bytes % 16 != 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (!src || !dst_rows || !pool || (reinterpret_cast<uintptr_t>(src) & 15u) ||
-      (reinterpret_cast<uintptr_t>(pool) & 15u)) {
+  auto bad = [](const void* p) { return !p || (reinterpret_cast<uintptr_t>(p) & 15u); };
+  if (bad(src0) || bad(pool0) || !dst_rows || (src1 != nullptr) != (pool1 != nullptr) ||
+      (src1 && (bad(src1) || bad(pool1)))) {
     return cudaErrorInvalidValue;
   }
   const int64_t vecs = row_bytes / 16;
-  return launch_chained<scatter_rows_kernel>(dim3(grid_for(rows * vecs)), dim3(kThreads), 0,
-                                            stream, static_cast<const uint4*>(src), dst_rows,
-                                            rows, vecs, static_cast<uint4*>(pool));
+  return launch_chained<scatter_rows_kernel>(
+      dim3(grid_for((src1 ? 2 : 1) * rows * vecs)), dim3(kThreads), 0, stream,
+      static_cast<const uint4*>(src0), static_cast<uint4*>(pool0),
+      static_cast<const uint4*>(src1), static_cast<uint4*>(pool1), dst_rows, rows, vecs);
+}
+
+cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
+                              int64_t row_bytes, void* pool, cudaStream_t stream) {
+  return scatter_rows_pair_cuda(src, pool, nullptr, nullptr, dst_rows, rows, row_bytes, stream);
 }
 
 cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,

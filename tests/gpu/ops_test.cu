@@ -153,6 +153,48 @@ TEST_F(GpuOps, RopeRotateHalf) {
   }
 }
 
+// q and k rotated in one launch (rope_qk_cuda, the decode step's) give the bits of one rope_cuda
+// each: rows of a fused [q | k | v] projection, GQA (k has a quarter of q's heads, at least 1).
+TEST_F(GpuOps, RopeQkInOneLaunchEqualsOneEach) {
+  std::mt19937 rng(7);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (int64_t rows : {1, 37}) {
+      for (int64_t heads : {1, 8, 32}) {
+        const int64_t kv_heads = std::max<int64_t>(1, heads / 4), head_dim = 128;
+        const int64_t stride = (heads + 2 * kv_heads) * head_dim;
+        const auto x = random_values(size_t(rows * stride), -2.f, 2.f, t, rng);
+        std::vector<int64_t> pos(rows);
+        std::uniform_int_distribution<int64_t> pd(0, 200000);
+        for (auto& p : pos) p = pd(rng);
+        std::vector<float> inv_freq(head_dim / 2);
+        for (int64_t d = 0; d < head_dim / 2; ++d) {
+          inv_freq[d] = 1.f / std::pow(10000.f, 2.f * d / head_dim);
+        }
+        DevBuf one, two, dpos, dfreq;
+        upload(one, t, x);
+        upload(two, t, x);
+        upload(dpos, pos.data(), pos.size() * sizeof(int64_t));
+        upload(dfreq, inv_freq.data(), inv_freq.size() * sizeof(float));
+        const auto* p = static_cast<const int64_t*>(dpos.ptr);
+        const auto* f = static_cast<const float*>(dfreq.ptr);
+        const size_t k_off = size_t(heads * head_dim) * testing::dtype_bytes(t);
+        char* o = static_cast<char*>(one.ptr);
+        char* w = static_cast<char*>(two.ptr);
+        CUDA_ASSERT(rope_qk_cuda(o, heads, stride, o + k_off, kv_heads, stride, rows, head_dim,
+                                 p, f, t, nullptr));
+        CUDA_ASSERT(rope_cuda(w, rows, heads, head_dim, stride, p, f, t, nullptr));
+        CUDA_ASSERT(rope_cuda(w + k_off, rows, kv_heads, head_dim, stride, p, f, t, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> a, b;
+        download(one, t, x.size(), a);
+        download(two, t, x.size(), b);
+        ASSERT_EQ(a, b) << name(t) << " rows=" << rows << " heads=" << heads;
+        ASSERT_NE(a, x);  // something rotated
+      }
+    }
+  }
+}
+
 // Paged row gather: the CUDA twin equals the CPU reference byte for byte (shuffled pages, row
 // counts that end mid-page, bf16 rows of the 7B KV width and odd narrow rows).
 TEST_F(GpuOps, GatherRowsMatchesCpu) {
@@ -213,6 +255,23 @@ TEST_F(GpuOps, ScatterRowsMatchesCpu) {
                                   row_bytes, dpool.ptr, nullptr));
     CUDA_ASSERT(cudaMemcpy(got.data(), dpool.ptr, got.size(), cudaMemcpyDeviceToHost));
     EXPECT_EQ(got, want) << rows << " rows";
+    // The pair form (a step's k and v): src into the pool again (same bytes as above) and a
+    // second source, reversed, into a second pool; one launch.
+    std::vector<uint8_t> src2(src.rbegin(), src.rend()), want2 = pool, got2(pool.size());
+    scatter_rows_cpu(src2.data(), dst.data(), rows, row_bytes, want2.data());
+    DevBuf dsrc2, dpool2;
+    CUDA_ASSERT(cudaMalloc(&dsrc2.ptr, src2.size()));
+    CUDA_ASSERT(cudaMalloc(&dpool2.ptr, pool.size()));
+    CUDA_ASSERT(cudaMemcpy(dsrc2.ptr, src2.data(), src2.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(dpool.ptr, pool.data(), pool.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(dpool2.ptr, pool.data(), pool.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(scatter_rows_pair_cuda(dsrc.ptr, dpool.ptr, dsrc2.ptr, dpool2.ptr,
+                                       static_cast<const int32_t*>(ddst.ptr), rows, row_bytes,
+                                       nullptr));
+    CUDA_ASSERT(cudaMemcpy(got.data(), dpool.ptr, got.size(), cudaMemcpyDeviceToHost));
+    CUDA_ASSERT(cudaMemcpy(got2.data(), dpool2.ptr, got2.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, want) << rows << " rows, pair";
+    EXPECT_EQ(got2, want2) << rows << " rows, pair (second)";
   }
 }
 

@@ -51,25 +51,34 @@ class Backend {
   virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // out [m, n] (+)= x [m, k] * w [n, k]^T.
   virtual Status gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) = 0;
-  // One input's projections, out_i = x w_i^T for each (w_i, out_i) (no accumulation): a
-  // layer's q, k and v, in one launch where the backend can; the default is one gemm each.
+  // A layer's normalised input and what reads it. norm_project: h = rms_norm(x) * norm.w
+  // (norm.eps), then out_i = h w_i^T for each (w_i, out_i) (no accumulation): a layer's q, k
+  // and v. norm_swiglu: the same h, then gate = silu(h w_gate^T) * (h w_up^T). The defaults run
+  // rms_norm into norm.h, one gemm per product and silu_mul into gate; a backend may run the
+  // products in fewer launches (the CUDA one does for a decode step's few rows), bit for bit
+  // the defaults' results, leaving the scratch up untouched.
+  struct Norm {
+    const Tensor& w;
+    float eps;
+    Tensor& h;  // [rows, k], scratch
+  };
   struct Projection {
     const Tensor& w;
     Tensor& out;
   };
-  virtual Status gemm_each(const Tensor& x, std::initializer_list<Projection> projections) {
+  virtual Status norm_project(const Tensor& x, const Norm& norm,
+                              std::initializer_list<Projection> projections) {
+    Status s = rms_norm(x, norm.w, norm.eps, norm.h);
     for (const Projection& p : projections) {
-      Status s = gemm(x, p.w, p.out, false);
-      if (!s.ok()) return s;
+      if (s.ok()) s = gemm(norm.h, p.w, p.out, false);
     }
-    return {};
+    return s;
   }
-  // SwiGLU's input: gate = silu(x w_gate^T) * (x w_up^T), exactly as gemm into gate and up, then
-  // silu_mul into gate (the default); up [rows, n] is scratch a backend may leave untouched.
-  virtual Status gemm_swiglu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-                             Tensor& gate, Tensor& up) {
-    Status s = gemm(x, w_gate, gate, false);
-    if (s.ok()) s = gemm(x, w_up, up, false);
+  virtual Status norm_swiglu(const Tensor& x, const Norm& norm, const Tensor& w_gate,
+                             const Tensor& w_up, Tensor& gate, Tensor& up) {
+    Status s = rms_norm(x, norm.w, norm.eps, norm.h);
+    if (s.ok()) s = gemm(norm.h, w_gate, gate, false);
+    if (s.ok()) s = gemm(norm.h, w_up, up, false);
     if (s.ok()) s = silu_mul(gate, up, gate);
     return s;
   }
@@ -77,6 +86,15 @@ class Backend {
   // inv_freq [head_dim / 2] already scaled (models/rope.h).
   virtual Status rope(Tensor& x, int heads, int head_dim, const std::vector<int64_t>& positions,
                       const std::vector<float>& inv_freq) = 0;
+  // rope on a layer's q (heads) and k (kv_heads) at the same positions: one launch where the
+  // backend can; the default is one rope each.
+  virtual Status rope_qk(Tensor& q, int heads, Tensor& k, int kv_heads, int head_dim,
+                         const std::vector<int64_t>& positions,
+                         const std::vector<float>& inv_freq) {
+    Status s = rope(q, heads, head_dim, positions, inv_freq);
+    if (s.ok()) s = rope(k, kv_heads, head_dim, positions, inv_freq);
+    return s;
+  }
   // out = silu(gate) * up, all [rows, n].
   virtual Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // x += y, same shape.
@@ -88,6 +106,14 @@ class Backend {
   // pool row dst_rows[i] = src row i ([n, width], same dtype and width); negative entries skip;
   // dst_rows is this backend's memory.
   virtual Status scatter_rows(const Tensor& src, const int32_t* dst_rows, Tensor& pool) = 0;
+  // Both of a step's scatters to the same rows (k into k_pool, v into v_pool): one launch where
+  // the backend can; the default is one scatter_rows each.
+  virtual Status scatter_rows_pair(const Tensor& k, const Tensor& v, const int32_t* dst_rows,
+                                   Tensor& k_pool, Tensor& v_pool) {
+    Status s = scatter_rows(k, dst_rows, k_pool);
+    if (s.ok()) s = scatter_rows(v, dst_rows, v_pool);
+    return s;
+  }
   // One attention call of the kernels/attention.h contract on this backend's memory.
   virtual Status attention(const kernels::AttnParams& p) = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.

@@ -25,6 +25,12 @@ cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows,
 cudaError_t rope_cuda(void* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride,
                       const int64_t* positions, const float* inv_freq, DType dtype,
                       cudaStream_t stream);
+// The same on q [rows, heads, head_dim] and k [rows, kv_heads, head_dim] (row strides q_stride,
+// k_stride) in one launch; kv_heads may be 0 (k unused).
+cudaError_t rope_qk_cuda(void* q, int64_t heads, int64_t q_stride, void* k, int64_t kv_heads,
+                         int64_t k_stride, int64_t rows, int64_t head_dim,
+                         const int64_t* positions, const float* inv_freq, DType dtype,
+                         cudaStream_t stream);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n elements.
 cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n, DType dtype,
@@ -45,6 +51,11 @@ cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t pag
 // gather_rows_cuda; dst_rows is a device array.
 cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
                               int64_t row_bytes, void* pool, cudaStream_t stream);
+// Two scatters to the same rows in one launch (a decode step's k and v): src0 into pool0 and
+// src1 into pool1 (both or neither of src1, pool1 given), the rules of scatter_rows_cuda.
+cudaError_t scatter_rows_pair_cuda(const void* src0, void* pool0, const void* src1, void* pool1,
+                                   const int32_t* dst_rows, int64_t rows, int64_t row_bytes,
+                                   cudaStream_t stream);
 
 // dst[i] = src[i] converted through fp32 (which holds bf16 and fp16 exactly: one rounding at
 // most); n elements, any pair of dtypes.
