@@ -551,7 +551,8 @@ class CudaBackend final : public Backend {
 
   Status scatter_rows_pair(const Tensor& k, const Tensor& v, const int32_t* dst_rows,
                            Tensor& k_pool, Tensor& v_pool) override {
-    if (k.shape != v.shape || k.dtype != v.dtype || k_pool.shape != v_pool.shape) {
+    if (k.shape != v.shape || k.dtype != v.dtype || k_pool.shape != v_pool.shape ||
+        k_pool.dtype != v_pool.dtype) {
       return op_error("scatter_rows", k.describe() + ", " + v.describe() + " -> " +
                                           k_pool.describe() + ", " + v_pool.describe());
     }
