@@ -180,6 +180,7 @@ class CpuBackend final : public Backend {
   }
 
   Status merge(const kernels::MergeParams& p) override {
+    if (p.out && p.out_dtype != DType::kF32) return shape_error("merge", "cpu tensors are f32");
     kernels::merge_cpu(p);
     return {};
   }

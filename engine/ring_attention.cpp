@@ -303,7 +303,7 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
 }
 
 Status RingAttention::merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b,
-                            int64_t rows, int64_t lse_stride) {
+                            int64_t rows, int64_t lse_stride, Tensor* out) {
   kernels::MergeParams m;
   m.o_a = o_a;
   m.lse_a = lse_a;
@@ -315,6 +315,11 @@ Status RingAttention::merge(float* o_a, float* lse_a, const float* o_b, const fl
   m.rows = static_cast<int32_t>(rows);
   m.heads = shape_.heads;
   m.head_dim = shape_.head_dim;
+  if (out != nullptr) {
+    m.out = out->data;
+    m.out_dtype = out->dtype;
+    m.out_row_stride = out->dim(1);
+  }
   return backend_.merge(m);
 }
 
@@ -554,7 +559,8 @@ kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t
 }
 
 Status RingAttention::decode_each(int layer, const std::vector<const SeqRows*>& batch,
-                                  const Tensor& q, const Tensor& k, const Tensor& v) {
+                                  const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const DecodeOut& o) {
   const int world = comm_.world_size(), rank = comm_.rank();
   const auto n = static_cast<int64_t>(batch.size());
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
@@ -570,7 +576,8 @@ Status RingAttention::decode_each(int layer, const std::vector<const SeqRows*>& 
     kernels::AttnParams p = decode_params(layer, 1, n, q, s.row);
     p.n_kv = static_cast<int32_t>(len + (mine ? 1 : 0));
     p.kv_pages = at<int32_t>(tables_, table_offset_[static_cast<size_t>(b)]);
-    p.o = at(pairs_, b * qw);
+    p.o = static_cast<char*>(o.data) + b * qw * dtype_size(o.dtype);
+    p.o_dtype = o.dtype;
     p.lse = at<float>(pairs_, n * qw + b);
     BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
   }
@@ -578,7 +585,8 @@ Status RingAttention::decode_each(int layer, const std::vector<const SeqRows*>& 
 }
 
 Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*>& batch,
-                                     const Tensor& q, const Tensor& k, const Tensor& v) {
+                                     const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const DecodeOut& o) {
   const auto n = static_cast<int64_t>(batch.size());
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
@@ -591,7 +599,8 @@ Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*
   p.kv_pages = at<int32_t>(tables_, 0);
   p.row_kv_len = at<int32_t>(tables_, decode_meta_);
   p.row_page_offset = at<int32_t>(tables_, decode_meta_ + n);
-  p.o = pairs_.data;
+  p.o = o.data;
+  p.o_dtype = o.dtype;
   p.lse = at<float>(pairs_, n * qw);
   return backend_.attention(p);
 }
@@ -621,24 +630,35 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
   // Decode tokens on consecutive rows (the scheduler puts them first) attend in ONE launch:
   // per-row K/V, each row with its own sequence's length and page table.
-  bool consecutive = n > 1;
-  for (int64_t b = 1; b < n && consecutive; ++b) {
-    consecutive = batch[static_cast<size_t>(b)]->row == batch[0]->row + b;
+  bool in_order = true;
+  for (int64_t b = 1; b < n && in_order; ++b) {
+    in_order = batch[static_cast<size_t>(b)]->row == batch[0]->row + b;
   }
-  BURST_RETURN_IF_ERROR(consecutive ? decode_batched(layer, batch, q, k, v)
-                                    : decode_each(layer, batch, q, k, v));
-  // One rank: its partials are the answer (no gather: a copy in the step's kernel chain).
+  // One rank with the batch's rows in order: the kernel writes the output itself (its
+  // partials are the answer); else fp32 partials for the gather and the merge.
+  const bool direct = world == 1 && in_order;
+  Tensor dst_all = out.rows(batch[0]->row, n);
+  const DecodeOut o = direct ? DecodeOut{dst_all.data, dst_all.dtype}
+                             : DecodeOut{pairs_.data, DType::kF32};
+  BURST_RETURN_IF_ERROR(n > 1 && in_order ? decode_batched(layer, batch, q, k, v, o)
+                                          : decode_each(layer, batch, q, k, v, o));
+  if (direct) return {};
+  // One rank, rows out of order: its partials are the answer, converted below.
   const Tensor& merged_all = world == 1 ? pairs_ : gathered_;
   if (world > 1) {
     BURST_RETURN_IF_ERROR(
         comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));
   }
   // Merge in rank order on every rank: the same operations in the same order give the same
-  // bits everywhere, so the replicated decode never drifts between ranks.
+  // bits everywhere, so the replicated decode never drifts between ranks. When the batch's rows
+  // follow each other, the last merge writes the output (converted) itself.
   for (int r = 1; r < world; ++r) {
+    const bool last = r == world - 1 && in_order;
     BURST_RETURN_IF_ERROR(merge(at<float>(gathered_, 0), at<float>(gathered_, n * qw),
                                 at<float>(gathered_, r * part),
-                                at<float>(gathered_, r * part + n * qw), n, n));
+                                at<float>(gathered_, r * part + n * qw), n, n,
+                                last ? &dst_all : nullptr));
+    if (last) return {};
   }
   for (int64_t b = 0; b < n;) {
     // Consecutive batch rows convert in one call.

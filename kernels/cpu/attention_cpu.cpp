@@ -135,18 +135,23 @@ void merge_cpu(const MergeParams& p) {
       float* la = p.lse_a + h * p.lse_head_stride + r;
       const float lb = p.lse_b[h * p.lse_head_stride + r];
       const float a = *la;
-      if (lb == kNegInf) continue;  // b saw nothing: a is already the answer
       float* oa = p.o_a + r * p.o_row_stride + h * p.o_head_stride;
       const float* ob = p.o_b + r * p.o_row_stride + h * p.o_head_stride;
+      // Where the merged o goes: o_a in place, or out (fp32 here).
+      float* dst = p.out ? static_cast<float*>(p.out) + r * p.out_row_stride + h * p.head_dim : oa;
+      if (lb == kNegInf) {  // b saw nothing: a is already the answer
+        if (dst != oa) std::copy(oa, oa + p.head_dim, dst);
+        continue;
+      }
       if (a == kNegInf) {  // a saw nothing: take b (avoids -inf - -inf)
-        for (int c = 0; c < p.head_dim; ++c) oa[c] = ob[c];
+        std::copy(ob, ob + p.head_dim, dst);
         *la = lb;
         continue;
       }
       const float mx = std::max(a, lb);
       const float lse = mx + std::log1p(std::exp(-std::fabs(a - lb)));
       const float wa = std::exp(a - lse), wb = std::exp(lb - lse);
-      for (int c = 0; c < p.head_dim; ++c) oa[c] = oa[c] * wa + ob[c] * wb;
+      for (int c = 0; c < p.head_dim; ++c) dst[c] = oa[c] * wa + ob[c] * wb;
       *la = lse;
     }
   }

@@ -534,6 +534,28 @@ TEST_F(CudaBackendTest, MergeMatchesCpu) {
         ASSERT_NEAR(gl[i], cl[i], 1e-5 * std::fabs(cl[i]) + 1e-6) << "lse " << i;
       }
     }
+    // The out form (the decode's last rank merge): merged o written as bf16 straight into out
+    // gives the bits of the in-place merge followed by a conversion, and the same LSE.
+    Tensor goa2 = gpu({int64_t(on)}, oa, DType::kF32), gla2 = gpu({int64_t(ln)}, la, DType::kF32);
+    auto out = gpu_->alloc({rows, int64_t{heads} * d}, DType::kBF16);
+    ASSERT_TRUE(out.ok());
+    Tensor got = out.take();
+    kernels::MergeParams po = pg;
+    po.o_a = goa2.as<float>();
+    po.lse_a = gla2.as<float>();
+    po.out = got.data;
+    po.out_dtype = DType::kBF16;
+    po.out_row_stride = int64_t{heads} * d;
+    ASSERT_TRUE(gpu_->merge(po).ok());
+    auto conv = gpu_->alloc({rows, int64_t{heads} * d}, DType::kBF16);
+    ASSERT_TRUE(conv.ok());
+    Tensor want = conv.take();
+    Tensor merged = goa;
+    merged.shape = {rows, int64_t{heads} * d};
+    ASSERT_TRUE(gpu_->convert(merged, want).ok());
+    ASSERT_EQ(fetch(*gpu_, got), fetch(*gpu_, want)) << "out form, rows " << rows;
+    ASSERT_EQ(fetch(*gpu_, gla2), gl) << "out form lse, rows " << rows;
+    ASSERT_EQ(fetch(*gpu_, goa2), oa) << "out form left o_a alone, rows " << rows;
   }
 }
 

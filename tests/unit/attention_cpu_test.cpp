@@ -207,6 +207,38 @@ TEST(MergeCpu, ShardsMergeToMonolithic) {
   for (size_t i = 0; i < lse_ref.size(); ++i) EXPECT_NEAR(lse_acc[i], lse_ref[i], 2e-6) << i;
 }
 
+// With `out` set the merged o goes there (o_a untouched), the same values as in place, for every
+// case: both seen, a empty, b empty; lse_a updated the same way.
+TEST(MergeCpu, OutHoldsWhatInPlaceWouldAndLeavesOaAlone) {
+  const int rows = 3, heads = 2, d = 8;
+  std::vector<float> oa(rows * heads * d), ob(oa.size()), la(heads * rows), lb(la.size());
+  for (size_t i = 0; i < oa.size(); ++i) {
+    oa[i] = 0.5f + 0.01f * float(i);
+    ob[i] = -0.25f + 0.02f * float(i);
+  }
+  for (size_t i = 0; i < la.size(); ++i) {
+    la[i] = 0.3f * float(i) - 1.f;
+    lb[i] = 1.f - 0.2f * float(i);
+  }
+  la[1] = kNegInf;  // a empty
+  lb[2] = kNegInf;  // b empty
+  std::vector<float> in_place = oa, la_in = la, out(oa.size(), 7.f), la_out = la;
+  const std::vector<float> oa_before = oa;
+  MergeParams m{in_place.data(), la_in.data(), ob.data(), lb.data(), heads * d, d, rows,
+                rows, heads, d};
+  merge_cpu(m);
+  MergeParams o = m;
+  o.o_a = oa.data();
+  o.lse_a = la_out.data();
+  o.out = out.data();
+  o.out_row_stride = heads * d;
+  merge_cpu(o);
+  EXPECT_EQ(out, in_place);
+  EXPECT_EQ(la_out, la_in);
+  EXPECT_EQ(oa, oa_before);
+  EXPECT_NE(in_place, oa_before);  // the merge did something
+}
+
 TEST(MergeCpu, BothEmptyStaysEmptyWithoutNaN) {
   std::vector<float> oa(4, 0.f), ob(4, 0.f), la(1, kNegInf), lb(1, kNegInf);
   MergeParams m{oa.data(), la.data(), ob.data(), lb.data(), 4, 4, 1, 1, 1, 4};

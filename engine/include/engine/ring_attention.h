@@ -138,9 +138,9 @@ class RingAttention final : public AttentionContext {
                       const Segment& qs, const Segment& ks, kernels::MaskKind mask, float* o_acc,
                       float* lse_acc, bool direct);
   // (o_b, lse_b) merged into (o_a, lse_a) in fp32: `rows` rows of o [rows, qw], lse [heads,
-  // lse_stride].
+  // lse_stride]; with `out` ([rows, qw], any dtype) the merged o goes there instead of o_a.
   Status merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int64_t rows,
-               int64_t lse_stride);
+               int64_t lse_stride, Tensor* out = nullptr);
   // One ring step: the query segments q_segs of q against n_prefix prefix rows at (pk, pv)
   // (all before every query: kNone) and the chunk segments k_segs of (k, v), found at rows
   // k_row0 + ks.row (each pair skipped, full or causal by positions), into (o, lse). `fresh`:
@@ -162,12 +162,18 @@ class RingAttention final : public AttentionContext {
   // paged pool, o and lse fp32 into the batch's [n] partials (o, lse set by the caller).
   kernels::AttnParams decode_params(int layer, int64_t n_q, int64_t n, const Tensor& q,
                                     int64_t q_row);
+  // Where a decode launch writes o, row b at data + b * heads * head_dim elements: the fp32
+  // partials for the rank merge, or (one rank) the layer's output in its dtype.
+  struct DecodeOut {
+    void* data;
+    DType dtype;
+  };
   // Decode rows not consecutive: each token's k/v to its page, one launch per token.
   Status decode_each(int layer, const std::vector<const SeqRows*>& batch, const Tensor& q,
-                     const Tensor& k, const Tensor& v);
+                     const Tensor& k, const Tensor& v, const DecodeOut& o);
   // Consecutive decode rows: one scatter of k/v and one launch with per-row K/V for all.
   Status decode_batched(int layer, const std::vector<const SeqRows*>& batch, const Tensor& q,
-                        const Tensor& k, const Tensor& v);
+                        const Tensor& k, const Tensor& v, const DecodeOut& o);
   // t becomes a [shape] tensor of dtype, reusing its buffer when large enough.
   Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype);
 

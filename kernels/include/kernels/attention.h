@@ -85,7 +85,11 @@ void attention_cpu(const AttnParams& p);
 // Merges (o_b, lse_b) into (o_a, lse_a) in place, fp32: lse = max + log1p(exp(-|a - b|)),
 // o = o_a * exp(a - lse) + o_b * exp(b - lse). Both -inf: unchanged (o stays 0, lse -inf).
 // o_* are [rows, heads, head_dim] with the given row stride; lse_* are [heads, rows] with the
-// given head stride.
+// given head stride. With `out` set, the merged o goes there instead of into o_a, rounded once to
+// out_dtype ([rows, heads * head_dim], row stride out_row_stride elements; the CPU reference
+// takes kF32 only): the decode's last rank merge writes the layer's attention output so, without
+// a conversion after it. lse_a is updated either way. (The CUDA kernel computes the merged
+// value once, the same way for both destinations, so out holds what o_a would, rounded once.)
 struct MergeParams {
   float* o_a = nullptr;
   float* lse_a = nullptr;
@@ -94,6 +98,9 @@ struct MergeParams {
   int64_t o_row_stride = 0, o_head_stride = 0;  // shared by o_a and o_b
   int64_t lse_head_stride = 0;                  // shared by lse_a and lse_b
   int32_t rows = 0, heads = 0, head_dim = 0;
+  void* out = nullptr;
+  DType out_dtype = DType::kF32;
+  int64_t out_row_stride = 0;
 };
 void merge_cpu(const MergeParams& p);
 
