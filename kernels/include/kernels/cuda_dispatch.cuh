@@ -78,9 +78,11 @@ __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f 
 // a kernel's CTAs are scheduled while its predecessor still runs (once every predecessor CTA
 // has called pdl_launch_dependents or exited) and its launch latency leaves the critical path.
 // The contract of a kernel launched that way: before pdl_wait() it may only read what no
-// earlier work of the stream writes (weights), and it writes nothing; pdl_wait() returns once
-// the predecessor grid has completed and its writes are visible (at once in a kernel launched
-// normally). Waiting is transitive: the predecessor itself waited for its own.
+// kernel still running may write (weights: written at load, and every forward starts with an
+// ordinary launch, the embedding, which waits for all earlier work), and it writes nothing;
+// pdl_wait() returns once the predecessor grid has completed and its writes are visible (at
+// once in a kernel launched normally). Waiting is transitive: the predecessor waited for its
+// own. A memcpy or an event wait between two launches serialises them as before.
 // Compiled out below sm_90, where launches stay serialised.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
