@@ -627,7 +627,7 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   // all-gather per layer moves them all.
   const int64_t part = n * qw + int64_t{shape_.heads} * n;
   BURST_RETURN_IF_ERROR(ensure(pairs_, {part}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
+  if (world > 1) BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
   // Decode tokens on consecutive rows (the scheduler puts them first) attend in ONE launch:
   // per-row K/V, each row with its own sequence's length and page table.
   bool in_order = true;
@@ -637,7 +637,8 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   // One rank with the batch's rows in order: the kernel writes the output itself (its
   // partials are the answer); else fp32 partials for the gather and the merge.
   const bool direct = world == 1 && in_order;
-  Tensor dst_all = out.rows(batch[0]->row, n);
+  Tensor dst_all;  // the batch's output rows, when they follow each other
+  if (in_order) dst_all = out.rows(batch[0]->row, n);
   const DecodeOut o = direct ? DecodeOut{dst_all.data, dst_all.dtype}
                              : DecodeOut{pairs_.data, DType::kF32};
   BURST_RETURN_IF_ERROR(n > 1 && in_order ? decode_batched(layer, batch, q, k, v, o)
@@ -665,7 +666,7 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
     const int64_t first = batch[static_cast<size_t>(b)]->row;
     int64_t e = b + 1;
     while (e < n && batch[static_cast<size_t>(e)]->row == first + (e - b)) ++e;
-    Tensor merged = gathered_.rows(0, 1);  // dtype and device; data and shape set below
+    Tensor merged = merged_all;  // fp32 on this device; data and shape set here
     merged.data = at(merged_all, b * qw);
     merged.shape = {e - b, qw};
     Tensor dst = out.rows(first, e - b);

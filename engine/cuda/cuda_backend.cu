@@ -416,10 +416,7 @@ class CudaBackend final : public Backend {
                                                   h.data, p.w.data, p.out.data);
       if (fused) outs[count++] = {p.w.data, p.out.data, p.w.dim(0)};
     }
-    if (!fused || count == 0) {
-      for (const Projection& p : projections) BURST_RETURN_IF_ERROR(gemm(h, p.w, p.out, false));
-      return {};
-    }
+    if (!fused || count == 0) return project_each(h, projections);
     BURST_RETURN_IF_ERROR(use_device("gemm"));
     return launched("gemm",
                     kernels::gemv_multi_cuda(h.data, outs, count, h.dim(0), h.dim(1), h.dtype,
@@ -438,9 +435,7 @@ class CudaBackend final : public Backend {
     if (w_up.dim(0) != n ||
         !kernels::gemv_cuda_applies(m, n, k, h.dtype, h.data, w_gate.data, gate.data) ||
         !kernels::gemv_cuda_applies(m, n, k, h.dtype, h.data, w_up.data, gate.data)) {
-      BURST_RETURN_IF_ERROR(gemm(h, w_gate, gate, false));
-      BURST_RETURN_IF_ERROR(gemm(h, w_up, up, false));
-      return silu_mul(gate, up, gate);
+      return swiglu_apart(h, w_gate, w_up, gate, up);
     }
     BURST_RETURN_IF_ERROR(use_device("gemm"));
     return launched("gemm",

@@ -1136,6 +1136,10 @@ TEST(CudaDecodeBench, HostOverhead7b) {
   auto us = [](Clock::duration d) {
     return std::chrono::duration<double, std::micro>(d).count();
   };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   {  // single calls
     const engine::DType dt = b.compute_dtype();
     auto x = b.alloc({1, c.hidden_size}, dt), w = b.alloc({c.hidden_size, c.hidden_size}, dt);
@@ -1201,13 +1205,11 @@ TEST(CudaDecodeBench, HostOverhead7b) {
           host_us.push_back(us(t1 - t0));
           dev_us.push_back(us(t2 - t1));
         }
-        std::sort(host_us.begin(), host_us.end());
-        std::sort(dev_us.begin(), dev_us.end());
         std::printf("[ info     ] draw %lld row(s), %s: logits to host + host sampler %.0f us, "
                     "on device %.0f us (medians of 20)\n",
                     static_cast<long long>(rows),
-                    sp.temperature == 0.f ? "greedy" : "T=0.8 top_p=0.95",
-                    host_us[host_us.size() / 2], dev_us[dev_us.size() / 2]);
+                    sp.temperature == 0.f ? "greedy" : "T=0.8 top_p=0.95", median(host_us),
+                    median(dev_us));
       }
     }
   }
@@ -1273,12 +1275,9 @@ TEST(CudaDecodeBench, HostOverhead7b) {
         enq.push_back(us(t_enq - t0));
         total.push_back(us(t1 - t0));
       }
-      std::sort(enq.begin(), enq.end());
-      std::sort(total.begin(), total.end());
       std::printf("[ info     ] 7B decode at %lld context, %s: step %.0f us (median of %d, "
                   "token drawn), host enqueue of the layers %.0f us\n",
-                  static_cast<long long>(n), w.name, total[total.size() / 2], kSteps,
-                  enq[enq.size() / 2]);
+                  static_cast<long long>(n), w.name, median(total), kSteps, median(enq));
     }
   }
 }

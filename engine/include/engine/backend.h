@@ -69,18 +69,12 @@ class Backend {
   virtual Status norm_project(const Tensor& x, const Norm& norm,
                               std::initializer_list<Projection> projections) {
     Status s = rms_norm(x, norm.w, norm.eps, norm.h);
-    for (const Projection& p : projections) {
-      if (s.ok()) s = gemm(norm.h, p.w, p.out, false);
-    }
-    return s;
+    return s.ok() ? project_each(norm.h, projections) : s;
   }
   virtual Status norm_swiglu(const Tensor& x, const Norm& norm, const Tensor& w_gate,
                              const Tensor& w_up, Tensor& gate, Tensor& up) {
     Status s = rms_norm(x, norm.w, norm.eps, norm.h);
-    if (s.ok()) s = gemm(norm.h, w_gate, gate, false);
-    if (s.ok()) s = gemm(norm.h, w_up, up, false);
-    if (s.ok()) s = silu_mul(gate, up, gate);
-    return s;
+    return s.ok() ? swiglu_apart(norm.h, w_gate, w_up, gate, up) : s;
   }
   // Rotate-half RoPE in place on x [rows, heads * head_dim], positions absolute (one per row),
   // inv_freq [head_dim / 2] already scaled (models/rope.h).
@@ -137,6 +131,25 @@ class Backend {
   }
   // Waits for queued work; a no-op on CPU.
   virtual Status synchronize() = 0;
+
+ protected:
+  // The compound ops' products one op at a time (the defaults' second half, and what a
+  // backend's override falls back to where it cannot fuse): out_i = h w_i^T each; gate =
+  // silu(h w_gate^T) * (h w_up^T) through gemm, gemm, silu_mul.
+  Status project_each(const Tensor& h, std::initializer_list<Projection> projections) {
+    for (const Projection& p : projections) {
+      Status s = gemm(h, p.w, p.out, false);
+      if (!s.ok()) return s;
+    }
+    return {};
+  }
+  Status swiglu_apart(const Tensor& h, const Tensor& w_gate, const Tensor& w_up, Tensor& gate,
+                      Tensor& up) {
+    Status s = gemm(h, w_gate, gate, false);
+    if (s.ok()) s = gemm(h, w_up, up, false);
+    if (s.ok()) s = silu_mul(gate, up, gate);
+    return s;
+  }
 };
 
 // Empty when Backend::sample may run on these arguments, else what is wrong: logits 2-D with at
