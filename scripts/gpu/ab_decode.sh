@@ -7,9 +7,10 @@
 # burst-worker libburst_spm.so, then tar -cJf X.tar.xz .devpack) carried in a git-ignored
 # folder. From the repository root on the GPU machine; WORKERS (default 2) GPUs, 7B preset
 # (random weights); extra server flags in SERVER_FLAGS; ENV_B, if set, is exported for the
-# second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice).
+# second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), and FLAGS_B are server
+# flags for the second pack only (e.g. FLAGS_B="--decode-lookahead 0").
 set -u
-[ $# -ge 1 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 workers=${WORKERS:-2}
 prompts=${PROMPTS:-2048}
 out=${OUT:-128}
@@ -18,6 +19,7 @@ longest=0
 for p in $prompts; do [ "$p" -gt "$longest" ] && longest=$p; done
 export NCCL_NVLS_ENABLE=0
 i=0
+rm -f /tmp/ab_text_*.txt
 for pack in "$@"; do
   i=$((i + 1))
   mkdir -p "/tmp/ab$i" && python3 -c "import tarfile,sys;tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$pack" "/tmp/ab$i"
@@ -28,11 +30,13 @@ for round in 1 2; do
     name=$(printf "\\x$(printf %x $((64 + v)))")
     ( source "/tmp/ab$v/.devpack/env.sh"
       if [ "$v" = 2 ] && [ -n "${ENV_B:-}" ]; then export "$ENV_B"; fi
+      flags_b=""
+      if [ "$v" = 2 ]; then flags_b=${FLAGS_B:-}; fi
       pf=/tmp/ab_ports_$v.json; rm -f "$pf"
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
         --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers "$workers" \
         --max-context $((longest + out + 1024)) --kv-capacity 0 \
-        --http-port 0 --grpc-port -1 --port-file "$pf" ${SERVER_FLAGS:-} > "/tmp/ab_server_$v.log" 2>&1 &
+        --http-port 0 --grpc-port -1 --port-file "$pf" ${SERVER_FLAGS:-} $flags_b > "/tmp/ab_server_$v.log" 2>&1 &
       sp=$!
       for _ in $(seq 600); do
         [ -s "$pf" ] && curl -sf "http://127.0.0.1:$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")/health" > /dev/null && break
@@ -49,6 +53,17 @@ for round in 1 2; do
             | awk '{printf "server: %s ms / %s tokens = TPOT %.3f ms\n", $2, $5, $2 / ($5 - 1)}'
         done
       done
+      # One greedy answer per server start: the builds (and flags) must agree on the tokens.
+      port=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")
+      curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt": "In the beginning God created", "max_tokens": 48, "temperature": 0}' \
+        | python3 -c "import json,sys;print(json.load(sys.stdin)['choices'][0]['text'])" \
+        > "/tmp/ab_text_${v}_$round.txt"
       kill "$sp"; wait "$sp" ) || echo "$name round $round: failed (server log /tmp/ab_server_$v.log)"
   done
 done
+if [ "$(md5sum /tmp/ab_text_*.txt | awk '{print $1}' | sort -u | wc -l)" = 1 ] && [ -s /tmp/ab_text_1_1.txt ]; then
+  echo "greedy text: the same from every server start"
+else
+  echo "greedy text DIFFERS between server starts:"; head -c 300 /tmp/ab_text_*.txt
+fi
