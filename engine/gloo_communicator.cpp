@@ -140,6 +140,7 @@ class GlooCommunicator final : public Communicator {
 
   int rank() const override { return context_->rank; }
   int world_size() const override { return context_->size; }
+  std::string transport() const override { return "gloo (tcp)"; }
 
   Result<std::unique_ptr<CommHandle>> isend(const void* data, size_t bytes, int peer,
                                             int tag) override {

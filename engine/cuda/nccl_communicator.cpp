@@ -1,13 +1,18 @@
 #include "engine/cuda/nccl_communicator.h"
 
 #include <nccl.h>
+#include <unistd.h>
 
+#include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
+
+#include "kernels/ops_cuda.h"
 
 namespace burst::engine {
 
@@ -62,6 +67,7 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclOptions& o) : opt_(o), rank_(o.rank) {}
   ~NcclCommunicator() override {
+    close_peer_gather();
     if (comm_) ncclCommDestroy(comm_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
     if (staging_) cudaFree(staging_);
@@ -99,7 +105,107 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     NCCL_TRY(ncclCommInitRankConfig(&comm_, opt_.world_size, id, rank_, &config));
-    return poll_comm("init");
+    BURST_RETURN_IF_ERROR(poll_comm("init"));
+    return init_peer_gather();
+  }
+
+  std::string transport() const override {
+    return peer_gather_ ? "nccl; decode all-gathers of up to " +
+                              std::to_string(kPeerSlotBytes >> 20) +
+                              " MiB by stores into the peers' memory (CUDA IPC)"
+                        : "nccl (" + peer_gather_off_ + ")";
+  }
+
+  // Small device all-gathers (the decode's per-layer partials) skip NCCL where every rank is on
+  // this host and every pair of GPUs has peer access: each rank maps the others' regions
+  // (kernels::peer_all_gather_cuda). Every rank must agree, so they decide together; anything
+  // missing (another host, no P2P, BURST_PEER_GATHER=0) leaves NCCL in charge.
+  Status init_peer_gather() {
+    const int world = opt_.world_size;
+    const char* env = std::getenv("BURST_PEER_GATHER");
+    if (world < 2) return {};
+    if (world > kernels::kPeerGatherMaxRanks) {
+      peer_gather_off_ = "more ranks than peer stores serve";
+      return {};
+    }
+    if (env && env[0] == '0') {
+      peer_gather_off_ = "BURST_PEER_GATHER=0";
+      return {};
+    }
+    struct Card {
+      char host[160];
+      char bus[32];
+      cudaIpcMemHandle_t handle;
+      int32_t ok;
+    };
+    Card mine{};
+    std::string host(64, '\0');
+    gethostname(host.data(), host.size() - 1);
+    host.resize(std::strlen(host.c_str()));
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string boot_id;
+    std::getline(boot, boot_id);
+    std::snprintf(mine.host, sizeof mine.host, "%s/%s", host.c_str(), boot_id.c_str());
+    const int64_t bytes = kernels::peer_gather_region_bytes(world, kPeerSlotBytes);
+    mine.ok = cudaDeviceGetPCIBusId(mine.bus, sizeof mine.bus, opt_.device) == cudaSuccess &&
+              cudaMalloc(&region_, static_cast<size_t>(bytes)) == cudaSuccess &&
+              cudaMemset(region_, 0, static_cast<size_t>(bytes)) == cudaSuccess &&
+              cudaDeviceSynchronize() == cudaSuccess &&
+              cudaIpcGetMemHandle(&mine.handle, region_) == cudaSuccess;
+    if (!mine.ok) cudaGetLastError();
+    std::vector<Card> all(static_cast<size_t>(world));
+    BURST_RETURN_IF_ERROR(all_gather(&mine, all.data(), sizeof(Card)));
+    std::string why;
+    for (int r = 0; r < world && why.empty(); ++r) {
+      const Card& c = all[static_cast<size_t>(r)];
+      if (!c.ok) why = "rank " + std::to_string(r) + " could not export its region";
+      else if (std::strcmp(c.host, mine.host) != 0) why = "the ranks span hosts";
+    }
+    for (int r = 0; r < world && why.empty(); ++r) {
+      if (r == rank_) continue;
+      const Card& c = all[static_cast<size_t>(r)];
+      int dev = -1, can = 0;
+      if (cudaDeviceGetByPCIBusId(&dev, c.bus) != cudaSuccess) {
+        why = "rank " + std::to_string(r) + "'s GPU " + c.bus + " is not visible here";
+      } else if (cudaDeviceCanAccessPeer(&can, opt_.device, dev) != cudaSuccess || !can) {
+        why = "no peer access to rank " + std::to_string(r) + "'s GPU " + c.bus;
+      } else if (cudaIpcOpenMemHandle(&peer_[static_cast<size_t>(r)], c.handle,
+                                      cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        peer_[static_cast<size_t>(r)] = nullptr;
+        why = "cannot map rank " + std::to_string(r) + "'s region";
+      }
+    }
+    if (!why.empty()) cudaGetLastError();
+    int32_t ok = why.empty() ? 1 : 0;
+    std::vector<int32_t> oks(static_cast<size_t>(world));
+    BURST_RETURN_IF_ERROR(all_gather(&ok, oks.data(), sizeof ok));
+    for (int r = 0; r < world && why.empty(); ++r) {
+      if (!oks[static_cast<size_t>(r)]) why = "rank " + std::to_string(r) + " cannot map its peers";
+    }
+    if (!why.empty()) {
+      peer_gather_off_ = why;
+      close_peer_gather();
+      return {};
+    }
+    pg_.rank = rank_;
+    pg_.world = world;
+    for (int r = 0; r < world; ++r) {
+      pg_.region[r] = r == rank_ ? region_ : peer_[static_cast<size_t>(r)];
+    }
+    pg_.slot_bytes = kPeerSlotBytes;
+    pg_.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1000000ull;
+    peer_gather_ = true;
+    return {};
+  }
+
+  void close_peer_gather() {
+    for (void*& p : peer_) {
+      if (p) cudaIpcCloseMemHandle(p);
+      p = nullptr;
+    }
+    if (region_) cudaFree(region_);
+    region_ = nullptr;
+    peer_gather_ = false;
   }
 
   // Rank 0 publishes the id under "nccl-id"; the others wait for it (up to the timeout).
@@ -145,6 +251,12 @@ class NcclCommunicator final : public Communicator {
   Status all_gather(const void* in, void* out, size_t bytes) override {
     const size_t total = bytes * static_cast<size_t>(opt_.world_size);
     if (is_device(out) && is_device(in)) {
+      if (peer_gather_ && bytes <= static_cast<size_t>(kPeerSlotBytes) && bytes % 16 == 0 &&
+          bytes > 0) {
+        CUDA_TRY(kernels::peer_all_gather_cuda(pg_, in, out, static_cast<int64_t>(bytes),
+                                               ++peer_epoch_, opt_.compute_stream));
+        return {};
+      }
       NCCL_TRY(ncclAllGather(in, out, bytes, ncclChar, comm_, opt_.compute_stream));
       return poll_comm("all_gather");  // enqueued before anything else touches the comm
     }
@@ -262,6 +374,14 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t comm_stream_ = nullptr;
   void* staging_ = nullptr;
   size_t staging_bytes_ = 0;
+  // Peer stores (init_peer_gather): this rank's region, the peers' as mapped here.
+  static constexpr int64_t kPeerSlotBytes = 2 << 20;  // a 64-token decode batch's partials: 1 MiB
+  bool peer_gather_ = false;
+  std::string peer_gather_off_ = "one rank";
+  void* region_ = nullptr;
+  std::array<void*, kernels::kPeerGatherMaxRanks> peer_{};
+  kernels::PeerGather pg_;
+  uint32_t peer_epoch_ = 0;
 };
 
 }  // namespace

@@ -7,8 +7,8 @@
 # burst-worker libburst_spm.so, then tar -cJf X.tar.xz .devpack) carried in a git-ignored
 # folder. From the repository root on the GPU machine; WORKERS (default 2) GPUs, 7B preset
 # (random weights); extra server flags in SERVER_FLAGS; ENV_B, if set, is exported for the
-# second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), and FLAGS_B are server
-# flags for the second pack only (e.g. FLAGS_B="--decode-lookahead 0").
+# second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), ENV_C for the third, and
+# FLAGS_B are server flags for the second only (e.g. FLAGS_B="--prefill-chunk 4096").
 set -u
 [ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 workers=${WORKERS:-2}
@@ -30,6 +30,7 @@ for round in 1 2; do
     name=$(printf "\\x$(printf %x $((64 + v)))")
     ( source "/tmp/ab$v/.devpack/env.sh"
       if [ "$v" = 2 ] && [ -n "${ENV_B:-}" ]; then export "$ENV_B"; fi
+      if [ "$v" = 3 ] && [ -n "${ENV_C:-}" ]; then export "$ENV_C"; fi
       flags_b=""
       if [ "$v" = 2 ]; then flags_b=${FLAGS_B:-}; fi
       pf=/tmp/ab_ports_$v.json; rm -f "$pf"

@@ -532,6 +532,7 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
   auto comm = make_communicator(backend, a.rank, a.world, a.store, nullptr, "127.0.0.1",
                                 std::chrono::milliseconds(a.comm_timeout_ms));
   if (!comm.ok()) return fail(comm.message());
+  if (a.world > 1 && a.rank == 0) say("communicator: " + comm.value()->transport());
   auto capacity = kv_rows(a, backend, model);
   if (!capacity.ok()) return fail(capacity.message());
   auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),

@@ -51,6 +51,8 @@ class Communicator {
   // data on every rank becomes root's data.
   virtual Status broadcast(void* data, size_t bytes, int root) = 0;
   virtual Status barrier() = 0;
+  // How this communicator moves data, for the logs ("gloo (tcp)", "nccl; ...").
+  virtual std::string transport() const { return "unnamed"; }
 };
 
 struct GlooOptions {

@@ -99,4 +99,27 @@ cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_
 cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
                               bool constant, cudaStream_t stream);
 
+// The all-gather between the GPUs of one host without NCCL (the distributed decode's per-layer
+// exchange of a few KB, where NCCL's call costs ~10 us): every rank owns a `region` of
+// peer_gather_region_bytes(world, slot_bytes) zeroed device bytes that every other rank maps
+// (CUDA IPC, peer access); region[r] is rank r's as this process sees it (region[rank]: its
+// own). A call stores this rank's `bytes` (<= slot_bytes, a multiple of 16) into each peer's
+// region and raises a flag per peer there (system-scope release), waits for every peer's flag
+// in its own region (acquire) and writes out[r * bytes ...] = rank r's input for every r, as
+// ncclAllGather does. Every rank makes the same sequence of calls with the same sizes; `epoch`
+// is the call's number, from 1, one more each call: two alternating halves of the region keep
+// a peer that is one call ahead off the data still being read. A peer that never arrives is a
+// device trap after timeout_ns (the context is lost: the rank must exit), never a silent hang.
+constexpr int kPeerGatherMaxRanks = 8;
+constexpr int kPeerGatherMaxBlocks = 32;
+struct PeerGather {
+  int rank = 0, world = 1;
+  void* region[kPeerGatherMaxRanks] = {};
+  int64_t slot_bytes = 0;
+  uint64_t timeout_ns = 60ull * 1000 * 1000 * 1000;
+};
+int64_t peer_gather_region_bytes(int world, int64_t slot_bytes);
+cudaError_t peer_all_gather_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
+                                 uint32_t epoch, cudaStream_t stream);
+
 }  // namespace burst::kernels

@@ -1,0 +1,117 @@
+// The all-gather of the distributed decode's partials between the GPUs of one host in one
+// launch: each CTA stores its chunk of this rank's bytes straight into every peer's inbox
+// (memory mapped through CUDA IPC, over NVLink), publishes a flag per peer with a system-scope
+// release, waits with system-scope acquires for the same chunk of every peer in its own inbox
+// and copies them out. See kernels/include/kernels/ops_cuda.h (PeerGather).
+#include <cstdio>
+
+#include "kernels/cuda_dispatch.cuh"
+#include "kernels/ops_cuda.h"
+
+namespace burst::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kFlagBytes = 2 * kPeerGatherMaxRanks * kPeerGatherMaxBlocks * 4;
+constexpr int64_t kDataOffset = (kFlagBytes + 4095) / 4096 * 4096;
+
+__device__ __forceinline__ uint32_t* flag_at(void* region, int parity, int src, int block) {
+  return static_cast<uint32_t*>(region) +
+         (parity * kPeerGatherMaxRanks + src) * kPeerGatherMaxBlocks + block;
+}
+
+__device__ __forceinline__ uint4* data_at(void* region, int parity, int src, int world,
+                                          int64_t slot_bytes) {
+  return reinterpret_cast<uint4*>(static_cast<char*>(region) + kDataOffset +
+                                  (parity * world + src) * slot_bytes);
+}
+
+__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    peer_all_gather_kernel(PeerGather g, const uint4* in, uint4* out, int64_t vecs,
+                           uint32_t epoch) {
+  // `in` is the previous kernel's output. No pdl_launch_dependents(): the kernels after this
+  // one launch when it ends. Letting them launch as it starts (their CTAs, and through them the
+  // next kernels', resident while this one waits for the peers) made a 2 x H200 decode step
+  // slower: 5.72-5.78 against 5.36-5.53 ms at 2K context, 13.43-13.59 against 13.19-13.26 at
+  // 128K (docs/benchmarks.md).
+  pdl_wait();
+  const int parity = static_cast<int>(epoch & 1u);
+  const int64_t per = (vecs + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = blockIdx.x * per;
+  const int64_t hi = lo + per < vecs ? lo + per : vecs;
+  for (int dst = 0; dst < g.world; ++dst) {
+    if (dst == g.rank) continue;
+    uint4* d = data_at(g.region[dst], parity, g.rank, g.world, g.slot_bytes);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = in[i];
+  }
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < g.world && t != g.rank) {
+    // Cumulative release: the CTA's stores (ordered before this thread by the barrier) are
+    // visible to the peer before the flag is.
+    __threadfence_system();
+    store_release_sys(flag_at(g.region[t], parity, g.rank, blockIdx.x), epoch);
+    const uint32_t* f = flag_at(g.region[g.rank], parity, t, blockIdx.x);
+    const uint64_t start = global_ns();
+    while (static_cast<int32_t>(load_acquire_sys(f) - epoch) < 0) {
+      if (global_ns() - start > g.timeout_ns) {
+        printf("peer_all_gather (%s:%d) rank %d: no data from rank %d for %llu ms (call %u)\n",
+               __FILE__, __LINE__, g.rank, t,
+               static_cast<unsigned long long>(g.timeout_ns / 1000000), epoch);
+        __trap();
+      }
+    }
+  }
+  __syncthreads();
+  for (int src = 0; src < g.world; ++src) {
+    const uint4* s = src == g.rank ? in : data_at(g.region[g.rank], parity, src, g.world,
+                                                  g.slot_bytes);
+    uint4* d = out + src * vecs;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = s[i];
+  }
+}
+
+}  // namespace
+
+int64_t peer_gather_region_bytes(int world, int64_t slot_bytes) {
+  return kDataOffset + 2 * int64_t{world} * slot_bytes;
+}
+
+cudaError_t peer_all_gather_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
+                                 uint32_t epoch, cudaStream_t stream) {
+  if (g.world < 2 || g.world > kPeerGatherMaxRanks || g.rank < 0 || g.rank >= g.world ||
+      bytes <= 0 || bytes % 16 != 0 || bytes > g.slot_bytes || g.slot_bytes % 16 != 0 || !in ||
+      !out || (reinterpret_cast<uintptr_t>(in) & 15u) || (reinterpret_cast<uintptr_t>(out) & 15u)) {
+    return cudaErrorInvalidValue;
+  }
+  for (int r = 0; r < g.world; ++r) {
+    if (!g.region[r] || (reinterpret_cast<uintptr_t>(g.region[r]) & 15u)) return cudaErrorInvalidValue;
+  }
+  const int64_t vecs = bytes / 16;
+  // About 4 KB a CTA, at most kPeerGatherMaxBlocks: every CTA must be resident at once (each
+  // spins until the same CTA of every peer has stored), which this few on one GPU always are.
+  int64_t blocks = (vecs + 255) / 256;
+  if (blocks > kPeerGatherMaxBlocks) blocks = kPeerGatherMaxBlocks;
+  return launch_chained<peer_all_gather_kernel>(dim3(static_cast<unsigned>(blocks)),
+                                                dim3(kThreads), 0, stream, g,
+                                                static_cast<const uint4*>(in),
+                                                static_cast<uint4*>(out), vecs, epoch);
+}
+
+}  // namespace burst::kernels

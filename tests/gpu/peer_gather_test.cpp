@@ -1,0 +1,143 @@
+// The decode's all-gather by stores into the peers' memory (kernels::peer_all_gather_cuda,
+// taken by NcclCommunicator::all_gather for device buffers up to its slot) on up to 4 GPUs of
+// this machine: every rank's block arrives bit for bit, for sizes from one 16-byte vector to
+// the slot, each size three calls in a row (both halves of the region, a peer one call ahead),
+// and a size past the slot through NCCL between them. Each rank is this binary run again (a
+// process that initialised CUDA cannot fork one that uses it); fewer than 2 GPUs, or GPUs
+// without peer access: skipped, saying why.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/nccl_communicator.h"
+#include "gpu_test_util.h"
+
+namespace burst {
+namespace {
+
+constexpr int kNoPeerPath = 77;
+
+uint32_t word_of(int rank, int call, size_t i) {
+  uint64_t x = (uint64_t{static_cast<uint32_t>(rank)} << 40) ^ (uint64_t{static_cast<uint32_t>(call)} << 24) ^ i;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 29;
+  return static_cast<uint32_t>(x);
+}
+
+// One rank: 0 when every gather was right, kNoPeerPath when the communicator chose NCCL for
+// them, else a code naming the failure (stderr says more).
+int rank_main(int rank, int world, const std::string& store) {
+  if (cudaSetDevice(rank) != cudaSuccess) return 10;
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 11;
+  engine::NcclOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.device = rank;
+  o.store_dir = store;
+  o.compute_stream = stream;
+  o.timeout = std::chrono::milliseconds(60000);
+  auto comm = engine::make_nccl_communicator(o);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, comm.message().c_str());
+    return 12;
+  }
+  const std::string how = comm.value()->transport();
+  if (how.find("peer") == std::string::npos) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, how.c_str());
+    return kNoPeerPath;
+  }
+  const size_t slot = size_t{2} << 20;
+  const std::vector<size_t> sizes = {16, 592, 16512, 16 * 4099, (size_t{1} << 20) + 16 * 7,
+                                     slot, slot + 16, 48};
+  int call = 0;
+  for (size_t bytes : sizes) {
+    for (int rep = 0; rep < 3; ++rep, ++call) {
+      const size_t words = bytes / 4;
+      std::vector<uint32_t> in(words), got(words * static_cast<size_t>(world));
+      for (size_t i = 0; i < words; ++i) in[i] = word_of(rank, call, i);
+      void *din = nullptr, *dout = nullptr;
+      if (cudaMalloc(&din, bytes) != cudaSuccess ||
+          cudaMalloc(&dout, bytes * static_cast<size_t>(world)) != cudaSuccess) {
+        return 13;
+      }
+      cudaMemset(dout, 0xAB, bytes * static_cast<size_t>(world));
+      cudaMemcpy(din, in.data(), bytes, cudaMemcpyHostToDevice);
+      cudaDeviceSynchronize();
+      const Status st = comm.value()->all_gather(din, dout, bytes);
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d, %zu bytes: %s\n", rank, bytes, st.message().c_str());
+        return 14;
+      }
+      if (cudaStreamSynchronize(stream) != cudaSuccess ||
+          cudaMemcpy(got.data(), dout, bytes * static_cast<size_t>(world),
+                     cudaMemcpyDeviceToHost) != cudaSuccess) {
+        std::fprintf(stderr, "rank %d, %zu bytes: %s\n", rank, bytes,
+                     cudaGetErrorString(cudaGetLastError()));
+        return 15;
+      }
+      for (int src = 0; src < world; ++src) {
+        for (size_t i = 0; i < words; ++i) {
+          if (got[static_cast<size_t>(src) * words + i] != word_of(src, call, i)) {
+            std::fprintf(stderr, "rank %d, %zu bytes, call %d: word %zu of rank %d wrong\n", rank,
+                         bytes, call, i, src);
+            return 16;
+          }
+        }
+      }
+      cudaFree(din);
+      cudaFree(dout);
+    }
+  }
+  return 0;
+}
+
+TEST(PeerGather, Rank) {
+  const char* r = std::getenv("BURST_PG_RANK");
+  if (!r) GTEST_SKIP() << "a rank of PeerGather.EveryRanksBlockArrivesOnEveryGpu (run by it)";
+  std::exit(rank_main(std::atoi(r), std::atoi(std::getenv("BURST_PG_WORLD")),
+                      std::getenv("BURST_PG_STORE")));
+}
+
+TEST(PeerGather, EveryRanksBlockArrivesOnEveryGpu) {
+  if (std::getenv("BURST_PG_RANK")) GTEST_SKIP() << "inside a rank";
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+    cudaGetLastError();
+    GTEST_SKIP() << "skipping the peer all-gather test: it needs 2 GPUs, this machine has " << n;
+  }
+  const int world = n < 4 ? n : 4;
+  char tmpl[] = "/tmp/burst-peer-gather-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string store = tmpl;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      setenv("BURST_PG_RANK", std::to_string(r).c_str(), 1);
+      setenv("BURST_PG_WORLD", std::to_string(world).c_str(), 1);
+      setenv("BURST_PG_STORE", store.c_str(), 1);
+      execl("/proc/self/exe", "burst_gpu_tests", "--gtest_filter=PeerGather.Rank", nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  bool no_peer = false;
+  for (int c : codes) no_peer = no_peer || c == kNoPeerPath;
+  if (no_peer) GTEST_SKIP() << "these GPUs take NCCL for the gather (the ranks' stderr says why)";
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace burst
