@@ -128,15 +128,14 @@ class NcclCommunicator final : public Communicator {
       peer_gather_off_ = "more ranks than peer stores serve";
       return {};
     }
-    if (env && env[0] == '0') {
-      peer_gather_off_ = "BURST_PEER_GATHER=0";
-      return {};
-    }
+    // Decided together even when this rank declines (its environment may differ from the
+    // others' with --join): every rank takes part in the same two all-gathers.
+    const bool declined = env && env[0] == '0';
     struct Card {
       char host[160];
       char bus[32];
       cudaIpcMemHandle_t handle;
-      int32_t ok;
+      int32_t ok;  // 1: exported; 0: could not; -1: declined (BURST_PEER_GATHER=0)
     };
     Card mine{};
     std::string host(64, '\0');
@@ -147,18 +146,22 @@ class NcclCommunicator final : public Communicator {
     std::getline(boot, boot_id);
     std::snprintf(mine.host, sizeof mine.host, "%s/%s", host.c_str(), boot_id.c_str());
     const int64_t bytes = kernels::peer_gather_region_bytes(world, kPeerSlotBytes);
-    mine.ok = cudaDeviceGetPCIBusId(mine.bus, sizeof mine.bus, opt_.device) == cudaSuccess &&
-              cudaMalloc(&region_, static_cast<size_t>(bytes)) == cudaSuccess &&
-              cudaMemset(region_, 0, static_cast<size_t>(bytes)) == cudaSuccess &&
-              cudaDeviceSynchronize() == cudaSuccess &&
-              cudaIpcGetMemHandle(&mine.handle, region_) == cudaSuccess;
-    if (!mine.ok) cudaGetLastError();
+    mine.ok = declined ? -1
+              : cudaDeviceGetPCIBusId(mine.bus, sizeof mine.bus, opt_.device) == cudaSuccess &&
+                        cudaMalloc(&region_, static_cast<size_t>(bytes)) == cudaSuccess &&
+                        cudaMemset(region_, 0, static_cast<size_t>(bytes)) == cudaSuccess &&
+                        cudaDeviceSynchronize() == cudaSuccess &&
+                        cudaIpcGetMemHandle(&mine.handle, region_) == cudaSuccess
+                  ? 1
+                  : 0;
+    if (mine.ok == 0) cudaGetLastError();
     std::vector<Card> all(static_cast<size_t>(world));
     BURST_RETURN_IF_ERROR(all_gather(&mine, all.data(), sizeof(Card)));
     std::string why;
     for (int r = 0; r < world && why.empty(); ++r) {
       const Card& c = all[static_cast<size_t>(r)];
-      if (!c.ok) why = "rank " + std::to_string(r) + " could not export its region";
+      if (c.ok < 0) why = "BURST_PEER_GATHER=0 on rank " + std::to_string(r);
+      else if (c.ok == 0) why = "rank " + std::to_string(r) + " could not export its region";
       else if (std::strcmp(c.host, mine.host) != 0) why = "the ranks span hosts";
     }
     for (int r = 0; r < world && why.empty(); ++r) {

@@ -2,9 +2,10 @@
 // taken by NcclCommunicator::all_gather for device buffers up to its slot) on up to 4 GPUs of
 // this machine: every rank's block arrives bit for bit, for sizes from one 16-byte vector to
 // the slot, each size three calls in a row (both halves of the region, a peer one call ahead),
-// and a size past the slot through NCCL between them. Each rank is this binary run again (a
-// process that initialised CUDA cannot fork one that uses it); fewer than 2 GPUs, or GPUs
-// without peer access: skipped, saying why.
+// and a size past the slot through NCCL between them; and when one rank declines
+// (BURST_PEER_GATHER=0) all take NCCL. Each rank is this binary run again (a process that
+// initialised CUDA cannot fork one that uses it); fewer than 2 GPUs, or GPUs without peer
+// access: skipped, saying why.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,7 +31,7 @@ uint32_t word_of(int rank, int call, size_t i) {
 
 // One rank: 0 when every gather was right, kNoPeerPath when the communicator chose NCCL for
 // them, else a code naming the failure (stderr says more).
-int rank_main(int rank, int world, const std::string& store) {
+int rank_main(int rank, int world, const std::string& store, int declined_by) {
   if (cudaSetDevice(rank) != cudaSuccess) return 10;
   cudaStream_t stream = nullptr;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 11;
@@ -47,7 +48,15 @@ int rank_main(int rank, int world, const std::string& store) {
     return 12;
   }
   const std::string how = comm.value()->transport();
-  if (how.find("peer") == std::string::npos) {
+  if (declined_by >= 0) {
+    // One rank declined: every rank must have fallen back to NCCL, naming it.
+    const std::string want = "BURST_PEER_GATHER=0 on rank " + std::to_string(declined_by);
+    if (how.find(want) == std::string::npos) {
+      std::fprintf(stderr, "rank %d: transport '%s', expected '%s'\n", rank, how.c_str(),
+                   want.c_str());
+      return 17;
+    }
+  } else if (how.find("peer") == std::string::npos) {
     std::fprintf(stderr, "rank %d: %s\n", rank, how.c_str());
     return kNoPeerPath;
   }
@@ -100,28 +109,35 @@ TEST(PeerGather, Rank) {
   const char* r = std::getenv("BURST_PG_RANK");
   if (!r) GTEST_SKIP() << "a rank of PeerGather.EveryRanksBlockArrivesOnEveryGpu (run by it)";
   std::exit(rank_main(std::atoi(r), std::atoi(std::getenv("BURST_PG_WORLD")),
-                      std::getenv("BURST_PG_STORE")));
+                      std::getenv("BURST_PG_STORE"), std::atoi(std::getenv("BURST_PG_DECLINED"))));
 }
 
-TEST(PeerGather, EveryRanksBlockArrivesOnEveryGpu) {
-  if (std::getenv("BURST_PG_RANK")) GTEST_SKIP() << "inside a rank";
+// Runs PeerGather.Rank on every GPU (up to 4); rank `declined_by` (-1: none) runs with
+// BURST_PEER_GATHER=0. The ranks' exit codes, or empty with *skip set.
+std::vector<int> run_ranks(int declined_by, std::string* skip) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
     cudaGetLastError();
-    GTEST_SKIP() << "skipping the peer all-gather test: it needs 2 GPUs, this machine has " << n;
+    *skip = "skipping the peer all-gather test: it needs 2 GPUs, this machine has " +
+            std::to_string(n);
+    return {};
   }
   const int world = n < 4 ? n : 4;
   char tmpl[] = "/tmp/burst-peer-gather-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  if (!mkdtemp(tmpl)) {
+    *skip = "no temporary directory";
+    return {};
+  }
   const std::string store = tmpl;
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
     if (pid == 0) {
       setenv("BURST_PG_RANK", std::to_string(r).c_str(), 1);
       setenv("BURST_PG_WORLD", std::to_string(world).c_str(), 1);
       setenv("BURST_PG_STORE", store.c_str(), 1);
+      setenv("BURST_PG_DECLINED", std::to_string(declined_by).c_str(), 1);
+      if (r == declined_by) setenv("BURST_PEER_GATHER", "0", 1);
       execl("/proc/self/exe", "burst_gpu_tests", "--gtest_filter=PeerGather.Rank", nullptr);
       _exit(127);
     }
@@ -130,13 +146,34 @@ TEST(PeerGather, EveryRanksBlockArrivesOnEveryGpu) {
   std::vector<int> codes;
   for (pid_t pid : pids) {
     int status = 0;
-    waitpid(pid, &status, 0);
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+      codes.push_back(126);
+      continue;
+    }
     codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   }
+  return codes;
+}
+
+TEST(PeerGather, EveryRanksBlockArrivesOnEveryGpu) {
+  if (std::getenv("BURST_PG_RANK")) GTEST_SKIP() << "inside a rank";
+  std::string skip;
+  const std::vector<int> codes = run_ranks(-1, &skip);
+  if (codes.empty()) GTEST_SKIP() << skip;
   bool no_peer = false;
   for (int c : codes) no_peer = no_peer || c == kNoPeerPath;
   if (no_peer) GTEST_SKIP() << "these GPUs take NCCL for the gather (the ranks' stderr says why)";
-  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// BURST_PEER_GATHER=0 on one rank only (a --join worker's environment is its own): every rank
+// takes NCCL, says why, and the gathers are still right.
+TEST(PeerGather, OneRankDecliningSendsEveryRankThroughNccl) {
+  if (std::getenv("BURST_PG_RANK")) GTEST_SKIP() << "inside a rank";
+  std::string skip;
+  const std::vector<int> codes = run_ranks(1, &skip);
+  if (codes.empty()) GTEST_SKIP() << skip;
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 }  // namespace
