@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ab_decode.sh PACK... : the same decode workload through burst-server built several ways, on
 # one machine in one call, the packs taken in turn twice (A B C A B C: drift hits all alike).
-# Per server start, for each PROMPTS length (default "2048"): one sequence decoding OUT (default
+# Per server start, for each PROMPTS length (default "2048"): one sequence decoding TOKENS (default
 # 128) tokens alone, RUNS (default 2) times after one warm-up request; prints tok/s and the
 # mean inter-token time. PACK is a tar.xz of a .devpack (scripts/gpu/pack.sh BUILD burst-server
 # burst-worker libburst_spm.so, then tar -cJf X.tar.xz .devpack) carried in a git-ignored
@@ -13,7 +13,10 @@ set -u
 [ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 workers=${WORKERS:-2}
 prompts=${PROMPTS:-2048}
-out=${OUT:-128}
+# TOKENS, or OUT as earlier commands gave it when it is a number (the device tool's $OUT is a
+# folder: never a token count).
+out=${TOKENS:-128}
+if [ -z "${TOKENS:-}" ] && [[ "${OUT:-}" =~ ^[0-9]+$ ]]; then out=$OUT; fi
 runs=${RUNS:-2}
 longest=0
 for p in $prompts; do [ "$p" -gt "$longest" ] && longest=$p; done
