@@ -579,7 +579,6 @@ Status RingAttention::decode_each(int layer, const std::vector<const SeqRows*>& 
     p.o = static_cast<char*>(o.data) + b * qw * dtype_size(o.dtype);
     p.o_dtype = o.dtype;
     p.lse = at<float>(pairs_, n * qw + b);
-    if (b == n - 1) prefetch_next(p);
     BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
   }
   return {};
@@ -603,14 +602,7 @@ Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*
   p.o = o.data;
   p.o_dtype = o.dtype;
   p.lse = at<float>(pairs_, n * qw);
-  prefetch_next(p);
   return backend_.attention(p);
-}
-
-void RingAttention::prefetch_next(kernels::AttnParams& p) const {
-  if (!next_read_.data || backend_.device() != DeviceKind::kCuda) return;
-  p.l2_prefetch = next_read_.data;
-  p.l2_prefetch_bytes = next_read_.bytes();
 }
 
 Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,

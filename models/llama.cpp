@@ -207,7 +207,6 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
     Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
     BURST_RETURN_IF_ERROR(backend_.rope_qk(qr, heads, kr, kv_heads, hd, r.positions, r.inv_freq));
   }
-  attn.read_next(L.wo);  // o_proj's weight: read right after (a prefetch hint)
   BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
   BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
   // The MLP is token-local: chunks bound the [rows, intermediate] activations of long

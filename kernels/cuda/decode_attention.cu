@@ -35,7 +35,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "attention_common.cuh"
@@ -382,8 +381,7 @@ template <typename OutT, int kD>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     decode_combine_kernel(const float* o_part, const float* lse_part, OutT* o, float* lse,
                                int64_t o_row_stride, int64_t o_head_stride,
-                               int64_t lse_head_stride, int n_q, int heads, int splits,
-                               const char* prefetch, int64_t prefetch_lines) {
+                               int64_t lse_head_stride, int n_q, int heads, int splits) {
   constexpr int kPer = kD / 32;  // elements of head_dim per lane
   __shared__ float part_acc[kCombineWarps][kD];
   __shared__ float part_m[kCombineWarps], part_l[kCombineWarps];
@@ -391,12 +389,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   // visible only after this wait. The kernel after ours may be scheduled meanwhile.
   pdl_launch_dependents();
   pdl_wait();
-  // The caller's next read (AttnParams::l2_prefetch) into L2, 128-byte lines spread over the
-  // grid: every key is read now, and HBM would idle through this and the next small kernels.
-  for (int64_t line = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; line < prefetch_lines;
-       line += int64_t{gridDim.x} * blockDim.x) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch + line * 128));
-  }
   const int h = blockIdx.x / n_q, i = blockIdx.x % n_q;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t stride = int64_t{heads} * n_q;  // between splits of one (head, query)
@@ -547,15 +539,6 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   return cudaSuccess;
 }
 
-// Whole 128-byte lines of AttnParams::l2_prefetch to prefetch (BURST_L2_PREFETCH=0: none).
-int64_t prefetch_lines(const AttnParams& p) {
-  static const bool off = [] {
-    const char* v = std::getenv("BURST_L2_PREFETCH");
-    return v != nullptr && v[0] == '0';
-  }();
-  return off || !p.l2_prefetch || p.l2_prefetch_bytes <= 0 ? 0 : p.l2_prefetch_bytes / 128;
-}
-
 template <typename T, typename OutT, int kD>
 cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
                    cudaStream_t stream) {
@@ -592,8 +575,7 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
       dim3(p.n_q * p.heads), dim3(kCombineWarps * 32), 0, stream,
       static_cast<const float*>(a.o_part), static_cast<const float*>(a.lse_part),
       static_cast<OutT*>(p.o), p.lse, p.o_row_stride, p.o_head_stride, p.lse_head_stride,
-      int{p.n_q}, int{p.heads}, plan.splits, static_cast<const char*>(p.l2_prefetch),
-      prefetch_lines(p));
+      int{p.n_q}, int{p.heads}, plan.splits);
 }
 
 // Every instantiation, in one place: {bf16, fp16} x {o = input, o = fp32} x head_dim {64, 128}.

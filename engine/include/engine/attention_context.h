@@ -22,10 +22,6 @@ class AttentionContext {
   virtual int64_t capacity() const = 0;
   // Forgets every token (the next request starts at position 0).
   virtual void clear() = 0;
-  // A hint for the next attend(): `t` is what the caller reads right after it (the layer's
-  // o_proj weight). A context may have it prefetched into a cache while its own last kernels
-  // run (RingAttention's GPU decode does); nothing depends on it.
-  virtual void read_next(const Tensor& t) { (void)t; }
 };
 
 struct AttentionShape {

@@ -92,7 +92,6 @@ class RingAttention final : public AttentionContext {
   int64_t length() const override { return cache_->length(0); }
   int64_t capacity() const override { return cache_->total_pages() * cache_->page_size(); }
   void clear() override;
-  void read_next(const Tensor& t) override { next_read_ = t; }
   const RingStats& stats() const { return stats_; }
   // Benchmarks only: when false, every step reuses the block in hand instead of receiving the
   // next one (same kernels, same shapes, no transfer), which measures compute alone.
@@ -159,8 +158,6 @@ class RingAttention final : public AttentionContext {
                      const Tensor& v);
   Status decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::vector<int64_t>& positions, Tensor& out);
-  // The read_next() hint into p (the GPU decode kernel prefetches it into L2).
-  void prefetch_next(kernels::AttnParams& p) const;
   // The AttnParams both decode launches share: n_q rows of q from q_row against this layer's
   // paged pool, o and lse fp32 into the batch's [n] partials (o, lse set by the caller).
   kernels::AttnParams decode_params(int layer, int64_t n_q, int64_t n, const Tensor& q,
@@ -181,7 +178,6 @@ class RingAttention final : public AttentionContext {
   Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype);
 
   Backend& backend_;
-  Tensor next_read_;  // read_next(): the decode kernel's L2 prefetch hint (its last launch)
   Communicator& comm_;
   AttentionShape shape_;
   std::unique_ptr<PagedKvCache> cache_;

@@ -57,11 +57,6 @@ struct AttnParams {
   // mask kNone; each row's output is exactly that of a launch with n_q 1 for it alone.
   const int32_t* row_kv_len = nullptr;
   const int32_t* row_page_offset = nullptr;
-  // A hint, read by nothing: bytes the caller reads right after this call (a decode step's
-  // o_proj weight). The CUDA decode kernel's split merge prefetches them into L2 once every key
-  // is read, while the step's small kernels (merge, the ranks' exchange) leave HBM idle.
-  const void* l2_prefetch = nullptr;
-  int64_t l2_prefetch_bytes = 0;
 };
 
 // The physical row of logical key j under the page table `pages` (null: row j).
