@@ -633,6 +633,7 @@ int serve_as_member(const Args& a, engine::Backend& backend,
     say("error: " + comm.message() + "; registering again");
     rejoin(argv);
   }
+  if (as.world_size() > 1 && as.rank() == 0) say("communicator: " + comm.value()->transport());
   // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
   // fraction and activation reserve, as a local rank would.
   Args sized = a;
