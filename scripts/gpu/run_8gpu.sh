@@ -10,13 +10,14 @@
 #   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
 #   5. Chunked prefill on N GPUs: burst-bench-ring --chunk (every chunk by pass-KV, then by
 #      pass-Q, whose partials go back to non-neighbours on 3+ GPUs; exit 1 if they differ).
-# STEPS selects (default all, in this order): golden gputests invtiny inv7b ring ringchunk ttft
-#   server hf
+# STEPS selects (default all, in this order): golden gputests peergather invtiny inv7b ring
+#   ringchunk ttft server hf
+#   peergather: the decode exchange by peer stores on every GPU (PeerGather.* tests, up to 8)
 #   server: burst-server (7B preset, N GPUs) timed by an HTTP client (scripts/gpu/server_ttft.py)
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
 set -uo pipefail
-STEPS=${STEPS:-golden gputests invtiny inv7b ring ringchunk ttft server hf}
+STEPS=${STEPS:-golden gputests peergather invtiny inv7b ring ringchunk ttft server hf}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -37,6 +38,10 @@ fi
 if want gputests; then
   BURST_SOURCE_DIR=$PWD CUDA_VISIBLE_DEVICES=0 timeout 300 burst_gpu_tests > "$out/gpu_tests.log" 2>&1 || status=1
   grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) " "$out/gpu_tests.log" | tail -40
+fi
+if want peergather; then
+  timeout 300 burst_gpu_tests --gtest_filter='PeerGather.*' > "$out/peer_gather.log" 2>&1 || status=1
+  grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) |rank" "$out/peer_gather.log" | tail -10
 fi
 if want invtiny; then
 ref=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 2> "$out/tiny_inproc.err")

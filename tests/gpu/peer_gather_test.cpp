@@ -1,5 +1,5 @@
 // The decode's all-gather by stores into the peers' memory (kernels::peer_all_gather_cuda,
-// taken by NcclCommunicator::all_gather for device buffers up to its slot) on up to 4 GPUs of
+// taken by NcclCommunicator::all_gather for device buffers up to its slot) on up to 8 GPUs of
 // this machine: every rank's block arrives bit for bit, for sizes from one 16-byte vector to
 // the slot, each size three calls in a row (both halves of the region, a peer one call ahead),
 // and a size past the slot through NCCL between them; and when one rank declines
@@ -15,6 +15,7 @@
 
 #include "engine/cuda/nccl_communicator.h"
 #include "gpu_test_util.h"
+#include "kernels/ops_cuda.h"
 
 namespace burst {
 namespace {
@@ -112,7 +113,7 @@ TEST(PeerGather, Rank) {
                       std::getenv("BURST_PG_STORE"), std::atoi(std::getenv("BURST_PG_DECLINED"))));
 }
 
-// Runs PeerGather.Rank on every GPU (up to 4); rank `declined_by` (-1: none) runs with
+// Runs PeerGather.Rank on every GPU (up to 8); rank `declined_by` (-1: none) runs with
 // BURST_PEER_GATHER=0. The ranks' exit codes, or empty with *skip set.
 std::vector<int> run_ranks(int declined_by, std::string* skip) {
   int n = 0;
@@ -122,7 +123,7 @@ std::vector<int> run_ranks(int declined_by, std::string* skip) {
             std::to_string(n);
     return {};
   }
-  const int world = n < 4 ? n : 4;
+  const int world = n < kernels::kPeerGatherMaxRanks ? n : kernels::kPeerGatherMaxRanks;
   char tmpl[] = "/tmp/burst-peer-gather-XXXXXX";
   if (!mkdtemp(tmpl)) {
     *skip = "no temporary directory";
