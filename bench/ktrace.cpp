@@ -57,42 +57,40 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   std::lock_guard<std::mutex> lock(g_mu);
   CUpti_Activity* rec = nullptr;
+  // One line of the file (the header's columns); `lane` is the stream, or the host thread.
+  auto line = [](char kind, uint64_t start, uint64_t end, uint32_t device, uint32_t lane,
+                 uint32_t correlation, const std::string& name) {
+    std::fprintf(g_out, "%c\t%llu\t%llu\t%u\t%u\t%u\t%s\n", kind,
+                 static_cast<unsigned long long>(start), static_cast<unsigned long long>(end),
+                 device, lane, correlation, name.c_str());
+  };
   while (g_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     switch (rec->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-        std::fprintf(g_out, "K\t%llu\t%llu\t%u\t%u\t%u\t%s\n",
-                     static_cast<unsigned long long>(k->start),
-                     static_cast<unsigned long long>(k->end), k->deviceId, k->streamId,
-                     k->correlationId, demangle(k->name).c_str());
+        line('K', k->start, k->end, k->deviceId, k->streamId, k->correlationId,
+             demangle(k->name));
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        std::fprintf(g_out, "C\t%llu\t%llu\t%u\t%u\t%u\tmemcpy kind %u, %llu bytes\n",
-                     static_cast<unsigned long long>(m->start),
-                     static_cast<unsigned long long>(m->end), m->deviceId, m->streamId,
-                     m->correlationId, static_cast<unsigned>(m->copyKind),
-                     static_cast<unsigned long long>(m->bytes));
+        line('C', m->start, m->end, m->deviceId, m->streamId, m->correlationId,
+             "memcpy kind " + std::to_string(m->copyKind) + ", " + std::to_string(m->bytes) +
+                 " bytes");
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        std::fprintf(g_out, "S\t%llu\t%llu\t%u\t%u\t%u\tmemset %llu bytes\n",
-                     static_cast<unsigned long long>(m->start),
-                     static_cast<unsigned long long>(m->end), m->deviceId, m->streamId,
-                     m->correlationId, static_cast<unsigned long long>(m->bytes));
+        line('S', m->start, m->end, m->deviceId, m->streamId, m->correlationId,
+             "memset " + std::to_string(m->bytes) + " bytes");
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME: {
         const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(rec);
         const char* name = nullptr;
         cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name);
-        std::fprintf(g_out, "A\t%llu\t%llu\t0\t%u\t%u\t%s\n",
-                     static_cast<unsigned long long>(a->start),
-                     static_cast<unsigned long long>(a->end), a->threadId, a->correlationId,
-                     name ? name : "?");
+        line('A', a->start, a->end, 0, a->threadId, a->correlationId, name ? name : "?");
         break;
       }
       default:

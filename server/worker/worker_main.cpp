@@ -405,7 +405,7 @@ void say(const std::string& msg) { std::cerr << g_who << ": " << msg << std::end
 
 // Joins the communicator: NCCL for a CUDA backend, Gloo otherwise. `store` (multi-node) or
 // `store_dir` (one host) is the rendezvous; `host` is what Gloo binds and advertises.
-Result<std::unique_ptr<engine::Communicator>> make_communicator(
+Result<std::unique_ptr<engine::Communicator>> open_communicator(
     engine::Backend& backend, int rank, int world, const std::string& store_dir,
     std::shared_ptr<engine::RendezvousStore> store, const std::string& host,
     std::chrono::milliseconds timeout) {
@@ -434,6 +434,16 @@ Result<std::unique_ptr<engine::Communicator>> make_communicator(
   o.hostname = host;
   o.timeout = timeout;
   return engine::make_gloo_communicator(o);
+}
+
+// open_communicator, and rank 0 of a group says how it moves data (NCCL or peer stores).
+Result<std::unique_ptr<engine::Communicator>> make_communicator(
+    engine::Backend& backend, int rank, int world, const std::string& store_dir,
+    std::shared_ptr<engine::RendezvousStore> store, const std::string& host,
+    std::chrono::milliseconds timeout) {
+  auto comm = open_communicator(backend, rank, world, store_dir, std::move(store), host, timeout);
+  if (comm.ok() && world > 1 && rank == 0) say("communicator: " + comm.value()->transport());
+  return comm;
 }
 
 // The control service on HOST:0; its port, or 0.
@@ -532,7 +542,6 @@ int run_local(const Args& a, engine::Backend& backend, models::LlamaModel& model
   auto comm = make_communicator(backend, a.rank, a.world, a.store, nullptr, "127.0.0.1",
                                 std::chrono::milliseconds(a.comm_timeout_ms));
   if (!comm.ok()) return fail(comm.message());
-  if (a.world > 1 && a.rank == 0) say("communicator: " + comm.value()->transport());
   auto capacity = kv_rows(a, backend, model);
   if (!capacity.ok()) return fail(capacity.message());
   auto ring = engine::RingAttention::create(backend, *comm.value(), model.attention_shape(),
@@ -633,7 +642,6 @@ int serve_as_member(const Args& a, engine::Backend& backend,
     say("error: " + comm.message() + "; registering again");
     rejoin(argv);
   }
-  if (as.world_size() > 1 && as.rank() == 0) say("communicator: " + comm.value()->transport());
   // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
   // fraction and activation reserve, as a local rank would.
   Args sized = a;
