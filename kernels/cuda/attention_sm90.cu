@@ -1,8 +1,9 @@
 // Flash attention forward for one ring step (LAO) on Hopper (sm_90a): the contract of
 // kernels/attention_cuda.h, for head_dim 128 and 64, with warpgroup MMAs (wgmma.mma_async).
 //
-// One CTA computes a 128-row query block of one head with two consumer warpgroups and a
-// producer warpgroup that only loads. Each consumer warpgroup owns 64 rows and runs S = Q.K^T as
+// A CTA computes 128-row query blocks of one head ("tiles"; a few in turn where there are few
+// a multiprocessor, see TileOrder) with two consumer warpgroups and a producer warpgroup that
+// only loads. Each consumer warpgroup owns 64 rows and runs S = Q.K^T as
 // m64n128k16 wgmmas with both operands in shared memory, then O += P.V with P (the softmax of
 // S, rounded to the input dtype) straight from registers: the S accumulator fragment of a wgmma
 // is the A-operand fragment of the next.
@@ -55,7 +56,7 @@ struct Sm90Tile {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
   // Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
   // rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
-  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
   static constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
@@ -257,11 +258,51 @@ __device__ __forceinline__ void regs_inc() {
 
 // ---- the kernel ------------------------------------------------------------------------------
 
+// Which (head, query block) tiles a CTA computes, and in what order. Where there are few tiles
+// a multiprocessor the kernel is persistent: one CTA per multiprocessor, each looping over its
+// tiles, so a tile's first loads (Q, K/V) are issued while the tile before finishes (its last
+// softmax, P.V and epilogue) instead of after a new CTA starts (at 4K tokens a tile is ~32 key
+// blocks and those fixed costs were ~10 % of the kernel). Otherwise one CTA per tile (the grid
+// is `tiles` CTAs, chunk 1: each CTA's loop runs once). Tiles are numbered head-major
+// (t = head * m_blocks + pos), so the CTAs working at one time share a few heads' K/V in L2.
+// Round r gives CTA c the `chunk` tiles from (r * gridDim.x + c) * chunk. Query blocks run from
+// the last (causal: the longest first), except for a persistent causal launch: tile cost grows
+// with the query block, so pos runs m_blocks - 1, 0, m_blocks - 2, 1, ... and chunk is 2, each
+// CTA's two tiles of a round costing about m_blocks + 1 key blocks together.
+// With more tiles than these a multiprocessor (causal, full), the kernel runs one CTA a tile
+// (launch()). Measured (docs/benchmarks.md, H100 and H200): persistent, 4K tokens gained 1-8 %
+// (head_dim 64 and 128, both masks) and 16K full 1-2 %; 16K causal at head_dim 128 (31 tiles a
+// multiprocessor) lost 5-8 % and 64K 0.3-1 % to the one-CTA-a-tile launch.
+constexpr int kPersistentCausalTiles = 16;
+constexpr int kPersistentFullTiles = 64;
+
+struct TileOrder {
+  int m_blocks;  // query blocks per head
+  int tiles;     // m_blocks x heads
+  int chunk;     // consecutive tiles a CTA takes per round
+  int pairs;     // causal order: longest, shortest, next longest, ...
+#ifdef BURST_SM90_KERNEL
+  __device__ int first() const {
+    const int t = static_cast<int>(blockIdx.x) * chunk;
+    return t < tiles ? t : -1;
+  }
+  __device__ int next(int t) const {
+    if (t % chunk + 1 < chunk && t + 1 < tiles) return t + 1;
+    const int u = t - t % chunk + static_cast<int>(gridDim.x) * chunk;
+    return u < tiles ? u : -1;
+  }
+  __device__ int m_block(int pos) const {
+    if (!pairs) return m_blocks - 1 - pos;
+    return pos % 2 == 0 ? m_blocks - 1 - pos / 2 : pos / 2;
+  }
+#endif
+};
+
 template <typename T, typename OutT, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const KernelArgs<T, OutT> a, const __grid_constant__ CUtensorMap q_map,
                           const __grid_constant__ CUtensorMap k_map,
-                          const __grid_constant__ CUtensorMap v_map) {
+                          const __grid_constant__ CUtensorMap v_map, const TileOrder order) {
 #ifdef BURST_SM90_KERNEL
   using Tl = Sm90Tile<kD>;
   constexpr int kTileBytes = Tl::kTileBytes, kStages = Tl::kStages, kStageBytes = Tl::kStageBytes;
@@ -276,18 +317,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto k_tile = [&](int stage) { return base + kTileBytes + stage * kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + kTileBytes; };
   const uint32_t bar_q = base + kTileBytes + kStages * kStageBytes;
-  auto bar_full = [&](int stage) { return bar_q + 8 * (1 + stage); };
-  auto bar_empty = [&](int stage) { return bar_q + 8 * (1 + kStages + stage); };
+  const uint32_t bar_q_empty = bar_q + 8;
+  auto bar_full = [&](int stage) { return bar_q + 8 * (2 + stage); };
+  auto bar_empty = [&](int stage) { return bar_q + 8 * (2 + kStages + stage); };
 
-  // Causal: the last query blocks see the most keys; launching them first shortens the tail.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int g = h / a.group;
-  const int m0 = m_block * kBlockM;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int rows_valid = min(kBlockM, a.n_q - m0);
   if (tid == 0) {
     mbar_init(bar_q, 1);
+    mbar_init(bar_q_empty, kConsumerThreads / 32);  // one arrival per consumer warp
     for (int st = 0; st < kStages; ++st) {
       mbar_init(bar_full(st), 1);                 // the loading thread's expect_tx
       mbar_init(bar_empty(st), kConsumerThreads / 32);  // one arrival per consumer warp
@@ -297,49 +334,73 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Key blocks past n_end are skipped; blocks n with (n + 1) * kBlockN - 1 <= min_limit are
-  // fully visible to every row: no mask.
-  const auto [n_end, min_limit] = visible_keys(a, m0, rows_valid);
-  const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
-
-  // This thread's two rows (hf = 0, 1): m0 + wg * 64 + warp * 16 + lane / 4 + hf * 8. limit is
-  // the last key the row may see (-1: none); it also excludes the zero-filled n_kv tail.
-  int limit[2];
+  // The CTA's tiles (TileOrder): head h, query rows [m0, m0 + rows_valid). Key blocks past
+  // n_end are skipped; blocks n with (n + 1) * kBlockN - 1 <= min_limit are fully visible to
+  // every row: no mask. limit[hf] is the last key this thread's row hf may see (-1: none;
+  // it also excludes the zero-filled n_kv tail); its rows are m0 + wg * 64 + warp * 16 +
+  // lane / 4 + hf * 8.
+  int h = 0, g = 0, m0 = 0, rows_valid = 0, n_blocks = 0, min_limit = 0;
+  int limit[2] = {-1, -1};
+  auto set_tile = [&](int t) {
+    const int pos = t % order.m_blocks;
+    h = t / order.m_blocks;
+    g = h / a.group;
+    m0 = order.m_block(pos) * kBlockM;
+    rows_valid = min(kBlockM, a.n_q - m0);
+    const auto [n_end, min_visible] = visible_keys(a, m0, rows_valid);
+    n_blocks = (n_end + kBlockN - 1) / kBlockN;
+    min_limit = min_visible;
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int64_t row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
-    limit[hf] = a.causal
-                    ? static_cast<int>(std::clamp<int64_t>(row + a.delta, -1, a.n_kv - 1))
-                    : a.n_kv - 1;
-  }
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
+      limit[hf] = a.causal
+                      ? static_cast<int>(std::clamp<int64_t>(row + a.delta, -1, a.n_kv - 1))
+                      : a.n_kv - 1;
+    }
+  };
+  // Key blocks and Q tiles are counted across the CTA's tiles: block i of a tile is the
+  // (done + i)-th the CTA loads, into stage (done + i) % kStages on that stage's
+  // ((done + i) / kStages)-th fill; the q-th Q tile is bar_q's q-th phase.
+  int done = 0, q_loads = 0;
 
   // Accumulator fragments (m64 x kD, fp32): element 4j + e is row hf = e / 2, column
   // 8j + 2 * (lane % 4) + e % 2 of this thread's rows.
   float o[kOAcc];
-#pragma unroll
-  for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
-  float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};  // max in raw score units
+  float row_max[2], row_sum[2];  // max in raw score units
 
-  // Block i of the loop is key block n_blocks - 1 - i; its K and V live in stage i % kStages.
-  // Thread 0 loads Q and the first kStages blocks now, and block i + kStages once every warp
-  // has released block i's stage.
+  // Block i of a tile is key block n_blocks - 1 - i.
   auto key_block = [&](int i) { return n_blocks - 1 - i; };
-  auto load_block = [&](int i) {
-    const int st = i % kStages, row = key_block(i) * kBlockN;
-    mbar_expect_tx(bar_full(st), kStageBytes);
-    tma_load_tile<kD>(k_tile(st), &k_map, bar_full(st), g, row);
-    tma_load_tile<kD>(v_tile(st), &v_map, bar_full(st), g, row);
-  };
+  auto stage_of = [&](int i) { return (done + i) % kStages; };
+  auto fill_of = [&](int i) { return (done + i) / kStages; };
   if (wg == 2) {
-    // The producer: Q, then block i once every consumer warp has released block i - kStages.
-    // It leaves when its last load is issued (no CTA-wide barrier follows).
+    // The producer: per tile, the first blocks whose stages are free, then Q once both
+    // consumer warpgroups have issued the last S of the tile before (so its load overlaps their
+    // last softmax, P.V and epilogue), then the rest; block i once every consumer warp has
+    // released the block kStages before it. It leaves when its last load is issued (no
+    // CTA-wide barrier follows).
     regs_dec<24>();
-    if (tid == kConsumerThreads && n_blocks > 0) {
-      mbar_expect_tx(bar_q, kTileBytes);
-      tma_load_tile<kD>(q_addr0, &q_map, bar_q, h, m0);
-      for (int i = 0; i < n_blocks; ++i) {
-        if (i >= kStages) mbar_wait(bar_empty(i % kStages), (i / kStages - 1) & 1);
-        load_block(i);
+    if (tid == kConsumerThreads) {
+      constexpr int kBeforeQ = kStages > 3 ? kStages - 2 : 1;
+      auto load_q = [&] {
+        if (q_loads > 0) mbar_wait(bar_q_empty, (q_loads - 1) & 1);
+        mbar_expect_tx(bar_q, kTileBytes);
+        tma_load_tile<kD>(q_addr0, &q_map, bar_q, h, m0);
+        ++q_loads;
+      };
+      for (int t = order.first(); t >= 0; t = order.next(t)) {
+        set_tile(t);
+        if (n_blocks == 0) continue;  // no keys: the consumers write the empty rows alone
+        const int before_q = min(kBeforeQ, n_blocks);
+        for (int i = 0; i < n_blocks; ++i) {
+          if (i == before_q) load_q();
+          const int st = stage_of(i), row = key_block(i) * kBlockN;
+          if (done + i >= kStages) mbar_wait(bar_empty(st), (fill_of(i) - 1) & 1);
+          mbar_expect_tx(bar_full(st), kStageBytes);
+          tma_load_tile<kD>(k_tile(st), &k_map, bar_full(st), g, row);
+          tma_load_tile<kD>(v_tile(st), &v_map, bar_full(st), g, row);
+        }
+        if (before_q == n_blocks) load_q();
+        done += n_blocks;
       }
     }
     return;
@@ -361,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto pv_descs = [&](int i) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      dv[kk] = mn_major_desc(v_tile(i % kStages) + kk * 16 * kRowBytes);
+      dv[kk] = mn_major_desc(v_tile(stage_of(i)) + kk * 16 * kRowBytes);
     }
     desc_fence(dv);
   };
@@ -383,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int ks = 0; ks < kD / 16; ++ks) {
       const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
       dq[ks] = k_major_desc(q_addr + off);
-      dk[ks] = k_major_desc(k_tile(i % kStages) + off);
+      dk[ks] = k_major_desc(k_tile(stage_of(i)) + off);
     }
     desc_fence(dq);
     desc_fence(dk);
@@ -434,12 +495,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // Waits until block i's K and V have arrived (the (i / kStages)-th fill of its stage).
-  auto wait_full = [&](int i) { mbar_wait(bar_full(i % kStages), (i / kStages) & 1); };
+  // Waits until block i's K and V have arrived.
+  auto wait_full = [&](int i) { mbar_wait(bar_full(stage_of(i)), fill_of(i) & 1); };
   // After this warp's wgmmas that read block i have completed: release the stage (the producer
   // refills it with block i + kStages once all eight consumer warps have).
   auto release = [&](int i) {
-    if (lane == 0) mbar_arrive(bar_empty(i % kStages));
+    if (lane == 0) mbar_arrive(bar_empty(stage_of(i)));
+  };
+
+  // After this warp's last S of the tile (the last read of Q): the producer may load the next
+  // tile's Q.
+  auto release_q = [&] {
+    if (lane == 0) mbar_arrive(bar_q_empty);
   };
 
   // Block i >= 1: S of block i, then the P.V of block i - 1 (p_prev) on the tensor cores while
@@ -451,6 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_pv(p_prev);
     wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
     reg_fence(s);
+    if (i == n_blocks - 1) release_q();
     softmax(i, p_next);
     wgmma_wait<0>();
     // The tensor cores read p_prev and wrote o until here: keep the compiler from reusing
@@ -472,48 +540,60 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence(o);
   };
 
-  if (n_blocks > 0) {
-    mbar_wait(bar_q, 0);
-    // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
-    wait_full(0);
-    issue_s(0);
-    wgmma_wait<0>();
-    reg_fence(s);
-    softmax(0, pa);
-    // Blocks 1, 2, ... alternate the P buffers (unrolled by two so both stay in registers).
-    int i = 1;
-    for (; i + 1 < n_blocks; i += 2) {
-      step(i, pa, pb);
-      step(i + 1, pb, pa);
+  for (int t = order.first(); t >= 0; t = order.next(t)) {
+    set_tile(t);
+#pragma unroll
+    for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
+    row_max[0] = row_max[1] = kNegInf;
+    row_sum[0] = row_sum[1] = 0.f;
+    if (n_blocks > 0) {
+      mbar_wait(bar_q, q_loads & 1);
+      // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
+      wait_full(0);
+      issue_s(0);
+      wgmma_wait<0>();
+      reg_fence(s);
+      if (n_blocks == 1) release_q();
+      softmax(0, pa);
+      // Blocks 1, 2, ... alternate the P buffers (unrolled by two so both stay in registers).
+      int i = 1;
+      for (; i + 1 < n_blocks; i += 2) {
+        step(i, pa, pb);
+        step(i + 1, pb, pa);
+      }
+      if (i < n_blocks) {
+        step(i, pa, pb);
+        last_pv(pb);
+      } else {
+        last_pv(pa);
+      }
+      release(n_blocks - 1);
+      done += n_blocks;
+      ++q_loads;
     }
-    if (i < n_blocks) {
-      step(i, pa, pb);
-      last_pv(pb);
-    } else {
-      last_pv(pa);
-    }
-  }
 
-  // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
-  // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
-  OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
+    // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
+    // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
+    OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float sum = row_sum[hf];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
-    if (row >= a.n_q) continue;
-    const bool empty = !(sum > 0.f);
-    const float inv = empty ? 0.f : 1.f / sum;
-    OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = row_sum[hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
+      if (row >= a.n_q) continue;
+      const bool empty = !(sum > 0.f);
+      const float inv = empty ? 0.f : 1.f / sum;
+      OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      store2(o_row + j * 8 + (lane & 3) * 2, o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
-    }
-    if ((lane & 3) == 0) {
-      a.lse[int64_t{h} * a.lse_head_stride + row] =
-          empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
+      for (int j = 0; j < kD / 8; ++j) {
+        store2(o_row + j * 8 + (lane & 3) * 2, o[4 * j + 2 * hf] * inv,
+               o[4 * j + 2 * hf + 1] * inv);
+      }
+      if ((lane & 3) == 0) {
+        a.lse[int64_t{h} * a.lse_head_stride + row] =
+            empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
+      }
     }
   }
 #else
@@ -586,8 +666,27 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.n_q + kBlockM - 1) / kBlockM, p.heads);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, q_map, k_map, v_map);
+  int device = 0, sms = 0;
+  err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  TileOrder order{};
+  order.m_blocks = (p.n_q + kBlockM - 1) / kBlockM;
+  const int64_t tiles = int64_t{order.m_blocks} * p.heads;
+  if (tiles > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // the tile numbers are ints
+  order.tiles = static_cast<int>(tiles);
+  // Many tiles a multiprocessor: one CTA a tile, longest first, and the hardware hands the next
+  // tile to whichever multiprocessor frees first; a tile's start and end cost little beside
+  // its length there, and the static pairs of a causal mask lose more to their last round.
+  const bool causal = p.mask == MaskKind::kCausal;
+  const bool persistent =
+      tiles <= int64_t{causal ? kPersistentCausalTiles : kPersistentFullTiles} * sms;
+  order.pairs = causal && persistent ? 1 : 0;
+  order.chunk = order.pairs ? 2 : 1;
+  const int ctas =
+      persistent ? std::min((order.tiles + order.chunk - 1) / order.chunk, sms) : order.tiles;
+  kernel<<<ctas, kThreads, kSmemBytes, stream>>>(a, q_map, k_map, v_map, order);
   return cudaGetLastError();
 }
 
