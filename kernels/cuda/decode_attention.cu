@@ -56,7 +56,6 @@ using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
 using detail::swz;
 constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
-constexpr int kLongSplit = 1024;       // from this a split is bound by bandwidth (make_plan)
 
 template <int kHeadDim>
 struct DecodeTile {
@@ -506,18 +505,11 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   const int64_t rows_total = int64_t{p.n_q} * (p.heads / p.kv_heads);
   // Per-row K/V: one query (its group of heads) per row chunk, since its keys are its own.
   plan.row_chunks = p.row_kv_len ? p.n_q : static_cast<int>((rows_total + kRows - 1) / kRows);
-  // How many splits. Long ranges: one CTA a multiprocessor (as many splits as leave
-  // kv_heads x row_chunks x splits <= the SM count). Two CTAs sharing a multiprocessor share its
-  // memory queue unevenly: in a per-CTA %globaltimer trace on an H200 (7B shape, 64K keys, 256
-  // CTAs) they ended 202-242 us apart, the early ones leaving their SM half idle, while 128
-  // CTAs, one a multiprocessor, ended within 2 us of each other and read 1 GiB at the device's
-  // read ceiling (docs/benchmarks.md); one CTA's kStages stages hold enough bytes in flight.
-  // Short ranges (fewer than kLongSplit keys a split that way) are latency, not bandwidth: there
-  // the split count that finishes first, counting CTAs in waves of `slots` (as many as the
-  // multiprocessors hold at once) each taking time in proportion to its keys: minimise waves x
-  // keys per split; ties go to fewer splits. Splits are never shorter than kMinKeysPerSplit (a
-  // split's fixed cost), and their lengths are whole stages (so stages and page runs stay
-  // aligned).
+  // The split count that finishes first: CTAs run in waves of `slots` (as many as the
+  // multiprocessors hold at once), each CTA's time grows with its keys, so minimise
+  // waves x keys per split; ties go to fewer splits. Splits are never shorter than
+  // kMinKeysPerSplit (a split's fixed cost), and their lengths are whole stages (so stages
+  // and page runs stay aligned).
   const int64_t base = int64_t{p.kv_heads} * plan.row_chunks;
   const int64_t slots = int64_t{ctas_per_sm} * sms;
   const int64_t most = std::max<int64_t>(1, (int64_t{p.n_kv} + kMinKeysPerSplit - 1) /
@@ -526,24 +518,17 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
     const int64_t per = (int64_t{p.n_kv} + n - 1) / n;
     return std::max<int64_t>(kBlockN, (per + kBlockN - 1) / kBlockN * kBlockN);
   };
-  int64_t splits = std::clamp<int64_t>(sms / base, 1, most);
-  if (per_split(splits) < kLongSplit) {
-    // Beyond two waves more splits only add fixed costs.
-    const int64_t last =
-        std::min<int64_t>(most, std::max<int64_t>(1, (2 * slots + base - 1) / base));
-    int64_t best = -1;
-    splits = 1;
-    for (int64_t n = 1; n <= last; ++n) {
-      const int64_t per = per_split(n), used = (int64_t{p.n_kv} + per - 1) / per;
-      if (used != n) continue;  // rounding made some splits empty: the same as fewer splits
-      const int64_t cost = (base * n + slots - 1) / slots * per;
-      if (best < 0 || cost < best) {
-        best = cost;
-        splits = n;
-      }
+  // Beyond two waves more splits only add fixed costs.
+  const int64_t last = std::min<int64_t>(most, std::max<int64_t>(1, (2 * slots + base - 1) / base));
+  int64_t splits = 1, best = -1;
+  for (int64_t n = 1; n <= last; ++n) {
+    const int64_t per = per_split(n), used = (int64_t{p.n_kv} + per - 1) / per;
+    if (used != n) continue;  // rounding made some splits empty: the same as fewer splits
+    const int64_t cost = (base * n + slots - 1) / slots * per;
+    if (best < 0 || cost < best) {
+      best = cost;
+      splits = n;
     }
-  } else {
-    splits = (int64_t{p.n_kv} + per_split(splits) - 1) / per_split(splits);  // none empty
   }
   const int64_t per = per_split(splits);
   plan.splits = static_cast<int>(splits);
