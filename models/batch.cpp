@@ -43,7 +43,12 @@ Status BatchRunner::validate(const StepPlan& plan) const {
     }
     if (s.tokens.empty()) return bad(who + "no tokens");
     if (s.decode && s.tokens.size() != 1) return bad(who + "a decode step has one token");
+    const bool previous = s.decode && s.tokens[0] == kPreviousToken;
+    if (previous && sampled_last_.count(s.id) == 0) {
+      return bad(who + "asks for the token of the step before, which did not sample it");
+    }
     for (int32_t t : s.tokens) {
+      if (previous) break;
       if (t < 0 || t >= c.vocab_size) {
         return bad(who + "token id " + std::to_string(t) + " outside the vocabulary");
       }
@@ -82,6 +87,8 @@ void BatchRunner::release(uint64_t id) {
   samplers_.erase(id);
   next_pos_.erase(id);
   histories_.erase(id);
+  sampled_last_.erase(id);
+  drawn_last_.erase(id);
 }
 
 void BatchRunner::release_all() {
@@ -89,6 +96,28 @@ void BatchRunner::release_all() {
   samplers_.clear();
   next_pos_.clear();
   histories_.clear();
+  sampled_last_.clear();
+  drawn_last_.clear();
+}
+
+Status BatchRunner::resolve_previous(StepPlan& plan) {
+  std::vector<int32_t*> slots;
+  for (SeqWork& s : plan.seqs) {
+    if (s.decode && s.tokens[0] == kPreviousToken) slots.push_back(&s.tokens[0]);
+  }
+  if (slots.empty()) return {};
+  std::vector<int32_t> ids(slots.size(), 0);
+  if (comm_.rank() == 0) {
+    size_t k = 0;
+    for (const SeqWork& s : plan.seqs) {
+      if (s.decode && s.tokens[0] == kPreviousToken) ids[k++] = drawn_last_.at(s.id);
+    }
+  }
+  if (comm_.world_size() > 1) {
+    BURST_RETURN_IF_ERROR(comm_.broadcast(ids.data(), ids.size() * sizeof(int32_t), 0));
+  }
+  for (size_t k = 0; k < slots.size(); ++k) *slots[k] = ids[k];
+  return {};
 }
 
 namespace {
@@ -370,11 +399,22 @@ Status BatchRunner::score_prompt(const StepPlan& plan, const SeqWork& s,
   return {};
 }
 
-Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
-  BURST_RETURN_IF_ERROR(validate(plan));
-  for (uint64_t id : plan.release) release(id);
+Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& after_layer) {
+  BURST_RETURN_IF_ERROR(validate(given));
+  for (uint64_t id : given.release) release(id);
+  const bool previous = std::any_of(given.seqs.begin(), given.seqs.end(), [](const SeqWork& s) {
+    return s.decode && s.tokens[0] == kPreviousToken;
+  });
+  StepPlan resolved;
+  if (previous) {
+    resolved = given;
+    BURST_RETURN_IF_ERROR(resolve_previous(resolved));
+  }
+  const StepPlan& plan = previous ? resolved : given;
   StepResult result;
   if (plan.seqs.empty()) {
+    sampled_last_.clear();
+    drawn_last_.clear();
     result.kv = ring_.cache().usage();
     return result;
   }
@@ -403,6 +443,12 @@ Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& afte
   for (const auto& [i, mine] : in.prompt_rows) {
     BURST_RETURN_IF_ERROR(score_prompt(plan, plan.seqs[i], mine, logits, result));
   }
+  sampled_last_.clear();
+  drawn_last_.clear();
+  for (const SeqWork& s : plan.seqs) {
+    if (s.sample) sampled_last_.insert(s.id);
+  }
+  for (const SampledToken& t : result.tokens) drawn_last_[t.id] = t.token;
   result.kv = ring_.cache().usage();
   result.rows = static_cast<int64_t>(in.ids.size());
   return result;

@@ -84,6 +84,12 @@ std::string Metrics::render() const {
          static_cast<double>(prompt_tokens.load()));
   scalar(&out, l, "burst:generation_tokens_total", "counter", "Tokens generated.",
          static_cast<double>(generation_tokens.load()));
+  scalar(&out, l, "burst:lookahead_steps_total", "counter",
+         "Decode steps sent before the step before them returned (--decode-lookahead).",
+         static_cast<double>(lookahead_steps.load()));
+  scalar(&out, l, "burst:lookahead_dropped_tokens_total", "counter",
+         "Tokens of lookahead steps dropped: their sequence had ended in the step before.",
+         static_cast<double>(lookahead_dropped.load()));
   out += "# HELP burst:requests_total Requests by outcome.\n# TYPE burst:requests_total counter\n";
   const std::pair<const char*, uint64_t> outcomes[] = {
       {"ok", requests_ok.load()},

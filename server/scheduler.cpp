@@ -502,6 +502,7 @@ void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error)
 }
 
 void Scheduler::fail_running(ErrorCode code, const std::string& why) {
+  ahead_.reset();  // a step sent ahead belonged to the same session or group
   ApiError err{code, why};
   for (auto& s : running_) finish(*s, "", &err);
   running_.clear();
@@ -650,41 +651,112 @@ void Scheduler::process_token(Output& out, std::atomic<bool>& stop_flag, int32_t
   }
 }
 
+void Scheduler::observe_step(const models::StepPlan& plan, const std::vector<Chunk>& chunks) {
+  if (plan.seqs.empty()) return;
+  // One token per decoding sequence, and the chunks' tokens.
+  auto tokens = static_cast<int64_t>(plan.seqs.size() - chunks.size());
+  for (const Chunk& c : chunks) tokens += c.len;
+  metrics_.iteration_tokens.observe(static_cast<double>(tokens));
+}
+
+// Whether the step after `plan` (in flight, its tokens not read yet) can be sent now: every
+// running sequence decodes (so `plan` is decode rows only) and no request waits for admission
+// (it would join the next planned step, one step later than without the lookahead otherwise).
+bool Scheduler::can_look_ahead(const models::StepPlan& plan, const std::vector<Chunk>& chunks) {
+  if (!options_.decode_lookahead || plan.seqs.empty() || !chunks.empty() || cancel_all_) {
+    return false;
+  }
+  for (const auto& sp : running_) {
+    if (sp->prefilled < sp->prompt_len()) return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.empty();
+}
+
+// The decode step after `plan`: each of its sequences that is still running and will not end
+// by max_tokens at `plan` feeds the token `plan` draws (kPreviousToken; a sequence `plan`
+// ends by EOS runs one wasted row, its token is dropped and it is released a step later).
+models::StepPlan Scheduler::continue_decode(const models::StepPlan& plan) {
+  models::StepPlan next;
+  next.layout = plan.layout;
+  next.release.swap(to_release_);
+  for (const models::SeqWork& w : plan.seqs) {
+    const auto it = std::find_if(running_.begin(), running_.end(),
+                                 [&](const std::unique_ptr<Seq>& sp) { return sp->id == w.id; });
+    if (it == running_.end()) continue;
+    const Seq& s = **it;
+    // `plan` draws token number generated + 1; the next row feeds it.
+    if (s.generated + 1 >= s.job.request.max_tokens) continue;
+    models::SeqWork n = models::decode_work(s.id, models::kPreviousToken,
+                                            s.prompt_len() + s.generated, s.prompt_len(),
+                                            s.job.request.sampling);
+    n.adjust = s.job.request.adjust;
+    n.logprobs = s.job.request.logprobs;
+    next.seqs.push_back(std::move(n));
+  }
+  return next;
+}
+
+// A step failed (send or replies): what runs fails, and a step sent ahead is lost with it.
+void Scheduler::step_failed(size_t seqs, const Status& st) {
+  const bool dead = st.code() == StatusCode::kUnavailable || !group_->healthy();
+  if (dead) healthy_ = false, metrics_.healthy = 0;
+  spdlog::error("step of {} sequence(s) failed: {}", seqs, st.message());
+  fail_running(dead ? ErrorCode::kUnavailable : ErrorCode::kInternal,
+               (dead ? "worker failure: " : "generation failed: ") + st.message());
+  if (!dead) group_->end_session();  // the ranks free everything with the session
+}
+
 bool Scheduler::run_step() {
   const int32_t eos = group_->info().eos_token_id;
   drop_finished();
   std::vector<Chunk> chunks;
-  models::StepPlan plan = plan_step(chunks);
-  if (plan.seqs.empty() && plan.release.empty()) return false;
-  if (!plan.seqs.empty()) {
-    // One token per decoding sequence, and the chunks' tokens.
-    auto tokens = static_cast<int64_t>(plan.seqs.size() - chunks.size());
-    for (const Chunk& c : chunks) tokens += c.len;
-    metrics_.iteration_tokens.observe(static_cast<double>(tokens));
-  }
-  bool progress = false;
-  for (const Chunk& c : chunks) progress = progress || c.seq->job.request.return_progress;
+  models::StepPlan plan;
   LayerProgress on_layer;
-  if (progress) {
-    on_layer = [&](int done, int layers) {
-      for (const Chunk& c : chunks) {
-        if (!c.seq->job.request.return_progress) continue;
-        Event e;
-        e.kind = Event::Kind::kProgress;
-        e.fraction = (static_cast<double>(c.start) + static_cast<double>(c.len) * done / layers) /
-                     static_cast<double>(c.seq->prompt_len());
-        c.seq->job.stream->push(std::move(e));
-      }
-    };
+  if (ahead_) {
+    // Sent by the step before, while that one ran: now its tokens are read.
+    plan = std::move(*ahead_);
+    ahead_.reset();
+  } else {
+    plan = plan_step(chunks);
+    if (plan.seqs.empty() && plan.release.empty()) return false;
+    bool progress = false;
+    for (const Chunk& c : chunks) progress = progress || c.seq->job.request.return_progress;
+    if (progress) {
+      on_layer = [&](int done, int layers) {
+        for (const Chunk& c : chunks) {
+          if (!c.seq->job.request.return_progress) continue;
+          Event e;
+          e.kind = Event::Kind::kProgress;
+          e.fraction = (static_cast<double>(c.start) + static_cast<double>(c.len) * done / layers) /
+                       static_cast<double>(c.seq->prompt_len());
+          c.seq->job.stream->push(std::move(e));
+        }
+      };
+    }
+    observe_step(plan, chunks);
+    if (Status st = group_->send_step(plan, progress); !st.ok()) {
+      step_failed(plan.seqs.size(), st);
+      return true;
+    }
   }
-  auto result = group_->step(plan, on_layer);
+  if (can_look_ahead(plan, chunks)) {
+    models::StepPlan next = continue_decode(plan);
+    if (!next.seqs.empty()) {
+      observe_step(next, {});
+      if (Status st = group_->send_step(next); !st.ok()) {
+        step_failed(plan.seqs.size(), st);
+        return true;
+      }
+      ahead_ = std::move(next);
+      ++metrics_.lookahead_steps;
+    } else {
+      to_release_.swap(next.release);  // nothing to send: they go with the next step
+    }
+  }
+  auto result = group_->receive_step(on_layer);
   if (!result.ok()) {
-    const bool dead = result.code() == StatusCode::kUnavailable || !group_->healthy();
-    if (dead) healthy_ = false, metrics_.healthy = 0;
-    spdlog::error("step of {} sequence(s) failed: {}", plan.seqs.size(), result.message());
-    fail_running(dead ? ErrorCode::kUnavailable : ErrorCode::kInternal,
-                 (dead ? "worker failure: " : "generation failed: ") + result.message());
-    if (!dead) group_->end_session();  // the ranks free everything with the session
+    step_failed(plan.seqs.size(), result.status());
     return true;
   }
   const StepOutcome& out = result.value();
@@ -717,6 +789,7 @@ bool Scheduler::run_step() {
   }
   std::unordered_map<uint64_t, const models::SampledToken*> sampled;
   for (const auto& t : out.tokens) sampled[t.id] = &t;
+  size_t taken = 0;
   for (size_t i = 0; i < running_.size();) {
     Seq& s = *running_[i];
     const auto it = sampled.find(s.id);
@@ -724,6 +797,7 @@ bool Scheduler::run_step() {
       ++i;
       continue;
     }
+    ++taken;
     const int32_t token = it->second->token;
     models::SampledToken st = *it->second;
     ++s.generated;
@@ -744,6 +818,7 @@ bool Scheduler::run_step() {
       ++i;
     }
   }
+  metrics_.lookahead_dropped += out.tokens.size() - taken;  // their sequences had ended
   publish_gauges();
   return true;
 }

@@ -54,6 +54,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"max_batched_tokens", {K::kInt64, &c->max_batched_tokens}},
       {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
       {"prefill_chunk_decoding", {K::kInt64, &c->prefill_chunk_decoding}},
+      {"decode_lookahead", {K::kInt, &c->decode_lookahead}},
       {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
       {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
       {"http_backlog", {K::kInt, &c->http_backlog}},
@@ -115,6 +116,9 @@ Status validate(const ServerConfig& c) {
   if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
+  if (c.decode_lookahead != 0 && c.decode_lookahead != 1) {
+    return Status::error("decode_lookahead must be 0 or 1");
+  }
   if (c.kv_memory_percent < 1 || c.kv_memory_percent > 100) {
     return Status::error("kv_memory_percent must be in 1..100");
   }

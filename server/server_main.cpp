@@ -188,6 +188,7 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   so.prefill_chunk_decoding = cfg.prefill_chunk_decoding > 0 ? cfg.prefill_chunk_decoding
                               : cuda ? 2048
                                      : so.group.prefill_chunk;
+  so.decode_lookahead = cfg.decode_lookahead == 1;
   so.vocab_size = static_cast<int>(model.vocab_size);
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;

@@ -722,6 +722,7 @@ void WorkerGroup::end_session_locked() {
   done_cv.notify_all();
   guard.join();
   session_.reset();
+  steps_sent_ = 0;
 }
 
 Result<StepOutcome> WorkerGroup::step(const models::StepPlan& plan,
@@ -842,6 +843,7 @@ Status WorkerGroup::session_broken_locked(size_t r, const std::string& what) {
     if (o != r) session_->streams[o]->Finish();
   }
   session_.reset();
+  steps_sent_ = 0;
   return Status::error(StatusCode::kUnavailable, "request failed: " + why);
 }
 
@@ -858,25 +860,36 @@ void WorkerGroup::arm_step_deadline(const models::StepPlan& plan) {
   step_deadline_ = std::chrono::steady_clock::now() + budget;
 }
 
-Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
-                                             const LayerProgress& on_layer) {
+Status WorkerGroup::send_locked(const models::StepPlan& plan, bool report_progress) {
   const size_t n = ranks_.size();
   BURST_RETURN_IF_ERROR(open_session_locked());
-  const pb::StepRequest req = step_request(plan, static_cast<bool>(on_layer));
+  const pb::StepRequest req = step_request(plan, report_progress);
   // The step deadline, watched by the monitor thread: it cancels the streams (mark_dead) of a
   // step that runs past it. A broken stream (the rank died or cannot be reached) takes the
-  // session with it, and the group too (the ranks are mid-step, out of lockstep).
+  // session with it, and the group too (the ranks are mid-step, out of lockstep). A second
+  // step sent while one runs re-arms it: the deadline then covers both, generously.
   arm_step_deadline(plan);
+  ++steps_sent_;
+  for (size_t r = 0; r < n; ++r) {
+    if (!session_->streams[r]->Write(req)) return session_broken_locked(r, "did not take the step");
+  }
+  return {};
+}
+
+Result<StepOutcome> WorkerGroup::receive_locked(const LayerProgress& on_layer) {
+  const size_t n = ranks_.size();
+  if (!session_ || steps_sent_ == 0) {
+    return Status::error(StatusCode::kInternal, "receive_step without a step in flight");
+  }
   struct StepDone {
     WorkerGroup* g;
     ~StepDone() {
+      if (g->steps_sent_ > 0) --g->steps_sent_;
+      if (g->steps_sent_ > 0) return;
       std::lock_guard<std::mutex> lock(g->mu_);
       g->step_running_ = false;
     }
   } step_done{this};
-  for (size_t r = 0; r < n; ++r) {
-    if (!session_->streams[r]->Write(req)) return session_broken_locked(r, "did not take the step");
-  }
   StepOutcome out;
   out.kv_used_pages.assign(n, 0);
   pb::StepReply error_reply;
@@ -899,6 +912,22 @@ Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
     return Status::error(static_cast<StatusCode>(error_reply.error_code()), error_reply.error());
   }
   return out;
+}
+
+Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
+                                             const LayerProgress& on_layer) {
+  BURST_RETURN_IF_ERROR(send_locked(plan, static_cast<bool>(on_layer)));
+  return receive_locked(on_layer);
+}
+
+Status WorkerGroup::send_step(const models::StepPlan& plan, bool report_progress) {
+  std::lock_guard<std::mutex> lock(run_mu_);
+  return send_locked(plan, report_progress);
+}
+
+Result<StepOutcome> WorkerGroup::receive_step(const LayerProgress& on_layer) {
+  std::lock_guard<std::mutex> lock(run_mu_);
+  return receive_locked(on_layer);
 }
 
 Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,

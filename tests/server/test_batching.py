@@ -4,7 +4,8 @@ different lengths arriving at different times), chunked prefill equal to unchunk
 that divide neither the prompt nor the rank count; a smaller chunk while others decode),
 cancels in every phase give every KV page back on every rank, 64 concurrent streaming clients
 all complete, a short request sent during a long prefill gets its first token before the long
-one does, and sampled requests with seeds give the same text alone and together."""
+one does, sampled requests with seeds give the same text alone and together, and the
+scheduler's decode lookahead changes no token."""
 import http.client
 import json
 import threading
@@ -205,7 +206,49 @@ def test_sampled_requests_batch_invariant():
         srv.stop()
 
 
+def test_decode_lookahead_changes_no_token():
+    # By default the scheduler sends the next decode step before it has read the current one's
+    # tokens (--decode-lookahead 1: each decoding row carries "the token you drew last"); off,
+    # every step waits for the one before. Both give the same text, finish reason and logprobs,
+    # alone and together, for greedy, seeded sampling, penalties with logprobs (rank 0's host
+    # sampling), a stop string and max_tokens, where a sequence ends while a lookahead row of it
+    # is in flight (that row's token is dropped and its pages come back).
+    reqs = [(text_of(7, 0), 30, {}),
+            (text_of(40, 3), 25, {"temperature": 0.8, "top_p": 0.9, "seed": 7}),
+            (text_of(19, 5), 20, {"presence_penalty": 0.5, "logprobs": 2}),
+            (text_of(11, 9), 40, {"stop": [" the"]}),
+            (text_of(23, 2), 3, {}),
+            (text_of(5, 1), 45, {"temperature": 1.0, "seed": 3})]
+
+    def answer(srv, p, n, extra):
+        c, r = complete(srv, p, n, extra=extra)
+        check(r.status == 200, f"HTTP {r.status}")
+        ch = json.loads(r.read())["choices"][0]
+        c.close()
+        return ch["text"], ch["finish_reason"], json.dumps(ch.get("logprobs"))
+
+    want = None
+    for lookahead in (0, 1):
+        srv = Server("--decode-lookahead", lookahead, "--prefill-chunk", 24, workers=2)
+        try:
+            alone = [answer(srv, *r) for r in reqs]
+            together = concurrently(lambda i: answer(srv, *reqs[i]), len(reqs), 0.02)
+            want = want or alone
+            for i in range(len(reqs)):
+                check(alone[i] == want[i], f"lookahead {lookahead}, request {i} alone: "
+                      f"{alone[i]!r} != lookahead off {want[i]!r}")
+                check(together[i] == want[i], f"lookahead {lookahead}, request {i} together: "
+                      f"{together[i]!r} != lookahead off {want[i]!r}")
+            steps = srv.metric("burst:lookahead_steps_total")
+            check(steps > 0 if lookahead else steps == 0,
+                  f"lookahead {lookahead}: {steps} lookahead steps")
+            check(wait_kv_empty(srv), f"lookahead {lookahead}: KV pages all free")
+        finally:
+            srv.stop()
+    check(want[3][1] == "stop" and want[4][1] == "length", f"finish reasons {want}")
+
+
 if __name__ == "__main__":
     run([test_batch_invariance_and_chunking, test_cancels_in_every_phase_free_every_page,
          test_64_concurrent_streaming_clients, test_short_request_not_stuck_behind_long_prefill,
-         test_sampled_requests_batch_invariant])
+         test_sampled_requests_batch_invariant, test_decode_lookahead_changes_no_token])

@@ -1,7 +1,8 @@
 // models::BatchRunner on 2 and 3 ranks (real processes, Gloo): a step that mixes decode tokens
 // and prefill chunks in any row order (decodes NOT on consecutive rows, so the ring takes its
 // one-launch-per-token decode path, and prefill chunks between them) gives every sequence the
-// greedy tokens it gets when it runs alone; releasing every sequence frees every page.
+// greedy tokens it gets when it runs alone, and so does a decode whose tokens are left to the
+// runner (kPreviousToken); releasing every sequence frees every page.
 // Sampling: a batch of seeded rows of every kind (greedy and sampled rows drawn on their owner
 // rank's backend, rows with logprobs or penalties on rank 0's host) gives, on 1, 2 and 3 ranks,
 // the tokens of the host sampler on a single-process forward of each sequence alone; and the
@@ -157,6 +158,54 @@ int rank_main(int world, int rank, const std::string& store) {
     }
     runner.release(id);
   }
+  // Lookahead rows: ids 20, 21, 22 (the same prompts) prefilled in one step, then decoded with
+  // kPreviousToken only (what the scheduler sends before it has read the tokens; rank 0 fills
+  // them in, the prefill's tokens drawn on whichever rank holds each prompt's last row): the
+  // tokens of each sequence alone. A row asking for the token of a step that did not sample
+  // that sequence is refused on every rank before any collective, and the runner goes on.
+  std::map<uint64_t, std::vector<int32_t>> prev;
+  StepPlan q;
+  for (uint64_t id : {20, 21, 22}) q.seqs.push_back(work(id, false, prompts[id % 10], 0, true));
+  for (int t = 0; t < kNew; ++t) {
+    auto r = runner.step(q);
+    if (!r.ok()) {
+      std::fprintf(stderr, "rank %d lookahead step %d: %s\n", rank, t, r.message().c_str());
+      return 39;
+    }
+    auto toks = share(*m.gloo, q, r.value());
+    if (!toks.ok()) return 40;
+    for (const auto& [id, tok] : toks.value()) prev[id].push_back(tok);
+    q = StepPlan();
+    for (uint64_t id : {20, 21, 22}) {
+      const auto n = static_cast<int64_t>(prompts[id % 10].size());
+      q.seqs.push_back(work(id, true, {kPreviousToken}, n + t, true));
+    }
+  }
+  for (uint64_t id : {20, 21, 22}) {
+    if (rank == 0 && prev[id] != want[id % 10]) {
+      std::fprintf(stderr, "rank 0: sequence %d by kPreviousToken != alone\n",
+                   static_cast<int>(id));
+      return 41;
+    }
+  }
+  const auto n20 = static_cast<int64_t>(prompts[0].size());
+  const auto n21 = static_cast<int64_t>(prompts[1].size());
+  StepPlan only20;
+  only20.seqs.push_back(work(20, true, {kPreviousToken}, n20 + kNew - 1, true));
+  if (!runner.step(only20).ok()) return 42;
+  StepPlan stale;  // 21 did not sample in the step before
+  stale.seqs.push_back(work(21, true, {kPreviousToken}, n21 + kNew - 1, true));
+  auto refused = runner.step(stale);
+  if (refused.ok() || refused.code() != StatusCode::kInvalidArgument ||
+      refused.message().find("did not sample") == std::string::npos) {
+    return 43;
+  }
+  std::vector<int32_t> last21 = {rank == 0 ? prev[21].back() : 0};
+  if (!m.gloo->broadcast(last21.data(), 4, 0).ok()) return 44;
+  StepPlan given;  // the same row with its token spelled out runs
+  given.seqs.push_back(work(21, true, last21, n21 + kNew - 1, true));
+  if (!runner.step(given).ok()) return 45;
+  for (uint64_t id : {20, 21, 22}) runner.release(id);
   return m.ring->cache().usage().used_pages == 0 ? 0 : 38;
 }
 

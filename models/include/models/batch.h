@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -22,12 +23,18 @@
 
 namespace burst::models {
 
+// A decode token that is not known yet where the plan is made: the token this sequence drew
+// in the step right before this one (which must have sampled it). Rank 0 knows it and hands it
+// to the other ranks at the step's start, so a planner can send the next decode step before
+// the replies of the current one come back (the scheduler's lookahead).
+constexpr int32_t kPreviousToken = -1;
+
 struct SeqWork {
   uint64_t id = 0;
   bool decode = false;
   // Prefill: the chunk's tokens, at positions [start, start + tokens.size()); the sequence's
   // earlier chunks (positions [0, start)) must be cached already. Decode: one token at `start`,
-  // which must be the sequence's next position.
+  // which must be the sequence's next position (or kPreviousToken).
   std::vector<int32_t> tokens;
   int64_t start = 0;
   int64_t prompt_len = 0;  // the whole prompt: RoPE's sequence length for every chunk of it
@@ -124,6 +131,9 @@ class BatchRunner {
   // device_ids[k] on rank 0: the id drawn for device sample k (-1 for host samples). Those
   // that other ranks drew (`sampled`: this rank's ids, in SampleRows order) come in ONE
   // all-gather of `remote` slots per rank (none when there are none).
+  // Decode tokens given as kPreviousToken become the tokens drawn in the step before: rank 0
+  // fills them in, and they reach the other ranks in ONE broadcast.
+  Status resolve_previous(StepPlan& plan);
   Status gather_ids(const std::vector<Sample>& samples, size_t remote,
                     const std::vector<int32_t>& sampled, std::vector<int32_t>& device_ids);
   // The samples that need their logits on rank 0 (logprobs, LogitAdjust): today's path, one
@@ -139,6 +149,10 @@ class BatchRunner {
   std::unordered_map<uint64_t, engine::Sampler> samplers_;  // rank 0
   std::unordered_map<uint64_t, int64_t> next_pos_;          // next position of each sequence
   std::unordered_map<uint64_t, engine::TokenHistory> histories_;  // rank 0, with an adjust
+  // The sequences that sampled in the last step (every rank: it follows from the plans), and
+  // what they drew (rank 0): a kPreviousToken of the next step is resolved from these.
+  std::unordered_set<uint64_t> sampled_last_;
+  std::unordered_map<uint64_t, int32_t> drawn_last_;
 };
 
 }  // namespace burst::models

@@ -57,6 +57,8 @@ struct Metrics {
   std::atomic<uint64_t> requests_failed{0};     // worker failure or internal error
   std::atomic<uint64_t> requests_rejected{0};   // admission: too large, queue full, draining
   std::atomic<uint64_t> worker_restarts{0};
+  std::atomic<uint64_t> lookahead_steps{0};    // decode steps sent before the one before returned
+  std::atomic<uint64_t> lookahead_dropped{0};  // their rows of sequences that had ended meanwhile
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
   std::atomic<int64_t> kv_used_tokens{0};  // tokens of the KV pages in use, all ranks

@@ -9,9 +9,12 @@
 //   max_running run; then plans one step: every decoding sequence's next token first, then
 //   prefill chunks (fewest prompt tokens left first, at most one chunk per sequence, chunks of
 //   prefill_chunk tokens) while the step's token budget (max_batched_tokens) allows, so a short
-//   prompt is never stuck behind a long prefill and decoding sequences advance every step. It sends the plan to the
-//   group (WorkerGroup::step) and hands each sampled token to output processing. Cancelled,
-//   finished and failed sequences are released on every rank in the next step.
+//   prompt is never stuck behind a long prefill and decoding sequences advance every step. It
+//   sends the plan to the group (WorkerGroup::send_step) and hands each sampled token to output
+//   processing. While every running sequence decodes and nothing waits, it sends the next
+//   decode step before reading the current one's tokens (decode_lookahead), so the workers
+//   never wait for this process between steps. Cancelled, finished and failed sequences are
+//   released on every rank in the next step sent.
 // - output processing (one thread): detokenizes, holds back text that may start a stop string,
 //   cuts at a stop string (and tells the step loop to finish that sequence), and delivers
 //   events to the request's RequestStream, a thread-safe queue the API thread reads.
@@ -119,6 +122,11 @@ struct SchedulerOptions {
   // only when both are multiples of 2 x ranks, so every chunking gives each rank the same KV
   // rows (the pages reserved at admission hold whichever chunks a prompt gets).
   int64_t prefill_chunk_decoding = 0;
+  // While every running sequence decodes and nothing waits, the step after the one in flight
+  // is sent before that one's tokens are read (each decoding sequence's next row with
+  // models::kPreviousToken): the workers start it the moment they finish, and the round trip
+  // through this process (replies, output processing, planning) leaves the critical path.
+  bool decode_lookahead = true;
   int64_t max_context = 0;  // longest prompt
   int max_tokens_limit = 0;
   int max_queue = 64;
@@ -210,10 +218,15 @@ class Scheduler {
     Seq* seq;
     int64_t start, len;
   };
-  // One step of the running sequences; false when nothing was runnable.
+  // One step of the running sequences (its tokens read, a lookahead step perhaps sent); false
+  // when nothing was runnable.
   bool run_step();
   void drop_finished();
   models::StepPlan plan_step(std::vector<Chunk>& chunks);
+  void observe_step(const models::StepPlan& plan, const std::vector<Chunk>& chunks);
+  bool can_look_ahead(const models::StepPlan& plan, const std::vector<Chunk>& chunks);
+  models::StepPlan continue_decode(const models::StepPlan& plan);
+  void step_failed(size_t seqs, const Status& st);
   static void process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
                             std::chrono::steady_clock::time_point now, bool is_eos,
                             const models::SampledToken& st, Metrics& metrics);
@@ -240,6 +253,7 @@ class Scheduler {
   std::vector<uint64_t> to_release_;
   std::vector<int64_t> free_pages_;  // the page ledger, per rank (mirrors the ranks' caches)
   bool deferred_full_ = false;       // the last step left a full prefill chunk for this one
+  std::optional<models::StepPlan> ahead_;  // the lookahead step: sent, its tokens not read
   uint64_t next_id_ = 1;
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> kv_capacity_{0};

@@ -55,6 +55,9 @@ struct ServerConfig {
   // Prefill chunk while other sequences decode (their inter-token time is one step); 0: 2048 on
   // cuda, prefill_chunk on cpu.
   int64_t prefill_chunk_decoding = 0;
+  // 1: while every running sequence decodes, the next decode step goes to the workers before
+  // the replies of the current one are read (Scheduler, "lookahead"); 0: one step at a time.
+  int decode_lookahead = 1;
   int64_t max_body_bytes = 8 << 20;
   // Prompt text (bytes) refused before tokenizing; 0: max_context x the tokenizer's longest
   // piece, the most text max_context tokens can stand for.
@@ -84,7 +87,7 @@ constexpr const char* kServerUsage =
                     [--kv-capacity N] [--kv-memory-percent P]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
-                    [--max-body-bytes B]
+                    [--decode-lookahead 0|1] [--max-body-bytes B]
                     [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
                     [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
                     [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
@@ -128,6 +131,10 @@ constexpr const char* kServerUsage =
                     worker, 2048 x workers with more)
   --prefill-chunk-decoding T  the chunk while other sequences decode, which bounds their
                     inter-token time (0: 2048 on CUDA, --prefill-chunk on CPU)
+  --decode-lookahead 0|1  1 (default): while every running sequence decodes, send the next
+                    decode step before the current one's tokens come back, so the workers
+                    start it at once (a sequence that ends meanwhile costs one wasted row);
+                    0: one step at a time
   --max-body-bytes B  largest HTTP request body (default 8 MiB)
   --max-prompt-bytes B  prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is
                     tokenized (0, the default: max context x the longest token's text, the most

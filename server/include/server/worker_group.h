@@ -143,6 +143,13 @@ class WorkerGroup {
   // the group stays usable), kUnavailable when a rank died or its stream broke (the group is
   // unhealthy; restart() next).
   Result<StepOutcome> step(const models::StepPlan& plan, const LayerProgress& on_layer = nullptr);
+  // step() in two halves, for a caller that keeps a second step in flight (the scheduler's
+  // lookahead): send_step() hands the plan to every rank and returns; receive_step() waits for
+  // the replies of the oldest step sent and not yet received. The ranks run the steps in the
+  // order sent, each as soon as the one before ends, whoever reads the replies. After an error
+  // of either, steps still in flight are lost: end_session() (or the restart) clears them.
+  Status send_step(const models::StepPlan& plan, bool report_progress = false);
+  Result<StepOutcome> receive_step(const LayerProgress& on_layer = nullptr);
   // Closes the Session streams: every rank frees every sequence's pages.
   void end_session();
   // Runs one request alone through steps (burst-generate; tests). on_token runs on this thread
@@ -195,6 +202,8 @@ class WorkerGroup {
   void stop_monitor();
   void monitor();
   Result<StepOutcome> step_locked(const models::StepPlan& plan, const LayerProgress& on_layer);
+  Status send_locked(const models::StepPlan& plan, bool report_progress);
+  Result<StepOutcome> receive_locked(const LayerProgress& on_layer);
   // The Session streams of every rank, opened on the first step (or after a broken one).
   Status open_session_locked();
   // Rank r's stream broke (it died or cannot be reached): cancels the session, names the cause
@@ -230,6 +239,7 @@ class WorkerGroup {
   std::atomic<uint64_t> generation_{0};  // remote: the registry generation connected to
   std::mutex run_mu_;  // one step (or generate) at a time
   std::unique_ptr<Session> session_;  // under run_mu_
+  int steps_sent_ = 0;                // under run_mu_: sent to the session, replies not read
   uint64_t next_seq_ = 1;             // generate(): sequence ids, under run_mu_
 };
 
