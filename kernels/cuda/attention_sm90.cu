@@ -258,17 +258,6 @@ __device__ __forceinline__ void regs_inc() {
 
 // ---- the kernel ------------------------------------------------------------------------------
 
-// Which (head, query block) tiles a CTA computes, and in what order. Where there are few tiles
-// a multiprocessor the kernel is persistent: one CTA per multiprocessor, each looping over its
-// tiles, so a tile's first loads (Q, K/V) are issued while the tile before finishes (its last
-// softmax, P.V and epilogue) instead of after a new CTA starts (at 4K tokens a tile is ~32 key
-// blocks and those fixed costs were ~10 % of the kernel). Otherwise one CTA per tile (the grid
-// is `tiles` CTAs, chunk 1: each CTA's loop runs once). Tiles are numbered head-major
-// (t = head * m_blocks + pos), so the CTAs working at one time share a few heads' K/V in L2.
-// Round r gives CTA c the `chunk` tiles from (r * gridDim.x + c) * chunk. Query blocks run from
-// the last (causal: the longest first), except for a persistent causal launch: tile cost grows
-// with the query block, so pos runs m_blocks - 1, 0, m_blocks - 2, 1, ... and chunk is 2, each
-// CTA's two tiles of a round costing about m_blocks + 1 key blocks together.
 // With more tiles than these a multiprocessor (causal, full), the kernel runs one CTA a tile
 // (launch()). Measured (docs/benchmarks.md, H100 and H200): persistent, 4K tokens gained 1-8 %
 // (head_dim 64 and 128, both masks) and 16K full 1-2 %; 16K causal at head_dim 128 (31 tiles a
@@ -276,6 +265,17 @@ __device__ __forceinline__ void regs_inc() {
 constexpr int kPersistentCausalTiles = 16;
 constexpr int kPersistentFullTiles = 64;
 
+// Which (head, query block) tiles a CTA computes, and in what order. Where there are few tiles
+// a multiprocessor the kernel is persistent: one CTA per multiprocessor, each looping over its
+// tiles, so a tile's first loads (Q, K/V) are issued while the tile before finishes (its last
+// softmax, P.V and epilogue) instead of after a new CTA starts (at 4K tokens a tile is only ~32
+// key blocks, so those costs show). Otherwise one CTA per tile (the grid
+// is `tiles` CTAs, chunk 1: each CTA's loop runs once). Tiles are numbered head-major
+// (t = head * m_blocks + pos), so the CTAs working at one time share a few heads' K/V in L2.
+// Round r gives CTA c the `chunk` tiles from (r * gridDim.x + c) * chunk. Query blocks run from
+// the last (causal: the longest first), except for a persistent causal launch: tile cost grows
+// with the query block, so pos runs m_blocks - 1, 0, m_blocks - 2, 1, ... and chunk is 2, each
+// CTA's two tiles of a round costing about m_blocks + 1 key blocks together.
 struct TileOrder {
   int m_blocks;  // query blocks per head
   int tiles;     // m_blocks x heads
