@@ -89,14 +89,26 @@ class CpuBackend final : public Backend {
     if (out.dim(0) != static_cast<int64_t>(ids.size()) || out.dim(1) != dim) {
       return shape_error("embedding", "out " + out.describe() + " for table " + table.describe());
     }
-    for (int32_t id : ids) {
+    std::vector<int32_t> resolved(ids);
+    for (int32_t& id : resolved) {
+      if (id < 0 && -int64_t{id} - 1 < static_cast<int64_t>(drawn_.size())) {
+        id = drawn_[static_cast<size_t>(-int64_t{id} - 1)];
+      }
       if (id < 0 || id >= vocab) {
         return shape_error("embedding", "token id " + std::to_string(id) + " outside vocab " +
-                                            std::to_string(vocab));
+                                            std::to_string(vocab) + " (drawn ids: " +
+                                            std::to_string(drawn_.size()) + ")");
       }
     }
-    kernels::embedding_cpu(table.as<float>(), ids.data(), out.as<float>(),
+    kernels::embedding_cpu(table.as<float>(), resolved.data(), out.as<float>(),
                            static_cast<int64_t>(ids.size()), dim);
+    return {};
+  }
+
+  Status drawn_ids(int64_t n, void** where) override {
+    if (n < 0) return shape_error("drawn_ids", "count " + std::to_string(n));
+    drawn_.resize(static_cast<size_t>(n));
+    *where = drawn_.data();
     return {};
   }
 
@@ -200,10 +212,14 @@ class CpuBackend final : public Backend {
       const auto i = static_cast<size_t>(r);
       ids[i] = sample_with_uniform(l + r * vocab, vocab, params[i], uniforms[i]);
     }
+    drawn_ = ids;
     return {};
   }
 
   Status synchronize() override { return {}; }
+
+ private:
+  std::vector<int32_t> drawn_;  // the last sample()'s ids (drawn_ids)
 };
 
 }  // namespace

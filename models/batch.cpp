@@ -89,6 +89,7 @@ void BatchRunner::release(uint64_t id) {
   histories_.erase(id);
   sampled_last_.erase(id);
   drawn_last_.erase(id);
+  drawn_index_.erase(id);
 }
 
 void BatchRunner::release_all() {
@@ -98,14 +99,40 @@ void BatchRunner::release_all() {
   histories_.clear();
   sampled_last_.clear();
   drawn_last_.clear();
+  drawn_index_.clear();
+  drawn_count_ = 0;
 }
 
 Status BatchRunner::resolve_previous(StepPlan& plan) {
   std::vector<int32_t*> slots;
+  bool on_rank0_device = true;  // the same on every rank: it follows from the plans
   for (SeqWork& s : plan.seqs) {
-    if (s.decode && s.tokens[0] == kPreviousToken) slots.push_back(&s.tokens[0]);
+    if (s.decode && s.tokens[0] == kPreviousToken) {
+      slots.push_back(&s.tokens[0]);
+      on_rank0_device = on_rank0_device && drawn_index_.count(s.id) > 0;
+    }
   }
   if (slots.empty()) return {};
+  if (on_rank0_device) {
+    // Every asked token was drawn by rank 0's backend in the step before and lies where it
+    // was drawn: the embedding reads it there (id -1 - k, Backend::embedding), and the other
+    // ranks get the step's ids by one broadcast into their backend's memory, queued with the
+    // step's work (on GPUs no host waits for it).
+    if (comm_.world_size() > 1) {
+      void* where = nullptr;
+      BURST_RETURN_IF_ERROR(model_.backend().drawn_ids(drawn_count_, &where));
+      BURST_RETURN_IF_ERROR(
+          comm_.broadcast(where, static_cast<size_t>(drawn_count_) * sizeof(int32_t), 0));
+    }
+    size_t k = 0;
+    for (const SeqWork& s : plan.seqs) {
+      if (s.decode && s.tokens[0] == kPreviousToken) {
+        *slots[k++] = -1 - static_cast<int32_t>(drawn_index_.at(s.id));
+      }
+    }
+    return {};
+  }
+  // Some token was drawn on another rank or on rank 0's host: rank 0 knows them all.
   std::vector<int32_t> ids(slots.size(), 0);
   if (comm_.rank() == 0) {
     size_t k = 0;
@@ -415,6 +442,8 @@ Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& aft
   if (plan.seqs.empty()) {
     sampled_last_.clear();
     drawn_last_.clear();
+    drawn_index_.clear();
+    drawn_count_ = 0;
     result.kv = ring_.cache().usage();
     return result;
   }
@@ -445,8 +474,15 @@ Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& aft
   }
   sampled_last_.clear();
   drawn_last_.clear();
+  drawn_index_.clear();
+  drawn_count_ = 0;
   for (const SeqWork& s : plan.seqs) {
     if (s.sample) sampled_last_.insert(s.id);
+  }
+  // Rank 0's backend drew its device samples in this order (its SampleRows): every rank
+  // knows the order from the plan.
+  for (const Sample& sm : in.samples) {
+    if (sm.owner == 0 && sm.on_device) drawn_index_[plan.seqs[sm.seq].id] = drawn_count_++;
   }
   for (const SampledToken& t : result.tokens) drawn_last_[t.id] = t.token;
   result.kv = ring_.cache().usage();

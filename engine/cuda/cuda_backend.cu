@@ -160,7 +160,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     if (compute_) cudaStreamSynchronize(compute_);
     for (Scratch* s : {&staging_, &ids_, &positions_, &inv_freq_, &decode_ws_, &sample_in_,
-                       &sample_ws_}) {
+                       &sample_ws_, &drawn_}) {
       if (s->ptr) cudaFree(s->ptr);
     }
     if (sample_pinned_.ptr) cudaFreeHost(sample_pinned_.ptr);
@@ -356,10 +356,16 @@ class CudaBackend final : public Backend {
                                        " and " + std::to_string(ids.size()) + " ids");
     }
     const int64_t vocab = table.dim(0);
+    bool any_drawn = false;
     for (int32_t id : ids) {
+      if (id < 0 && -int64_t{id} - 1 < drawn_count_) {
+        any_drawn = true;  // the sampling kernel's own id: in range
+        continue;
+      }
       if (id < 0 || id >= vocab) {
         return op_error("embedding", "token id " + std::to_string(id) + " outside vocab " +
-                                         std::to_string(vocab));
+                                         std::to_string(vocab) + " (drawn ids: " +
+                                         std::to_string(drawn_count_) + ")");
       }
     }
     if (ids.empty()) return {};
@@ -371,6 +377,8 @@ class CudaBackend final : public Backend {
                                    compute_));
     return launched("embedding",
                     kernels::embedding_cuda(table.data, static_cast<const int32_t*>(ids_.ptr),
+                                            any_drawn ? static_cast<const int32_t*>(drawn_.ptr)
+                                                      : nullptr,
                                             out.data, out.dim(0), out.dim(1), out.dtype,
                                             compute_),
                     table.describe() + " -> " + out.describe());
@@ -706,11 +714,29 @@ class CudaBackend final : public Backend {
     }
     BURST_RETURN_IF_ERROR(launched("sample", kernels::sample_cuda(p, compute_),
                                    logits.describe()));
+    // Kept for the next embedding (drawn_ids): where the ids already are, in the stream.
+    BURST_RETURN_IF_ERROR(ensure(drawn_, settings.size() * 4, "sample"));
+    BURST_CUDA_TRY(device_, "sample",
+                   cudaMemcpyAsync(drawn_.ptr, p.out_ids, settings.size() * 4,
+                                   cudaMemcpyDeviceToDevice, compute_));
+    drawn_count_ = rows;
     BURST_CUDA_TRY(device_, "sample",
                    cudaMemcpyAsync(host + in_bytes, p.out_ids, settings.size() * 4,
                                    cudaMemcpyDeviceToHost, compute_));
     BURST_CUDA_TRY(device_, "sample", cudaStreamSynchronize(compute_));
     std::memcpy(ids.data(), host + in_bytes, settings.size() * 4);
+    return {};
+  }
+
+  Status drawn_ids(int64_t n, void** where) override {
+    if (n < 0) return op_error("drawn_ids", "count " + std::to_string(n));
+    BURST_RETURN_IF_ERROR(use_device("drawn_ids"));
+    // Growing loses the contents: only when n is beyond what sample() drew (the room is for
+    // another rank's ids then).
+    BURST_RETURN_IF_ERROR(ensure(drawn_, static_cast<size_t>(std::max<int64_t>(n, 1)) * 4,
+                                 "drawn_ids"));
+    drawn_count_ = n;
+    *where = drawn_.ptr;
     return {};
   }
 
@@ -818,6 +844,10 @@ class CudaBackend final : public Backend {
   // sample(): its inputs and ids ([uniforms | row settings | ids]) on the device and their
   // pinned host mirror, and the kernel's workspace.
   Scratch sample_in_, sample_ws_, sample_pinned_;
+  // The ids the last sample() drew (or another rank's, broadcast in), and how many: what an
+  // embedding id -1 - k reads (drawn_ids).
+  Scratch drawn_;
+  int64_t drawn_count_ = 0;
   std::vector<int64_t> positions_host_;
   std::vector<float> inv_freq_host_;
   // Shared with the deleters of the tensors this backend allocated, which may outlive it;

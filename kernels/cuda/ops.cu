@@ -82,13 +82,14 @@ __global__ void silu_mul_kernel(const T* gate, const T* up, T* out, int64_t n) {
 }
 
 template <typename T>
-__global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int64_t rows,
-                                 int64_t dim) {
+__global__ void embedding_kernel(const T* table, const int32_t* ids, const int32_t* drawn,
+                                 T* out, int64_t rows, int64_t dim) {
   const int64_t total = rows * dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / dim, c = i % dim;
-    out[i] = table[int64_t{ids[r]} * dim + c];
+    const int32_t id = ids[r] >= 0 ? ids[r] : drawn[-1 - ids[r]];
+    out[i] = table[int64_t{id} * dim + c];
   }
 }
 
@@ -248,15 +249,15 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
   });
 }
 
-cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int64_t rows,
-                           int64_t dim, DType dtype, cudaStream_t stream) {
+cudaError_t embedding_cuda(const void* table, const int32_t* ids, const int32_t* drawn, void* out,
+                           int64_t rows, int64_t dim, DType dtype, cudaStream_t stream) {
   if (rows < 0 || dim < 0) return cudaErrorInvalidValue;
   if (rows == 0 || dim == 0) return cudaSuccess;
   if (!table || !ids || !out) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     embedding_kernel<T><<<grid_for(rows * dim), kThreads, 0, stream>>>(
-        static_cast<const T*>(table), ids, static_cast<T*>(out), rows, dim);
+        static_cast<const T*>(table), ids, drawn, static_cast<T*>(out), rows, dim);
     return cudaGetLastError();
   });
 }

@@ -616,6 +616,40 @@ TEST_F(CudaBackendTest, SampleEqualsCpuForMixedRows) {
   EXPECT_FALSE(gpu_->sample(h, {mixed[1], mixed[1]}, {0.5, 0.5}, ids).ok());
 }
 
+// Backend::embedding's id -1 - k on the GPU: the k-th id the last sample() drew, read on the
+// device (the same rows as the ids themselves give), or ids another rank's broadcast put into
+// drawn_ids()'s room; a k beyond the count is refused.
+TEST_F(CudaBackendTest, EmbeddingReadsTheIdsTheLastSampleDrew) {
+  constexpr int64_t kVocab = 97, kDim = 64;
+  const std::vector<float> table_host = random_vector(size_t(kVocab * kDim), -1.f, 1.f, 91);
+  const Tensor table = gpu({kVocab, kDim}, table_host);
+  std::vector<float> l(size_t(2 * kVocab), 0.f);
+  l[41] = 3.f;
+  l[kVocab + 88] = 3.f;
+  const Tensor logits = gpu({2, kVocab}, l, DType::kF32);
+  const engine::SamplingParams greedy{0.f, 0, 1.f, 0};
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(gpu_->sample(logits, {greedy, greedy}, {0.0, 0.0}, ids).ok());
+  ASSERT_EQ(ids, (std::vector<int32_t>{41, 88}));
+  auto rows_of = [&](const std::vector<int32_t>& in) {
+    Tensor out = gpu({static_cast<int64_t>(in.size()), kDim},
+                     std::vector<float>(in.size() * kDim, 0.f));
+    const Status st = gpu_->embedding(table, in, out);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return fetch(*gpu_, out);
+  };
+  EXPECT_EQ(rows_of({-2, 5, -1}), rows_of({88, 5, 41}));
+  void* where = nullptr;
+  ASSERT_TRUE(gpu_->drawn_ids(3, &where).ok());
+  const int32_t theirs[3] = {7, 0, 96};
+  ASSERT_EQ(cudaMemcpy(where, theirs, sizeof theirs, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(rows_of({-3, -1, 9}), rows_of({96, 7, 9}));
+  Tensor one = gpu({1, kDim}, std::vector<float>(kDim, 0.f));
+  const Status beyond = gpu_->embedding(table, {-4}, one);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.message().find("drawn ids: 3"), std::string::npos) << beyond.message();
+}
+
 TEST_F(CudaBackendTest, OutOfMemoryIsAClearError) {
   // 2^40 bf16 elements (2 TiB): no GPU holds it.
   auto t = gpu_->alloc({int64_t{1} << 20, int64_t{1} << 20}, DType::kBF16);

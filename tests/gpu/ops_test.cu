@@ -313,14 +313,24 @@ TEST_F(GpuOps, EmbeddingIsExact) {
         std::uniform_int_distribution<int32_t> id(0, vocab - 1);
         for (auto& i : ids) i = id(rng);
         ids[0] = vocab - 1;  // the last row of the table
+        // Every third row from 1 on names an id drawn on the device: -1 - k reads drawn[k].
+        std::vector<int32_t> drawn(5), resolved = ids;
+        for (auto& i : drawn) i = id(rng);
+        for (int64_t r = 1; r < rows; r += 3) {
+          const auto k = static_cast<int32_t>(r % 5);
+          ids[size_t(r)] = -1 - k;
+          resolved[size_t(r)] = drawn[size_t(k)];
+        }
         std::vector<float> ref(size_t(rows * dim));
-        embedding_cpu(table.data(), ids.data(), ref.data(), rows, dim);
-        DevBuf dt, di, dout;
+        embedding_cpu(table.data(), resolved.data(), ref.data(), rows, dim);
+        DevBuf dt, di, dd, dout;
         upload(dt, t, table);
         upload(di, ids.data(), ids.size() * sizeof(int32_t));
+        upload(dd, drawn.data(), drawn.size() * sizeof(int32_t));
         CUDA_ASSERT(cudaMalloc(&dout.ptr, ref.size() * testing::dtype_bytes(t)));
-        CUDA_ASSERT(embedding_cuda(dt.ptr, static_cast<const int32_t*>(di.ptr), dout.ptr, rows,
-                                   dim, t, nullptr));
+        CUDA_ASSERT(embedding_cuda(dt.ptr, static_cast<const int32_t*>(di.ptr),
+                                   static_cast<const int32_t*>(dd.ptr), dout.ptr, rows, dim, t,
+                                   nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
         std::vector<float> ours;
         download(dout, t, ref.size(), ours);

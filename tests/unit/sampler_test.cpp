@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -194,6 +195,49 @@ TEST(BackendSample, RejectsBadArguments) {
   const Status bad = backend->sample(t.value(), {ok, {1.f, 0, 0.f, 0}}, {0.5, 0.5}, ids);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("row 1: top_p"), std::string::npos) << bad.message();
+}
+
+// Backend::embedding reads an id -1 - k as the k-th id the last sample() drew, where it was
+// drawn (the decode lookahead's "the token you drew last"); drawn_ids(n) gives room for n ids
+// that another rank's broadcast fills; a k beyond the count is refused with a message.
+TEST(BackendSample, EmbeddingReadsTheIdsTheLastSampleDrew) {
+  auto backend = make_cpu_backend();
+  constexpr int64_t kVocab = 97, kDim = 5;
+  std::vector<float> table_host(static_cast<size_t>(kVocab * kDim));
+  for (size_t i = 0; i < table_host.size(); ++i) table_host[i] = 0.25f * static_cast<float>(i);
+  auto table = backend->alloc({kVocab, kDim}, DType::kF32);
+  auto logits = backend->alloc({2, kVocab}, DType::kF32);
+  auto out = backend->alloc({3, kDim}, DType::kF32);
+  auto want = backend->alloc({3, kDim}, DType::kF32);
+  ASSERT_TRUE(table.ok() && logits.ok() && out.ok() && want.ok());
+  ASSERT_TRUE(backend->upload(table_host.data(), DType::kF32, table.value()).ok());
+  std::vector<float> l(static_cast<size_t>(2 * kVocab), 0.f);
+  l[41] = 3.f;           // row 0 draws 41 (greedy)
+  l[kVocab + 88] = 3.f;  // row 1 draws 88
+  ASSERT_TRUE(backend->upload(l.data(), DType::kF32, logits.value()).ok());
+  const SamplingParams greedy{0.f, 0, 1.f, 0};
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(backend->sample(logits.value(), {greedy, greedy}, {0.0, 0.0}, ids).ok());
+  ASSERT_EQ(ids, (std::vector<int32_t>{41, 88}));
+  auto rows_of = [&](const std::vector<int32_t>& in, Tensor& dst) {
+    const Status st = backend->embedding(table.value(), in, dst);
+    EXPECT_TRUE(st.ok()) << st.message();
+    std::vector<float> h;
+    EXPECT_TRUE(backend->download(dst, h).ok());
+    return h;
+  };
+  EXPECT_EQ(rows_of({-2, 5, -1}, out.value()), rows_of({88, 5, 41}, want.value()));
+  // Room for another rank's ids, filled as a broadcast would.
+  void* where = nullptr;
+  ASSERT_TRUE(backend->drawn_ids(3, &where).ok());
+  const int32_t theirs[3] = {7, 0, 96};
+  std::memcpy(where, theirs, sizeof theirs);
+  EXPECT_EQ(rows_of({-3, -1, 9}, out.value()), rows_of({96, 7, 9}, want.value()));
+  auto one = backend->alloc({1, kDim}, DType::kF32);
+  ASSERT_TRUE(one.ok());
+  const Status beyond = backend->embedding(table.value(), {-4}, one.value());
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.message().find("drawn ids: 3"), std::string::npos) << beyond.message();
 }
 
 }  // namespace

@@ -45,8 +45,15 @@ class Backend {
   // seed (deterministic on every backend), or with `scale` itself when constant is true.
   virtual Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) = 0;
 
-  // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]. ids are validated.
+  // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]. ids are validated. An
+  // id -1 - k (k < the count of drawn_ids()) stands for the k-th id the last sample() drew,
+  // read where it lies (the decode lookahead's "the token this sequence drew last", with no
+  // round trip through the host).
   virtual Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) = 0;
+  // Where the ids the last sample() drew lie (this backend's memory, int32), readied for n of
+  // them; the count embedding() accepts becomes n. The ids stay when n is at most what
+  // sample() drew; otherwise the room is for another rank's ids to be broadcast into.
+  virtual Status drawn_ids(int64_t n, void** where) = 0;
   // out = rmsnorm(x) * w over the last dimension; x, out [rows, dim]; w [dim].
   virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // out [m, n] (+)= x [m, k] * w [n, k]^T.

@@ -36,10 +36,12 @@ cudaError_t rope_qk_cuda(void* q, int64_t heads, int64_t q_stride, void* k, int6
 cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n, DType dtype,
                           cudaStream_t stream);
 
-// out[r, :] = table[ids[r], :]; table [vocab, dim]; ids [rows] int32 on the device, in range
-// (checked by the caller, as for embedding_cpu).
-cudaError_t embedding_cuda(const void* table, const int32_t* ids, void* out, int64_t rows,
-                           int64_t dim, DType dtype, cudaStream_t stream);
+// out[r, :] = table[id, :]; table [vocab, dim]; ids [rows] int32 on the device: id = ids[r],
+// or drawn[-1 - ids[r]] where ids[r] < 0 (ids drawn on the device by an earlier kernel; drawn
+// may be null when no id is negative). Every id in range (checked by the caller, as for
+// embedding_cpu).
+cudaError_t embedding_cuda(const void* table, const int32_t* ids, const int32_t* drawn, void* out,
+                           int64_t rows, int64_t dim, DType dtype, cudaStream_t stream);
 
 // Paged row gather, the twin of gather_rows_cpu: dst row i = pool row pages[i / page_size] *
 // page_size + i % page_size; row_bytes a multiple of 16, pool and dst 16-byte aligned; pages

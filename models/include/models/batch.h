@@ -131,8 +131,11 @@ class BatchRunner {
   // device_ids[k] on rank 0: the id drawn for device sample k (-1 for host samples). Those
   // that other ranks drew (`sampled`: this rank's ids, in SampleRows order) come in ONE
   // all-gather of `remote` slots per rank (none when there are none).
-  // Decode tokens given as kPreviousToken become the tokens drawn in the step before: rank 0
-  // fills them in, and they reach the other ranks in ONE broadcast.
+  // Decode tokens given as kPreviousToken become the tokens drawn in the step before. Drawn
+  // by rank 0's backend (the usual decode step): ids -1 - k that the embedding reads where the
+  // backend drew them, the other ranks' copies by ONE broadcast between the backends' memory
+  // (queued, no host wait on GPUs). Otherwise rank 0 fills them in from what it knows and they
+  // reach the other ranks in ONE host broadcast.
   Status resolve_previous(StepPlan& plan);
   Status gather_ids(const std::vector<Sample>& samples, size_t remote,
                     const std::vector<int32_t>& sampled, std::vector<int32_t>& device_ids);
@@ -153,6 +156,10 @@ class BatchRunner {
   // what they drew (rank 0): a kPreviousToken of the next step is resolved from these.
   std::unordered_set<uint64_t> sampled_last_;
   std::unordered_map<uint64_t, int32_t> drawn_last_;
+  // Of those, the ones rank 0's backend drew (every rank): their index among its draws, which
+  // stay in its memory (Backend::drawn_ids), and how many it drew.
+  std::unordered_map<uint64_t, int64_t> drawn_index_;
+  int64_t drawn_count_ = 0;
 };
 
 }  // namespace burst::models
