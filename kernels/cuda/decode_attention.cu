@@ -24,7 +24,10 @@
 // the step's other kernels (cuda_dispatch.cuh), waiting for them before it reads q or K/V.
 // What is left between this kernel and the bytes floor at 32K-64K keys (docs/benchmarks.md):
 // launch latency, the first stage under a full memory queue, and SMs that finish their static
-// share of the splits early and then idle.
+// share of the splits early and then idle. (A plan of one CTA per multiprocessor, whose CTAs
+// end together when the kernel runs alone, read 1.5-3 % faster alone and made the server's
+// 2 x H200 128K step 25 % slower, chained behind the step's other kernels: judge a change here
+// by the server's TPOT.)
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 #include <cuda_bf16.h>
