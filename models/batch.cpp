@@ -104,15 +104,15 @@ void BatchRunner::release_all() {
 }
 
 Status BatchRunner::resolve_previous(StepPlan& plan) {
-  std::vector<int32_t*> slots;
+  std::vector<SeqWork*> asked;
   bool on_rank0_device = true;  // the same on every rank: it follows from the plans
   for (SeqWork& s : plan.seqs) {
     if (s.decode && s.tokens[0] == kPreviousToken) {
-      slots.push_back(&s.tokens[0]);
+      asked.push_back(&s);
       on_rank0_device = on_rank0_device && drawn_index_.count(s.id) > 0;
     }
   }
-  if (slots.empty()) return {};
+  if (asked.empty()) return {};
   if (on_rank0_device) {
     // Every asked token was drawn by rank 0's backend in the step before and lies where it
     // was drawn: the embedding reads it there (id -1 - k, Backend::embedding), and the other
@@ -124,26 +124,18 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
       BURST_RETURN_IF_ERROR(
           comm_.broadcast(where, static_cast<size_t>(drawn_count_) * sizeof(int32_t), 0));
     }
-    size_t k = 0;
-    for (const SeqWork& s : plan.seqs) {
-      if (s.decode && s.tokens[0] == kPreviousToken) {
-        *slots[k++] = -1 - static_cast<int32_t>(drawn_index_.at(s.id));
-      }
-    }
+    for (SeqWork* s : asked) s->tokens[0] = -1 - static_cast<int32_t>(drawn_index_.at(s->id));
     return {};
   }
   // Some token was drawn on another rank or on rank 0's host: rank 0 knows them all.
-  std::vector<int32_t> ids(slots.size(), 0);
+  std::vector<int32_t> ids(asked.size(), 0);
   if (comm_.rank() == 0) {
-    size_t k = 0;
-    for (const SeqWork& s : plan.seqs) {
-      if (s.decode && s.tokens[0] == kPreviousToken) ids[k++] = drawn_last_.at(s.id);
-    }
+    for (size_t k = 0; k < asked.size(); ++k) ids[k] = drawn_last_.at(asked[k]->id);
   }
   if (comm_.world_size() > 1) {
     BURST_RETURN_IF_ERROR(comm_.broadcast(ids.data(), ids.size() * sizeof(int32_t), 0));
   }
-  for (size_t k = 0; k < slots.size(); ++k) *slots[k] = ids[k];
+  for (size_t k = 0; k < asked.size(); ++k) asked[k]->tokens[0] = ids[k];
   return {};
 }
 
