@@ -23,7 +23,8 @@ constexpr const char* kUsage =
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
-                      [--workers N] [--layout zigzag|contiguous] [--version] [--help]
+                      [--workers N] [--layout zigzag|contiguous] [--prefill-chunk N]
+                      [--version] [--help]
 
   --model DIR          Hugging Face LLaMA directory (config.json, *.safetensors, tokenizer.model)
   --preset NAME        architecture preset; needs --random-weights SEED (no files read)
@@ -37,6 +38,9 @@ constexpr const char* kUsage =
   --workers N          shard the prompt over N burst-worker processes (BurstAttention ring);
                        without it, one in-process engine
   --layout L           sequence sharding across workers: zigzag (default) or contiguous
+  --prefill-chunk N    with --workers: prefill the prompt N tokens at a time (each chunk one
+                       ring pass over the cached prefix; less activation memory for prompts
+                       near the KV capacity); default: the whole prompt in one pass
   --version            print the version and build, then exit
 )";
 
@@ -56,7 +60,7 @@ T parse_number(const std::string& flag, const std::string& text) {
 struct Args {
   std::string model_dir, preset, prompt, prompt_file, tokenizer, device = "cpu";
   std::optional<uint64_t> random_seed;
-  int64_t prompt_tokens = 0, kv_capacity = 0;
+  int64_t prompt_tokens = 0, kv_capacity = 0, prefill_chunk = 0;
   int max_tokens = 64;
   int workers = 0;
   burst::engine::ShardLayout layout = burst::engine::ShardLayout::kZigzag;
@@ -93,6 +97,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--tokenizer") a.tokenizer = val;
     else if (flag == "--kv-capacity") a.kv_capacity = parse_number<int64_t>(flag, val);
     else if (flag == "--workers") a.workers = parse_number<int>(flag, val);
+    else if (flag == "--prefill-chunk") a.prefill_chunk = parse_number<int64_t>(flag, val);
     else if (flag == "--layout") {
       if (val != "zigzag" && val != "contiguous") usage_error("--layout is zigzag or contiguous");
       a.layout = val == "zigzag" ? burst::engine::ShardLayout::kZigzag
@@ -106,6 +111,8 @@ Args parse_args(int argc, char** argv) {
   if (a.max_tokens <= 0) usage_error("--max-tokens must be > 0");
   if (a.prompt_tokens < 0) usage_error("--prompt-tokens must be > 0");
   if (a.workers < 0 || a.workers > 64) usage_error("--workers must be in 1..64");
+  if (a.prefill_chunk < 0) usage_error("--prefill-chunk must be > 0");
+  if (a.prefill_chunk > 0 && a.workers == 0) usage_error("--prefill-chunk needs --workers");
   if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) usage_error(bad);
   if (a.tokenizer.empty() && !a.model_dir.empty()) {
     // The model's own tokenizer when it ships one; without it only --prompt-tokens works.
@@ -182,6 +189,7 @@ int main(int argc, char** argv) {
     opt.device = a.device;
     opt.kv_capacity = capacity;
     opt.layout = a.layout;
+    opt.prefill_chunk = a.prefill_chunk;
     auto group = server::WorkerGroup::start(opt);
     if (!group.ok()) return fail(group.message());
     auto g = group.value()->generate(req, print_token);

@@ -8,6 +8,8 @@
 #   scripts/gpu/bench_server.sh h200     # 1 worker:  32K, 64K, 128K
 #   scripts/gpu/bench_server.sh h200x2   # 2 workers: 32K, 64K, 128K, 256K, then the mixed
 #                                        # workload: 10% 128K / 90% 2K prompts, Poisson arrivals
+#   scripts/gpu/bench_server.sh h200x4   # 4 workers: 128K, 256K, 512K, then the mixed workload
+#   scripts/gpu/bench_server.sh h200x8   # 8 workers: 128K, 256K, 512K, 1M, then the mixed one
 # Each length: REQS requests (default 3) one at a time (the first length after one warm-up),
 # random token ids (exact lengths), OUTPUT_LEN tokens (default 32, --ignore-eos). Mixed:
 # MIXED_REQS (50) requests at MIXED_RATE (0.5) req/s, no concurrency limit.
@@ -28,7 +30,9 @@ case "$kind" in
   h100) workers=1; def_lengths=4096,16384,32768,65536; mixed=0; def_kv=110000 ;;
   h200) workers=1; def_lengths=32768,65536,131072; mixed=0; def_kv=200000 ;;
   h200x2) workers=2; def_lengths=32768,65536,131072,262144; mixed=1; def_kv=400000 ;;
-  *) sed -n '2,21p' "$0" >&2; exit 2 ;;
+  h200x4) workers=4; def_lengths=131072,262144,524288; mixed=1; def_kv=600000 ;;
+  h200x8) workers=8; def_lengths=131072,262144,524288,1048576; mixed=1; def_kv=1200000 ;;
+  *) sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac
 lengths=${LENGTHS:-$def_lengths}
 layout=${LAYOUT:-$mixed}

@@ -36,7 +36,9 @@ TEST(GenerateCli, BadArgumentsExitTwoWithUsage) {
         "--model " + kModel + " --prompt-tokens 5 --temperature -1",
         "--model " + kModel + " --prompt-tokens 5 --top-p 0",
         "--model " + kModel + " --prompt-tokens 5 --max-tokens abc",
-        "--model " + kModel + " --prompt-tokens 5 --bogus 1"}) {
+        "--model " + kModel + " --prompt-tokens 5 --bogus 1",
+        "--model " + kModel + " --prompt-tokens 5 --prefill-chunk 4",
+        "--model " + kModel + " --prompt-tokens 5 --workers 2 --prefill-chunk -1"}) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     EXPECT_NE(r.out.find("usage: burst-generate"), std::string::npos) << args;
@@ -85,6 +87,9 @@ TEST(GenerateCli, TinyModelTextIdenticalForOneToFourWorkers) {
   for (int n = 1; n <= 4; ++n) {
     EXPECT_EQ(stdout_of(base + " --workers " + std::to_string(n)), want) << n << " workers";
   }
+  // Chunked prefill (each chunk one ring pass over the cached prefix) gives the same text; 3
+  // tokens a chunk leaves a short last chunk and chunks smaller than the ring.
+  EXPECT_EQ(stdout_of(base + " --workers 3 --prefill-chunk 3"), want) << "3 workers, chunk 3";
 }
 
 }  // namespace

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# run_8gpu.sh: the multi-GPU run of issues 3 and 6 in one call, on an 8-GPU machine (or any
-# count: N = nvidia-smi -L). From the repository root with .devpack carried. Results under $OUT.
+# run_multi_gpu.sh: the multi-GPU run (issue 15) in one call, on a 4- or 8-GPU machine (any
+# count N = nvidia-smi -L). From the repository root with .devpack carried. Results under $OUT.
 #   1. Invariance: the tiny model's greedy text on 1 GPU in-process and through 1, 2, 4, N
 #      workers (NCCL ring); the 7B preset's greedy tokens in-process vs N workers.
 #   2. burst-bench-ring at the 7B attention shape on 4 and N GPUs (ring, compute alone, hop,
 #      exposed communication).
-#   3. 7B preset TTFT and decode speed through N workers at $TTFT_SEQS, and through 4 workers
-#      at $TTFT4_SEQS (scaling 4 -> N).
-#   4. The baseline in the same call: HF transformers 7B prefill at 64K on one GPU.
+#   3. 7B preset TTFT, exposed ring communication and decode speed through burst-generate, one
+#      run per entry of TTFT_RUNS ("GPUS:TOKENS[:CHUNK]", CHUNK = --prefill-chunk).
+#   4. The baseline in the same call: HF transformers 7B prefill at HF_LEN on one GPU.
 #   5. Chunked prefill on N GPUs: burst-bench-ring --chunk (every chunk by pass-KV, then by
 #      pass-Q, whose partials go back to non-neighbours on 3+ GPUs; exit 1 if they differ).
 # STEPS selects (default all, in this order): golden gputests peergather invtiny inv7b ring
 #   ringchunk ttft server hf
 #   peergather: the decode exchange by peer stores on every GPU (PeerGather.* tests, up to 8)
-#   server: burst-server (7B preset, N GPUs) timed by an HTTP client (scripts/gpu/server_ttft.py)
+#   server: burst-server (7B preset, N GPUs) under burst-bench: scripts/gpu/bench_server.sh
+#           with the kind h200xN (one request at a time by length, then the mixed load)
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
 set -uo pipefail
@@ -46,7 +47,7 @@ fi
 if want invtiny; then
 ref=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 2> "$out/tiny_inproc.err")
 echo "tiny, 1 GPU in-process: $ref" | tee "$out/invariance.txt"
-for w in 1 2 4 "$n"; do
+for w in $( (printf '%s\n' 1 2 4 "$n") | sort -nu | awk -v n="$n" '$1 <= n'); do
   got=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 --workers "$w" \
         2> "$out/tiny_${w}.err")
   [ "$got" = "$ref" ] && v=same || { v=DIFFERENT; status=1; }
@@ -61,7 +62,8 @@ got=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 --
 echo "7B preset 8191 tokens: 1 GPU: $ref | $n workers ($v): $got" | tee -a "$out/invariance.txt"
 fi
 
-want ring && for w in 4 "$n"; do
+rings=$( (echo 4; echo "$n") | sort -nu | awk -v n="$n" '$1 <= n')
+want ring && for w in $rings; do
   seqs=${RING_SEQS:-65536,131072,262144,524288}
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) timeout 300 burst-bench-ring --world "$w" \
     --seq "$seqs" --reps 3 --out "$out/ring_${w}.json" 2>&1 | tee "$out/ring_${w}.txt"
@@ -72,30 +74,27 @@ if want ringchunk; then
     --chunk "${RING_CHUNK:-8192}" --reps 3 2>&1 | tee "$out/ring_chunked_${n}.txt" || status=1
 fi
 
-ttft() {  # workers, tokens
+ttft() {  # workers, tokens, chunk (0: the whole prompt in one pass)
+  local tag="${1}_${2}" extra=()
+  [ "${3:-0}" -gt 0 ] && { extra=(--prefill-chunk "$3"); tag="${tag}_c$3"; }
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(($1 - 1))) gen --preset 7b --random-weights 0 \
-    --workers "$1" --prompt-tokens "$2" --max-tokens 8 > /dev/null 2> "$out/ttft_${1}_${2}.err"
-  echo "7B, $1 GPUs, $2 tokens: $(grep -h 'prefill (TTFT)' "$out/ttft_${1}_${2}.err" || \
-        tail -2 "$out/ttft_${1}_${2}.err")" | tee -a "$out/ttft.txt"
+    --workers "$1" --prompt-tokens "$2" --max-tokens "${TTFT_TOKENS:-16}" "${extra[@]}" \
+    > /dev/null 2> "$out/ttft_$tag.err"
+  echo "7B, $1 GPUs, $2 tokens${3:+ chunk $3}: $(grep -h 'prefill (TTFT)\|exposed' "$out/ttft_$tag.err" \
+        | tr '\n' ' ' || tail -2 "$out/ttft_$tag.err")" | tee -a "$out/ttft.txt"
 }
 if want ttft; then
-  for s in ${TTFT4_SEQS:-131072 262144}; do ttft 4 "$s"; done
-  for s in ${TTFT_SEQS:-131072 262144 524288 1048576}; do ttft "$n" "$s"; done
+  for r in ${TTFT_RUNS:-4:131072 4:262144 $n:131072 $n:262144 $n:524288 $n:1048576}; do
+    IFS=: read -r w s c <<< "$r"
+    [ "$w" -le "$n" ] && ttft "$w" "$s" "${c:-0}"
+  done
 fi
 if want server; then
-  rm -f /tmp/burst-ports.json
-  burst-server --preset 7b --random-weights 0 --device cuda --workers "$n" \
-    --tokenizer models/kjv-tiny/tokenizer.model --max-context 262200 --kv-capacity 262200 \
-    --http-port 0 --grpc-port -1 --port-file /tmp/burst-ports.json > "$out/server.log" 2>&1 &
-  spid=$!
-  timeout 400 python3 scripts/gpu/server_ttft.py /tmp/burst-ports.json ${SERVER_SEQS:-131072} \
-    | tee "$out/server_ttft.txt" || status=1
-  kill -TERM "$spid"; wait "$spid"
-  tail -5 "$out/server.log"
+  OUT=$out bash scripts/gpu/bench_server.sh "h200x$n" || status=1
 fi
 if want hf; then
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths 65536 \
-    --reps 1 --out "$out/hf_64k.jsonl" > "$out/hf.log" 2>&1
-  tail -3 "$out/hf.log"; cat "$out/hf_64k.jsonl"
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths "${HF_LEN:-65536}" \
+    --reps 1 --out "$out/hf.jsonl" > "$out/hf.log" 2>&1
+  tail -3 "$out/hf.log"; cat "$out/hf.jsonl"
 fi
 exit $status
