@@ -296,6 +296,7 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
+  p.beside_transfer = beside_transfer_;
   BURST_RETURN_IF_ERROR(backend_.attention(p));
   if (direct) return {};
   return merge(o_acc + qs.row * qw, lse_acc + qs.row, at<float>(o_part_, qs.row * qw),
@@ -376,9 +377,11 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
     const int64_t src_prefix = b.prefix[static_cast<size_t>(src)];
     const void* bk = cur.data;
     const void* bv = at(cur, b.block_rows * kvw);
+    beside_transfer_ = xfer != nullptr;
     BURST_RETURN_IF_ERROR(attend_keys(b.rows, q.data, q_segs, bk, bv, src_prefix, bk, bv,
                                       plan.segments(src), src_prefix, o_acc_, lse_acc_,
                                       /*fresh=*/s == 0));
+    beside_transfer_ = false;
     // Host time of the compute: exact on CPU; on a GPU the ops are queued, so the benchmark
     // measures with events instead.
     const auto t1 = std::chrono::steady_clock::now();
@@ -519,9 +522,11 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
       lse_to.data = at(part_out_[s % 2], o_len);
       lse_to.shape = {shape_.heads * b.rows};
     }
+    beside_transfer_ = xfer != nullptr || back[0] != nullptr || back[1] != nullptr;
     BURST_RETURN_IF_ERROR(attend_keys(b.rows, qcur, plan.segments(src), pk, pv, own_prefix,
                                       k.data, v.data, own_segs, 0, o_to, lse_to,
                                       /*fresh=*/true));
+    beside_transfer_ = false;
     const auto t1 = std::chrono::steady_clock::now();
     if (xfer) BURST_RETURN_IF_ERROR(xfer->wait());
     if (s > 0) {

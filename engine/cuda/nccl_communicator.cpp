@@ -75,7 +75,14 @@ class NcclCommunicator final : public Communicator {
 
   Status init() {
     CUDA_TRY(cudaSetDevice(opt_.device));
-    CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    // The ring's transfers at the highest priority: NCCL's kernel and the attention step it
+    // overlaps become ready at the same moment (both wait for the previous step), and at equal
+    // priority the attention grid takes every multiprocessor first, so the transfer only
+    // starts when the step ends (measured: 11-14 % of a layer exposed on 4 H200s at 128K-256K).
+    // With priority the block scheduler gives NCCL its CTAs at the next free SM.
+    int least = 0, greatest = 0;
+    CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_TRY(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
     ncclUniqueId id;
     const std::string path = opt_.store_dir + "/nccl-id";
     if (opt_.store) {

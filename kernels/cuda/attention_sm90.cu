@@ -681,6 +681,7 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   // its length there, and the static pairs of a causal mask lose more to their last round.
   const bool causal = p.mask == MaskKind::kCausal;
   const bool persistent =
+      !p.beside_transfer &&
       tiles <= int64_t{causal ? kPersistentCausalTiles : kPersistentFullTiles} * sms;
   order.pairs = causal && persistent ? 1 : 0;
   order.chunk = order.pairs ? 2 : 1;

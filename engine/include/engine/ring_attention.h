@@ -200,6 +200,9 @@ class RingAttention final : public AttentionContext {
   int32_t decode_max_kv_ = 0;          // the step's longest decode key count on this rank
   int64_t decode_dst_ = 0;             // tables_: each decode token's pool row here (-1: none)
   std::unordered_map<uint64_t, int64_t> prefill_table_;  // a prefill sequence's table in tables_
+  // Set while a ring step's transfer is in flight: its attention launches say so
+  // (AttnParams::beside_transfer).
+  bool beside_transfer_ = false;
   RingStats stats_;
 };
 

@@ -57,6 +57,12 @@ struct AttnParams {
   // mask kNone; each row's output is exactly that of a launch with n_q 1 for it alone.
   const int32_t* row_kv_len = nullptr;
   const int32_t* row_page_offset = nullptr;
+  // Other work (the ring's transfer of the next block: NCCL kernels) runs beside this launch on
+  // some multiprocessors. The Hopper prefill kernel then hands its tiles out one CTA a tile,
+  // never a fixed share per multiprocessor (its persistent schedule for few tiles): there a
+  // multiprocessor held by the transfer delays its whole share, so the step ends a transfer
+  // later. Scheduling only: the results are bit for bit the same.
+  bool beside_transfer = false;
 };
 
 // The physical row of logical key j under the page table `pages` (null: row j).
