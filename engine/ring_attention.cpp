@@ -298,7 +298,6 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   p.beside_transfer = beside_transfer_;
   BURST_RETURN_IF_ERROR(backend_.attention(p));
-  ++stats_.launches;
   if (direct) return {};
   return merge(o_acc + qs.row * qw, lse_acc + qs.row, at<float>(o_part_, qs.row * qw),
                at<float>(lse_part_, qs.row), qs.len, rows);
@@ -422,57 +421,18 @@ Status RingAttention::attend_keys(int64_t rows, const void* q, const std::vector
                                        lse_acc, fresh));
     fresh = false;
   }
-  // The launches of the step: each (query segment, key segment) pair that is not skipped.
-  // Without a mask positions do not matter, so full pairs whose rows adjoin become one launch:
-  // a query segment's full key segments that follow each other in k (the keys of one pass in
-  // one online softmax), and query segments that follow each other in q with the same single
-  // launch (rows are independent: the same values). Zigzag has both in every step but a rank's
-  // own (e.g. rank 0 of 4 against rank 2's block: its back segment against both halves), so a
-  // step is one launch and one merge where it was two and two, each twice the work.
-  struct Launch {
-    Segment qs, ks;  // ks.row counts from k_row0
-    kernels::MaskKind mask;
-    bool first;
-    bool only;       // its query segments have no other launch
-  };
-  std::vector<Launch> launches;
   for (const Segment& qs : q_segs) {
     bool first = fresh;
-    const size_t begin = launches.size();
     for (const Segment& ks : k_segs) {
       const auto rel = relation(qs, ks);
       if (rel == kernels::BlockRelation::kSkip) continue;  // keys all after the queries
-      const Segment kseg{ks.pos, k_row0 + ks.row, ks.len};
-      const auto mask = rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
-                                                             : kernels::MaskKind::kCausal;
-      if (launches.size() > begin) {
-        Launch& last = launches.back();
-        if (mask == kernels::MaskKind::kNone && last.mask == mask &&
-            last.ks.row + last.ks.len == kseg.row) {
-          last.ks.len += kseg.len;
-          continue;
-        }
-      }
-      launches.push_back({qs, kseg, mask, first, true});
+      BURST_RETURN_IF_ERROR(attend_merge(
+          rows, q, k, v, qs, Segment{ks.pos, k_row0 + ks.row, ks.len},
+          rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
+                                               : kernels::MaskKind::kCausal,
+          o_acc, lse_acc, first));
       first = false;
     }
-    if (launches.size() > begin + 1) {
-      for (size_t i = begin; i < launches.size(); ++i) launches[i].only = false;
-    }
-    if (launches.size() == begin + 1 && begin > 0) {
-      Launch& prev = launches[begin - 1];
-      const Launch& cur = launches[begin];
-      if (prev.only && prev.mask == kernels::MaskKind::kNone && cur.mask == prev.mask &&
-          prev.first == cur.first && prev.ks.row == cur.ks.row && prev.ks.len == cur.ks.len &&
-          prev.qs.row + prev.qs.len == cur.qs.row) {
-        prev.qs.len += cur.qs.len;
-        launches.pop_back();
-      }
-    }
-  }
-  for (const Launch& l : launches) {
-    BURST_RETURN_IF_ERROR(attend_merge(rows, q, k, v, l.qs, l.ks, l.mask, o_acc, lse_acc,
-                                       l.first));
   }
   return {};
 }

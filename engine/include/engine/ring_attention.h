@@ -45,7 +45,6 @@ struct RingStats {
   double compute_ms = 0;  // attention + merge, summed over steps and layers
   double wait_ms = 0;     // time blocked on transfers after compute (exposed communication)
   int64_t steps = 0;
-  int64_t launches = 0;   // prefill attention launches (the ring's and the prefix's)
 };
 
 // One sequence's rows in a step.
