@@ -75,16 +75,21 @@ if want ringchunk; then
 fi
 
 ttft() {  # workers, tokens, chunk (0: the whole prompt in one pass)
-  local tag="${1}_${2}" extra=()
-  [ "${3:-0}" -gt 0 ] && { extra=(--prefill-chunk "$3"); tag="${tag}_c$3"; }
+  local tag="${1}_${2}" extra=() what=""
+  [ "${3:-0}" -gt 0 ] && { extra=(--prefill-chunk "$3"); tag="${tag}_c$3"; what=" chunk $3"; }
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(($1 - 1))) gen --preset 7b --random-weights 0 \
     --workers "$1" --prompt-tokens "$2" --max-tokens "${TTFT_TOKENS:-16}" "${extra[@]}" \
     > /dev/null 2> "$out/ttft_$tag.err"
-  echo "7B, $1 GPUs, $2 tokens${3:+ chunk $3}: $(grep -h 'prefill (TTFT)\|exposed' "$out/ttft_$tag.err" \
+  echo "7B, $1 GPUs, $2 tokens$what: $(grep -h 'prefill (TTFT)\|exposed' "$out/ttft_$tag.err" \
         | tr '\n' ' ' || tail -2 "$out/ttft_$tag.err")" | tee -a "$out/ttft.txt"
 }
 if want ttft; then
-  for r in ${TTFT_RUNS:-4:131072 4:262144 $n:131072 $n:262144 $n:524288 $n:1048576}; do
+  # Default: scaling 1 -> 2 -> 4 (-> 8) at 128K and 256K, 4 GPUs to 768K (in 3 chunks: whole,
+  # a rank's activations do not fit beside its KV on an H200), 8 GPUs to 1M.
+  def="1:131072 2:131072 2:262144 4:131072 4:262144 4:524288 4:786432:262144"
+  [ "$n" -ge 8 ] && def+=" $n:131072 $n:262144 $n:524288 $n:1048576"
+  # shellcheck disable=SC2086  # the runs are words
+  for r in $(printf '%s\n' ${TTFT_RUNS:-$def} | awk '!seen[$0]++'); do
     IFS=: read -r w s c <<< "$r"
     [ "$w" -le "$n" ] && ttft "$w" "$s" "${c:-0}"
   done
