@@ -80,12 +80,12 @@ ttft() {  # workers, tokens, chunk (0: the whole prompt in one pass)
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(($1 - 1))) gen --preset 7b --random-weights 0 \
     --workers "$1" --prompt-tokens "$2" --max-tokens "${TTFT_TOKENS:-16}" "${extra[@]}" \
     > /dev/null 2> "$out/ttft_$tag.err"
-  echo "7B, $1 GPUs, $2 tokens$what: $(grep -h 'prefill (TTFT)\|exposed' "$out/ttft_$tag.err" \
+  echo "7B, $1 GPUs, $2 tokens$what: $(grep -h 'prefill (TTFT)' "$out/ttft_$tag.err" \
         | tr '\n' ' ' || tail -2 "$out/ttft_$tag.err")" | tee -a "$out/ttft.txt"
 }
 if want ttft; then
   # Default: scaling 1 -> 2 -> 4 (-> 8) at 128K and 256K, 4 GPUs to 768K (in 3 chunks: whole,
-  # a rank's activations do not fit beside its KV on an H200), 8 GPUs to 1M.
+  # by estimate a rank's activations would not fit beside its KV on an H200), 8 GPUs to 1M.
   def="1:131072 2:131072 2:262144 4:131072 4:262144 4:524288 4:786432:262144"
   [ "$n" -ge 8 ] && def+=" $n:131072 $n:262144 $n:524288 $n:1048576"
   # shellcheck disable=SC2086  # the runs are words

@@ -335,12 +335,14 @@ def test_huge_prompts_refused_before_tokenizing():
     print(f"8 MB prompts: tried {len(bodies) * 2}, 413 each, slowest {slowest:.2f} s, server "
           f"RSS {rss0} KB -> {rss0 + grew} KB")
     check(grew < 64_000, f"server RSS grew by {grew} KB over 10 refused 8 MB prompts")
-    # 1.5 M token ids with echo: refused by their count before being decoded for the echo.
+    # 1.5 M token ids with echo: refused by their count before being decoded for the echo (the
+    # message is the count's). The time bound allows for parsing 7.5 MB of JSON on a loaded
+    # 2-core CI machine (1.1 s seen there once), not for decoding 1.5 M tokens as well.
     t0 = time.time()
     status, data, _ = srv.request("POST", "/v1/completions", json.dumps(
         {"prompt": [450] * 1_500_000, "echo": True, "max_tokens": 1}))
-    check(status == 400 and "1500000 tokens" in data.decode() and time.time() - t0 < 1,
-          f"token ids: {status} {data[:200]!r} in {time.time() - t0:.2f} s")
+    check(status == 400 and "1500000 tokens, over the model's limit" in data.decode() and
+          time.time() - t0 < 3, f"token ids: {status} {data[:200]!r} in {time.time() - t0:.2f} s")
     # The limit is the most text the context can hold: text of exactly the limit reaches the
     # tokenizer (and is refused by the token count), one byte more is refused untokenized.
     limit = int(re.search(r"prompt text limit (\d+) bytes", open(srv.log_path).read()).group(1))

@@ -56,6 +56,13 @@ TEST(GenerateCli, RunsAFixtureModelFromTokenIds) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("prompt 12 tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("generated 5 tokens"), std::string::npos) << r.out;
+  // Through workers on the CPU it also reports the ring's compute and exposed communication
+  // (host clock: exact there; on a GPU it would only time the queueing, so it is not printed).
+  const CliRun w = run("--model " + kModel +
+                       " --prompt-tokens 12 --max-tokens 3 --temperature 0 --workers 2");
+  ASSERT_EQ(w.code, 0) << w.out;
+  EXPECT_NE(w.out.find("ring attention"), std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("exposed communication"), std::string::npos) << w.out;
 }
 
 }  // namespace
