@@ -76,10 +76,10 @@ class NcclCommunicator final : public Communicator {
   Status init() {
     CUDA_TRY(cudaSetDevice(opt_.device));
     // The ring's transfers at the highest priority: NCCL's kernel and the attention step it
-    // overlaps become ready at the same moment (both wait for the previous step), and at equal
-    // priority the attention grid takes every multiprocessor first, so the transfer only
-    // starts when the step ends (measured: 11-14 % of a layer exposed on 4 H200s at 128K-256K).
-    // With priority the block scheduler gives NCCL its CTAs at the next free SM.
+    // overlaps become ready at the same moment (both wait for the previous step); with
+    // priority the block scheduler places NCCL's CTAs first. Alone it moved 128K on 4 H200s
+    // from 12.4 to 9.7 % of a layer exposed; the rest came from the attention kernel's tile
+    // schedule beside a transfer (AttnParams::beside_transfer; docs/benchmarks.md).
     int least = 0, greatest = 0;
     CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_TRY(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));

@@ -5,8 +5,8 @@ secret, and model directories the loader must refuse. Run:
 /usr/bin/python3 test_reliability.py --build DIR."""
 import http.client
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -524,7 +524,8 @@ def test_memory_returns_after_large_prompts():
     with Server() as srv:
         # The longest text the server tokenizes (longer is refused untokenized with 413): it is
         # over the context in tokens, so each is refused after tokenizing, with 400.
-        limit = int(re.search(r"prompt text limit (\d+) bytes", open(srv.log_path, errors="replace").read()).group(1))
+        log = open(srv.log_path, errors="replace").read()
+        limit = int(re.search(r"prompt text limit (\d+) bytes", log).group(1))
         check(len(text) >= limit, f"the text ({len(text)} bytes) reaches the limit ({limit})")
         body = json.dumps({"prompt": text[:limit], "max_tokens": 1})
         before = rss_mb(srv.proc.pid)
