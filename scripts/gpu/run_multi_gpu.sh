@@ -17,6 +17,8 @@
 #           with the kind h200xN (one request at a time by length, then the mixed load)
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
+# OUT_TAR=1 (default) ends by packing everything under $OUT into $OUT/results.tgz (the device
+# tool brings back at most 8 files a call); OUT_TAR=0 leaves the files as they are.
 set -uo pipefail
 STEPS=${STEPS:-golden gputests peergather invtiny inv7b ring ringchunk ttft server hf}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -101,5 +103,9 @@ if want hf; then
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths "${HF_LEN:-65536}" \
     --reps 1 --out "$out/hf.jsonl" > "$out/hf.log" 2>&1
   tail -3 "$out/hf.log"; cat "$out/hf.jsonl"
+fi
+if [ "${OUT_TAR:-1}" = 1 ]; then
+  tar -czf /tmp/run_multi_gpu_results.tgz -C "$out" . && find "$out" -mindepth 1 -delete &&
+    mv /tmp/run_multi_gpu_results.tgz "$out/results.tgz"
 fi
 exit $status
