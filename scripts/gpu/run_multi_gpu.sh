@@ -5,8 +5,9 @@
 #      workers (NCCL ring); the 7B preset's greedy tokens in-process vs N workers.
 #   2. burst-bench-ring at the 7B attention shape on 4 and N GPUs (ring, compute alone, hop,
 #      exposed communication).
-#   3. 7B preset TTFT, exposed ring communication and decode speed through burst-generate, one
-#      run per entry of TTFT_RUNS ("GPUS:TOKENS[:CHUNK]", CHUNK = --prefill-chunk).
+#   3. 7B preset TTFT and decode speed through burst-generate, one run per entry of TTFT_RUNS
+#      ("GPUS:TOKENS[:CHUNK]", CHUNK = --prefill-chunk). The ring's exposed communication on
+#      GPUs is step 2's (events); burst-generate's own figure is host-clock, CPU only.
 #   4. The baseline in the same call: HF transformers 7B prefill at HF_LEN on one GPU.
 #   5. Chunked prefill on N GPUs: burst-bench-ring --chunk (every chunk by pass-KV, then by
 #      pass-Q, whose partials go back to non-neighbours on 3+ GPUs; exit 1 if they differ).
@@ -32,6 +33,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "
 status=0
 verse="In the beginning God created the heaven and the earth. And the earth was without form"
 gen() { timeout "${GEN_TIMEOUT:-600}" burst-generate --device cuda --temperature 0 "$@"; }
+upto_n() { printf '%s\n' "$@" | sort -nu | awk -v n="$n" '$1 <= n'; }  # GPU counts <= n, once
 
 if want golden; then
   timeout 120 python3 scripts/make_golden.py /tmp/golden --only kjv-tiny > "$out/golden.log" 2>&1 \
@@ -49,7 +51,7 @@ fi
 if want invtiny; then
 ref=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 2> "$out/tiny_inproc.err")
 echo "tiny, 1 GPU in-process: $ref" | tee "$out/invariance.txt"
-for w in $( (printf '%s\n' 1 2 4 "$n") | sort -nu | awk -v n="$n" '$1 <= n'); do
+for w in $(upto_n 1 2 4 "$n"); do
   got=$(gen --model models/kjv-tiny --prompt "$verse" --max-tokens 24 --workers "$w" \
         2> "$out/tiny_${w}.err")
   [ "$got" = "$ref" ] && v=same || { v=DIFFERENT; status=1; }
@@ -64,8 +66,7 @@ got=$(gen --preset 7b --random-weights 0 --prompt-tokens 8191 --max-tokens 12 --
 echo "7B preset 8191 tokens: 1 GPU: $ref | $n workers ($v): $got" | tee -a "$out/invariance.txt"
 fi
 
-rings=$( (echo 4; echo "$n") | sort -nu | awk -v n="$n" '$1 <= n')
-want ring && for w in $rings; do
+want ring && for w in $(upto_n 4 "$n"); do
   seqs=${RING_SEQS:-65536,131072,262144,524288}
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) timeout 300 burst-bench-ring --world "$w" \
     --seq "$seqs" --reps 3 --out "$out/ring_${w}.json" 2>&1 | tee "$out/ring_${w}.txt"
