@@ -124,7 +124,8 @@ AttnParams base_params(int64_t n_q, int64_t n_kv, int heads, int kv_heads, int d
   return p;
 }
 
-// kernel kAuto is reported as "attention" (what the engine runs), kSm80 as "attention_sm80".
+// kernel kAuto is reported as "attention" (what the engine runs), kSm80 as "attention_sm80",
+// the wgmma kernel with its query tile forced as "attention_r128" / "attention_r192".
 Row bench_prefill(int64_t s, int d, MaskKind mask, burst::kernels::AttnKernel kernel) {
   const int heads = 4096 / d;
   const int64_t n = s * heads * d;
@@ -143,9 +144,13 @@ Row bench_prefill(int64_t s, int d, MaskKind mask, burst::kernels::AttnKernel ke
       median_ms([&] { CUDA_CHECK(burst::kernels::attention_cuda(p, nullptr, kernel)); }, &runs);
   double flops = 4.0 * double(s) * double(s) * d * heads;
   if (mask == MaskKind::kCausal) flops /= 2;
-  const bool sm80 = kernel == burst::kernels::AttnKernel::kSm80;
-  return {sm80 ? "attention_sm80" : "attention", mask == MaskKind::kCausal ? "causal" : "full",
-          s,     heads, heads, d, runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
+  using burst::kernels::AttnKernel;
+  const char* op = kernel == AttnKernel::kSm80          ? "attention_sm80"
+                   : kernel == AttnKernel::kSm90Rows128 ? "attention_r128"
+                   : kernel == AttnKernel::kSm90Rows192 ? "attention_r192"
+                                                        : "attention";
+  return {op, mask == MaskKind::kCausal ? "causal" : "full",
+          s,  heads, heads, d, runs, ms, flops / (ms * 1e-3) / 1e12, 0.0};
 }
 
 // Decode of `seqs` sequences of s keys each, one token each, 32 query / kv_heads kv heads x 128
@@ -369,6 +374,11 @@ int main(int argc, char** argv) {
         AttnParams probe = base_params(s, s, 4096 / d, 4096 / d, d, m);
         if (burst::kernels::attention_sm90_supported(probe)) {
           rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm80));
+          // At head_dim 64 the launch picks 128- or 192-row query tiles: time both.
+          if (d == 64) {
+            rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm90Rows128));
+            rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm90Rows192));
+          }
         }
       }
     }

@@ -81,8 +81,9 @@ __device__ __forceinline__ KeyRange visible_keys(const Args& a, int m0, int rows
 
 // Prefill launchers by architecture, for parameters attention_cuda() has validated.
 cudaError_t attention_sm80(const AttnParams& p, cudaStream_t stream);
-// head_dim 128 only, and only on a compute capability 9.0 device (the sm_90a build).
-cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream);
+// head_dim 128 or 64, and only on a compute capability 9.0 device (the sm_90a build). rows: the
+// query tile (128, or 192 at head_dim 64), 0 to let the launch choose.
+cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows);
 
 // ---- PTX wrappers ----------------------------------------------------------------------------
 

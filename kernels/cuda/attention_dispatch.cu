@@ -52,13 +52,19 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel 
   if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
   if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
   const bool sm90 = attention_sm90_supported(p);
-  if (kernel == AttnKernel::kSm90 && !sm90) return cudaErrorInvalidDeviceFunction;
+  const bool sm90_only = kernel == AttnKernel::kSm90 || kernel == AttnKernel::kSm90Rows128 ||
+                         kernel == AttnKernel::kSm90Rows192;
+  if (sm90_only && !sm90) return cudaErrorInvalidDeviceFunction;
+  if (kernel == AttnKernel::kSm90Rows192 && p.head_dim != 64) return cudaErrorInvalidValue;
   if (p.n_q == 0) return cudaSuccess;
-  if (kernel == AttnKernel::kSm90 || (kernel == AttnKernel::kAuto && sm90)) {
-    const cudaError_t err = detail::attention_sm90(p, stream);
+  if (sm90_only || (kernel == AttnKernel::kAuto && sm90)) {
+    const int rows = kernel == AttnKernel::kSm90Rows128   ? 128
+                     : kernel == AttnKernel::kSm90Rows192 ? 192
+                                                          : 0;
+    const cudaError_t err = detail::attention_sm90(p, stream, rows);
     // cudaErrorInvalidValue: the driver refused a TMA layout of these strides, before any
     // launch; kAuto then runs the kernel without that constraint.
-    if (err != cudaErrorInvalidValue || kernel == AttnKernel::kSm90) return err;
+    if (err != cudaErrorInvalidValue || sm90_only) return err;
   }
   return detail::attention_sm80(p, stream);
 }

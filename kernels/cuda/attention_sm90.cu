@@ -34,37 +34,48 @@
 namespace burst::kernels::detail {
 namespace {
 
-constexpr int kBlockM = 128;  // query rows per CTA: two warpgroups of 64
 constexpr int kBlockN = 128;  // keys per pipeline stage
-constexpr int kConsumerThreads = 256;  // two warpgroups of MMAs and softmax
-// Warp specialisation: a third warpgroup only issues the TMA loads, on 24 registers, so the two
-// consumer warpgroups get 240 each (setmaxnreg; 128 x 24 + 256 x 240 <= 64K).
-constexpr int kThreads = kConsumerThreads + 128;
-// A [128 rows][head_dim] tile of 16-bit values is stored as head_dim / 64 column halves
-// [128 rows][64]: one row of a half is 128 bytes, the width of the 128-byte swizzle.
+// A [rows][head_dim] tile of 16-bit values is stored as head_dim / 64 column halves
+// [rows][64]: one row of a half is 128 bytes, the width of the 128-byte swizzle.
 constexpr int kRowBytes = 128;
-constexpr int kHalfBytes = 128 * kRowBytes;
+constexpr int kHalfBytes = kBlockN * kRowBytes;  // a half of a K or V tile
+constexpr int kQBoxRows = 64;                    // Q arrives in boxes of one warpgroup's rows
 
-// The shape of the kernel for one head_dim (64 or 128); everything else derives from it.
-template <int kHeadDim>
+// The shape of the kernel for one head_dim (64 or 128) and number of consumer warpgroups (2 or
+// 3, each owning 64 query rows); everything else derives from it.
+template <int kHeadDim, int kWarpgroups>
 struct Sm90Tile {
   static constexpr int kD = kHeadDim;
+  static constexpr int kWG = kWarpgroups;
+  static constexpr int kBlockM = 64 * kWG;  // query rows per tile
+  static constexpr int kConsumerThreads = 128 * kWG;
+  // Warp specialisation: one more warpgroup only issues the TMA loads, on 24 registers; the
+  // consumers get the rest (setmaxnreg: 128 x 24 + 256 x 240 or 384 x 160 <= 64K).
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kWG == 2 ? 240 : 160;
+  // With 160 registers there is room for one P fragment only (O 32 + S 64 + P 32 at head_dim
+  // 64): the softmax leaves exp2 values in S and they become P once the last P.V is done.
+  static constexpr bool kTwoP = kWG == 2;
   static constexpr int kHalves = kD / 64;
   static constexpr int kTileBytes = kHalves * kHalfBytes;
+  static constexpr int kQHalfBytes = kBlockM * kRowBytes;
+  static constexpr int kQBytes = kHalves * kQHalfBytes;
   // K+V tiles in flight: head_dim 64 tiles are half the size, so twice as many fit.
   static constexpr int kStages = kD == 64 ? 6 : 3;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
   // Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
   // rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
   static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
-  static constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static_assert(kWG == 2 || (kWG == 3 && kD == 64), "3 warpgroups fit 160 registers at 64 only");
+  static_assert(kTwoP == (kConsumerRegs >= 240), "two P fragments need 240 registers");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "registers");
+  static_assert(kQHalfBytes % 1024 == 0, "Q halves keep the swizzle's 1024-byte alignment");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
 };
-
-static_assert(kBlockM == 2 * 64 && kConsumerThreads == 2 * 128, "one warpgroup per 64 rows");
-static_assert(kBlockM == 128 && kBlockN == 128, "Q, K and V tiles have 128 rows");
 
 // The device code exists only in the sm_90a pass; the sm_80 pass and the host pass see a stub.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -235,7 +246,7 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(col), "r"(head), "r"(row)
       : "memory");
 }
-// A whole [128][kD] tile: its 64-column halves.
+// A whole [128][kD] K or V tile: its 64-column halves.
 template <int kD>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                               int head, int row) {
@@ -298,14 +309,16 @@ struct TileOrder {
 #endif
 };
 
-template <typename T, typename OutT, int kD>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, typename OutT, int kD, int kWG>
+__global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     attention_sm90_kernel(const KernelArgs<T, OutT> a, const __grid_constant__ CUtensorMap q_map,
                           const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const TileOrder order) {
 #ifdef BURST_SM90_KERNEL
-  using Tl = Sm90Tile<kD>;
+  using Tl = Sm90Tile<kD, kWG>;
   constexpr int kTileBytes = Tl::kTileBytes, kStages = Tl::kStages, kStageBytes = Tl::kStageBytes;
+  constexpr int kBlockM = Tl::kBlockM, kConsumerThreads = Tl::kConsumerThreads;
+  constexpr int kQBytes = Tl::kQBytes, kQHalfBytes = Tl::kQHalfBytes;
   constexpr int kOAcc = kD / 2;  // fp32 O accumulators per thread (m64 x kD wgmma)
   constexpr float kNegInf = -INFINITY;
   extern __shared__ uint8_t smem_raw[];
@@ -314,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Shared memory: Q, stage 0 (K, V), stage 1, stage 2, mbarriers. Addresses as wgmma, TMA and
   // mbarrier take them (shared window, 32 bits).
   const uint32_t q_addr0 = base;
-  auto k_tile = [&](int stage) { return base + kTileBytes + stage * kStageBytes; };
+  auto k_tile = [&](int stage) { return base + kQBytes + stage * kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + kTileBytes; };
-  const uint32_t bar_q = base + kTileBytes + kStages * kStageBytes;
+  const uint32_t bar_q = base + kQBytes + kStages * kStageBytes;
   const uint32_t bar_q_empty = bar_q + 8;
   auto bar_full = [&](int stage) { return bar_q + 8 * (2 + stage); };
   auto bar_empty = [&](int stage) { return bar_q + 8 * (2 + kStages + stage); };
@@ -345,7 +358,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int pos = t % order.m_blocks;
     h = t / order.m_blocks;
     g = h / a.group;
-    m0 = order.m_block(pos) * kBlockM;
+    // Query blocks end at n_q: where n_q is not a multiple of kBlockM the first block starts
+    // before row 0 (those rows load as zeros and are not written), so the short block is the
+    // one that sees the fewest keys under a causal mask rather than the one that sees the most.
+    m0 = order.m_block(pos) * kBlockM - (order.m_blocks * kBlockM - a.n_q);
     rows_valid = min(kBlockM, a.n_q - m0);
     const auto [n_end, min_visible] = visible_keys(a, m0, rows_valid);
     n_blocks = (n_end + kBlockN - 1) / kBlockN;
@@ -372,19 +388,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto key_block = [&](int i) { return n_blocks - 1 - i; };
   auto stage_of = [&](int i) { return (done + i) % kStages; };
   auto fill_of = [&](int i) { return (done + i) / kStages; };
-  if (wg == 2) {
+  if (wg == kWG) {
     // The producer: per tile, the first blocks whose stages are free, then Q once both
     // consumer warpgroups have issued the last S of the tile before (so its load overlaps their
     // last softmax, P.V and epilogue), then the rest; block i once every consumer warp has
     // released the block kStages before it. It leaves when its last load is issued (no
     // CTA-wide barrier follows).
-    regs_dec<24>();
+    regs_dec<Tl::kProducerRegs>();
     if (tid == kConsumerThreads) {
       constexpr int kBeforeQ = kStages > 3 ? kStages - 2 : 1;
       auto load_q = [&] {
         if (q_loads > 0) mbar_wait(bar_q_empty, (q_loads - 1) & 1);
-        mbar_expect_tx(bar_q, kTileBytes);
-        tma_load_tile<kD>(q_addr0, &q_map, bar_q, h, m0);
+        mbar_expect_tx(bar_q, kQBytes);
+#pragma unroll
+        for (int half = 0; half < kD / 64; ++half) {
+#pragma unroll
+          for (int r = 0; r < kBlockM; r += kQBoxRows) {
+            tma_load_box(q_addr0 + half * kQHalfBytes + r * kRowBytes, &q_map, bar_q, half * 64,
+                         h, m0 + r);
+          }
+        }
         ++q_loads;
       };
       for (int t = order.first(); t >= 0; t = order.next(t)) {
@@ -405,13 +428,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  regs_inc<240>();
+  regs_inc<Tl::kConsumerRegs>();
   // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
   const uint32_t q_addr = q_addr0 + wg * 64 * kRowBytes;
   // P of a block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0, 1} of
-  // row hf. Two buffers, used alternately: the P.V of block i - 1 reads one on the tensor cores
-  // while the softmax of block i writes the other (with a single buffer and a copy, the
-  // compiler merges the two and ptxas must serialise the wgmmas).
+  // row hf. With two buffers (Tl::kTwoP), used alternately, the P.V of block i - 1 reads one on
+  // the tensor cores while the softmax of block i writes the other (with a single buffer and a
+  // copy, the compiler merges the two and ptxas must serialise the wgmmas). With one (pa), the
+  // softmax leaves its exp2 values in s and they are rounded into pa once that P.V is done.
   uint32_t pa[32], pb[32];
 
   // O += P.V for block i: k16 slice kk covers keys 16kk..16kk+15, i.e. S column blocks 2kk and
@@ -442,9 +466,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t dq[kD / 16], dk[kD / 16];
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
-      const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
-      dq[ks] = k_major_desc(q_addr + off);
-      dk[ks] = k_major_desc(k_tile(stage_of(i)) + off);
+      const uint32_t off = (ks & 3) * 32;
+      dq[ks] = k_major_desc(q_addr + (ks >> 2) * kQHalfBytes + off);
+      dk[ks] = k_major_desc(k_tile(stage_of(i)) + (ks >> 2) * kHalfBytes + off);
     }
     desc_fence(dq);
     desc_fence(dk);
@@ -487,11 +511,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float p0 = exp2_approx(fmaf(s[4 * j + 2 * hf], a.scale_log2, -offset));
         const float p1 = exp2_approx(fmaf(s[4 * j + 2 * hf + 1], a.scale_log2, -offset));
         sum += p0 + p1;
-        p[2 * j + hf] = pack2<T>(p0, p1);
+        if constexpr (Tl::kTwoP) {
+          p[2 * j + hf] = pack2<T>(p0, p1);
+        } else {
+          s[4 * j + 2 * hf] = p0;
+          s[4 * j + 2 * hf + 1] = p1;
+        }
       }
       // The sum keeps the unrounded P (as the fp32 reference does); it stays per thread until
       // the epilogue's quad reduction.
       row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+    }
+  };
+
+  // One P buffer: P rounded from the exp2 values the softmax left in s.
+  auto pack_s = [&](uint32_t(&p)[32]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) p[2 * j + hf] = pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
     }
   };
 
@@ -528,6 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e >> 1) & 1];
     release(i - 1);
+    if constexpr (!Tl::kTwoP) pack_s(p_next);
   };
   // The last block's P.V (its tiles arrived before its S).
   auto last_pv = [&](uint32_t(&p)[32]) {
@@ -555,16 +594,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       if (n_blocks == 1) release_q();
       softmax(0, pa);
-      // Blocks 1, 2, ... alternate the P buffers (unrolled by two so both stay in registers).
-      int i = 1;
-      for (; i + 1 < n_blocks; i += 2) {
-        step(i, pa, pb);
-        step(i + 1, pb, pa);
-      }
-      if (i < n_blocks) {
-        step(i, pa, pb);
-        last_pv(pb);
+      if constexpr (Tl::kTwoP) {
+        // Blocks 1, 2, ... alternate the P buffers (unrolled by two so both stay in registers).
+        int i = 1;
+        for (; i + 1 < n_blocks; i += 2) {
+          step(i, pa, pb);
+          step(i + 1, pb, pa);
+        }
+        if (i < n_blocks) {
+          step(i, pa, pb);
+          last_pv(pb);
+        } else {
+          last_pv(pa);
+        }
       } else {
+        pack_s(pa);
+        for (int i = 1; i < n_blocks; ++i) step(i, pa, pa);
         last_pv(pa);
       }
       release(n_blocks - 1);
@@ -581,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
-      if (row >= a.n_q) continue;
+      if (row < 0 || row >= a.n_q) continue;
       const bool empty = !(sum > 0.f);
       const float inv = empty ? 0.f : 1.f / sum;
       OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
@@ -625,16 +670,16 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // The TMA map of a [rows][heads][d] 16-bit tensor (strides in elements) read in boxes of
-// [128 rows][1 head][64 columns] with the 128-byte swizzle. False if the driver refuses it.
+// [box_rows][1 head][64 columns] with the 128-byte swizzle. False if the driver refuses it.
 bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads, int d,
-                int64_t row_stride, int64_t head_stride) {
+                int64_t row_stride, int64_t head_stride, int box_rows) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr || rows <= 0) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2,
                                  static_cast<cuuint64_t>(row_stride) * 2};
-  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(&map,
                 dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -645,36 +690,25 @@ bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, typename OutT, int kD>
-cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
-  constexpr int kSmemBytes = Sm90Tile<kD>::kSmemBytes;
-  const KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
-  CUtensorMap q_map{}, k_map{}, v_map{};
-  if (!encode_map(q_map, p.dtype, p.q, p.n_q, p.heads, kD, p.q_row_stride, p.q_head_stride)) {
-    return cudaErrorInvalidValue;
-  }
-  // No keys: no key block is loaded, the maps are never read.
-  if (p.n_kv > 0 &&
-      (!encode_map(k_map, p.dtype, p.k, p.n_kv, p.kv_heads, kD, p.k_row_stride,
-                   p.k_head_stride) ||
-       !encode_map(v_map, p.dtype, p.v, p.n_kv, p.kv_heads, kD, p.v_row_stride,
-                   p.v_head_stride))) {
-    return cudaErrorInvalidValue;
-  }
-  auto* kernel = attention_sm90_kernel<T, OutT, kD>;
-  // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
-  int device = 0, sms = 0;
-  err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
+// How a launch of query blocks of block_m rows runs: its tile order and CTA count.
+struct Plan {
   TileOrder order{};
-  order.m_blocks = (p.n_q + kBlockM - 1) / kBlockM;
+  int ctas = 0;
+  // Units of work (a CTA's tiles of one round) run per round, on average: a launch's time is
+  // its work over this and over the speed of one unit's rows.
+  double per_round() const {
+    const int units = (order.tiles + order.chunk - 1) / order.chunk;
+    const int rounds = (units + ctas - 1) / ctas;
+    return rounds == 0 ? 0.0 : static_cast<double>(units) / rounds;
+  }
+};
+
+// False if the launch has too many tiles to number.
+bool plan_launch(const AttnParams& p, int block_m, int sms, Plan& plan) {
+  TileOrder& order = plan.order;
+  order.m_blocks = (p.n_q + block_m - 1) / block_m;
   const int64_t tiles = int64_t{order.m_blocks} * p.heads;
-  if (tiles > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // the tile numbers are ints
+  if (tiles > (int64_t{1} << 30)) return false;  // the tile numbers are ints
   order.tiles = static_cast<int>(tiles);
   // Many tiles a multiprocessor: one CTA a tile, longest first, and the hardware hands the next
   // tile to whichever multiprocessor frees first; a tile's start and end cost little beside
@@ -685,30 +719,81 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
       tiles <= int64_t{causal ? kPersistentCausalTiles : kPersistentFullTiles} * sms;
   order.pairs = causal && persistent ? 1 : 0;
   order.chunk = order.pairs ? 2 : 1;
-  const int ctas =
+  plan.ctas =
       persistent ? std::min((order.tiles + order.chunk - 1) / order.chunk, sms) : order.tiles;
-  kernel<<<ctas, kThreads, kSmemBytes, stream>>>(a, q_map, k_map, v_map, order);
+  return true;
+}
+
+cudaError_t multiprocessors(int& sms) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+}
+
+template <typename T, typename OutT, int kD, int kWG>
+cudaError_t launch(const AttnParams& p, const Plan& plan, cudaStream_t stream) {
+  using Tl = Sm90Tile<kD, kWG>;
+  constexpr int kSmemBytes = Tl::kSmemBytes;
+  const KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
+  CUtensorMap q_map{}, k_map{}, v_map{};
+  if (!encode_map(q_map, p.dtype, p.q, p.n_q, p.heads, kD, p.q_row_stride, p.q_head_stride,
+                  kQBoxRows)) {
+    return cudaErrorInvalidValue;
+  }
+  // No keys: no key block is loaded, the maps are never read.
+  if (p.n_kv > 0 &&
+      (!encode_map(k_map, p.dtype, p.k, p.n_kv, p.kv_heads, kD, p.k_row_stride,
+                   p.k_head_stride, kBlockN) ||
+       !encode_map(v_map, p.dtype, p.v, p.n_kv, p.kv_heads, kD, p.v_row_stride,
+                   p.v_head_stride, kBlockN))) {
+    return cudaErrorInvalidValue;
+  }
+  auto* kernel = attention_sm90_kernel<T, OutT, kD, kWG>;
+  // Above 48 KiB a kernel must opt in to dynamic shared memory (per device, so every call).
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<plan.ctas, Tl::kThreads, kSmemBytes, stream>>>(a, q_map, k_map, v_map, plan.order);
   return cudaGetLastError();
 }
 
-template <typename T, int kD>
-cudaError_t dispatch_out(const AttnParams& p, cudaStream_t stream) {
-  return output_dtype(p) == DType::kF32 ? launch<T, float, kD>(p, stream)
-                                        : launch<T, T, kD>(p, stream);
+template <int kD, int kWG>
+cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream) {
+  const bool f32_out = output_dtype(p) == DType::kF32;
+  if (p.dtype == DType::kBF16) {
+    return f32_out ? launch<__nv_bfloat16, float, kD, kWG>(p, plan, stream)
+                   : launch<__nv_bfloat16, __nv_bfloat16, kD, kWG>(p, plan, stream);
+  }
+  return f32_out ? launch<__half, float, kD, kWG>(p, plan, stream)
+                 : launch<__half, __half, kD, kWG>(p, plan, stream);
 }
 
-template <int kD>
-cudaError_t dispatch_dtype(const AttnParams& p, cudaStream_t stream) {
-  return p.dtype == DType::kBF16 ? dispatch_out<__nv_bfloat16, kD>(p, stream)
-                                 : dispatch_out<__half, kD>(p, stream);
-}
+// At head_dim 64, three consumer warpgroups (192-row tiles) run a key block 6-11 % faster than
+// two (H100, docs/benchmarks.md): with a third warpgroup's softmax in flight the tensor cores
+// and the exp2 unit, equally loaded at this head_dim, overlap better. A persistent causal launch
+// with 192-row tiles can leave more of its last round of pairs idle than that gains (4K tokens,
+// 64 heads: 5.3 rounds against 7.8 with 128-row tiles), and a small one has fewer CTAs to spread;
+// there two warpgroups run.
+constexpr double kThreeWarpgroupGain = 1.06;
 
 }  // namespace
 
-cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream) {
-  if (p.head_dim == 128) return dispatch_dtype<128>(p, stream);
-  if (p.head_dim == 64) return dispatch_dtype<64>(p, stream);
-  return cudaErrorInvalidValue;
+cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
+  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
+  if (rows != 0 && rows != 128 && !(rows == 192 && p.head_dim == 64)) return cudaErrorInvalidValue;
+  int sms = 0;
+  const cudaError_t err = multiprocessors(sms);
+  if (err != cudaSuccess) return err;
+  Plan two;
+  if (!plan_launch(p, Sm90Tile<64, 2>::kBlockM, sms, two)) return cudaErrorInvalidValue;
+  if (p.head_dim == 128) return dispatch<128, 2>(p, two, stream);
+  Plan three;
+  if (!plan_launch(p, Sm90Tile<64, 3>::kBlockM, sms, three)) return cudaErrorInvalidValue;
+  const bool use_two = rows == 0 ? three.order.pairs &&
+                                       three.per_round() * kThreeWarpgroupGain < two.per_round()
+                                 : rows == 128;
+  return use_two ? dispatch<64, 2>(p, two, stream) : dispatch<64, 3>(p, three, stream);
 }
 
 }  // namespace burst::kernels::detail

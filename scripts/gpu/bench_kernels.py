@@ -59,9 +59,9 @@ def main():
     with open(args.ours) as f:
         ours = json.load(f)
     rows = []
-    torch_at = {}  # (S, mask, head_dim) -> torch's ms per backend, timed once for both kernels
+    torch_at = {}  # (S, mask, head_dim) -> torch's ms per backend, timed once for every kernel
     for r in ours["results"]:
-        if r["op"] not in ("attention", "attention_sm80"):
+        if r["op"] not in ("attention", "attention_sm80", "attention_r128", "attention_r192"):
             continue
         s, heads, d, causal = r["S"], r["heads"], r["head_dim"], r["mask"] == "causal"
         flops = 4.0 * s * s * d * heads / (2 if causal else 1)
@@ -85,7 +85,8 @@ def main():
 
     print(f"\nattention, bf16, 4096 / head_dim heads, on {torch.cuda.get_device_name()} "
           f"(torch {torch.__version__}); kernel attention = what the engine runs here, "
-          f"attention_sm80 = the mma.sync kernel (an A100's)")
+          f"attention_sm80 = the mma.sync kernel (an A100's), attention_r128 / _r192 = ours with "
+          f"128- / 192-row query tiles forced (head_dim 64)")
     print(f"{'kernel':<15} {'d':>4} {'S':>7} {'mask':<7} {'ours TF/s':>10} {'flash TF/s':>11} "
           f"{'cudnn TF/s':>11} {'ours/flash':>11} {'ours/cudnn':>11}")
     for r in rows:

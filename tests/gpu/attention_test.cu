@@ -307,9 +307,11 @@ enum class Kernel { kPrefill, kDecode };
 // Runs one case on one kernel: the prefill kernel `prefill` (kSm80 or kSm90) or decode.
 void run_one(const Case& c, const Inputs& in, const Outputs& ref, const Outputs& naive,
              Kernel kernel, AttnKernel prefill) {
-  SCOPED_TRACE(describe(c) + (kernel == Kernel::kDecode ? " [decode]"
-                              : prefill == AttnKernel::kSm90 ? " [prefill sm90]"
-                                                             : " [prefill sm80]"));
+  SCOPED_TRACE(describe(c) + (kernel == Kernel::kDecode                ? " [decode]"
+                              : prefill == AttnKernel::kSm90         ? " [prefill sm90]"
+                              : prefill == AttnKernel::kSm90Rows128  ? " [prefill sm90 128 rows]"
+                              : prefill == AttnKernel::kSm90Rows192  ? " [prefill sm90 192 rows]"
+                                                                     : " [prefill sm80]"));
   Outputs ours;
   Device dev;
   to_device(in, c, dev);
@@ -354,7 +356,8 @@ void run_one(const Case& c, const Inputs& in, const Outputs& ref, const Outputs&
 }
 
 // Every prefill case runs on every prefill kernel the device has (the mma.sync kernel
-// everywhere, the wgmma kernel on compute capability 9.0).
+// everywhere, the wgmma kernel on compute capability 9.0, at head_dim 64 also with each of its
+// query tiles forced: the launch picks one by the shape, so a test shape alone may miss one).
 void run_case(const Case& c, Kernel kernel, uint32_t seed) {
   const Inputs in = make_inputs(c, seed);
   Outputs ref, naive;
@@ -365,7 +368,13 @@ void run_case(const Case& c, Kernel kernel, uint32_t seed) {
   }
   run_one(c, in, ref, naive, kernel, AttnKernel::kSm80);
   if (::testing::Test::HasFatalFailure()) return;
-  if (attention_sm90_supported(in.p)) run_one(c, in, ref, naive, kernel, AttnKernel::kSm90);
+  if (!attention_sm90_supported(in.p)) return;
+  run_one(c, in, ref, naive, kernel, AttnKernel::kSm90);
+  if (c.head_dim != 64) return;
+  for (AttnKernel forced : {AttnKernel::kSm90Rows128, AttnKernel::kSm90Rows192}) {
+    if (::testing::Test::HasFatalFailure()) return;
+    run_one(c, in, ref, naive, kernel, forced);
+  }
 }
 
 constexpr int kOddSizes[] = {1, 7, 37, 127, 769, 4095};
@@ -478,6 +487,18 @@ TEST_F(GpuAttention, RejectsUnsupportedParams) {
   EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90),
             major == 9 && minor == 0 ? cudaSuccess : cudaErrorInvalidDeviceFunction);
   EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm80), cudaSuccess);
+  // 192-row query tiles exist at head_dim 64 only.
+  if (major == 9 && minor == 0) {
+    EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90Rows192), cudaSuccess);
+    p.head_dim = 128;
+    set_packed_strides(p);
+    EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90Rows192), cudaErrorInvalidValue);
+    EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90Rows128), cudaSuccess);
+  } else {
+    EXPECT_EQ(attention_cuda(p, nullptr, AttnKernel::kSm90Rows192),
+              cudaErrorInvalidDeviceFunction);
+  }
+  CUDA_ASSERT(cudaDeviceSynchronize());
   CUDA_ASSERT(cudaGetLastError());
 }
 

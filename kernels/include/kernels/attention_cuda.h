@@ -29,8 +29,11 @@ namespace burst::kernels {
 
 // The prefill kernels: kSm80 (mma.sync m16n8k16 + ldmatrix + cp.async; any sm_80+ device) and
 // kSm90 (wgmma from shared memory, compute capability 9.0, head_dim 128 and 64). kAuto picks
-// kSm90 where it runs, else kSm80; the explicit choices are for tests and benchmarks.
-enum class AttnKernel { kAuto, kSm80, kSm90 };
+// kSm90 where it runs, else kSm80; the explicit choices are for tests and benchmarks. kSm90
+// picks its query tile per launch: 128 rows (two consumer warpgroups) or, at head_dim 64, 192
+// (three); kSm90Rows128 and kSm90Rows192 force one (kSm90Rows192 at head_dim 128:
+// cudaErrorInvalidValue).
+enum class AttnKernel { kAuto, kSm80, kSm90, kSm90Rows128, kSm90Rows192 };
 
 // Whether kSm90 runs p on the current device.
 bool attention_sm90_supported(const AttnParams& p);
