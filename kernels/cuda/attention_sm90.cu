@@ -1,9 +1,10 @@
 // Flash attention forward for one ring step (LAO) on Hopper (sm_90a): the contract of
 // kernels/attention_cuda.h, for head_dim 128 and 64, with warpgroup MMAs (wgmma.mma_async).
 //
-// A CTA computes 128-row query blocks of one head ("tiles"; a few in turn where there are few
-// a multiprocessor, see TileOrder) with two consumer warpgroups and a producer warpgroup that
-// only loads. Each consumer warpgroup owns 64 rows and runs S = Q.K^T as
+// A CTA computes query blocks of one head ("tiles" of 128 rows, or 192 at head_dim 64; a few
+// in turn where there are few a multiprocessor, see TileOrder) with two (three) consumer
+// warpgroups and a producer warpgroup that only loads. Each consumer warpgroup owns 64 rows
+// and runs S = Q.K^T as
 // m64n128k16 wgmmas with both operands in shared memory, then O += P.V with P (the softmax of
 // S, rounded to the input dtype) straight from registers: the S accumulator fragment of a wgmma
 // is the A-operand fragment of the next.
@@ -11,7 +12,7 @@
 // block i runs on the other units.
 // Loads are TMA (cp.async.bulk.tensor) issued by one thread of the producer warpgroup into a
 // ring of K+V tiles (3 stages at head_dim 128, 6 at 64) in the 128-byte-swizzled layout wgmma
-// reads; mbarriers say when a stage is full (TMA bytes arrived) and empty (all 8 consumer warps
+// reads; mbarriers say when a stage is full (TMA bytes arrived) and empty (all consumer warps
 // done reading it), so the warpgroups are not held in lockstep by CTA-wide barriers and one's
 // softmax overlaps the other's MMAs. The producer gives its registers to the consumers
 // (setmaxnreg 24 / 240): with the loads issued by a consumer thread instead, that thread's warp
@@ -20,7 +21,9 @@
 // issue) were measured on top of this and gained nothing (626-646 TFLOP/s), so they are not
 // used. At head_dim 64 the exp2s of the softmax (MUFU) take as long as the MMAs; computing a
 // share of them with a polynomial on the FMA units instead (1/16 to 1/4 of them) was measured
-// slower at every share (H100: 460 -> 445, 425, 375 TFLOP/s at 64K causal), so it is not used.
+// slower at every share (H100: 460 -> 445, 425, 375 TFLOP/s at 64K causal), ping-pong lost
+// 2-3 % there too, and a third consumer warpgroup (192-row tiles, one P fragment on 160
+// registers) gained 6-11 %: that is the head_dim 64 shape (Sm90Tile, attention_sm90()).
 // Key blocks run from the last to the first, so the blocks that need masking (the causal
 // diagonal, the n_kv tail) come first and the rest run without per-element checks.
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes from the runtime)
@@ -235,7 +238,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
-// One [128 rows][64 columns] box of a [rows][heads][128] tensor into shared memory at dst,
+// One [box rows][64 columns] box of a [rows][heads][head_dim] tensor into shared memory at dst,
 // swizzled by the tensor map (128B); rows past the tensor's end arrive as zeros. Completion is
 // counted in bytes on bar.
 __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, uint32_t bar,
@@ -536,7 +539,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // Waits until block i's K and V have arrived.
   auto wait_full = [&](int i) { mbar_wait(bar_full(stage_of(i)), fill_of(i) & 1); };
   // After this warp's wgmmas that read block i have completed: release the stage (the producer
-  // refills it with block i + kStages once all eight consumer warps have).
+  // refills it with block i + kStages once all consumer warps have).
   auto release = [&](int i) {
     if (lane == 0) mbar_arrive(bar_empty(stage_of(i)));
   };
