@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   auto stage_of = [&](int i) { return (done + i) % kStages; };
   auto fill_of = [&](int i) { return (done + i) / kStages; };
   if (wg == kWG) {
-    // The producer: per tile, the first blocks whose stages are free, then Q once both
+    // The producer: per tile, the first blocks whose stages are free, then Q once all
     // consumer warpgroups have issued the last S of the tile before (so its load overlaps their
     // last softmax, P.V and epilogue), then the rest; block i once every consumer warp has
     // released the block kStages before it. It leaves when its last load is issued (no
