@@ -191,6 +191,8 @@ class CpuBackend final : public Backend {
     return {};
   }
 
+  bool attention_merges(const kernels::AttnParams&) const override { return true; }
+
   Status merge(const kernels::MergeParams& p) override {
     if (p.out && p.out_dtype != DType::kF32) return shape_error("merge", "cpu tensors are f32");
     kernels::merge_cpu(p);

@@ -287,9 +287,6 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.q = static_cast<const char*>(q) + qs.row * qw * elt;
   p.k = static_cast<const char*>(k) + ks.row * kvw * elt;
   p.v = static_cast<const char*>(v) + ks.row * kvw * elt;
-  // The first contribution to these rows goes straight into the accumulator (same layout).
-  p.o = direct ? static_cast<void*>(o_acc + qs.row * qw) : at(o_part_, qs.row * qw);
-  p.lse = direct ? lse_acc + qs.row : at<float>(lse_part_, qs.row);
   p.q_start = qs.pos;
   p.kv_start = ks.pos;
   p.mask = mask;
@@ -297,8 +294,15 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   p.beside_transfer = beside_transfer_;
+  // The first contribution to these rows goes straight into the accumulator (same layout);
+  // later ones merge into it, in the kernel where the backend's does that (one pass over the
+  // accumulator), else through a partial and a merge.
+  p.merge_into_o = !direct && backend_.attention_merges(p);
+  const bool in_place = direct || p.merge_into_o;
+  p.o = in_place ? static_cast<void*>(o_acc + qs.row * qw) : at(o_part_, qs.row * qw);
+  p.lse = in_place ? lse_acc + qs.row : at<float>(lse_part_, qs.row);
   BURST_RETURN_IF_ERROR(backend_.attention(p));
-  if (direct) return {};
+  if (in_place) return {};
   return merge(o_acc + qs.row * qw, lse_acc + qs.row, at<float>(o_part_, qs.row * qw),
                at<float>(lse_part_, qs.row), qs.len, rows);
 }

@@ -624,6 +624,10 @@ class CudaBackend final : public Backend {
       return op_error("attention", "paged K/V is read by the decode kernel only (n_q 1, or "
                                    "per-row K/V), got " + describe(p));
     }
+    if (p.merge_into_o && !attention_merges(p)) {
+      return op_error("attention", "merging into o needs the Hopper prefill kernel, got " +
+                                       describe(p));
+    }
     if (p.n_q == 1 || p.row_kv_len) {
       // Decode: one query row against a long KV; split-KV keeps every multiprocessor busy.
       const size_t ws = kernels::attention_decode_workspace_bytes(p);
@@ -635,6 +639,11 @@ class CudaBackend final : public Backend {
                       describe(p));
     }
     return launched("attention", kernels::attention_cuda(p, compute_), describe(p));
+  }
+
+  // The prefill path (not the decode kernel: one row, or per-row K/V) on the Hopper kernel.
+  bool attention_merges(const kernels::AttnParams& p) const override {
+    return p.n_q != 1 && !p.row_kv_len && !p.kv_pages && kernels::attention_merges_into_o(p);
   }
 
   Status merge(const kernels::MergeParams& p) override {

@@ -48,6 +48,29 @@ BlockRelation block_relation(int64_t q_start, int64_t n_q, int64_t kv_start, int
   return BlockRelation::kPartial;
 }
 
+namespace {
+
+// (o_a, *la) <- the merge of (o_a, *la) and (o_b, lb), o into dst (o_a itself or elsewhere).
+void merge_row(const float* oa, float* la, const float* ob, float lb, int d, float* dst) {
+  const float a = *la;
+  if (lb == kNegInf) {  // b saw nothing: a is already the answer
+    if (dst != oa) std::copy(oa, oa + d, dst);
+    return;
+  }
+  if (a == kNegInf) {  // a saw nothing: take b (avoids -inf - -inf)
+    std::copy(ob, ob + d, dst);
+    *la = lb;
+    return;
+  }
+  const float mx = std::max(a, lb);
+  const float lse = mx + std::log1p(std::exp(-std::fabs(a - lb)));
+  const float wa = std::exp(a - lse), wb = std::exp(lb - lse);
+  for (int c = 0; c < d; ++c) dst[c] = oa[c] * wa + ob[c] * wb;
+  *la = lse;
+}
+
+}  // namespace
+
 void attention_cpu(const AttnParams& p) {
   const auto* q = static_cast<const float*>(p.q);
   const auto* k = static_cast<const float*>(p.k);
@@ -117,12 +140,19 @@ void attention_cpu(const AttnParams& p) {
       }
       float* lse = p.lse + h * p.lse_head_stride + i;
       if (visible == 0) {  // empty row: contributes nothing to a later merge
-        for (int c = 0; c < d; ++c) oi[c] = 0.f;
-        *lse = kNegInf;
+        if (!p.merge_into_o) {
+          for (int c = 0; c < d; ++c) oi[c] = 0.f;
+          *lse = kNegInf;
+        }
       } else {
         const float inv = 1.f / l;
-        for (int c = 0; c < d; ++c) oi[c] = acc[c] * inv;
-        *lse = m + std::log(l);
+        for (int c = 0; c < d; ++c) acc[c] *= inv;
+        if (p.merge_into_o) {
+          merge_row(oi, lse, acc.data(), m + std::log(l), d, oi);
+        } else {
+          std::copy(acc.begin(), acc.end(), oi);
+          *lse = m + std::log(l);
+        }
       }
     }
   }
@@ -132,27 +162,12 @@ void merge_cpu(const MergeParams& p) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int h = 0; h < p.heads; ++h) {
     for (int r = 0; r < p.rows; ++r) {
-      float* la = p.lse_a + h * p.lse_head_stride + r;
-      const float lb = p.lse_b[h * p.lse_head_stride + r];
-      const float a = *la;
       float* oa = p.o_a + r * p.o_row_stride + h * p.o_head_stride;
       const float* ob = p.o_b + r * p.o_row_stride + h * p.o_head_stride;
       // Where the merged o goes: o_a in place, or out (fp32 here).
       float* dst = p.out ? static_cast<float*>(p.out) + r * p.out_row_stride + h * p.head_dim : oa;
-      if (lb == kNegInf) {  // b saw nothing: a is already the answer
-        if (dst != oa) std::copy(oa, oa + p.head_dim, dst);
-        continue;
-      }
-      if (a == kNegInf) {  // a saw nothing: take b (avoids -inf - -inf)
-        std::copy(ob, ob + p.head_dim, dst);
-        *la = lb;
-        continue;
-      }
-      const float mx = std::max(a, lb);
-      const float lse = mx + std::log1p(std::exp(-std::fabs(a - lb)));
-      const float wa = std::exp(a - lse), wb = std::exp(lb - lse);
-      for (int c = 0; c < p.head_dim; ++c) dst[c] = oa[c] * wa + ob[c] * wb;
-      *la = lse;
+      merge_row(oa, p.lse_a + h * p.lse_head_stride + r, ob, p.lse_b[h * p.lse_head_stride + r],
+                p.head_dim, dst);
     }
   }
 }

@@ -36,6 +36,7 @@ struct KernelArgs {
   int32_t causal;
   float scale;       // natural-log units, for the LSE
   float scale_log2;  // scale * log2(e): scores go straight into exp2
+  int32_t merge;     // AttnParams::merge_into_o (the sm90 kernel, fp32 o)
 };
 
 template <typename T, typename OutT>
@@ -60,6 +61,7 @@ KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
   a.n_kv = p.n_kv;
   a.group = p.heads / p.kv_heads;
   a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
+  a.merge = p.merge_into_o ? 1 : 0;
   a.scale = p.scale;
   a.scale_log2 = p.scale * kLog2e;
   return a;

@@ -604,6 +604,7 @@ size_t attention_decode_workspace_bytes(const AttnParams& p) {
 cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream) {
   if (!validate(p).empty()) return cudaErrorInvalidValue;
+  if (p.merge_into_o) return cudaErrorInvalidValue;
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
   const DType od = output_dtype(p);
   if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;

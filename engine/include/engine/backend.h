@@ -117,6 +117,9 @@ class Backend {
   }
   // One attention call of the kernels/attention.h contract on this backend's memory.
   virtual Status attention(const kernels::AttnParams& p) = 0;
+  // Whether attention(p) takes p with merge_into_o set (the CPU kernel always; on CUDA the
+  // Hopper prefill kernel, not the mma.sync or decode ones).
+  virtual bool attention_merges(const kernels::AttnParams& p) const = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.
   virtual Status merge(const kernels::MergeParams& p) = 0;
   // One token per row of logits [rows, vocab] (this backend's memory, fp32 or its compute

@@ -63,6 +63,12 @@ struct AttnParams {
   // multiprocessor held by the transfer delays its whole share, so the step ends a transfer
   // later. Scheduling only: the results are bit for bit the same.
   bool beside_transfer = false;
+  // o (fp32) and lse already hold a normalised partial result of these rows (against other
+  // keys): the launch merges its own into them, as merge_cuda with (o_a, lse_a) = (o, lse)
+  // would, instead of overwriting them (one pass over o instead of a partial written, read back
+  // and merged). attention_cpu and the CUDA Hopper prefill kernel do this (attention_cuda.h:
+  // attention_merges_into_o); the mma.sync and decode kernels refuse it.
+  bool merge_into_o = false;
 };
 
 // The physical row of logical key j under the page table `pages` (null: row j).
