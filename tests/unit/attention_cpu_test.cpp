@@ -207,6 +207,36 @@ TEST(MergeCpu, ShardsMergeToMonolithic) {
   for (size_t i = 0; i < lse_ref.size(); ++i) EXPECT_NEAR(lse_acc[i], lse_ref[i], 2e-6) << i;
 }
 
+// merge_into_o: each shard merged by attention_cpu itself gives the bits of attention into a
+// partial + merge_cpu (same arithmetic), from an accumulator that starts empty (a empty: the
+// first shard is taken as is) through a shard that rows 0..19 do not reach (b empty).
+TEST(MergeCpu, AttentionMergingIntoOEqualsPartialThenMerge) {
+  const Case whole{33, 101, 4, 2, 16, 50, 0, MaskKind::kCausal};
+  std::mt19937 rng(12);
+  auto q = random_vec(33 * 4 * 16, rng), k = random_vec(101 * 2 * 16, rng),
+       v = random_vec(101 * 2 * 16, rng);
+  std::vector<float> o_fused(q.size(), 0.f), lse_fused(4 * 33, kNegInf);
+  std::vector<float> o_acc(q.size(), 0.f), lse_acc(4 * 33, kNegInf);
+  const int cuts[] = {0, 40, 70, 101};
+  for (int s = 0; s < 3; ++s) {
+    Case part = whole;
+    part.n_kv = cuts[s + 1] - cuts[s];
+    part.kv_start = cuts[s];
+    std::vector<float> ks(k.begin() + cuts[s] * 32, k.begin() + cuts[s + 1] * 32);
+    std::vector<float> vs(v.begin() + cuts[s] * 32, v.begin() + cuts[s + 1] * 32);
+    AttnParams fused = make_params(part, q, ks, vs, o_fused, lse_fused);
+    fused.merge_into_o = true;
+    attention_cpu(fused);
+    std::vector<float> o(q.size()), lse(4 * 33);
+    attention_cpu(make_params(part, q, ks, vs, o, lse));
+    MergeParams m{o_acc.data(), lse_acc.data(), o.data(), lse.data(), 4 * 16, 16, 33, 33, 4, 16};
+    merge_cpu(m);
+  }
+  EXPECT_EQ(o_fused, o_acc);
+  EXPECT_EQ(lse_fused, lse_acc);
+  EXPECT_NE(lse_acc[0], kNegInf);  // every row saw keys
+}
+
 // With `out` set the merged o goes there (o_a untouched), the same values as in place, for every
 // case: both seen, a empty, b empty; lse_a updated the same way.
 TEST(MergeCpu, OutHoldsWhatInPlaceWouldAndLeavesOaAlone) {
