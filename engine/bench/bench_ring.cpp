@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -276,11 +277,15 @@ int main(int argc, char** argv) {
   }
   char tmpl[] = "/tmp/burst-ring-XXXXXX";
   const std::string store = mkdtemp(tmpl);
-  // Fork before any CUDA call: a CUDA context does not survive fork().
+  // Fork before any CUDA call: a CUDA context does not survive fork(). A rank ends with exit(),
+  // not _exit(), so what it registered with atexit runs (libburst_ktrace.so, loaded as
+  // CUDA_INJECTION64_PATH, writes its last kernel records then); stdio is flushed first so no
+  // buffered parent output is written once per rank.
+  std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int r = 0; r < o.world; ++r) {
     const pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(o, r, store));
+    if (pid == 0) std::exit(run_rank(o, r, store));
     pids.push_back(pid);
   }
   int worst = 0;

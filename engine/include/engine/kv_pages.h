@@ -71,7 +71,8 @@ class PagedKvCache {
   };
   PagedKvCache(Backend& backend, AttentionShape shape, int64_t pages, int page_size)
       : backend_(backend), shape_(shape), pages_(pages), page_size_(page_size) {}
-  // Calls f(pool_row, logical_row, n) for each run of rows [row, row + count) within one page.
+  // Calls f(pool_row, logical_row, n) for each run of rows [row, row + count) whose pool rows
+  // follow each other (within a page, or across pages that are consecutive in the pool).
   template <typename F>
   Status for_each_run(const Seq& s, int64_t row, int64_t count, F&& f) const;
 
