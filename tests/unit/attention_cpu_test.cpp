@@ -169,6 +169,20 @@ TEST(AttentionCpu, FullyMaskedBlockIsEmpty) {
 
 // Splitting the keys into shards (including an empty-for-some-rows shard) and merging the
 // partial (O, LSE) pairs in order must equal one call over all keys.
+// Keys [lo, hi) of `whole` as a case of their own, with their rows of k and v.
+struct Shard {
+  Case c;
+  std::vector<float> k, v;
+};
+Shard shard(const Case& whole, const std::vector<float>& k, const std::vector<float>& v, int lo,
+            int hi) {
+  const auto w = static_cast<ptrdiff_t>(whole.kv_heads) * whole.head_dim;
+  Shard s{whole, {k.begin() + lo * w, k.begin() + hi * w}, {v.begin() + lo * w, v.begin() + hi * w}};
+  s.c.n_kv = hi - lo;
+  s.c.kv_start = lo;
+  return s;
+}
+
 TEST(MergeCpu, ShardsMergeToMonolithic) {
   const Case whole{33, 101, 4, 2, 16, 50, 0, MaskKind::kCausal};
   std::mt19937 rng(11);
@@ -180,13 +194,9 @@ TEST(MergeCpu, ShardsMergeToMonolithic) {
   std::vector<float> o_acc(q.size(), 0.f), lse_acc(4 * 33, kNegInf);
   const int cuts[] = {0, 40, 70, 101};
   for (int s = 0; s < 3; ++s) {
-    Case part = whole;
-    part.n_kv = cuts[s + 1] - cuts[s];
-    part.kv_start = cuts[s];
-    std::vector<float> ks(k.begin() + cuts[s] * 32, k.begin() + cuts[s + 1] * 32);
-    std::vector<float> vs(v.begin() + cuts[s] * 32, v.begin() + cuts[s + 1] * 32);
+    const Shard sh = shard(whole, k, v, cuts[s], cuts[s + 1]);
     std::vector<float> o(q.size()), lse(4 * 33);
-    attention_cpu(make_params(part, q, ks, vs, o, lse));
+    attention_cpu(make_params(sh.c, q, sh.k, sh.v, o, lse));
     MergeParams m;
     m.o_a = o_acc.data();
     m.lse_a = lse_acc.data();
@@ -219,16 +229,12 @@ TEST(MergeCpu, AttentionMergingIntoOEqualsPartialThenMerge) {
   std::vector<float> o_acc(q.size(), 0.f), lse_acc(4 * 33, kNegInf);
   const int cuts[] = {0, 40, 70, 101};
   for (int s = 0; s < 3; ++s) {
-    Case part = whole;
-    part.n_kv = cuts[s + 1] - cuts[s];
-    part.kv_start = cuts[s];
-    std::vector<float> ks(k.begin() + cuts[s] * 32, k.begin() + cuts[s + 1] * 32);
-    std::vector<float> vs(v.begin() + cuts[s] * 32, v.begin() + cuts[s + 1] * 32);
-    AttnParams fused = make_params(part, q, ks, vs, o_fused, lse_fused);
+    const Shard sh = shard(whole, k, v, cuts[s], cuts[s + 1]);
+    AttnParams fused = make_params(sh.c, q, sh.k, sh.v, o_fused, lse_fused);
     fused.merge_into_o = true;
     attention_cpu(fused);
     std::vector<float> o(q.size()), lse(4 * 33);
-    attention_cpu(make_params(part, q, ks, vs, o, lse));
+    attention_cpu(make_params(sh.c, q, sh.k, sh.v, o, lse));
     MergeParams m{o_acc.data(), lse_acc.data(), o.data(), lse.data(), 4 * 16, 16, 33, 33, 4, 16};
     merge_cpu(m);
   }
