@@ -532,7 +532,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) p[2 * j + hf] = pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
+      for (int hf = 0; hf < 2; ++hf) {
+        p[2 * j + hf] = pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
+      }
     }
   };
 

@@ -177,7 +177,9 @@ struct Shard {
 Shard shard(const Case& whole, const std::vector<float>& k, const std::vector<float>& v, int lo,
             int hi) {
   const auto w = static_cast<ptrdiff_t>(whole.kv_heads) * whole.head_dim;
-  Shard s{whole, {k.begin() + lo * w, k.begin() + hi * w}, {v.begin() + lo * w, v.begin() + hi * w}};
+  Shard s{whole,
+          {k.begin() + lo * w, k.begin() + hi * w},
+          {v.begin() + lo * w, v.begin() + hi * w}};
   s.c.n_kv = hi - lo;
   s.c.kv_start = lo;
   return s;
