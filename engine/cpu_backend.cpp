@@ -20,6 +20,7 @@ Status shape_error(const char* op, const std::string& what) {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(bool merges) : merges_(merges) {}
   std::string name() const override { return "cpu"; }
   DeviceKind device() const override { return DeviceKind::kCpu; }
   DType compute_dtype() const override { return DType::kF32; }
@@ -191,7 +192,7 @@ class CpuBackend final : public Backend {
     return {};
   }
 
-  bool attention_merges(const kernels::AttnParams&) const override { return true; }
+  bool attention_merges(const kernels::AttnParams&) const override { return merges_; }
 
   Status merge(const kernels::MergeParams& p) override {
     if (p.out && p.out_dtype != DType::kF32) return shape_error("merge", "cpu tensors are f32");
@@ -222,6 +223,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::vector<int32_t> drawn_;  // the last sample()'s ids (drawn_ids)
+  bool merges_;                 // what attention_merges reports (make_cpu_backend)
 };
 
 }  // namespace
@@ -243,7 +245,9 @@ std::string check_sample_args(const Tensor& logits, const std::vector<SamplingPa
   return {};
 }
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(bool attention_merges) {
+  return std::make_unique<CpuBackend>(attention_merges);
+}
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& spec) {
   if (spec == "cpu") return make_cpu_backend();

@@ -223,8 +223,6 @@ Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {
     max_prefix = std::max(max_prefix, b.prefix[static_cast<size_t>(r)]);
   }
   b.block_rows = max_prefix + b.rows;
-  BURST_RETURN_IF_ERROR(ensure(o_part_, {b.rows, qw}, DType::kF32));
-  BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * b.rows}, DType::kF32));
   BURST_RETURN_IF_ERROR(ensure(o_acc_, {b.rows, qw}, DType::kF32));
   return ensure(lse_acc_, {shape_.heads * b.rows}, DType::kF32);
 }
@@ -299,6 +297,10 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   // accumulator), else through a partial and a merge.
   p.merge_into_o = !direct && backend_.attention_merges(p);
   const bool in_place = direct || p.merge_into_o;
+  if (!in_place) {  // scratch only where the kernel cannot merge (1 GiB at 128K on 2 GPUs)
+    BURST_RETURN_IF_ERROR(ensure(o_part_, {rows, qw}, DType::kF32));
+    BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * rows}, DType::kF32));
+  }
   p.o = in_place ? static_cast<void*>(o_acc + qs.row * qw) : at(o_part_, qs.row * qw);
   p.lse = in_place ? lse_acc + qs.row : at<float>(lse_part_, qs.row);
   BURST_RETURN_IF_ERROR(backend_.attention(p));

@@ -125,7 +125,8 @@ struct Rows {
 
 // One rank: ring prefill of its shard, compared with the monolithic rows; then one decode
 // step compared with monolithic attention and with every other rank's bits.
-int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout) {
+int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout,
+              bool kernel_merges) {
   auto comm = make_gloo_communicator({rank, world, store, "127.0.0.1",
                                       std::chrono::milliseconds(20000), nullptr});
   if (!comm.ok()) {
@@ -134,7 +135,7 @@ int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayou
   }
   const auto plan = ShardPlan::make(layout, s.n, world);
   Problem pr(s, plan.padded_len + 1);  // one extra row: the decode token
-  auto backend = make_cpu_backend();
+  auto backend = make_cpu_backend(kernel_merges);
   auto ring = RingAttention::create(*backend, *comm.value(),
                                     {1, s.heads, s.kv_heads, s.head_dim}, plan.local_rows(rank) + 2);
   if (!ring.ok()) return 11;
@@ -193,6 +194,9 @@ struct RingCase {
   int world;
   Shape shape;
   ShardLayout layout;
+  // Whether the attention merges later contributions into o itself (the CPU kernel, the Hopper
+  // kernel) or the ring merges partials (the mma.sync kernel's path).
+  bool kernel_merges = true;
 };
 
 class RingAttentionTest : public ::testing::TestWithParam<RingCase> {};
@@ -202,7 +206,7 @@ TEST_P(RingAttentionTest, EqualsMonolithicAttention) {
   const std::string store = make_temp_dir();
   ASSERT_FALSE(store.empty());
   const auto codes = run_ranks(c.world, [&](int rank) {
-    return ring_rank(rank, c.world, store, c.shape, c.layout);
+    return ring_rank(rank, c.world, store, c.shape, c.layout, c.kernel_merges);
   });
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
@@ -215,12 +219,15 @@ INSTANTIATE_TEST_SUITE_P(
                       RingCase{4, {127, 8, 2, 16}, ShardLayout::kZigzag},
                       RingCase{4, {5, 2, 1, 16}, ShardLayout::kZigzag},  // ranks hold only padding
                       RingCase{3, {50, 4, 4, 16}, ShardLayout::kContiguous},
-                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous}),
+                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous},
+                      RingCase{3, {101, 6, 2, 32}, ShardLayout::kZigzag, false},
+                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous, false}),
     [](const auto& info) {
       const RingCase& c = info.param;
       std::ostringstream os;  // not string +: see attention_cpu_test.cpp
       os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
-         << c.shape.kv_heads << "kv_" << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous");
+         << c.shape.kv_heads << "kv_" << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous")
+         << (c.kernel_merges ? "" : "_partials");
       return os.str();
     });
 

@@ -167,8 +167,10 @@ class Backend {
 std::string check_sample_args(const Tensor& logits, const std::vector<SamplingParams>& params,
                               const std::vector<double>& uniforms);
 
-// The CPU backend (fp32). Always available.
-std::unique_ptr<Backend> make_cpu_backend();
+// The CPU backend (fp32). Always available. attention_merges = false makes it report that its
+// attention cannot merge into o, so callers take the partial + merge path (the one the CUDA
+// mma.sync kernel gets): for tests of that path.
+std::unique_ptr<Backend> make_cpu_backend(bool attention_merges = true);
 // The CUDA backend (bf16) on the given device, or an error when CUDA is absent or fails.
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 // "cpu" or "cuda[:N]".
