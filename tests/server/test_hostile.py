@@ -329,7 +329,9 @@ def test_huge_prompts_refused_before_tokenizing():
         check(status == 413 and "8000000 bytes" in err["message"] and
               "--max-prompt-bytes" in err["message"] and err["param"] == param,
               f"{path}: {status} {err}")
-        check(secs < 1, f"{path}: refused in {secs:.2f} s")
+        # Tokenizing this text takes ~20 s (SentencePiece, this model); receiving and parsing 8 MB
+        # of JSON on a loaded 2-core CI machine took up to 1.2 s: 3 s tells the two apart.
+        check(secs < 3, f"{path}: refused in {secs:.2f} s")
         slowest = max(slowest, secs)
     grew = vm_rss_kb(srv.proc.pid) - rss0
     print(f"8 MB prompts: tried {len(bodies) * 2}, 413 each, slowest {slowest:.2f} s, server "
