@@ -625,7 +625,7 @@ class CudaBackend final : public Backend {
                                    "per-row K/V), got " + describe(p));
     }
     if (p.merge_into_o && !attention_merges(p)) {
-      return op_error("attention", "merging into o needs the Hopper prefill kernel, got " +
+      return op_error("attention", "merging into o needs a prefill launch with an fp32 o, got " +
                                        describe(p));
     }
     if (p.n_q == 1 || p.row_kv_len) {
@@ -641,7 +641,7 @@ class CudaBackend final : public Backend {
     return launched("attention", kernels::attention_cuda(p, compute_), describe(p));
   }
 
-  // The prefill path (not the decode kernel: one row, or per-row K/V) on the Hopper kernel.
+  // The prefill kernels (not the decode kernel: one row, or per-row K/V), fp32 o.
   bool attention_merges(const kernels::AttnParams& p) const override {
     return p.n_q != 1 && !p.row_kv_len && !p.kv_pages && kernels::attention_merges_into_o(p);
   }

@@ -134,6 +134,34 @@ __device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
   }
 }
 
+// AttnParams::merge_into_o in a prefill kernel's epilogue, for one row of which this thread holds
+// kGroups column pairs (columns 8j + 2 (lane % 4) + {0, 1}, the m16n8 accumulator layout both
+// kernels use): merges this launch's result b (pair(j) unnormalised, times inv; LSE lb) into the
+// partial result a at o_row / *lse_at, with merge_cuda's arithmetic. la is a's LSE, which every
+// thread of the row must have read before any thread of it calls this (it writes *lse_at).
+template <int kGroups, typename Pair>
+__device__ __forceinline__ void merge_row_into(float* o_row, float* lse_at, int lane, float la,
+                                               float lb, float inv, Pair&& pair) {
+  if (lb == -INFINITY) return;  // b saw nothing: a is already the answer
+  // a saw nothing: take b (max + log1p(exp(-|a - b|)) would meet inf - inf).
+  const bool take_b = la == -INFINITY;
+  const float merged = take_b ? lb : fmaxf(la, lb) + log1pf(expf(-fabsf(la - lb)));
+  const float wa = take_b ? 0.f : expf(la - merged), wb = take_b ? 1.f : expf(lb - merged);
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+    float* dst = o_row + j * 8 + (lane & 3) * 2;
+    const float2 v = pair(j);
+    const float b0 = v.x * inv, b1 = v.y * inv;
+    if (take_b) {
+      *reinterpret_cast<float2*>(dst) = make_float2(b0, b1);
+    } else {
+      const float2 prev = *reinterpret_cast<const float2*>(dst);
+      *reinterpret_cast<float2*>(dst) = make_float2(prev.x * wa + b0 * wb, prev.y * wa + b1 * wb);
+    }
+  }
+  if ((lane & 3) == 0) *lse_at = merged;
+}
+
 // ---- tensor-core fragments (mma.sync m16n8k16, ldmatrix): the sm_80 prefill and the decode --
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {

@@ -37,7 +37,8 @@ bool attention_sm90_supported(const AttnParams& p) {
 }
 
 bool attention_merges_into_o(const AttnParams& p) {
-  return attention_sm90_supported(p) && output_dtype(p) == DType::kF32;
+  return output_dtype(p) == DType::kF32 && (p.head_dim == 64 || p.head_dim == 128) &&
+         (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
 
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
@@ -60,10 +61,7 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel 
                          kernel == AttnKernel::kSm90Rows192;
   if (sm90_only && !sm90) return cudaErrorInvalidDeviceFunction;
   if (kernel == AttnKernel::kSm90Rows192 && p.head_dim != 64) return cudaErrorInvalidValue;
-  // Merging into o: the Hopper kernel only, and never the fallback below.
-  if (p.merge_into_o && (!sm90 || kernel == AttnKernel::kSm80 || od != DType::kF32)) {
-    return cudaErrorInvalidValue;
-  }
+  if (p.merge_into_o && !attention_merges_into_o(p)) return cudaErrorInvalidValue;
   if (p.n_q == 0) return cudaSuccess;
   if (sm90_only || (kernel == AttnKernel::kAuto && sm90)) {
     const int rows = kernel == AttnKernel::kSm90Rows128   ? 128
@@ -72,7 +70,7 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel 
     const cudaError_t err = detail::attention_sm90(p, stream, rows);
     // cudaErrorInvalidValue: the driver refused a TMA layout of these strides, before any
     // launch; kAuto then runs the kernel without that constraint.
-    if (err != cudaErrorInvalidValue || sm90_only || p.merge_into_o) return err;
+    if (err != cudaErrorInvalidValue || sm90_only) return err;
   }
   return detail::attention_sm80(p, stream);
 }

@@ -648,25 +648,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
           const float sum = sums[hf];
           const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
           if (row < 0 || row >= a.n_q || !(sum > 0.f)) continue;  // b saw nothing: a stays
-          const float inv = 1.f / sum;
-          const float lb = row_max[hf] * a.scale + logf(sum), la = old_lse[hf];
-          float* o_row = o_base + int64_t{row} * a.o_row_stride;
-          // a saw nothing: take b (max + log1p(exp(-|a - b|)) would meet inf - inf).
-          const float merged = la == kNegInf ? lb : fmaxf(la, lb) + log1pf(expf(-fabsf(la - lb)));
-          const float wa = la == kNegInf ? 0.f : expf(la - merged);
-          const float wb = la == kNegInf ? 1.f : expf(lb - merged);
-#pragma unroll
-          for (int j = 0; j < kD / 8; ++j) {
-            float* dst = o_row + j * 8 + (lane & 3) * 2;
-            const float b0 = o[4 * j + 2 * hf] * inv, b1 = o[4 * j + 2 * hf + 1] * inv;
-            if (la == kNegInf) {
-              store2(dst, b0, b1);
-            } else {
-              const float2 prev = *reinterpret_cast<const float2*>(dst);
-              store2(dst, prev.x * wa + b0 * wb, prev.y * wa + b1 * wb);
-            }
-          }
-          if ((lane & 3) == 0) a.lse[int64_t{h} * a.lse_head_stride + row] = merged;
+          merge_row_into<kD / 8>(
+              o_base + int64_t{row} * a.o_row_stride, a.lse + int64_t{h} * a.lse_head_stride + row,
+              lane, old_lse[hf], row_max[hf] * a.scale + logf(sum), 1.f / sum,
+              [&](int j) { return make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]); });
         }
         continue;
       }

@@ -717,28 +717,22 @@ TEST_F(GpuAttention, DecodeBatchedPerRowEqualsOneLaunchEach) {
 
 // merge_into_o: attention over one part of the keys, then the other part merged into it by
 // the kernel, equals one launch over all keys (the 2x-naive rule against the fp32 reference)
-// and the unfused path (the second part into a partial, then merge_cuda) to fp32 rounding.
-// Causal, keys split at 900 with the diagonal at 731 + i: rows 0..168 see nothing of the
-// second part, so one order merges empty partials into them (b empty) and the other merges
-// into rows that saw nothing (a empty).
+// and the unfused path (the second part into a partial, then merge_cuda) to fp32 rounding, on
+// both prefill kernels. Causal, keys split at 900 with the diagonal at 731 + i: rows 0..168 see
+// nothing of the second part, so one order merges empty partials into them (b empty) and the
+// other merges into rows that saw nothing (a empty). The decode kernel and a 16-bit o refuse it.
 TEST_F(GpuAttention, MergeIntoOEqualsOneLaunchOverAllKeys) {
   uint32_t seed = 61;
   for (int d : {128, 64}) {
     Case c{"merge-into-o", 769, 1500, 8, 2, d, MaskKind::kCausal, 731, 0};
     c.o_dtype = DType::kF32;
-    SCOPED_TRACE(describe(c));
     const Inputs in = make_inputs(c, seed++);
     Outputs ref, naive;
     references(in, c.dtype, c.o_dtype, ref, naive);
     Device dev;
     to_device(in, c, dev);
     if (HasFatalFailure()) return;
-    if (!attention_merges_into_o(dev.p)) {
-      AttnParams refused = dev.p;
-      refused.merge_into_o = true;
-      EXPECT_EQ(attention_cuda(refused, nullptr), cudaErrorInvalidValue);
-      GTEST_SKIP() << "merge_into_o runs on the Hopper kernel only: checked that it is refused";
-    }
+    ASSERT_TRUE(attention_merges_into_o(dev.p));
     constexpr int kSplit = 900;
     AttnParams lo = dev.p, hi = dev.p;
     lo.n_kv = kSplit;
@@ -747,63 +741,79 @@ TEST_F(GpuAttention, MergeIntoOEqualsOneLaunchOverAllKeys) {
     hi.k = static_cast<const char*>(dev.p.k) + size_t{kSplit} * dev.p.k_row_stride * 2;
     hi.v = static_cast<const char*>(dev.p.v) + size_t{kSplit} * dev.p.v_row_stride * 2;
     const Errors en = compare(in.p, naive, ref, "naive");
-    for (int order = 0; order < 2; ++order) {
-      SCOPED_TRACE(order == 0 ? "keys [0, 900) then [900, 1500) merged"
-                              : "keys [900, 1500) then [0, 900) merged");
-      const AttnParams& first = order == 0 ? lo : hi;
-      AttnParams second = order == 0 ? hi : lo;
-      poison(dev, c);
-      CUDA_ASSERT(attention_cuda(first, nullptr));
-      second.merge_into_o = true;
-      CUDA_ASSERT(attention_cuda(second, nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      Outputs fused;
-      fetch(dev, c, fused);
-      if (HasFatalFailure()) return;
-      expect_within_rule(compare(in.p, fused, ref, "fused"), en, "fused merge");
-      // The unfused path on the same inputs.
-      poison(dev, c);
-      CUDA_ASSERT(attention_cuda(first, nullptr));
-      DevBuf po, pl;
-      CUDA_ASSERT(cudaMalloc(&po.ptr, size_t(c.n_q) * c.heads * d * sizeof(float)));
-      CUDA_ASSERT(cudaMalloc(&pl.ptr, size_t(c.heads) * dev.p.lse_head_stride * sizeof(float)));
-      AttnParams part = order == 0 ? hi : lo;
-      part.o = po.ptr;
-      part.lse = static_cast<float*>(pl.ptr);
-      CUDA_ASSERT(attention_cuda(part, nullptr));
-      MergeParams m;
-      m.o_a = static_cast<float*>(dev.o.ptr);
-      m.lse_a = static_cast<float*>(dev.lse.ptr);
-      m.o_b = static_cast<const float*>(po.ptr);
-      m.lse_b = static_cast<const float*>(pl.ptr);
-      m.o_row_stride = int64_t{c.heads} * d;
-      m.o_head_stride = d;
-      m.lse_head_stride = dev.p.lse_head_stride;
-      m.rows = c.n_q;
-      m.heads = c.heads;
-      m.head_dim = d;
-      CUDA_ASSERT(merge_cuda(m, nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      Outputs unfused;
-      fetch(dev, c, unfused);
-      if (HasFatalFailure()) return;
-      // Same arithmetic in another kernel: equal up to the compiler's fused multiply-adds.
-      double o_diff = 0, lse_diff = 0;
-      for (size_t i = 0; i < fused.o.size(); ++i) {
-        o_diff = std::max(o_diff, std::fabs(double(fused.o[i]) - unfused.o[i]) /
-                                      (std::fabs(double(unfused.o[i])) + 1e-3));
-      }
-      for (int h = 0; h < c.heads; ++h) {
-        for (int i = 0; i < c.n_q; ++i) {
-          const size_t at = size_t(h) * dev.p.lse_head_stride + i;
-          const float a = fused.lse[at], b = unfused.lse[at];
-          if (a == b) continue;  // also both -inf
-          lse_diff = std::max(lse_diff, std::fabs(double(a) - b));
+    std::vector<AttnKernel> kernels = {AttnKernel::kSm80};
+    if (attention_sm90_supported(dev.p)) kernels.push_back(AttnKernel::kSm90);
+    for (AttnKernel kernel : kernels) {
+      for (int order = 0; order < 2; ++order) {
+        SCOPED_TRACE(describe(c) + (kernel == AttnKernel::kSm90 ? " [sm90]" : " [sm80]") +
+                     (order == 0 ? " keys [0, 900) then [900, 1500) merged"
+                                 : " keys [900, 1500) then [0, 900) merged"));
+        const AttnParams& first = order == 0 ? lo : hi;
+        AttnParams second = order == 0 ? hi : lo;
+        poison(dev, c);
+        CUDA_ASSERT(attention_cuda(first, nullptr, kernel));
+        second.merge_into_o = true;
+        CUDA_ASSERT(attention_cuda(second, nullptr, kernel));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        Outputs fused;
+        fetch(dev, c, fused);
+        if (HasFatalFailure()) return;
+        expect_within_rule(compare(in.p, fused, ref, "fused"), en, "fused merge");
+        // The unfused path on the same inputs.
+        poison(dev, c);
+        CUDA_ASSERT(attention_cuda(first, nullptr, kernel));
+        DevBuf po, pl;
+        CUDA_ASSERT(cudaMalloc(&po.ptr, size_t(c.n_q) * c.heads * d * sizeof(float)));
+        CUDA_ASSERT(cudaMalloc(&pl.ptr, size_t(c.heads) * dev.p.lse_head_stride * sizeof(float)));
+        AttnParams part = order == 0 ? hi : lo;
+        part.o = po.ptr;
+        part.lse = static_cast<float*>(pl.ptr);
+        CUDA_ASSERT(attention_cuda(part, nullptr, kernel));
+        MergeParams m;
+        m.o_a = static_cast<float*>(dev.o.ptr);
+        m.lse_a = static_cast<float*>(dev.lse.ptr);
+        m.o_b = static_cast<const float*>(po.ptr);
+        m.lse_b = static_cast<const float*>(pl.ptr);
+        m.o_row_stride = int64_t{c.heads} * d;
+        m.o_head_stride = d;
+        m.lse_head_stride = dev.p.lse_head_stride;
+        m.rows = c.n_q;
+        m.heads = c.heads;
+        m.head_dim = d;
+        CUDA_ASSERT(merge_cuda(m, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        Outputs unfused;
+        fetch(dev, c, unfused);
+        if (HasFatalFailure()) return;
+        // Same arithmetic in another kernel: equal up to the compiler's fused multiply-adds.
+        double o_diff = 0, lse_diff = 0;
+        for (size_t i = 0; i < fused.o.size(); ++i) {
+          o_diff = std::max(o_diff, std::fabs(double(fused.o[i]) - unfused.o[i]) /
+                                        (std::fabs(double(unfused.o[i])) + 1e-3));
         }
+        for (int h = 0; h < c.heads; ++h) {
+          for (int i = 0; i < c.n_q; ++i) {
+            const size_t at = size_t(h) * dev.p.lse_head_stride + i;
+            const float a = fused.lse[at], b = unfused.lse[at];
+            if (a == b) continue;  // also both -inf
+            lse_diff = std::max(lse_diff, std::fabs(double(a) - b));
+          }
+        }
+        EXPECT_LE(o_diff, 1e-5) << "fused against merge_cuda, relative";
+        EXPECT_LE(lse_diff, 1e-5) << "fused against merge_cuda, lse";
       }
-      EXPECT_LE(o_diff, 1e-5) << "fused against merge_cuda, relative";
-      EXPECT_LE(lse_diff, 1e-5) << "fused against merge_cuda, lse";
     }
+    // Refused: a 16-bit o, and the decode kernel.
+    AttnParams bf16_o = hi;
+    bf16_o.merge_into_o = true;
+    bf16_o.o_dtype = DType::kBF16;
+    EXPECT_FALSE(attention_merges_into_o(bf16_o));
+    EXPECT_EQ(attention_cuda(bf16_o, nullptr), cudaErrorInvalidValue);
+    AttnParams one_row = hi;
+    one_row.merge_into_o = true;
+    one_row.n_q = 1;
+    EXPECT_EQ(attention_decode_cuda(one_row, nullptr, 0, nullptr), cudaErrorInvalidValue);
+    CUDA_ASSERT(cudaGetLastError());
   }
 }
 

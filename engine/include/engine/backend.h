@@ -118,7 +118,7 @@ class Backend {
   // One attention call of the kernels/attention.h contract on this backend's memory.
   virtual Status attention(const kernels::AttnParams& p) = 0;
   // Whether attention(p) takes p with merge_into_o set (the CPU kernel always; on CUDA the
-  // Hopper prefill kernel, not the mma.sync or decode ones).
+  // prefill kernels with an fp32 o, not the decode kernel: one row, or per-row K/V).
   virtual bool attention_merges(const kernels::AttnParams& p) const = 0;
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.
   virtual Status merge(const kernels::MergeParams& p) = 0;
@@ -168,8 +168,8 @@ std::string check_sample_args(const Tensor& logits, const std::vector<SamplingPa
                               const std::vector<double>& uniforms);
 
 // The CPU backend (fp32). Always available. attention_merges = false makes it report that its
-// attention cannot merge into o, so callers take the partial + merge path (the one the CUDA
-// mma.sync kernel gets): for tests of that path.
+// attention cannot merge into o, so callers take the partial + merge path (the one a CUDA
+// decode-shaped launch gets): for tests of that path.
 std::unique_ptr<Backend> make_cpu_backend(bool attention_merges = true);
 // The CUDA backend (bf16) on the given device, or an error when CUDA is absent or fails.
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device);

@@ -66,8 +66,8 @@ struct AttnParams {
   // o (fp32) and lse already hold a normalised partial result of these rows (against other
   // keys): the launch merges its own into them, as merge_cuda with (o_a, lse_a) = (o, lse)
   // would, instead of overwriting them (one pass over o instead of a partial written, read back
-  // and merged). attention_cpu and the CUDA Hopper prefill kernel do this (attention_cuda.h:
-  // attention_merges_into_o); the mma.sync and decode kernels refuse it.
+  // and merged). attention_cpu and the CUDA prefill kernels do this (attention_cuda.h:
+  // attention_merges_into_o: an fp32 o); the CUDA decode kernel refuses it.
   bool merge_into_o = false;
 };
 

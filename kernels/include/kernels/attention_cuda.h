@@ -37,9 +37,8 @@ enum class AttnKernel { kAuto, kSm80, kSm90, kSm90Rows128, kSm90Rows192 };
 
 // Whether kSm90 runs p on the current device.
 bool attention_sm90_supported(const AttnParams& p);
-// Whether attention_cuda (kAuto or a kSm90 choice) takes p with merge_into_o set: the Hopper
-// kernel with an fp32 o. The mma.sync kernel and the decode kernel refuse it
-// (cudaErrorInvalidValue), and kAuto never falls back to the mma.sync kernel in that mode.
+// Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
+// in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
 bool attention_merges_into_o(const AttnParams& p);
 
 // One ring step of prefill: flash attention (tensor cores) of q against k/v under p.mask,
