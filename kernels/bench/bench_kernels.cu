@@ -12,7 +12,10 @@
 // m = 1 and 4 rows by gemv_cuda and by cuBLAS, GB/s of weights read; and 32 layers' chain of
 // them (bench_layers).
 // Timing: CUDA events around each call, one warm-up call, then the median of several calls
-// (at least 3, more while they take under ~2 s in total). Inputs are random, never zero.
+// (at least 3, more while they take under ~2 s in total). Each timed call is queued behind a
+// ~1 ms spin kernel, so the host's launch work (a decode call plans and launches two kernels)
+// never shows as GPU time: without it a 128K decode read 0.222 ms here and 0.186 ms queued
+// (docs/benchmarks.md). Inputs are random, never zero.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -49,6 +52,13 @@ using burst::kernels::MaskKind;
   } while (0)
 
 // Uniform magnitude in [0.05, 1] with a random sign, from a counter hash: never zero.
+// Keeps the GPU busy for `cycles` SM clocks while the host queues what follows.
+__global__ void spin(int64_t cycles) {
+  const int64_t t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 __global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -87,6 +97,8 @@ double median_ms(Fn fn, int* runs_out) {
   std::vector<double> times;
   double total = 0;
   while (times.size() < 3 || (times.size() < 20 && total < 2000.0)) {
+    spin<<<1, 1>>>(int64_t{2} << 20);  // ~1 ms at 2 GHz
+    CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaEventRecord(start));
     fn();
     CUDA_CHECK(cudaEventRecord(stop));

@@ -7,7 +7,8 @@ ratio table ours / torch. Run on the GPU machine (torch 2.11 there):
 
 Same conventions as ours: bf16, [1, heads, S, head_dim] random inputs, is_causal for the causal
 rows (q and kv both start at position 0), TFLOP/s = 4 * S^2 * d * heads (halved for causal),
-CUDA events, one warm-up call, median of at least 3 calls (up to 20 or ~2 s).
+CUDA events, one warm-up call, median of at least 3 calls (up to 20 or ~2 s), each queued behind
+a ~1 ms GPU sleep as burst-bench-kernels does.
 """
 import argparse
 import json
@@ -26,6 +27,7 @@ def median_ms(fn):
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     while len(times) < 3 or (len(times) < 20 and sum(times) < 2000.0):
+        torch.cuda._sleep(2_000_000)  # ~1 ms: the host's launch work stays off the GPU time
         start.record()
         fn()
         stop.record()

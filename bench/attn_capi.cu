@@ -1,0 +1,134 @@
+// libburst_attn.so: our attention kernels behind a C ABI, so a Python process that also holds
+// torch can time them launch by launch against torch SDPA's FlashAttention-2 and cuDNN
+// (scripts/gpu/bench_interleaved.py, ctypes). Timing ours and a baseline in two processes, one
+// after the other, left an H100 at its power cap moving a row 10-20 % between them
+// (docs/benchmarks.md); alternating single launches in one process puts both under the same
+// clocks. A benchmark aid, not an API of the product: the engine calls kernels/ directly.
+//
+// Every tensor is a device pointer laid out as AttnParams says (kernels/attention.h), with the
+// strides given in elements; dtype 0 = bf16, 1 = fp16; o is written in the input dtype; stream
+// is a cudaStream_t (torch.cuda.current_stream().cuda_stream). The return value is a
+// cudaError_t (0 = launched); a parameter outside the kernels' contract gives 1
+// (cudaErrorInvalidValue) and burst_attn_last_error() says why.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/attention_cuda.h"
+
+namespace {
+
+using burst::kernels::AttnKernel;
+using burst::kernels::AttnParams;
+using burst::kernels::DType;
+using burst::kernels::MaskKind;
+
+thread_local std::string g_error;
+
+struct Strides {
+  int64_t q_row, q_head, k_row, k_head, v_row, v_head, o_row, o_head, lse_head;
+};
+
+bool make_params(AttnParams& p, const void* q, const void* k, const void* v, void* o,
+                 float* lse, int n_q, int n_kv, int heads, int kv_heads, int head_dim,
+                 int causal, int dtype, const Strides& s) {
+  if (dtype != 0 && dtype != 1) {
+    g_error = "dtype must be 0 (bf16) or 1 (fp16)";
+    return false;
+  }
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
+  p.n_q = n_q;
+  p.n_kv = n_kv;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  p.mask = causal ? MaskKind::kCausal : MaskKind::kNone;
+  p.scale = head_dim > 0 ? 1.f / std::sqrt(static_cast<float>(head_dim)) : 0.f;
+  p.dtype = dtype == 0 ? DType::kBF16 : DType::kF16;
+  p.q_row_stride = s.q_row;
+  p.q_head_stride = s.q_head;
+  p.k_row_stride = s.k_row;
+  p.k_head_stride = s.k_head;
+  p.v_row_stride = s.v_row;
+  p.v_head_stride = s.v_head;
+  p.o_row_stride = s.o_row;
+  p.o_head_stride = s.o_head;
+  p.lse_head_stride = s.lse_head;
+  g_error = burst::kernels::validate(p);
+  return g_error.empty();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* burst_attn_last_error() { return g_error.c_str(); }
+
+// kernel: 0 what the engine runs (kAuto), 1 the mma.sync kernel (an A100's), 2 Hopper with
+// 128-row tiles, 3 Hopper with 192-row tiles (head_dim 64).
+int burst_attention(const void* q, const void* k, const void* v, void* o, float* lse, int n_q,
+                    int n_kv, int heads, int kv_heads, int head_dim, int causal, int dtype,
+                    const int64_t* strides9, int kernel, void* stream) {
+  if (!strides9 || kernel < 0 || kernel > 3) {
+    g_error = "strides9 must hold 9 strides; kernel 0-3";
+    return cudaErrorInvalidValue;
+  }
+  Strides s;
+  std::memcpy(&s, strides9, sizeof s);
+  AttnParams p;
+  if (!make_params(p, q, k, v, o, lse, n_q, n_kv, heads, kv_heads, head_dim, causal, dtype, s)) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr AttnKernel kKernels[] = {AttnKernel::kAuto, AttnKernel::kSm80,
+                                     AttnKernel::kSm90Rows128, AttnKernel::kSm90Rows192};
+  const cudaError_t err =
+      burst::kernels::attention_cuda(p, static_cast<cudaStream_t>(stream), kKernels[kernel]);
+  if (err != cudaSuccess) g_error = cudaGetErrorString(err);
+  return err;
+}
+
+// The decode kernel's workspace bytes for these parameters on the current device (0: refused).
+size_t burst_attention_decode_workspace(int n_q, int n_kv, int heads, int kv_heads, int head_dim,
+                                        int dtype, const int64_t* strides9) {
+  if (!strides9) return 0;
+  Strides s;
+  std::memcpy(&s, strides9, sizeof s);
+  AttnParams p;
+  // Placeholder pointers: the size depends on the shape only.
+  static float dummy[4];
+  if (!make_params(p, dummy, dummy, dummy, dummy, dummy, n_q, n_kv, heads, kv_heads, head_dim,
+                   0, dtype, s)) {
+    return 0;
+  }
+  return burst::kernels::attention_decode_workspace_bytes(p);
+}
+
+int burst_attention_decode(const void* q, const void* k, const void* v, void* o, float* lse,
+                           int n_q, int n_kv, int heads, int kv_heads, int head_dim, int dtype,
+                           const int64_t* strides9, void* workspace, size_t workspace_bytes,
+                           void* stream) {
+  if (!strides9) {
+    g_error = "strides9 must hold 9 strides";
+    return cudaErrorInvalidValue;
+  }
+  Strides s;
+  std::memcpy(&s, strides9, sizeof s);
+  AttnParams p;
+  if (!make_params(p, q, k, v, o, lse, n_q, n_kv, heads, kv_heads, head_dim, 0, dtype, s)) {
+    return cudaErrorInvalidValue;
+  }
+  const cudaError_t err = burst::kernels::attention_decode_cuda(
+      p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) g_error = cudaGetErrorString(err);
+  return err;
+}
+
+}  // extern "C"

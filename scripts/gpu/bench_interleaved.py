@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Our attention kernels and torch SDPA's (FlashAttention-2 = FLASH_ATTENTION, cuDNN =
+CUDNN_ATTENTION) timed launch by launch in ONE process, in rotating order, so every backend runs
+under the same clocks. Run on the GPU machine (torch there), with libburst_attn.so from a CUDA
+build (bench/attn_capi.cu; scripts/gpu/pack.sh carries it):
+
+    python3 scripts/gpu/bench_interleaved.py --lib .devpack/bin/libburst_attn.so \\
+        [--sizes 4096,16384,65536] [--head-dims 128,64] [--masks full,causal] [--rounds 20] \\
+        [--kernels auto,r128,r192,sm80] [--decode-sizes 32768,131072] [--decode-kv-heads 8,32] \\
+        [--out OUT/interleaved.json]
+
+Why: burst-bench-kernels then scripts/gpu/bench_kernels.py time ours and the baselines seconds
+apart, and an H100 at its 700 W power cap moved a 16K row 10-20 % between two such timings
+(docs/benchmarks.md). Here round r times each backend once, the order rotating by r, and the
+ratio ours / cuDNN is taken within each round; the table gives its median and range.
+
+Prefill: bf16, q = kv = S, 4096 / head_dim heads, TFLOP/s = 4 S^2 d heads (halved for
+causal); torch gets [1, heads, S, d] tensors, ours the same values packed [S, heads, d] (the
+engine's layout). Decode: one query token, 32 q heads x 128, K/V [S, kv heads, 128]; GB/s
+counts the K and V bytes; a 2 GiB device copy (torch) runs in the same rotation (GB/s = read +
+written). Each timed launch is queued behind a ~1 ms GPU sleep, so the host's launch cost
+(Python, ctypes, torch's cuDNN graph cache) never shows as GPU time; each backend's host time
+per call is printed, and one that comes near the sleep is flagged. Before timing, each prefill
+shape up to 4096 keys is checked against fp32 math (ours' max error at most 2x
+FlashAttention-2's + 1e-3) and each decode shape against fp32 math (at most 2x cuDNN's error
++ 1e-4); a failed check exits non-zero.
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+KERNELS = {"auto": 0, "sm80": 1, "r128": 2, "r192": 3}
+SLEEP_CYCLES = 2_000_000  # ~1 ms at Hopper clocks: the queue stays ahead of the host
+
+
+class Lib:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        p, i, i64p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)
+        self.lib.burst_attention.argtypes = [p, p, p, p, p] + [i] * 7 + [i64p, i, p]
+        self.lib.burst_attention_decode.argtypes = ([p, p, p, p, p] + [i] * 6 +
+                                                    [i64p, p, ctypes.c_size_t, p])
+        self.lib.burst_attention_decode_workspace.argtypes = [i] * 6 + [i64p]
+        self.lib.burst_attention_decode_workspace.restype = ctypes.c_size_t
+        self.lib.burst_attn_last_error.restype = ctypes.c_char_p
+
+    def check(self, err, what):
+        if err != 0:
+            raise RuntimeError(f"{what}: {self.lib.burst_attn_last_error().decode()} ({err})")
+
+
+def strides9(heads, kv_heads, d, n_q):
+    """Packed [n, heads, d] q/o and [n, kv_heads, d] k/v; lse [heads, n_q]."""
+    return (ctypes.c_int64 * 9)(heads * d, d, kv_heads * d, d, kv_heads * d, d, heads * d, d,
+                                n_q)
+
+
+def sdpa(backend, q, k, v, causal):
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
+
+def interleave(fns, rounds):
+    """fns: name -> callable. Returns name -> list of ms, one per round, order rotating."""
+    names = list(fns)
+    host_us = {}
+    for n in names:  # warm-up: module load, workspace, autotuning, clocks
+        for _ in range(3):
+            fns[n]()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fns[n]()  # host time of a warm call: the sleep must cover it
+        host_us[n] = (time.perf_counter() - t0) * 1e6
+        torch.cuda.synchronize()
+    near = max(host_us.values()) >= 500
+    print("  host us per call: " + ", ".join(f"{n} {u:.0f}" for n, u in host_us.items()) +
+          ("  (NEAR THE SLEEP: GPU times may hold host time)" if near else ""))
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for j in range(len(names)):
+            n = names[(r + j) % len(names)]
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start.record()
+            fns[n]()
+            stop.record()
+            stop.synchronize()
+            times[n].append(start.elapsed_time(stop))
+    return times
+
+
+def ratio_stats(num, den):
+    """Median, min, max of num[r] / den[r] over rounds."""
+    q = [a / b for a, b in zip(num, den)]
+    return statistics.median(q), min(q), max(q)
+
+
+def prefill(lib, s, d, causal, kernels, rounds):
+    heads = 4096 // d
+    gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
+    q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    qp, kp, vp = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [1, S, heads, d]
+    o = torch.empty_like(qp)
+    lse = torch.empty(heads, s, device="cuda", dtype=torch.float32)
+    st = strides9(heads, heads, d, s)
+    stream = torch.cuda.current_stream().cuda_stream
+    what = f"S={s} d={d} {'causal' if causal else 'full'}"
+
+    def ours(kernel):
+        def run():
+            lib.check(lib.lib.burst_attention(qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
+                                              o.data_ptr(), lse.data_ptr(), s, s, heads, heads,
+                                              d, int(causal), 0, st, KERNELS[kernel], stream),
+                      f"ours {kernel} {what}")
+        return run
+
+    if s <= 4096:  # against fp32 math (S^2 scores per head fit)
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        flash = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+        err_flash = (flash.float() - ref).abs().max().item()
+        for kernel in kernels:
+            ours(kernel)()
+            err = (o.transpose(1, 2).float() - ref).abs().max().item()
+            if not err <= 2 * err_flash + 1e-3:
+                sys.exit(f"FAIL {what} {kernel}: max error {err:.3e} against fp32, "
+                         f"FlashAttention-2's {err_flash:.3e}")
+            print(f"  check {what} {kernel}: max error {err:.2e} (FA2 {err_flash:.2e})")
+        del ref, flash
+    fns = {f"ours_{kn}": ours(kn) for kn in kernels}
+    fns["cudnn"] = lambda: sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
+    fns["flash"] = lambda: sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    times = interleave(fns, rounds)
+    flops = 4.0 * s * s * d * heads / (2 if causal else 1)
+    row = dict(S=s, head_dim=d, heads=heads, mask="causal" if causal else "full", rounds=rounds)
+    for n, t in times.items():
+        row[f"{n}_ms"] = statistics.median(t)
+        row[f"{n}_tflops"] = flops / (statistics.median(t) * 1e-3) / 1e12
+    for kn in kernels:
+        for base in ("cudnn", "flash"):
+            row[f"ours_{kn}_over_{base}"] = ratio_stats(times[base], times[f"ours_{kn}"])
+    return row
+
+
+def decode(lib, s, kv_heads, rounds, copy_fn):
+    heads, d = 32, 128
+    gen = torch.Generator(device="cuda").manual_seed(s + kv_heads)
+    q = torch.randn(1, heads, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    qp = q.transpose(1, 2).contiguous()
+    kp, vp = (t.transpose(1, 2).contiguous() for t in (k, v))
+    o = torch.empty_like(qp)
+    lse = torch.empty(heads, 1, device="cuda", dtype=torch.float32)
+    st = strides9(heads, kv_heads, d, 1)
+    ws_bytes = lib.lib.burst_attention_decode_workspace(1, s, heads, kv_heads, d, 0, st)
+    if ws_bytes == 0:
+        sys.exit(f"decode S={s}: no workspace size ({lib.lib.burst_attn_last_error().decode()})")
+    ws = torch.empty(ws_bytes, device="cuda", dtype=torch.uint8)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def ours():
+        lib.check(lib.lib.burst_attention_decode(qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
+                                                 o.data_ptr(), lse.data_ptr(), 1, s, heads,
+                                                 kv_heads, d, 0, st, ws.data_ptr(), ws_bytes,
+                                                 stream), f"ours decode S={s}")
+
+    ours()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                         enable_gqa=kv_heads != heads)
+    cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, False)
+    err = (o.transpose(1, 2).float() - ref).abs().max().item()
+    err_cudnn = (cudnn.float() - ref).abs().max().item()
+    if not err <= 2 * err_cudnn + 1e-4:
+        sys.exit(f"FAIL decode S={s} kv_heads={kv_heads}: max error {err:.3e} against fp32, "
+                 f"cuDNN's {err_cudnn:.3e}")
+    print(f"  check decode S={s} kv={kv_heads}: max error {err:.2e} (cuDNN {err_cudnn:.2e})")
+    del ref, cudnn
+    times = interleave({"ours": ours, "copy": copy_fn,
+                        "cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, False),
+                        "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, False)},
+                       rounds)
+    kv_bytes = 2.0 * s * kv_heads * d * 2
+    copy_bytes = 2.0 * copy_fn.bytes
+    row = dict(S=s, kv_heads=kv_heads, rounds=rounds)
+    for n, t in times.items():
+        row[f"{n}_ms"] = statistics.median(t)
+        row[f"{n}_gbps"] = (copy_bytes if n == "copy" else kv_bytes) / (
+            statistics.median(t) * 1e-3) / 1e9
+    # Fraction of the copy bandwidth, paired within each round: (bytes / t) / (copy / t_copy).
+    row["ours_pct_copy"] = [100 * x * kv_bytes / copy_bytes for x in
+                            ratio_stats(times["copy"], times["ours"])]
+    row["cudnn_pct_copy"] = [100 * x * kv_bytes / copy_bytes for x in
+                             ratio_stats(times["copy"], times["cudnn"])]
+    row["cudnn_over_ours"] = ratio_stats(times["cudnn"], times["ours"])
+    return row
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True, help="libburst_attn.so")
+    ap.add_argument("--sizes", default="4096,16384,65536")
+    ap.add_argument("--head-dims", default="128,64")
+    ap.add_argument("--masks", default="full,causal")
+    ap.add_argument("--kernels", default="auto", help="of auto, sm80, r128, r192")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--decode-sizes", default="32768,131072")
+    ap.add_argument("--decode-kv-heads", default="8,32")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    lib = Lib(args.lib)
+    kernels = [k for k in args.kernels.split(",") if k]
+    for k in kernels:
+        if k not in KERNELS:
+            sys.exit(f"unknown kernel {k!r}: one of {', '.join(KERNELS)}")
+    dev = torch.cuda.get_device_name()
+    print(f"{dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
+          f"{args.rounds} rounds, order rotating")
+    rows = []
+    for d in ints(args.head_dims):
+        for s in ints(args.sizes):
+            for m in args.masks.split(","):
+                rows.append(prefill(lib, s, d, m == "causal", kernels, args.rounds))
+                torch.cuda.empty_cache()
+    if rows:
+        print("\nprefill TFLOP/s (median of rounds); ours / baseline = median [min, max] of "
+              "the per-round ratios")
+        print(f"{'kernel':<6} {'d':>4} {'S':>6} {'mask':<6} {'ours':>7} {'cudnn':>7} "
+              f"{'flash':>7} {'ours/cudnn':>21} {'ours/flash':>8}")
+        for r in rows:
+            for kn in kernels:
+                c = r[f"ours_{kn}_over_cudnn"]
+                f = r[f"ours_{kn}_over_flash"]
+                print(f"{kn:<6} {r['head_dim']:>4} {r['S']:>6} {r['mask']:<6} "
+                      f"{r[f'ours_{kn}_tflops']:>7.1f} {r['cudnn_tflops']:>7.1f} "
+                      f"{r['flash_tflops']:>7.1f} {c[0]:>6.3f} [{c[1]:.3f}, {c[2]:.3f}] "
+                      f"{f[0]:>8.2f}")
+    drows = []
+    if args.decode_sizes:
+        a = torch.empty(1 << 30, device="cuda", dtype=torch.int16)  # 2 GiB
+        b = torch.empty_like(a)
+        a.fill_(1)
+
+        def copy_fn():
+            b.copy_(a)
+        copy_fn.bytes = a.numel() * a.element_size()
+        for s in ints(args.decode_sizes):
+            for kvh in ints(args.decode_kv_heads):
+                drows.append(decode(lib, s, kvh, args.rounds, copy_fn))
+                torch.cuda.empty_cache()
+        print("\ndecode, one token, 32 q heads x 128; % of copy = median [min, max] of the "
+              "per-round values")
+        print(f"{'keys':>7} {'kv':>3} {'ours ms':>8} {'cudnn ms':>8} {'flash ms':>8} "
+              f"{'copy GB/s':>9} {'ours % copy':>22} {'cudnn % copy':>22} {'cudnn/ours':>10}")
+        for r in drows:
+            o, c = r["ours_pct_copy"], r["cudnn_pct_copy"]
+            print(f"{r['S']:>7} {r['kv_heads']:>3} {r['ours_ms']:>8.4f} {r['cudnn_ms']:>8.4f} "
+                  f"{r['flash_ms']:>8.4f} {r['copy_gbps']:>9.0f} "
+                  f"{o[0]:>6.1f} [{o[1]:.1f}, {o[2]:.1f}] {c[0]:>9.1f} [{c[1]:.1f}, {c[2]:.1f}]"
+                  f" {r['cudnn_over_ours'][0]:>10.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": dev, "torch": torch.__version__, "prefill": rows,
+                       "decode": drows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
