@@ -7,7 +7,7 @@ build (bench/attn_capi.cu; scripts/gpu/pack.sh carries it):
     python3 scripts/gpu/bench_interleaved.py --lib .devpack/bin/libburst_attn.so \\
         [--sizes 4096,16384,65536] [--head-dims 128,64] [--masks full,causal] [--rounds 20] \\
         [--kernels auto,r128,r192,sm80] [--decode-sizes 32768,131072] [--decode-kv-heads 8,32] \\
-        [--out OUT/interleaved.json]
+        [--lib-b OTHER/libburst_attn.so] [--out OUT/interleaved.json]
 
 Why: burst-bench-kernels then scripts/gpu/bench_kernels.py time ours and the baselines seconds
 apart, and an H100 at its 700 W power cap moved a 16K row 10-20 % between two such timings
@@ -103,7 +103,9 @@ def ratio_stats(num, den):
     return statistics.median(q), min(q), max(q)
 
 
-def prefill(lib, s, d, causal, kernels, rounds):
+def prefill(libs, s, d, causal, kernels, rounds):
+    """libs: label prefix -> Lib ("" for --lib, "B:" for --lib-b); kernels: labels such as
+    "auto" or "B:auto"."""
     heads = 4096 // d
     gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
     q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -115,12 +117,15 @@ def prefill(lib, s, d, causal, kernels, rounds):
     stream = torch.cuda.current_stream().cuda_stream
     what = f"S={s} d={d} {'causal' if causal else 'full'}"
 
-    def ours(kernel):
+    def ours(label):
+        prefix, kernel = label.split(":") if ":" in label else ("", label)
+        lib = libs[prefix + ":" if prefix else ""]
+
         def run():
             lib.check(lib.lib.burst_attention(qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
                                               o.data_ptr(), lse.data_ptr(), s, s, heads, heads,
                                               d, int(causal), 0, st, KERNELS[kernel], stream),
-                      f"ours {kernel} {what}")
+                      f"ours {label} {what}")
         return run
 
     if s <= 4096:  # against fp32 math (S^2 scores per head fit)
@@ -147,6 +152,8 @@ def prefill(lib, s, d, causal, kernels, rounds):
     for kn in kernels:
         for base in ("cudnn", "flash"):
             row[f"ours_{kn}_over_{base}"] = ratio_stats(times[base], times[f"ours_{kn}"])
+        if kn.startswith("B:"):  # speed of --lib-b over --lib, paired within each round
+            row[f"ours_{kn}_over_a"] = ratio_stats(times[f"ours_{kn[2:]}"], times[f"ours_{kn}"])
     return row
 
 
@@ -211,6 +218,8 @@ def ints(text):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True, help="libburst_attn.so")
+    ap.add_argument("--lib-b", help="a second build's libburst_attn.so, timed in the same "
+                    "rotation (A/B of two commits; its rows are labelled B:)")
     ap.add_argument("--sizes", default="4096,16384,65536")
     ap.add_argument("--head-dims", default="128,64")
     ap.add_argument("--masks", default="full,causal")
@@ -221,10 +230,14 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     lib = Lib(args.lib)
+    libs = {"": lib}
     kernels = [k for k in args.kernels.split(",") if k]
     for k in kernels:
         if k not in KERNELS:
             sys.exit(f"unknown kernel {k!r}: one of {', '.join(KERNELS)}")
+    if args.lib_b:
+        libs["B:"] = Lib(args.lib_b)
+        kernels += ["B:" + k for k in kernels]
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
           f"{args.rounds} rounds, order rotating")
@@ -232,21 +245,23 @@ def main():
     for d in ints(args.head_dims):
         for s in ints(args.sizes):
             for m in args.masks.split(","):
-                rows.append(prefill(lib, s, d, m == "causal", kernels, args.rounds))
+                rows.append(prefill(libs, s, d, m == "causal", kernels, args.rounds))
                 torch.cuda.empty_cache()
     if rows:
         print("\nprefill TFLOP/s (median of rounds); ours / baseline = median [min, max] of "
               "the per-round ratios")
-        print(f"{'kernel':<6} {'d':>4} {'S':>6} {'mask':<6} {'ours':>7} {'cudnn':>7} "
-              f"{'flash':>7} {'ours/cudnn':>21} {'ours/flash':>8}")
+        print(f"{'kernel':<7} {'d':>4} {'S':>6} {'mask':<6} {'ours':>7} {'cudnn':>7} "
+              f"{'flash':>7} {'ours/cudnn':>21} {'ours/flash':>8} {'B/A':>21}")
         for r in rows:
             for kn in kernels:
                 c = r[f"ours_{kn}_over_cudnn"]
                 f = r[f"ours_{kn}_over_flash"]
-                print(f"{kn:<6} {r['head_dim']:>4} {r['S']:>6} {r['mask']:<6} "
+                b = r.get(f"ours_{kn}_over_a")
+                print(f"{kn:<7} {r['head_dim']:>4} {r['S']:>6} {r['mask']:<6} "
                       f"{r[f'ours_{kn}_tflops']:>7.1f} {r['cudnn_tflops']:>7.1f} "
                       f"{r['flash_tflops']:>7.1f} {c[0]:>6.3f} [{c[1]:.3f}, {c[2]:.3f}] "
-                      f"{f[0]:>8.2f}")
+                      f"{f[0]:>8.2f}" +
+                      (f" {b[0]:>6.3f} [{b[1]:.3f}, {b[2]:.3f}]" if b else ""))
     drows = []
     if args.decode_sizes:
         a = torch.empty(1 << 30, device="cuda", dtype=torch.int16)  # 2 GiB
@@ -258,7 +273,7 @@ def main():
         copy_fn.bytes = a.numel() * a.element_size()
         for s in ints(args.decode_sizes):
             for kvh in ints(args.decode_kv_heads):
-                drows.append(decode(lib, s, kvh, args.rounds, copy_fn))
+                drows.append(decode(lib, s, kvh, args.rounds, copy_fn))  # --lib only
                 torch.cuda.empty_cache()
         print("\ndecode, one token, 32 q heads x 128; % of copy = median [min, max] of the "
               "per-round values")
