@@ -201,11 +201,18 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
   const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
   const int hd = static_cast<int>(c.head_dim);
   const float eps = c.rms_norm_eps;
-  BURST_RETURN_IF_ERROR(
-      backend_.norm_project(x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
-  for (const RopeRun& r : runs) {
-    Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
-    BURST_RETURN_IF_ERROR(backend_.rope_qk(qr, heads, kr, kv_heads, hd, r.positions, r.inv_freq));
+  if (runs.size() == 1) {  // rope_runs tiles the rows: one run covers them all
+    BURST_RETURN_IF_ERROR(backend_.norm_project_rope(
+        x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}},
+        {heads, kv_heads, hd, runs[0].positions, runs[0].inv_freq}));
+  } else {
+    BURST_RETURN_IF_ERROR(
+        backend_.norm_project(x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
+    for (const RopeRun& r : runs) {
+      Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
+      BURST_RETURN_IF_ERROR(
+          backend_.rope_qk(qr, heads, kr, kv_heads, hd, r.positions, r.inv_freq));
+    }
   }
   BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
   BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)

@@ -413,6 +413,23 @@ class CudaBackend final : public Backend {
   // The norm, then a decode step's q, k and v in one weight-streaming launch.
   Status norm_project(const Tensor& x, const Norm& norm,
                       std::initializer_list<Projection> projections) override {
+    return project_fused(x, norm, projections, nullptr);
+  }
+
+  // The same launch, q and k rotated at its store.
+  Status norm_project_rope(const Tensor& x, const Norm& norm,
+                           std::initializer_list<Projection> projections,
+                           const RopeQk& rope) override {
+    if (projections.size() < 2) return Status::error("norm_project_rope: needs q and k");
+    BURST_RETURN_IF_ERROR(check_rope(projections.begin()[0].out, rope.heads, rope.head_dim,
+                                     rope.positions, rope.inv_freq));
+    BURST_RETURN_IF_ERROR(check_rope(projections.begin()[1].out, rope.kv_heads, rope.head_dim,
+                                     rope.positions, rope.inv_freq));
+    return project_fused(x, norm, projections, &rope);
+  }
+
+  Status project_fused(const Tensor& x, const Norm& norm,
+                       std::initializer_list<Projection> projections, const RopeQk* rope) {
     BURST_RETURN_IF_ERROR(rms_norm(x, norm.w, norm.eps, norm.h));
     const Tensor& h = norm.h;
     kernels::GemvOut outs[kernels::kGemvMaxOuts];
@@ -424,11 +441,24 @@ class CudaBackend final : public Backend {
                                                   h.data, p.w.data, p.out.data);
       if (fused) outs[count++] = {p.w.data, p.out.data, p.w.dim(0)};
     }
-    if (!fused || count == 0) return project_each(h, projections);
+    if (!fused || count == 0) {
+      BURST_RETURN_IF_ERROR(project_each(h, projections));
+      if (!rope) return {};
+      return rope_qk(projections.begin()[0].out, rope->heads, projections.begin()[1].out,
+                     rope->kv_heads, rope->head_dim, rope->positions, rope->inv_freq);
+    }
     BURST_RETURN_IF_ERROR(use_device("gemm"));
+    kernels::GemvRope gr{};
+    if (rope) {
+      // As rope_pair: the positions and frequencies every layer shares, uploaded once.
+      BURST_RETURN_IF_ERROR(upload_cached(positions_, positions_host_, rope->positions, "rope"));
+      BURST_RETURN_IF_ERROR(upload_cached(inv_freq_, inv_freq_host_, rope->inv_freq, "rope"));
+      gr = {static_cast<const int64_t*>(positions_.ptr), static_cast<const float*>(inv_freq_.ptr),
+            rope->head_dim, 2};
+    }
     return launched("gemm",
                     kernels::gemv_multi_cuda(h.data, outs, count, h.dim(0), h.dim(1), h.dtype,
-                                             compute_),
+                                             compute_, rope ? &gr : nullptr),
                     h.describe());
   }
 

@@ -71,6 +71,8 @@ __device__ __forceinline__ float dot8(const uint4& xv, const uint4& wv, float ac
 
 // Up to kGemvMaxOuts products of one x: segment s is w[s] [n[s], k] -> out[s] [m, n[s]], served
 // by CTAs [first_cta[s], first_cta[s + 1]). With SwiGLU one segment: w[0] gate, w[1] up.
+// The first rope_count segments rotate at the store (GemvRope): warp j of such a segment
+// streams rows d and d + half of head j / half (d = j % half), the pair RoPE turns together.
 template <typename T>
 struct Segments {
   const T* w[kGemvMaxOuts];
@@ -78,6 +80,10 @@ struct Segments {
   int n[kGemvMaxOuts];
   int first_cta[kGemvMaxOuts + 1];
   int count;
+  int rope_count;  // 0: none
+  int half;        // head_dim / 2
+  const int64_t* positions;
+  const float* inv_freq;
 };
 
 // Outputs per warp: kRows rows of one w, or one row of gate and of up.
@@ -91,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // This CTA's segment (constant indices only: a dynamic one would copy sg to local memory).
   const T* w = sg.w[0];
   T* out = sg.out[0];
-  int n = sg.n[0], first_cta = 0;
+  int n = sg.n[0], first_cta = 0, seg = 0;
 #pragma unroll
   for (int s = 1; s < kGemvMaxOuts; ++s) {
     if (s < sg.count && static_cast<int>(blockIdx.x) >= sg.first_cta[s]) {
@@ -99,19 +105,25 @@ __global__ void __launch_bounds__(kWarps * 32)
       out = sg.out[s];
       n = sg.n[s];
       first_cta = sg.first_cta[s];
+      seg = s;
     }
   }
   constexpr int kOuts = kOutsPerWarp<kSwiglu>;
-  const int n0 = ((static_cast<int>(blockIdx.x) - first_cta) * kWarps + warp) * kOuts;
+  const int wi = (static_cast<int>(blockIdx.x) - first_cta) * kWarps + warp;
+  // Rotating: rows n0 and n0 + half (n0 = head * 2 half + d); otherwise rows n0, n0 + 1, ...
+  const bool rope = !kSwiglu && seg < sg.rope_count;
+  const int n0 = rope ? wi / sg.half * 2 * sg.half + wi % sg.half : wi * kOuts;
+  const int row_step = rope ? sg.half : 1;
   // The next kernel may be scheduled now (it waits for this grid before touching our output).
   pdl_launch_dependents();
-  if (n0 >= n) return;
+  if (rope ? wi * kRows >= n : n0 >= n) return;
   const int chunks = k / kVec;
   // A row past n (the last warp's tail) re-reads row n - 1; its sum is not stored.
   const uint4* wr[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const T* base = kSwiglu ? sg.w[r] + int64_t{n0} * k : w + int64_t{min(n0 + r, n - 1)} * k;
+    const T* base = kSwiglu ? sg.w[r] + int64_t{n0} * k
+                            : w + int64_t{min(n0 + r * row_step, n - 1)} * k;
     wr[r] = reinterpret_cast<const uint4*>(base);
   }
   auto load = [&](uint4 (&wv)[kUnroll][kRows], int base) {
@@ -160,7 +172,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], off);
     }
-    if constexpr (kSwiglu) {
+    if (rope) {
+      // The pair rounded as the plain stores would leave it, then rope_kernel's arithmetic.
+      if (lane == i * kRows || lane == i * kRows + 1) {
+        T a, b;
+        store_f32(&a, v[0]);
+        store_f32(&b, v[1]);
+        const int d = n0 % (2 * sg.half);
+        const float2 y = rope_rotate(load_f32(&a), load_f32(&b), sg.positions[i], sg.inv_freq[d]);
+        if (lane == i * kRows) {
+          store_f32(out + int64_t{i} * n + n0, y.x);
+        } else {
+          store_f32(out + int64_t{i} * n + n0 + sg.half, y.y);
+        }
+      }
+    } else if constexpr (kSwiglu) {
       if (lane == i) {
         // gate and up rounded as their own products would be stored, then silu_mul's formula.
         T g, u;
@@ -180,6 +206,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 static_assert(kGemvMaxRows * kRows <= 32, "one lane stores each output of a warp");
+static_assert(kRows == 2, "a rotating warp streams the two rows of one RoPE pair");
 
 template <typename T, int kM, bool kSwiglu>
 cudaError_t launch(const void* x, const Segments<T>& sg, int k, bool accumulate,
@@ -205,9 +232,16 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // Segments of `count` products (outs), CTAs counted per segment; false where they do not fit.
 template <typename T>
-bool make_segments(const GemvOut* outs, int count, bool swiglu, Segments<T>& sg) {
+bool make_segments(const GemvOut* outs, int count, bool swiglu, const GemvRope* rope,
+                   Segments<T>& sg) {
   sg = Segments<T>{};
   sg.count = count;
+  if (rope) {
+    sg.rope_count = rope->segments;
+    sg.half = rope->head_dim / 2;
+    sg.positions = rope->positions;
+    sg.inv_freq = rope->inv_freq;
+  }
   const int per_cta = kWarps * (swiglu ? kOutsPerWarp<true> : kOutsPerWarp<false>);
   int64_t ctas = 0;
   for (int s = 0; s < (swiglu ? 2 : count); ++s) {
@@ -226,15 +260,15 @@ bool make_segments(const GemvOut* outs, int count, bool swiglu, Segments<T>& sg)
 
 template <bool kSwiglu>
 cudaError_t run(const void* x, const GemvOut* outs, int count, int64_t m, int64_t k, DType dtype,
-                bool accumulate, cudaStream_t stream) {
+                bool accumulate, cudaStream_t stream, const GemvRope* rope = nullptr) {
   const int ki = static_cast<int>(k);
   if (dtype == DType::kBF16) {
     Segments<__nv_bfloat16> sg;
-    if (!make_segments(outs, count, kSwiglu, sg)) return cudaErrorInvalidValue;
+    if (!make_segments(outs, count, kSwiglu, rope, sg)) return cudaErrorInvalidValue;
     return dispatch_rows<__nv_bfloat16, kSwiglu>(x, sg, m, ki, accumulate, stream);
   }
   Segments<__half> sg;
-  if (!make_segments(outs, count, kSwiglu, sg)) return cudaErrorInvalidValue;
+  if (!make_segments(outs, count, kSwiglu, rope, sg)) return cudaErrorInvalidValue;
   return dispatch_rows<__half, kSwiglu>(x, sg, m, ki, accumulate, stream);
 }
 
@@ -255,14 +289,23 @@ cudaError_t gemv_cuda(const void* x, const void* w, void* out, int64_t m, int64_
 }
 
 cudaError_t gemv_multi_cuda(const void* x, const GemvOut* outs, int count, int64_t m, int64_t k,
-                            DType dtype, cudaStream_t stream) {
+                            DType dtype, cudaStream_t stream, const GemvRope* rope) {
   if (outs == nullptr || count < 1 || count > kGemvMaxOuts) return cudaErrorInvalidValue;
   for (int s = 0; s < count; ++s) {
     if (!gemv_cuda_applies(m, outs[s].n, k, dtype, x, outs[s].w, outs[s].out)) {
       return cudaErrorInvalidValue;
     }
   }
-  return run<false>(x, outs, count, m, k, dtype, false, stream);
+  if (rope) {
+    if (!rope->positions || !rope->inv_freq || rope->head_dim < 2 || rope->head_dim % 2 != 0 ||
+        rope->segments < 1 || rope->segments > count) {
+      return cudaErrorInvalidValue;
+    }
+    for (int s = 0; s < rope->segments; ++s) {
+      if (outs[s].n % rope->head_dim != 0) return cudaErrorInvalidValue;
+    }
+  }
+  return run<false>(x, outs, count, m, k, dtype, false, stream, rope);
 }
 
 cudaError_t gemv_swiglu_cuda(const void* x, const void* w_gate, const void* w_up, void* out,

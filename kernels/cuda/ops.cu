@@ -60,15 +60,11 @@ __global__ void rope_kernel(T* x0, int64_t heads0, int64_t stride0, T* x1, int64
     const bool first = i < total0;
     const int64_t j = first ? i : i - total0, heads = first ? heads0 : heads1;
     const int64_t d = j % half, rh = j / half, h = rh % heads, r = rh / heads;
-    // As HF (and rope_cpu): the angle in fp32 from the position converted to fp32; sincosf
-    // (not __sincosf) reduces large angles (position ~1e5 rad) exactly.
-    const float ang = static_cast<float>(positions[r]) * inv_freq[d];
-    float s, c;
-    sincosf(ang, &s, &c);
     T* xh = (first ? x0 + r * stride0 : x1 + r * stride1) + h * 2 * half;
-    const float a = load_f32(xh + d), b = load_f32(xh + d + half);
-    store_f32(xh + d, a * c - b * s);
-    store_f32(xh + d + half, b * c + a * s);
+    const float2 y = rope_rotate(load_f32(xh + d), load_f32(xh + d + half), positions[r],
+                                 inv_freq[d]);
+    store_f32(xh + d, y.x);
+    store_f32(xh + d + half, y.y);
   }
 }
 

@@ -325,6 +325,67 @@ TEST_F(CudaBackendTest, RopeAbsolutePositionsAndReupload) {
   }
 }
 
+// A layer's q/k/v with RoPE at the projections' store (norm_project_rope: the decode step's one
+// launch, rows <= 4; more rows take cuBLAS and the rope kernel) equals norm_project then rope_qk
+// bit for bit, at long-context positions; v is not rotated.
+TEST_F(CudaBackendTest, NormProjectRopeEqualsNormProjectThenRope) {
+  const int heads = 6, kv_heads = 2, head_dim = 128;
+  const int64_t k = 264;
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / head_dim);
+  const auto w_norm = random_vector(size_t(k), 0.5f, 1.5f, 51);
+  const auto wq = round_bf16(random_vector(size_t(heads * head_dim * k), -0.1f, 0.1f, 52));
+  const auto wk = round_bf16(random_vector(size_t(kv_heads * head_dim * k), -0.1f, 0.1f, 53));
+  const auto wv = round_bf16(random_vector(size_t(kv_heads * head_dim * k), -0.1f, 0.1f, 54));
+  Tensor gn = gpu({k}, w_norm), gq_w = gpu({heads * head_dim, k}, wq);
+  Tensor gk_w = gpu({kv_heads * head_dim, k}, wk), gv_w = gpu({kv_heads * head_dim, k}, wv);
+  for (int64_t rows : {1, 3, 4, 7}) {
+    const std::string what = "rows " + std::to_string(rows);
+    const auto x = round_bf16(random_vector(size_t(rows * k), -1.f, 1.f, 55 + rows));
+    std::vector<int64_t> pos(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) pos[r] = 131072 + 977 * r;
+    std::vector<float> apart_q, apart_k, apart_v, unrotated_q;  // norm_project, then rope_qk
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor gx = gpu({rows, k}, x), h = gpu({rows, k}, x);
+      Tensor q = gpu({rows, heads * head_dim}, std::vector<float>(rows * heads * head_dim));
+      Tensor kk = gpu({rows, kv_heads * head_dim}, std::vector<float>(rows * kv_heads * head_dim));
+      Tensor v = gpu({rows, kv_heads * head_dim}, std::vector<float>(rows * kv_heads * head_dim));
+      if (fused) {
+        const Status st =
+            gpu_->norm_project_rope(gx, {gn, 1e-5f, h}, {{gq_w, q}, {gk_w, kk}, {gv_w, v}},
+                                    {heads, kv_heads, head_dim, pos, inv_freq});
+        ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+      } else {
+        Status st = gpu_->norm_project(gx, {gn, 1e-5f, h}, {{gq_w, q}, {gk_w, kk}, {gv_w, v}});
+        ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+        unrotated_q = fetch(*gpu_, q);
+        st = gpu_->rope_qk(q, heads, kk, kv_heads, head_dim, pos, inv_freq);
+        ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+      }
+      const std::vector<float> qv = fetch(*gpu_, q), kv = fetch(*gpu_, kk), vv = fetch(*gpu_, v);
+      if (fused) {
+        EXPECT_EQ(qv, apart_q) << what << " q";
+        EXPECT_EQ(kv, apart_k) << what << " k";
+        EXPECT_EQ(vv, apart_v) << what << " v";
+        EXPECT_NE(qv, unrotated_q) << what << ": the rotation moved q";
+      } else {
+        apart_q = qv;
+        apart_k = kv;
+        apart_v = vv;
+      }
+    }
+  }
+  // Shapes that are not q and k of these heads: a clear error.
+  Tensor gx = gpu({1, k}, std::vector<float>(k, 0.5f)), h = gpu({1, k}, std::vector<float>(k));
+  Tensor q = gpu({1, heads * head_dim}, std::vector<float>(heads * head_dim));
+  Tensor kk = gpu({1, kv_heads * head_dim}, std::vector<float>(kv_heads * head_dim));
+  Tensor v = gpu({1, kv_heads * head_dim}, std::vector<float>(kv_heads * head_dim));
+  const std::vector<int64_t> one{5};
+  EXPECT_FALSE(gpu_->norm_project_rope(gx, {gn, 1e-5f, h}, {{gq_w, q}, {gk_w, kk}, {gv_w, v}},
+                                       {heads + 1, kv_heads, head_dim, one, inv_freq})
+                   .ok());
+}
+
 // The naive same-precision attention of the rule: fp32 scores, P rounded to bf16 before P.V,
 // O rounded to bf16. q/k/v are packed and already bf16-rounded.
 void attention_naive(const kernels::AttnParams& p, std::vector<float>& o, std::vector<float>& lse) {

@@ -458,6 +458,87 @@ TEST_F(GpuOps, GemvMultiAndSwigluEqualSeparateLaunchesBitForBit) {
   CUDA_ASSERT(cudaStreamDestroy(stream));
 }
 
+// q and k rotated at the GEMV's store (GemvRope: a decode step's q/k/v launch with RoPE in it)
+// give the bits of gemv_multi_cuda's stores then rope_qk_cuda, for GQA shapes at head_dim 128
+// and 64, every row count, positions up to ~1e6 (large angles), q and k rotated and v not.
+TEST_F(GpuOps, GemvWithRopeEqualsGemvThenRopeBitForBit) {
+  std::mt19937 rng(45);
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const size_t es = testing::dtype_bytes(t);
+    for (int head_dim : {128, 64}) {
+      const int heads = 6, kv_heads = 2, k = 520;
+      const int64_t ns[3] = {int64_t{heads} * head_dim, int64_t{kv_heads} * head_dim,
+                             int64_t{kv_heads} * head_dim};
+      std::vector<float> inv_freq(size_t(head_dim / 2));
+      for (int i = 0; i < head_dim / 2; ++i) {
+        inv_freq[size_t(i)] = std::pow(10000.f, -2.f * i / head_dim);
+      }
+      DevBuf df;
+      CUDA_ASSERT(cudaMalloc(&df.ptr, inv_freq.size() * sizeof(float)));
+      CUDA_ASSERT(cudaMemcpy(df.ptr, inv_freq.data(), inv_freq.size() * sizeof(float),
+                             cudaMemcpyHostToDevice));
+      for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+        const std::string what = std::string(name(t)) + " head_dim=" +
+                                 std::to_string(head_dim) + " m=" + std::to_string(m);
+        std::vector<int64_t> pos(static_cast<size_t>(m));
+        for (auto& p : pos) p = std::uniform_int_distribution<int64_t>(0, 1 << 20)(rng);
+        DevBuf dp, dx;
+        CUDA_ASSERT(cudaMalloc(&dp.ptr, pos.size() * sizeof(int64_t)));
+        CUDA_ASSERT(cudaMemcpy(dp.ptr, pos.data(), pos.size() * sizeof(int64_t),
+                               cudaMemcpyHostToDevice));
+        upload(dx, t, random_values(size_t(m * k), -1.f, 1.f, t, rng));
+        DevBuf dw[3], fused[3], apart[3];
+        GemvOut outs_fused[3], outs_apart[3];
+        for (int s = 0; s < 3; ++s) {
+          upload(dw[s], t, random_values(size_t(ns[s] * k), -0.05f, 0.05f, t, rng));
+          CUDA_ASSERT(cudaMalloc(&fused[s].ptr, size_t(m * ns[s]) * es));
+          CUDA_ASSERT(cudaMalloc(&apart[s].ptr, size_t(m * ns[s]) * es));
+          outs_fused[s] = {dw[s].ptr, fused[s].ptr, ns[s]};
+          outs_apart[s] = {dw[s].ptr, apart[s].ptr, ns[s]};
+        }
+        const auto* p = static_cast<const int64_t*>(dp.ptr);
+        const auto* f = static_cast<const float*>(df.ptr);
+        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, outs_apart, 3, m, k, t, stream));
+        CUDA_ASSERT(cudaStreamSynchronize(stream));
+        const std::vector<uint8_t> unrotated = download_bytes(apart[0], size_t(m * ns[0]) * es);
+        CUDA_ASSERT(rope_qk_cuda(apart[0].ptr, heads, ns[0], apart[1].ptr, kv_heads, ns[1], m,
+                                 head_dim, p, f, t, stream));
+        const GemvRope rope{p, f, head_dim, 2};
+        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, outs_fused, 3, m, k, t, stream, &rope));
+        CUDA_ASSERT(cudaStreamSynchronize(stream));
+        for (int s = 0; s < 3; ++s) {
+          const size_t bytes = size_t(m * ns[s]) * es;
+          ASSERT_EQ(download_bytes(fused[s], bytes), download_bytes(apart[s], bytes))
+              << what << " segment " << s;
+        }
+        // Not vacuous: the rotation moved q.
+        ASSERT_NE(download_bytes(fused[0], size_t(m * ns[0]) * es), unrotated) << what;
+      }
+      // Refused: head_dim odd, an output not a whole number of heads, more rotating segments
+      // than outputs.
+      DevBuf dx, dw, dout;
+      upload(dx, t, random_values(size_t(k), -1.f, 1.f, t, rng));
+      upload(dw, t, random_values(size_t(3 * head_dim * k), -0.05f, 0.05f, t, rng));
+      CUDA_ASSERT(cudaMalloc(&dout.ptr, size_t(3 * head_dim) * es));
+      DevBuf dp;
+      CUDA_ASSERT(cudaMalloc(&dp.ptr, sizeof(int64_t)));
+      const auto* p = static_cast<const int64_t*>(dp.ptr);
+      const auto* f = static_cast<const float*>(df.ptr);
+      const GemvOut whole{dw.ptr, dout.ptr, 3 * int64_t{head_dim}};
+      const GemvOut partial{dw.ptr, dout.ptr, 3 * int64_t{head_dim} - 2};
+      const GemvRope odd{p, f, head_dim - 1, 1}, too_many{p, f, head_dim, 2}, ok{p, f, head_dim, 1};
+      EXPECT_EQ(gemv_multi_cuda(dx.ptr, &whole, 1, 1, k, t, stream, &odd), cudaErrorInvalidValue);
+      EXPECT_EQ(gemv_multi_cuda(dx.ptr, &partial, 1, 1, k, t, stream, &ok),
+                cudaErrorInvalidValue);
+      EXPECT_EQ(gemv_multi_cuda(dx.ptr, &whole, 1, 1, k, t, stream, &too_many),
+                cudaErrorInvalidValue);
+    }
+  }
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
 // Chained launches (cuda_dispatch.cuh: each kernel a programmatic dependent of the one before,
 // on sm_90+) read what the kernel before wrote: a decode-like chain (norm -> GEMV -> residual
 // add -> ...) queued back to back gives the bits of the same chain with the stream synchronised

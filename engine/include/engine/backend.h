@@ -96,6 +96,24 @@ class Backend {
     if (s.ok()) s = rope(k, kv_heads, head_dim, positions, inv_freq);
     return s;
   }
+  // norm_project, then rope_qk on the first two outputs (a layer's q with rope.heads heads and
+  // k with rope.kv_heads): the default runs the two; a backend may rotate at the projections'
+  // store (the CUDA one does for a decode step's few rows, one launch fewer a layer), bit for
+  // bit the default's results.
+  struct RopeQk {
+    int heads, kv_heads, head_dim;
+    const std::vector<int64_t>& positions;
+    const std::vector<float>& inv_freq;
+  };
+  virtual Status norm_project_rope(const Tensor& x, const Norm& norm,
+                                   std::initializer_list<Projection> projections,
+                                   const RopeQk& rope) {
+    if (projections.size() < 2) return Status::error("norm_project_rope: needs q and k");
+    Status s = norm_project(x, norm, projections);
+    if (!s.ok()) return s;
+    return rope_qk(projections.begin()[0].out, rope.heads, projections.begin()[1].out,
+                   rope.kv_heads, rope.head_dim, rope.positions, rope.inv_freq);
+  }
   // out = silu(gate) * up, all [rows, n].
   virtual Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // x += y, same shape.

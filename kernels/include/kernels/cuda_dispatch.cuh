@@ -73,6 +73,19 @@ __device__ __forceinline__ void store_f32(T* p, float v) {
 // expf(-g) overflows to inf for g < -88: g / inf = -0, the right limit of silu.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
+// Rotate-half RoPE of one pair (a, b) = (x[d], x[d + head_dim / 2]) at absolute position pos
+// with frequency f: (a cos - b sin, b cos + a sin). As HF (and rope_cpu): the angle in fp32
+// from the position converted to fp32; sincosf (not __sincosf) reduces large angles (position
+// ~1e5 rad) exactly. One function for ops.cu's rope kernel and gemv.cu's rotating store, its
+// roundings spelled out, so the compiler cannot contract them differently in the two places:
+// x = a c - round(b s) and y = a s + round(b c), each one fma.
+__device__ __forceinline__ float2 rope_rotate(float a, float b, int64_t pos, float f) {
+  const float ang = __fmul_rn(static_cast<float>(pos), f);
+  float s, c;
+  sincosf(ang, &s, &c);
+  return make_float2(__fmaf_rn(a, c, -__fmul_rn(b, s)), __fmaf_rn(a, s, __fmul_rn(b, c)));
+}
+
 // Programmatic dependent launch (PDL, sm_90+). A decode step is a chain of ~20 small kernels a
 // layer, each waiting for the one before; launched as a programmatic dependent (launch_chained)
 // a kernel's CTAs are scheduled while its predecessor still runs (once every predecessor CTA

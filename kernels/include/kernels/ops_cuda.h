@@ -84,8 +84,18 @@ struct GemvOut {
   void* out;      // [m, n]
   int64_t n;
 };
+// With `rope`, the first rope->segments outputs (a layer's q and k) leave the launch rotated:
+// bit for bit gemv_multi_cuda's stores then rope_qk_cuda on them (each rotated pair is rounded
+// to dtype as those stores would, then turned by the same arithmetic); their n must be a
+// multiple of head_dim. One launch fewer a layer in a decode step.
+struct GemvRope {
+  const int64_t* positions;  // [m], device
+  const float* inv_freq;     // [head_dim / 2], device
+  int head_dim;              // even
+  int segments;              // 1..count
+};
 cudaError_t gemv_multi_cuda(const void* x, const GemvOut* outs, int count, int64_t m, int64_t k,
-                            DType dtype, cudaStream_t stream);
+                            DType dtype, cudaStream_t stream, const GemvRope* rope = nullptr);
 
 // out[m, n] = silu(x . w_gate^T) * (x . w_up^T): bit for bit what gemv_cuda into gate and up,
 // then silu_mul_cuda, store (both products rounded to dtype first), without the two [m, n]
