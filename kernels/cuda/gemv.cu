@@ -16,7 +16,10 @@
 // One launch serves several products of the same x (q, k and v: "segments", a CTA's segment
 // found from its index), or gate and up together with SwiGLU applied at the store (a warp
 // streams row j of both; out[j] = silu(gate_j) * up_j from the two sums rounded as the separate
-// products would store them, so the result is theirs bit for bit). (Folding the RMSNorm before
+// products would store them, so the result is theirs bit for bit), or q, k and v with RoPE
+// applied to q and k at the store (GemvRope: a warp streams the pair of rows RoPE turns
+// together, d and d + head_dim / 2 of one head, and rotates the two rounded sums as the rope
+// kernel would; one launch fewer a layer). (Folding the RMSNorm before
 // them in, every warp computing the row's scale in rms_norm's order, ran slower on an H200: 32
 // layers' chain 4.48 against 4.04-4.07 ms; each warp re-reads x, 88 MB of L1/L2 reads a step
 // for gate/up alone, before its first product.)
