@@ -41,7 +41,7 @@ OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} "$build/bin/burst-server" --config "
   --http-port 0 --grpc-port 0 --port-file "$out/ports.json" "${server_args[@]}" \
   > "$out/server.log" 2>&1 &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
   [ -s "$out/ports.json" ] && break
   kill -0 $server 2>/dev/null || { echo "bench_sweep: burst-server exited:" >&2; tail -20 "$out/server.log" >&2; exit 1; }

@@ -13,7 +13,9 @@ export OMP_WAIT_POLICY=PASSIVE
 "$build/bin/burst-server" --config "$root/configs/cpu-tiny.json" --http-port 0 --grpc-port 0 \
   --port-file "$run/ports.json" >"$run/server.log" 2>&1 &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$run"' EXIT
+# Under set -e a failing command in the trap would make the script's status 1 after a good
+# run: the server may already be stopped (the end below stops it).
+trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -rf "$run"' EXIT
 for _ in $(seq 600); do [ -f "$run/ports.json" ] && break; sleep 0.1; done
 /usr/bin/python3 - "$root" "$run" <<'PY'
 import http.client, json, os, subprocess, sys, tempfile, time

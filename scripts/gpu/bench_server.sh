@@ -66,7 +66,7 @@ CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --ra
   --http-port 0 --grpc-port -1 --port-file "$ports" ${SERVER_FLAGS:-} \
   > "$out/bench_${kind}_server.log" 2>&1 &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
   [ -s "$ports" ] && break
   kill -0 $server 2>/dev/null || { echo "burst-server exited:"; tail -20 "$out/bench_${kind}_server.log"; exit 1; }
