@@ -420,7 +420,7 @@ class CudaBackend final : public Backend {
   Status norm_project_rope(const Tensor& x, const Norm& norm,
                            std::initializer_list<Projection> projections,
                            const RopeQk& rope) override {
-    if (projections.size() < 2) return Status::error("norm_project_rope: needs q and k");
+    if (projections.size() < 2) return rope_projections(projections, rope);  // its error
     BURST_RETURN_IF_ERROR(check_rope(projections.begin()[0].out, rope.heads, rope.head_dim,
                                      rope.positions, rope.inv_freq));
     BURST_RETURN_IF_ERROR(check_rope(projections.begin()[1].out, rope.kv_heads, rope.head_dim,
@@ -443,16 +443,12 @@ class CudaBackend final : public Backend {
     }
     if (!fused || count == 0) {
       BURST_RETURN_IF_ERROR(project_each(h, projections));
-      if (!rope) return {};
-      return rope_qk(projections.begin()[0].out, rope->heads, projections.begin()[1].out,
-                     rope->kv_heads, rope->head_dim, rope->positions, rope->inv_freq);
+      return rope ? rope_projections(projections, *rope) : Status{};
     }
     BURST_RETURN_IF_ERROR(use_device("gemm"));
     kernels::GemvRope gr{};
     if (rope) {
-      // As rope_pair: the positions and frequencies every layer shares, uploaded once.
-      BURST_RETURN_IF_ERROR(upload_cached(positions_, positions_host_, rope->positions, "rope"));
-      BURST_RETURN_IF_ERROR(upload_cached(inv_freq_, inv_freq_host_, rope->inv_freq, "rope"));
+      BURST_RETURN_IF_ERROR(upload_rope(rope->positions, rope->inv_freq));
       gr = {static_cast<const int64_t*>(positions_.ptr), static_cast<const float*>(inv_freq_.ptr),
             rope->head_dim, 2};
     }
@@ -545,15 +541,20 @@ class CudaBackend final : public Backend {
     return rope_pair(q, heads, &k, kv_heads, head_dim, positions, inv_freq);
   }
 
+  // RoPE's positions and frequencies into positions_ and inv_freq_: q and k of every layer
+  // rotate by the same ones, so they are uploaded once a forward (upload_cached).
+  Status upload_rope(const std::vector<int64_t>& positions, const std::vector<float>& inv_freq) {
+    BURST_RETURN_IF_ERROR(upload_cached(positions_, positions_host_, positions, "rope"));
+    return upload_cached(inv_freq_, inv_freq_host_, inv_freq, "rope");
+  }
+
   // x (and k, when given) rotated in one launch.
   Status rope_pair(Tensor& x, int heads, Tensor* k, int kv_heads, int head_dim,
                    const std::vector<int64_t>& positions, const std::vector<float>& inv_freq) {
     BURST_RETURN_IF_ERROR(check_rope(x, heads, head_dim, positions, inv_freq));
     if (positions.empty()) return {};
     BURST_RETURN_IF_ERROR(use_device("rope"));
-    // q and k of every layer rotate by the same positions and frequencies: upload them once.
-    BURST_RETURN_IF_ERROR(upload_cached(positions_, positions_host_, positions, "rope"));
-    BURST_RETURN_IF_ERROR(upload_cached(inv_freq_, inv_freq_host_, inv_freq, "rope"));
+    BURST_RETURN_IF_ERROR(upload_rope(positions, inv_freq));
     return launched("rope",
                     kernels::rope_qk_cuda(x.data, heads, x.dim(1), k ? k->data : nullptr,
                                           k ? kv_heads : 0, k ? k->dim(1) : 0, x.dim(0),

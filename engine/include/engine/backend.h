@@ -108,11 +108,8 @@ class Backend {
   virtual Status norm_project_rope(const Tensor& x, const Norm& norm,
                                    std::initializer_list<Projection> projections,
                                    const RopeQk& rope) {
-    if (projections.size() < 2) return Status::error("norm_project_rope: needs q and k");
     Status s = norm_project(x, norm, projections);
-    if (!s.ok()) return s;
-    return rope_qk(projections.begin()[0].out, rope.heads, projections.begin()[1].out,
-                   rope.kv_heads, rope.head_dim, rope.positions, rope.inv_freq);
+    return s.ok() ? rope_projections(projections, rope) : s;
   }
   // out = silu(gate) * up, all [rows, n].
   virtual Status silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
@@ -170,6 +167,12 @@ class Backend {
       if (!s.ok()) return s;
     }
     return {};
+  }
+  // rope_qk on the first two projections' outputs (norm_project_rope's second half).
+  Status rope_projections(std::initializer_list<Projection> projections, const RopeQk& rope) {
+    if (projections.size() < 2) return Status::error("norm_project_rope: needs q and k");
+    return rope_qk(projections.begin()[0].out, rope.heads, projections.begin()[1].out,
+                   rope.kv_heads, rope.head_dim, rope.positions, rope.inv_freq);
   }
   Status swiglu_apart(const Tensor& h, const Tensor& w_gate, const Tensor& w_up, Tensor& gate,
                       Tensor& up) {
