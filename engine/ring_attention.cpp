@@ -652,11 +652,8 @@ Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const 
   if (in_order) dst_all = out.rows(batch[0]->row, n);
   const DecodeOut o = direct ? DecodeOut{dst_all.data, dst_all.dtype}
                              : DecodeOut{pairs_.data, DType::kF32};
-  // One token too: its k/v goes in by one chained scatter launch, not two copies that each
-  // stop the step's chain of programmatic launches (TPOT unchanged within noise on 1 and 2
-  // H200s, docs/benchmarks.md 2026-11-26 evening; one path for every in-order batch).
-  BURST_RETURN_IF_ERROR(in_order ? decode_batched(layer, batch, q, k, v, o)
-                                 : decode_each(layer, batch, q, k, v, o));
+  BURST_RETURN_IF_ERROR(n > 1 && in_order ? decode_batched(layer, batch, q, k, v, o)
+                                          : decode_each(layer, batch, q, k, v, o));
   if (direct) return {};
   // One rank, rows out of order: its partials are the answer, converted below.
   const Tensor& merged_all = world == 1 ? pairs_ : gathered_;

@@ -171,8 +171,7 @@ class RingAttention final : public AttentionContext {
   // Decode rows not consecutive: each token's k/v to its page, one launch per token.
   Status decode_each(int layer, const std::vector<const SeqRows*>& batch, const Tensor& q,
                      const Tensor& k, const Tensor& v, const DecodeOut& o);
-  // Consecutive decode rows (or one): one scatter of k/v and one launch with per-row K/V for
-  // all.
+  // Consecutive decode rows: one scatter of k/v and one launch with per-row K/V for all.
   Status decode_batched(int layer, const std::vector<const SeqRows*>& batch, const Tensor& q,
                         const Tensor& k, const Tensor& v, const DecodeOut& o);
   // t becomes a [shape] tensor of dtype, reusing its buffer when large enough.
