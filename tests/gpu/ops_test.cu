@@ -400,6 +400,37 @@ std::vector<uint8_t> download_bytes(const DevBuf& d, size_t bytes) {
   return b;
 }
 
+// Three products of one x (a layer's q, k, v shaped: n[s] x k random weights) with two output
+// buffers each, m rows: `a` for the launch under test, `b` for the reference.
+struct ThreeProducts {
+  int64_t n[3] = {}, m = 0;
+  size_t es = 0;
+  DevBuf w[3], a[3], b[3];
+  GemvOut outs_a[3] = {}, outs_b[3] = {};
+  // Draws the weights and allocates the outputs (fatal failures return early: check
+  // HasFailure()).
+  void make(const int64_t (&ns)[3], int64_t rows, int64_t k, DType t, std::mt19937& rng) {
+    m = rows;
+    es = testing::dtype_bytes(t);
+    for (int s = 0; s < 3; ++s) {
+      n[s] = ns[s];
+      upload(w[s], t, random_values(size_t(n[s] * k), -0.05f, 0.05f, t, rng));
+      CUDA_ASSERT(cudaMalloc(&a[s].ptr, bytes(s)));
+      CUDA_ASSERT(cudaMalloc(&b[s].ptr, bytes(s)));
+      outs_a[s] = {w[s].ptr, a[s].ptr, n[s]};
+      outs_b[s] = {w[s].ptr, b[s].ptr, n[s]};
+    }
+  }
+  size_t bytes(int s) const { return size_t(m * n[s]) * es; }
+  // a and b hold the same bits, segment by segment.
+  void expect_same(const std::string& what) const {
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_EQ(download_bytes(a[s], bytes(s)), download_bytes(b[s], bytes(s)))
+          << what << " segment " << s;
+    }
+  }
+};
+
 // One launch for several products of the same x (a layer's q, k, v), and gate/up with SwiGLU at
 // the store, give what separate launches give, bit for bit (the same per-lane accumulation
 // order, the same roundings), on a stream of their own (launches there are chained: PDL).
@@ -416,24 +447,18 @@ TEST_F(GpuOps, GemvMultiAndSwigluEqualSeparateLaunchesBitForBit) {
         const auto x = random_values(size_t(m * k), -1.f, 1.f, t, rng);
         DevBuf dx;
         upload(dx, t, x);
-        // q, k, v shaped: three n, one odd (a warp's tail), one under a CTA.
-        const int64_t ns[3] = {1031, 264, 5};
-        DevBuf dw[3], fused[3], alone[3];
-        GemvOut outs[3];
+        // q, k, v shaped: three n, one odd (a warp's tail), one under a CTA. a: one launch,
+        // b: one launch each.
+        ThreeProducts pr;
+        pr.make({1031, 264, 5}, m, k, t, rng);
+        if (HasFailure()) return;
         for (int s = 0; s < 3; ++s) {
-          upload(dw[s], t, random_values(size_t(ns[s] * k), -0.05f, 0.05f, t, rng));
-          CUDA_ASSERT(cudaMalloc(&fused[s].ptr, size_t(m * ns[s]) * es));
-          CUDA_ASSERT(cudaMalloc(&alone[s].ptr, size_t(m * ns[s]) * es));
-          outs[s] = {dw[s].ptr, fused[s].ptr, ns[s]};
-          CUDA_ASSERT(gemv_cuda(dx.ptr, dw[s].ptr, alone[s].ptr, m, ns[s], k, t, false, stream));
+          CUDA_ASSERT(gemv_cuda(dx.ptr, pr.w[s].ptr, pr.b[s].ptr, m, pr.n[s], k, t, false, stream));
         }
-        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, outs, 3, m, k, t, stream));
+        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, pr.outs_a, 3, m, k, t, stream));
         CUDA_ASSERT(cudaStreamSynchronize(stream));
-        for (int s = 0; s < 3; ++s) {
-          const size_t bytes = size_t(m * ns[s]) * es;
-          ASSERT_EQ(download_bytes(fused[s], bytes), download_bytes(alone[s], bytes))
-              << what << " segment " << s;
-        }
+        pr.expect_same(what);
+        if (HasFailure()) return;
         // SwiGLU: gate and up of n = 1031 rows, against gemv + gemv + silu_mul.
         const int64_t n = 1031;
         DevBuf dg, du, gate, up, out;
@@ -489,32 +514,24 @@ TEST_F(GpuOps, GemvWithRopeEqualsGemvThenRopeBitForBit) {
         CUDA_ASSERT(cudaMemcpy(dp.ptr, pos.data(), pos.size() * sizeof(int64_t),
                                cudaMemcpyHostToDevice));
         upload(dx, t, random_values(size_t(m * k), -1.f, 1.f, t, rng));
-        DevBuf dw[3], fused[3], apart[3];
-        GemvOut outs_fused[3], outs_apart[3];
-        for (int s = 0; s < 3; ++s) {
-          upload(dw[s], t, random_values(size_t(ns[s] * k), -0.05f, 0.05f, t, rng));
-          CUDA_ASSERT(cudaMalloc(&fused[s].ptr, size_t(m * ns[s]) * es));
-          CUDA_ASSERT(cudaMalloc(&apart[s].ptr, size_t(m * ns[s]) * es));
-          outs_fused[s] = {dw[s].ptr, fused[s].ptr, ns[s]};
-          outs_apart[s] = {dw[s].ptr, apart[s].ptr, ns[s]};
-        }
+        // a: q/k/v with RoPE at the store; b: the plain launch, then the rope kernel.
+        ThreeProducts pr;
+        pr.make(ns, m, k, t, rng);
+        if (HasFailure()) return;
         const auto* p = static_cast<const int64_t*>(dp.ptr);
         const auto* f = static_cast<const float*>(df.ptr);
-        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, outs_apart, 3, m, k, t, stream));
+        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, pr.outs_b, 3, m, k, t, stream));
         CUDA_ASSERT(cudaStreamSynchronize(stream));
-        const std::vector<uint8_t> unrotated = download_bytes(apart[0], size_t(m * ns[0]) * es);
-        CUDA_ASSERT(rope_qk_cuda(apart[0].ptr, heads, ns[0], apart[1].ptr, kv_heads, ns[1], m,
+        const std::vector<uint8_t> unrotated = download_bytes(pr.b[0], pr.bytes(0));
+        CUDA_ASSERT(rope_qk_cuda(pr.b[0].ptr, heads, ns[0], pr.b[1].ptr, kv_heads, ns[1], m,
                                  head_dim, p, f, t, stream));
         const GemvRope rope{p, f, head_dim, 2};
-        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, outs_fused, 3, m, k, t, stream, &rope));
+        CUDA_ASSERT(gemv_multi_cuda(dx.ptr, pr.outs_a, 3, m, k, t, stream, &rope));
         CUDA_ASSERT(cudaStreamSynchronize(stream));
-        for (int s = 0; s < 3; ++s) {
-          const size_t bytes = size_t(m * ns[s]) * es;
-          ASSERT_EQ(download_bytes(fused[s], bytes), download_bytes(apart[s], bytes))
-              << what << " segment " << s;
-        }
+        pr.expect_same(what);
+        if (HasFailure()) return;
         // Not vacuous: the rotation moved q.
-        ASSERT_NE(download_bytes(fused[0], size_t(m * ns[0]) * es), unrotated) << what;
+        ASSERT_NE(download_bytes(pr.a[0], pr.bytes(0)), unrotated) << what;
       }
       // Refused: head_dim odd, an output not a whole number of heads, more rotating segments
       // than outputs.
