@@ -93,6 +93,12 @@ void BatchRunner::release(uint64_t id) {
 }
 
 void BatchRunner::release_all() {
+  // Launched steps' ids are dropped (their queued draws taken off the backend first).
+  for (Launched& l : launched_) {
+    std::vector<int32_t> ids;
+    if (l.queued) (void)model_.backend().sampled(ids);
+  }
+  launched_.clear();
   ring_.clear();
   samplers_.clear();
   next_pos_.clear();
@@ -127,7 +133,9 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
     for (SeqWork* s : asked) s->tokens[0] = -1 - static_cast<int32_t>(drawn_index_.at(s->id));
     return {};
   }
-  // Some token was drawn on another rank or on rank 0's host: rank 0 knows them all.
+  // Some token was drawn on another rank or on rank 0's host: rank 0 knows them all once the
+  // steps launched before have their ids.
+  for (Launched& l : launched_) BURST_RETURN_IF_ERROR(settle(l, &l == &launched_.back()));
   std::vector<int32_t> ids(asked.size(), 0);
   if (comm_.rank() == 0) {
     for (size_t k = 0; k < asked.size(); ++k) ids[k] = drawn_last_.at(asked[k]->id);
@@ -418,8 +426,18 @@ Status BatchRunner::score_prompt(const StepPlan& plan, const SeqWork& s,
   return {};
 }
 
-Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& after_layer) {
+Result<StepResult> BatchRunner::step(const StepPlan& plan, const LayerHook& after_layer) {
+  if (launched()) return Status::error("batch: step() while a launched step awaits finish()");
+  BURST_RETURN_IF_ERROR(launch(plan, after_layer));
+  return finish();
+}
+
+Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) {
   BURST_RETURN_IF_ERROR(validate(given));
+  if (launched_.size() >= engine::Backend::kMaxQueuedDraws) {
+    return Status::error("batch: " + std::to_string(launched_.size()) +
+                         " steps are launched and not finished (finish() first)");
+  }
   for (uint64_t id : given.release) release(id);
   const bool previous = std::any_of(given.seqs.begin(), given.seqs.end(), [](const SeqWork& s) {
     return s.decode && s.tokens[0] == kPreviousToken;
@@ -430,17 +448,20 @@ Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& aft
     BURST_RETURN_IF_ERROR(resolve_previous(resolved));
   }
   const StepPlan& plan = previous ? resolved : given;
-  StepResult result;
+  Launched l;
+  StepResult& result = l.result;
+  sampled_last_.clear();
+  drawn_last_.clear();
+  drawn_index_.clear();
+  drawn_count_ = 0;
   if (plan.seqs.empty()) {
-    sampled_last_.clear();
-    drawn_last_.clear();
-    drawn_index_.clear();
-    drawn_count_ = 0;
     result.kv = ring_.cache().usage();
-    return result;
+    launched_.push_back(std::move(l));
+    return {};
   }
   StepInputs in;
   build_inputs(plan, in);
+  in.device.queued = device_only(in) && !in.device.rows.empty();
   BURST_RETURN_IF_ERROR(draw_uniforms(plan, in.samples, in.remote_u, in.device));
   BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(in.rows)));
   std::vector<float> logits;
@@ -456,18 +477,21 @@ Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& aft
       histories_[s.id].add_prompt(s.tokens.data(), s.tokens.size());
     }
   }
-  std::vector<int32_t> device_ids;
-  BURST_RETURN_IF_ERROR(gather_ids(in.samples, in.remote, sampled, device_ids));
-  BURST_RETURN_IF_ERROR(sample_on_host(plan, in.samples, logits, device_ids, result));
-  // Prompt logprobs: each rank scores its rows; one all-gather of fixed-size records per
-  // sequence (every rank knows every rank's row count from the plan), merged on rank 0.
-  for (const auto& [i, mine] : in.prompt_rows) {
-    BURST_RETURN_IF_ERROR(score_prompt(plan, plan.seqs[i], mine, logits, result));
+  if (in.device.queued) {
+    // Rank 0, every draw its backend's, in sample order: settle() reads the ids.
+    l.queued = true;
+    for (const Sample& sm : in.samples) l.draws.push_back(plan.seqs[sm.seq].id);
+  } else {
+    std::vector<int32_t> device_ids;
+    BURST_RETURN_IF_ERROR(gather_ids(in.samples, in.remote, sampled, device_ids));
+    BURST_RETURN_IF_ERROR(sample_on_host(plan, in.samples, logits, device_ids, result));
+    // Prompt logprobs: each rank scores its rows; one all-gather of fixed-size records per
+    // sequence (every rank knows every rank's row count from the plan), merged on rank 0.
+    for (const auto& [i, mine] : in.prompt_rows) {
+      BURST_RETURN_IF_ERROR(score_prompt(plan, plan.seqs[i], mine, logits, result));
+    }
+    for (const SampledToken& t : result.tokens) drawn_last_[t.id] = t.token;
   }
-  sampled_last_.clear();
-  drawn_last_.clear();
-  drawn_index_.clear();
-  drawn_count_ = 0;
   for (const SeqWork& s : plan.seqs) {
     if (s.sample) sampled_last_.insert(s.id);
   }
@@ -476,10 +500,53 @@ Result<StepResult> BatchRunner::step(const StepPlan& given, const LayerHook& aft
   for (const Sample& sm : in.samples) {
     if (sm.owner == 0 && sm.on_device) drawn_index_[plan.seqs[sm.seq].id] = drawn_count_++;
   }
-  for (const SampledToken& t : result.tokens) drawn_last_[t.id] = t.token;
   result.kv = ring_.cache().usage();
   result.rows = static_cast<int64_t>(in.ids.size());
-  return result;
+  launched_.push_back(std::move(l));
+  return {};
+}
+
+bool BatchRunner::device_only(const StepInputs& in) {
+  return in.remote == 0 && in.prompt_rows.empty() &&
+         std::all_of(in.samples.begin(), in.samples.end(),
+                     [](const Sample& sm) { return sm.on_device; });
+}
+
+bool BatchRunner::queues(const StepPlan& plan) const {
+  StepInputs in;
+  build_inputs(plan, in);
+  return device_only(in) && !in.device.rows.empty();
+}
+
+Status BatchRunner::settle(Launched& l, bool latest) {
+  if (!l.queued) return {};
+  l.queued = false;
+  std::vector<int32_t> ids;
+  BURST_RETURN_IF_ERROR(model_.backend().sampled(ids));
+  if (ids.size() != l.draws.size()) {
+    return Status::error("batch: a queued draw gave " + std::to_string(ids.size()) + " ids for " +
+                         std::to_string(l.draws.size()) + " sequences");
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    SampledToken t;
+    t.id = l.draws[k];
+    t.token = ids[k];
+    l.result.tokens.push_back(std::move(t));
+    if (latest) drawn_last_[l.draws[k]] = ids[k];
+  }
+  return {};
+}
+
+Result<StepResult> BatchRunner::finish() {
+  if (launched_.empty()) return Status::error("batch: finish() with no step launched");
+  BURST_RETURN_IF_ERROR(settle(launched_.front(), launched_.size() == 1));
+  StepResult r = std::move(launched_.front().result);
+  launched_.pop_front();
+  return r;
+}
+
+bool BatchRunner::finish_ready() const {
+  return launched_.empty() || !launched_.front().queued || model_.backend().sampled_ready();
 }
 
 }  // namespace burst::models

@@ -27,6 +27,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -163,7 +164,10 @@ class CudaBackend final : public Backend {
                        &sample_ws_, &drawn_}) {
       if (s->ptr) cudaFree(s->ptr);
     }
-    if (sample_pinned_.ptr) cudaFreeHost(sample_pinned_.ptr);
+    for (DrawSlot& d : draws_) {
+      if (d.pinned.ptr) cudaFreeHost(d.pinned.ptr);
+      if (d.done) cudaEventDestroy(d.done);
+    }
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (cublas_) cublasDestroy(cublas_);
     if (comm_) cudaStreamDestroy(comm_);
@@ -685,18 +689,50 @@ class CudaBackend final : public Backend {
                         " head_dim=" + std::to_string(p.head_dim));
   }
 
+  // The draw queued, then its own ids waited for (other draws may stay queued around it).
   Status sample(const Tensor& logits, const std::vector<SamplingParams>& params,
                 const std::vector<double>& uniforms, std::vector<int32_t>& ids) override {
+    BURST_RETURN_IF_ERROR(sample_queued(logits, params, uniforms));
+    const int slot = queued_.back();
+    queued_.pop_back();
+    return take_draw(slot, ids);
+  }
+
+  Status sampled(std::vector<int32_t>& ids) override {
+    if (queued_.empty()) return op_error("sampled", "no draw is queued");
+    const int slot = queued_.front();
+    queued_.pop_front();
+    return take_draw(slot, ids);
+  }
+
+  bool sampled_ready() const override {
+    return queued_.empty() || cudaEventQuery(draws_[queued_.front()].done) != cudaErrorNotReady;
+  }
+
+  Status sample_queued(const Tensor& logits, const std::vector<SamplingParams>& params,
+                       const std::vector<double>& uniforms) override {
     BURST_RETURN_IF_ERROR(on_device("sample", logits));
     const std::string bad = check_sample_args(logits, params, uniforms);
     if (!bad.empty()) return op_error("sample", bad);
     if (logits.dtype != DType::kF32 && logits.dtype != DType::kBF16) {
       return op_error("sample", "logits " + logits.describe() + " are not fp32 or bf16");
     }
+    if (queued_.size() >= kMaxQueuedDraws) return too_many_draws();
+    // A slot no queued draw holds: its pinned buffer and event are free to reuse.
+    int slot = 0;
+    while (std::find(queued_.begin(), queued_.end(), slot) != queued_.end()) ++slot;
+    DrawSlot& d = draws_[slot];
     const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-    ids.resize(static_cast<size_t>(rows));
-    if (rows == 0) return {};
+    d.rows = rows;
     BURST_RETURN_IF_ERROR(use_device("sample"));
+    if (d.done == nullptr) {
+      BURST_CUDA_TRY(device_, "sample", cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
+    }
+    if (rows == 0) {
+      BURST_CUDA_TRY(device_, "sample", cudaEventRecord(d.done, compute_));
+      queued_.push_back(slot);
+      return {};
+    }
     kernels::SampleParams p;
     p.logits = logits.data;
     p.dtype = logits.dtype;
@@ -723,9 +759,10 @@ class CudaBackend final : public Backend {
     const size_t in_bytes = u_bytes + rp_bytes;
     const size_t all_bytes = in_bytes + settings.size() * 4;
     BURST_RETURN_IF_ERROR(ensure(sample_in_, all_bytes, "sample"));
-    BURST_RETURN_IF_ERROR(ensure_pinned(all_bytes, "sample"));
+    BURST_RETURN_IF_ERROR(ensure_pinned(d.pinned, all_bytes, "sample"));
     auto* dev = static_cast<unsigned char*>(sample_in_.ptr);
-    auto* host = static_cast<unsigned char*>(sample_pinned_.ptr);
+    auto* host = static_cast<unsigned char*>(d.pinned.ptr);
+    d.ids_offset = in_bytes;
     p.out_ids = reinterpret_cast<int32_t*>(dev + in_bytes);
     if (same) {
       p.temperature = first.temperature;
@@ -735,8 +772,8 @@ class CudaBackend final : public Backend {
       p.row_params = reinterpret_cast<const kernels::SampleRowParams*>(dev + u_bytes);
     }
     if (!greedy) {
-      // Pinned, so both copies are truly asynchronous; the buffer is rewritten only by the
-      // next call, after this one's synchronize.
+      // Pinned, so both copies are truly asynchronous; the slot's buffer is rewritten only
+      // once its ids were taken (take_draw waited for this draw's event).
       std::memcpy(host, uniforms.data(), u_bytes);
       if (!same) std::memcpy(host + u_bytes, settings.data(), rp_bytes);
       p.uniforms = reinterpret_cast<const double*>(dev);
@@ -763,8 +800,20 @@ class CudaBackend final : public Backend {
     BURST_CUDA_TRY(device_, "sample",
                    cudaMemcpyAsync(host + in_bytes, p.out_ids, settings.size() * 4,
                                    cudaMemcpyDeviceToHost, compute_));
-    BURST_CUDA_TRY(device_, "sample", cudaStreamSynchronize(compute_));
-    std::memcpy(ids.data(), host + in_bytes, settings.size() * 4);
+    BURST_CUDA_TRY(device_, "sample", cudaEventRecord(d.done, compute_));
+    queued_.push_back(slot);
+    return {};
+  }
+
+  // Waits for the draw in `slot` (taken off queued_ by the caller) and copies its ids out.
+  Status take_draw(int slot, std::vector<int32_t>& ids) {
+    const DrawSlot& d = draws_[slot];
+    ids.resize(static_cast<size_t>(d.rows));
+    if (d.rows == 0) return {};
+    BURST_RETURN_IF_ERROR(use_device("sampled"));
+    BURST_CUDA_TRY(device_, "sampled", cudaEventSynchronize(d.done));
+    std::memcpy(ids.data(), static_cast<const unsigned char*>(d.pinned.ptr) + d.ids_offset,
+                ids.size() * 4);
     return {};
   }
 
@@ -847,16 +896,16 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  // Grows the pinned host buffer of sample() (cudaMallocHost: rarely, not per token).
-  Status ensure_pinned(size_t bytes, const char* op) {
-    if (sample_pinned_.bytes >= bytes) return {};
+  // Grows a pinned host buffer of sample() (cudaMallocHost: rarely, not per token).
+  Status ensure_pinned(Scratch& pinned, size_t bytes, const char* op) {
+    if (pinned.bytes >= bytes) return {};
     // A copy queued by a call that failed half-way may still read the old buffer.
     BURST_CUDA_TRY(device_, op, cudaStreamSynchronize(compute_));
-    if (sample_pinned_.ptr) BURST_CUDA_TRY(device_, op, cudaFreeHost(sample_pinned_.ptr));
-    sample_pinned_ = Scratch{};
+    if (pinned.ptr) BURST_CUDA_TRY(device_, op, cudaFreeHost(pinned.ptr));
+    pinned = Scratch{};
     const size_t want = std::max<size_t>(bytes + bytes / 2, 4096);
-    BURST_CUDA_TRY(device_, op, cudaMallocHost(&sample_pinned_.ptr, want));
-    sample_pinned_.bytes = want;
+    BURST_CUDA_TRY(device_, op, cudaMallocHost(&pinned.ptr, want));
+    pinned.bytes = want;
     return {};
   }
 
@@ -881,9 +930,20 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   Scratch staging_, ids_, positions_, inv_freq_, decode_ws_;
-  // sample(): its inputs and ids ([uniforms | row settings | ids]) on the device and their
-  // pinned host mirror, and the kernel's workspace.
-  Scratch sample_in_, sample_ws_, sample_pinned_;
+  // sample(): its inputs and ids ([uniforms | row settings | ids]) on the device, and the
+  // kernel's workspace (stream order lets each draw reuse them).
+  Scratch sample_in_, sample_ws_;
+  // A queued draw's pinned host mirror of those bytes (its ids at ids_offset, rows of them)
+  // and the event after their copy to it: one slot per draw that may be outstanding, so the
+  // next step's uniforms never overwrite bytes a queued copy has still to read.
+  struct DrawSlot {
+    Scratch pinned;
+    size_t ids_offset = 0;
+    int64_t rows = 0;
+    cudaEvent_t done = nullptr;
+  };
+  DrawSlot draws_[kMaxQueuedDraws];
+  std::deque<int> queued_;  // slots of the queued draws, oldest first
   // The ids the last sample() drew (or another rank's, broadcast in), and how many: what an
   // embedding id -1 - k reads (drawn_ids).
   Scratch drawn_;

@@ -33,7 +33,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -277,89 +279,25 @@ class WorkerService final : public pb::WorkerControl::Service {
   }
 
   // The step loop: one StepRequest in, one final StepReply out (rank 0: the sampled tokens),
-  // until the coordinator closes the stream. Every rank gets the same requests.
+  // in order, until the coordinator closes the stream. Every rank gets the same requests.
+  // Requests are read by a thread of their own, so that while a step whose ids are still on
+  // their way runs on the device (BatchRunner::launch) the next request, once it is here, is
+  // launched behind it before that step's reply is written: the device goes from one step to
+  // the next without waiting for the host's turnaround (the ids' copy, the reply, the read
+  // and the next step's planning). BURST_OVERLAP=0 in the environment replies to every step
+  // before reading the next (A/B timing).
   grpc::Status Session(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<pb::StepReply, pb::StepRequest>* stream) override {
     if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     std::lock_guard<std::mutex> lock(run_mu_);  // one coordinator session at a time
     if (broken_) return {grpc::StatusCode::UNAVAILABLE, where() + "the worker group is broken"};
     runner_.release_all();  // a new session starts from an empty cache
-    const int layers = static_cast<int>(model_.config().num_layers);
-    pb::StepRequest req;
-    while (stream->Read(&req)) {
-      const models::StepPlan plan = to_plan(req);
-      pb::StepReply reply;
-      reply.set_final(true);
-      reply.set_layers(layers);
-      // Refuse what cannot run before any collective: every rank holds the same state and sees
-      // the same plan, so all refuse together and the ring stays usable.
-      if (Status bad = runner_.validate(plan); !bad.ok()) {
-        reply.set_error_code(static_cast<int32_t>(bad.code()));
-        reply.set_error(where() + bad.message());
-        if (!stream->Write(reply)) break;
-        continue;
-      }
-      bool progress = false;
-      for (const auto& w : req.seqs()) progress = progress || w.report_progress();
-      models::LayerHook hook;
-      if (progress && comm_.rank() == 0) {
-        // Rank 0 reports each layer; a lost write only loses a progress event.
-        hook = [&](int64_t done) -> Status {
-          if (done < layers) {
-            pb::StepReply p;
-            p.set_layers_done(static_cast<int32_t>(done));
-            p.set_layers(layers);
-            stream->Write(p);
-          }
-          return {};
-        };
-      }
-      auto result = runner_.step(plan, hook);
-      if (!result.ok()) {
-        // A failed collective leaves the communicator unusable (see communicator.h). A rank
-        // short of KV pages is no exception: the others may be inside the forward already. The
-        // coordinator keeps the same page ledger as the ranks, so this means a bug, not load.
-        broken_ = true;
-        g_exit.request(kExitBroken);
-        return {grpc::StatusCode::INTERNAL, where() + result.message()};
-      }
-      for (const auto& t : result.value().tokens) {
-        auto* o = reply.add_tokens();
-        o->set_id(t.id);
-        o->set_token(t.token);
-        o->set_has_logprob(t.has_logprob);
-        o->set_logprob(t.logprob);
-        for (const auto& [id, lp] : t.top) {
-          auto* tl = o->add_top();
-          tl->set_token(id);
-          tl->set_logprob(lp);
-        }
-      }
-      for (const auto& pl : result.value().prompt_logprobs) {
-        auto* o = reply.add_prompt_logprobs();
-        o->set_id(pl.id);
-        for (const auto& e : pl.entries) {
-          auto* oe = o->add_entries();
-          oe->set_pos(e.pos);
-          oe->set_token(e.token);
-          oe->set_logprob(e.logprob);
-          for (const auto& [id, lp] : e.top) {
-            auto* t = oe->add_top();
-            t->set_token(id);
-            t->set_logprob(lp);
-          }
-        }
-      }
-      reply.set_kv_used_pages(result.value().kv.used_pages);
-      reply.set_kv_total_pages(result.value().kv.total_pages);
-      reply.set_rows(result.value().rows);
-      reply.set_ring_compute_ms(ring_.stats().compute_ms);
-      reply.set_ring_wait_ms(ring_.stats().wait_ms);
-      if (!stream->Write(reply)) break;
-    }
-    (void)ctx;
+    RequestReader reader(stream);
+    grpc::Status status = serve(*stream, reader);
+    if (!status.ok() || !reader.ended()) ctx->TryCancel();  // ends the reader's Read
+    reader.join();
     runner_.release_all();  // the coordinator is gone or done: free every page
-    return grpc::Status::OK;
+    return status;
   }
 
   grpc::Status Ping(grpc::ServerContext* ctx, const pb::PingRequest*,
@@ -383,6 +321,186 @@ class WorkerService final : public pb::WorkerControl::Service {
   }
 
  private:
+  using Stream = grpc::ServerReaderWriter<pb::StepReply, pb::StepRequest>;
+
+  // Reads the session's requests on its own thread into a queue.
+  class RequestReader {
+   public:
+    explicit RequestReader(Stream* stream) : thread_([this, stream] { run(stream); }) {}
+    ~RequestReader() { join(); }
+    void join() {
+      if (thread_.joinable()) thread_.join();
+    }
+    bool ended() const {
+      std::lock_guard<std::mutex> lock(mu_);
+      return ended_;
+    }
+    enum class Got { kRequest, kEnded, kStopped };
+    // The next request (kRequest), or kEnded once the stream ended and every request was
+    // taken. With `stop`, kStopped as soon as stop() holds (before a queued request): it is
+    // polled (the caller's wait for a device event) without sleeping.
+    Got next(pb::StepRequest& out, const std::function<bool()>& stop) {
+      for (;;) {
+        if (stop && stop()) return Got::kStopped;
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!queue_.empty()) {
+          out = std::move(queue_.front());
+          queue_.pop_front();
+          return Got::kRequest;
+        }
+        if (ended_) return Got::kEnded;
+        if (stop) {
+          lock.unlock();
+          std::this_thread::yield();
+          continue;
+        }
+        cv_.wait(lock, [&] { return !queue_.empty() || ended_; });
+      }
+    }
+
+   private:
+    void run(Stream* stream) {
+      pb::StepRequest req;
+      while (stream->Read(&req)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(std::move(req));
+        cv_.notify_one();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ended_ = true;
+      cv_.notify_one();
+    }
+
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<pb::StepRequest> queue_;
+    bool ended_ = false;
+    std::thread thread_;  // last: starts once the members above exist
+  };
+
+  // The loop behind Session: at most one launched step whose reply is not written yet.
+  grpc::Status serve(Stream& stream, RequestReader& reader) {
+    const int layers = static_cast<int>(model_.config().num_layers);
+    static const bool overlap = [] {
+      const char* env = std::getenv("BURST_OVERLAP");
+      return env == nullptr || std::string(env) != "0";
+    }();
+    std::deque<engine::RingStats> stats;  // of each launched step, at its launch
+    bool write_failed = false;
+    // Finishes the oldest launched step and writes its reply; an error means a broken group.
+    auto reply_oldest = [&]() -> Status {
+      auto result = runner_.finish();
+      if (!result.ok()) return result.status();
+      pb::StepReply reply = step_reply(result.value(), stats.front(), layers);
+      stats.pop_front();
+      if (!stream.Write(reply)) write_failed = true;
+      return {};
+    };
+    auto broken = [&](const Status& st) {
+      // A failed collective leaves the communicator unusable (see communicator.h). A rank
+      // short of KV pages is no exception: the others may be inside the forward already. The
+      // coordinator keeps the same page ledger as the ranks, so this means a bug, not load.
+      broken_ = true;
+      g_exit.request(kExitBroken);
+      return grpc::Status(grpc::StatusCode::INTERNAL, where() + st.message());
+    };
+    pb::StepRequest req;
+    while (!write_failed) {
+      const auto got = runner_.launched()
+                           ? reader.next(req, [&] { return runner_.finish_ready(); })
+                           : reader.next(req, nullptr);
+      if (got != RequestReader::Got::kRequest) {
+        if (runner_.launched()) {
+          if (Status st = reply_oldest(); !st.ok()) return broken(st);
+          continue;
+        }
+        break;  // the stream ended
+      }
+      const models::StepPlan plan = to_plan(req);
+      bool progress = false;
+      for (const auto& w : req.seqs()) progress = progress || w.report_progress();
+      // Refuse what cannot run before any collective: every rank holds the same state and sees
+      // the same plan, so all refuse together and the ring stays usable.
+      const Status bad = runner_.validate(plan);
+      // The step before is answered first unless this one queues behind it without holding
+      // the host (BatchRunner::queues: else its launch would delay that reply by its own run,
+      // a prefill chunk's seconds), and always before progress events (written as it runs).
+      if (runner_.launched() && (!overlap || progress || !bad.ok() || !runner_.queues(plan))) {
+        if (Status st = reply_oldest(); !st.ok()) return broken(st);
+      }
+      if (!bad.ok()) {
+        pb::StepReply reply;
+        reply.set_final(true);
+        reply.set_layers(layers);
+        reply.set_error_code(static_cast<int32_t>(bad.code()));
+        reply.set_error(where() + bad.message());
+        if (!stream.Write(reply)) break;
+        continue;
+      }
+      models::LayerHook hook;
+      if (progress && comm_.rank() == 0) {
+        // Rank 0 reports each layer; a lost write only loses a progress event.
+        hook = [&](int64_t done) -> Status {
+          if (done < layers) {
+            pb::StepReply p;
+            p.set_layers_done(static_cast<int32_t>(done));
+            p.set_layers(layers);
+            stream.Write(p);
+          }
+          return {};
+        };
+      }
+      if (Status st = runner_.launch(plan, hook); !st.ok()) return broken(st);
+      stats.push_back(ring_.stats());
+      // The step before (if any) is answered now, behind this one's queued work; this one
+      // once its ids are in or the next request was launched behind it (the loop's wait).
+      while (runner_.launched() && (stats.size() > 1 || !overlap)) {
+        if (Status st = reply_oldest(); !st.ok()) return broken(st);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  pb::StepReply step_reply(const models::StepResult& r, const engine::RingStats& ring,
+                           int layers) const {
+    pb::StepReply reply;
+    reply.set_final(true);
+    reply.set_layers(layers);
+    for (const auto& t : r.tokens) {
+      auto* o = reply.add_tokens();
+      o->set_id(t.id);
+      o->set_token(t.token);
+      o->set_has_logprob(t.has_logprob);
+      o->set_logprob(t.logprob);
+      for (const auto& [id, lp] : t.top) {
+        auto* tl = o->add_top();
+        tl->set_token(id);
+        tl->set_logprob(lp);
+      }
+    }
+    for (const auto& pl : r.prompt_logprobs) {
+      auto* o = reply.add_prompt_logprobs();
+      o->set_id(pl.id);
+      for (const auto& e : pl.entries) {
+        auto* oe = o->add_entries();
+        oe->set_pos(e.pos);
+        oe->set_token(e.token);
+        oe->set_logprob(e.logprob);
+        for (const auto& [id, lp] : e.top) {
+          auto* t = oe->add_top();
+          t->set_token(id);
+          t->set_logprob(lp);
+        }
+      }
+    }
+    reply.set_kv_used_pages(r.kv.used_pages);
+    reply.set_kv_total_pages(r.kv.total_pages);
+    reply.set_rows(r.rows);
+    reply.set_ring_compute_ms(ring.compute_ms);
+    reply.set_ring_wait_ms(ring.wait_ms);
+    return reply;
+  }
+
   std::string where() const { return "burst-worker rank " + std::to_string(comm_.rank()) + ": "; }
 
   models::LlamaModel& model_;

@@ -206,6 +206,60 @@ int rank_main(int world, int rank, const std::string& store) {
   given.seqs.push_back(work(21, true, last21, n21 + kNew - 1, true));
   if (!runner.step(given).ok()) return 45;
   for (uint64_t id : {20, 21, 22}) runner.release(id);
+  // Overlapped steps (the worker's order while a step's ids are on their way): ids 30, 31, 32
+  // (the same prompts) prefilled by step(), then decode steps by kPreviousToken, each launched
+  // BEFORE the step before it is finished; one step also asks 31's logprobs (that step's ids
+  // come to the host inside its launch), and 32 is released by the plan launched while the
+  // step that ran it is unfinished. The tokens are each sequence's alone, in launch order.
+  std::map<uint64_t, std::vector<int32_t>> over;
+  auto take = [&](const StepPlan& plan, int code) -> int {
+    auto r = runner.finish();
+    if (!r.ok()) {
+      std::fprintf(stderr, "rank %d overlapped finish: %s\n", rank, r.message().c_str());
+      return code;
+    }
+    for (const auto& t : r.value().tokens) {
+      const bool asked = plan.seqs[0].id == 31 && plan.seqs[0].logprobs >= 0;
+      if (rank == 0 && t.id == 31 && asked != t.has_logprob) return code + 1;
+    }
+    auto toks = share(*m.gloo, plan, r.value());
+    if (!toks.ok()) return code + 2;
+    for (const auto& [id, tok] : toks.value()) over[id].push_back(tok);
+    return 0;
+  };
+  StepPlan o;
+  for (uint64_t id : {30, 31, 32}) o.seqs.push_back(work(id, false, prompts[id % 10], 0, true));
+  if (runner.launched() || !runner.launch(o).ok()) return 46;
+  if (runner.step(o).ok()) return 47;  // step() refuses while a launched step awaits finish()
+  if (const int e = take(o, 48)) return e;
+  StepPlan before;  // launched, not finished
+  for (int t = 0; t + 1 < kNew; ++t) {
+    StepPlan d;
+    for (uint64_t id : {31, 30, 32}) {  // 31 first: the logprobs row
+      if (id == 32 && t >= 3) continue;
+      d.seqs.push_back(work(id, true, {kPreviousToken}, prompts[id % 10].size() + t, true));
+      if (id == 31 && t == 2) d.seqs.back().logprobs = 1;
+    }
+    if (t == 3) d.release.push_back(32);
+    if (rank == 0 && t > 0 && runner.queues(d) != (t != 2)) return 51;
+    if (!runner.launch(d).ok()) {
+      std::fprintf(stderr, "rank %d overlapped launch %d\n", rank, t);
+      return 52;
+    }
+    if (t > 0) {
+      if (const int e = take(before, 53)) return e;
+    }
+    before = d;
+  }
+  if (const int e = take(before, 56)) return e;
+  if (runner.launched()) return 59;
+  auto prefix = want[2];
+  prefix.resize(4);
+  if (rank == 0 && (over[30] != want[0] || over[31] != want[1] || over[32] != prefix)) {
+    std::fprintf(stderr, "rank 0: overlapped steps != alone\n");
+    return 60;
+  }
+  for (uint64_t id : {30, 31}) runner.release(id);
   return m.ring->cache().usage().used_pages == 0 ? 0 : 38;
 }
 

@@ -7,6 +7,7 @@
 // 2-D tensors are [rows, features] row-major; weights follow HF's nn.Linear layout [out, in].
 #pragma once
 
+#include <deque>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -146,6 +147,28 @@ class Backend {
   // Waits for the ids. check_sample_args says what is refused.
   virtual Status sample(const Tensor& logits, const std::vector<SamplingParams>& params,
                         const std::vector<double>& uniforms, std::vector<int32_t>& ids) = 0;
+  // sample() in two halves, so that a caller may queue the next step's work before this step's
+  // ids reach the host: sample_queued() queues the draw (its ids are what drawn_ids() and
+  // embedding() see from then on, as after sample()); sampled() waits for the oldest queued
+  // draw and hands its ids over (in the order the draws were queued); sampled_ready() says
+  // whether sampled() would return without waiting. At most kMaxQueuedDraws are outstanding.
+  // The defaults draw at once through sample() and keep the ids until sampled().
+  static constexpr size_t kMaxQueuedDraws = 2;
+  virtual Status sample_queued(const Tensor& logits, const std::vector<SamplingParams>& params,
+                               const std::vector<double>& uniforms) {
+    if (queued_draws_.size() >= kMaxQueuedDraws) return too_many_draws();
+    std::vector<int32_t> ids;
+    Status s = sample(logits, params, uniforms, ids);
+    if (s.ok()) queued_draws_.push_back(std::move(ids));
+    return s;
+  }
+  virtual Status sampled(std::vector<int32_t>& ids) {
+    if (queued_draws_.empty()) return Status::error(name() + " sampled: no draw is queued");
+    ids = std::move(queued_draws_.front());
+    queued_draws_.pop_front();
+    return {};
+  }
+  virtual bool sampled_ready() const { return true; }
   // The memory plan: OK when `bytes` more fit on the device now, else an error naming `what`,
   // the bytes needed and the bytes free. Called before allocating weights or a KV cache so a
   // model that cannot fit fails with one clear message. Host memory is not planned (default).
@@ -158,6 +181,10 @@ class Backend {
   virtual Status synchronize() = 0;
 
  protected:
+  Status too_many_draws() const {
+    return Status::error(name() + " sample_queued: " + std::to_string(kMaxQueuedDraws) +
+                         " draws are queued already (sampled() takes them)");
+  }
   // The compound ops' products one op at a time (the defaults' second half, and what a
   // backend's override falls back to where it cannot fuse): out_i = h w_i^T each; gate =
   // silu(h w_gate^T) * (h w_up^T) through gemm, gemm, silu_mul.
@@ -181,6 +208,9 @@ class Backend {
     if (s.ok()) s = silu_mul(gate, up, gate);
     return s;
   }
+
+ private:
+  std::deque<std::vector<int32_t>> queued_draws_;  // the defaults' queued draws
 };
 
 // Empty when Backend::sample may run on these arguments, else what is wrong: logits 2-D with at

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -107,7 +108,26 @@ class BatchRunner {
   // same state, so all refuse the same plan before any collective and the ring stays usable.
   Status validate(const StepPlan& plan) const;
   // Runs the plan (validate() first). after_layer runs on every rank after each layer.
+  // launch() then finish().
   Result<StepResult> step(const StepPlan& plan, const LayerHook& after_layer = nullptr);
+  // step() in two halves, for a caller that queues step n + 1 before step n's tokens reach the
+  // host (the worker: the device never waits for the host's turnaround between two steps).
+  // launch() runs the plan up to its queued device work; finish() returns the oldest launched
+  // step's result (launch order). A step whose only draws are rank 0's backend's (no logits
+  // for the host, no prompt logprobs, no other rank's draw: the usual decode step) returns
+  // from launch() with its ids still on their way (Backend::sample_queued), and the next plan
+  // may be launched at once; any other step completes inside launch(). Nothing of the host's
+  // collectives runs in finish(), so ranks may finish at different moments. At most two
+  // steps may be launched and not finished. A failed launch() leaves the group broken, as a
+  // failed step() does.
+  Status launch(const StepPlan& plan, const LayerHook& after_layer = nullptr);
+  Result<StepResult> finish();
+  // Whether launch(plan) would return with ids on their way and no host collective run: on
+  // rank 0 for a valid plan whose draws are all rank 0's backend's (false on other ranks).
+  bool queues(const StepPlan& plan) const;
+  // Whether a step awaits finish(), and whether finish() would return without waiting.
+  bool launched() const { return !launched_.empty(); }
+  bool finish_ready() const;
   void release(uint64_t id);
   void release_all();
   engine::RingAttention& ring() { return ring_; }
@@ -115,6 +135,19 @@ class BatchRunner {
  private:
   struct Sample;      // a sampled row of a step (batch.cpp)
   struct StepInputs;  // this rank's rows of a step and what they feed (batch.cpp)
+  // A launched step: its result, and while `queued` its draws' sequences (draw order) whose
+  // ids Backend::sampled() has still to hand over (rank 0's deferred draws).
+  struct Launched {
+    StepResult result;
+    bool queued = false;
+    std::vector<uint64_t> draws;
+  };
+  // Waits for l's ids and puts its tokens into its result; `latest`: l is the last launched
+  // step, whose tokens a kPreviousToken of the next plan may name (drawn_last_).
+  Status settle(Launched& l, bool latest);
+  // Whether nothing but rank 0's device draws comes back from a step with these inputs (the
+  // same on every rank: it follows from the plan), so nothing after its forward is a collective.
+  static bool device_only(const StepInputs& in);
   // The step's rows on this rank: ids, positions, ring rows, RoPE spans, the rows sampled on
   // the device or brought to the host, the prompt rows to score.
   void build_inputs(const StepPlan& plan, StepInputs& in) const;
@@ -160,6 +193,7 @@ class BatchRunner {
   // stay in its memory (Backend::drawn_ids), and how many it drew.
   std::unordered_map<uint64_t, int64_t> drawn_index_;
   int64_t drawn_count_ = 0;
+  std::deque<Launched> launched_;  // launched, not finished; oldest first
 };
 
 }  // namespace burst::models

@@ -37,6 +37,9 @@ struct SampleRows {
   std::vector<int64_t> rows;
   std::vector<engine::SamplingParams> params;
   std::vector<double> uniforms;
+  // Queue the draw and return without its ids (Backend::sample_queued): `sampled` stays empty
+  // and Backend::sampled() hands them over later.
+  bool queued = false;
   size_t size() const { return rows.size(); }
 };
 
