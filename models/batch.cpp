@@ -513,6 +513,9 @@ bool BatchRunner::device_only(const StepInputs& in) {
 }
 
 bool BatchRunner::queues(const StepPlan& plan) const {
+  if (!std::all_of(plan.seqs.begin(), plan.seqs.end(), [](const SeqWork& s) { return s.decode; })) {
+    return false;
+  }
   StepInputs in;
   build_inputs(plan, in);
   return device_only(in) && !in.device.rows.empty();

@@ -423,8 +423,8 @@ class WorkerService final : public pb::WorkerControl::Service {
       // the same plan, so all refuse together and the ring stays usable.
       const Status bad = runner_.validate(plan);
       // The step before is answered first unless this one queues behind it without holding
-      // the host (BatchRunner::queues: else its launch would delay that reply by its own run,
-      // a prefill chunk's seconds), and always before progress events (written as it runs).
+      // the host (BatchRunner::queues: a decode step; a prefill chunk's launch could hold it
+      // and so delay that reply), and always before progress events (written as it runs).
       if (runner_.launched() && (!overlap || progress || !bad.ok() || !runner_.queues(plan))) {
         if (Status st = reply_oldest(); !st.ok()) return broken(st);
       }

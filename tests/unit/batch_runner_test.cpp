@@ -229,7 +229,7 @@ int rank_main(int world, int rank, const std::string& store) {
   };
   StepPlan o;
   for (uint64_t id : {30, 31, 32}) o.seqs.push_back(work(id, false, prompts[id % 10], 0, true));
-  if (runner.launched() || !runner.launch(o).ok()) return 46;
+  if (runner.launched() || runner.queues(o) || !runner.launch(o).ok()) return 46;
   if (runner.step(o).ok()) return 47;  // step() refuses while a launched step awaits finish()
   if (const int e = take(o, 48)) return e;
   StepPlan before;  // launched, not finished

@@ -122,8 +122,10 @@ class BatchRunner {
   // failed step() does.
   Status launch(const StepPlan& plan, const LayerHook& after_layer = nullptr);
   Result<StepResult> finish();
-  // Whether launch(plan) would return with ids on their way and no host collective run: on
-  // rank 0 for a valid plan whose draws are all rank 0's backend's (false on other ranks).
+  // Whether the worker may launch `plan` behind a step whose reply is not written yet: a valid
+  // plan of decode rows only (a few hundred launches, no prefill: the host is back at once)
+  // whose draws are all rank 0's backend's, so launch() returns with its ids on their way
+  // and runs no host collective. On rank 0 (false on the others, which draw nothing).
   bool queues(const StepPlan& plan) const;
   // Whether a step awaits finish(), and whether finish() would return without waiting.
   bool launched() const { return !launched_.empty(); }
