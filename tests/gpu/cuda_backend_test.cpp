@@ -47,6 +47,7 @@
 #include "models/llama.h"
 #include "server/tokenizer.h"
 #include "gpu_test_util.h"
+#include "../queued_draws_check.h"
 
 namespace burst {
 namespace {
@@ -675,6 +676,13 @@ TEST_F(CudaBackendTest, SampleEqualsCpuForMixedRows) {
   EXPECT_FALSE(gpu_->sample(g, {mixed[0], {1.f, -1, 1.f, 0}}, {0.5, 0.5}, ids).ok());
   const Tensor h = gpu({2, 8}, std::vector<float>(16, 1.f), DType::kF16);
   EXPECT_FALSE(gpu_->sample(h, {mixed[1], mixed[1]}, {0.5, 0.5}, ids).ok());
+}
+
+// The CUDA backend's queued draws (two pinned slots, an event each): taken in order behind the
+// next queued draw, equal to the CPU backend's sample(), the next draw's uniforms written while
+// the one before is still queued; embedding() reads a queued draw's ids on the device at once.
+TEST_F(CudaBackendTest, QueuedDrawsComeBackInOrderAndEqualTheCpu) {
+  testing::check_queued_draws(*gpu_, *cpu_, DType::kBF16);
 }
 
 // Backend::embedding's id -1 - k on the GPU: the k-th id the last sample() drew, read on the

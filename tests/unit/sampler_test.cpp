@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "../queued_draws_check.h"
 
 namespace burst::engine {
 namespace {
@@ -179,6 +180,14 @@ TEST(BackendSample, CpuEqualsSamplerDrawsForMixedSettings) {
     EXPECT_EQ(drawers[r].next_uniform(), reference[r].next_uniform()) << "row " << r;
     EXPECT_GT(seen[r].size(), 10u) << "row " << r << ": random logits give varied ids";
   }
+}
+
+// The defaults of the queued draw (a CPU draw is complete when queued): order, limits, and the
+// ids embedding() reads (tests/queued_draws_check.h).
+TEST(BackendSample, QueuedDrawsComeBackInOrder) {
+  auto backend = make_cpu_backend();
+  auto reference = make_cpu_backend();
+  burst::testing::check_queued_draws(*backend, *reference, DType::kF32);
 }
 
 TEST(BackendSample, RejectsBadArguments) {
