@@ -96,7 +96,7 @@ void BatchRunner::release_all() {
   // Launched steps' ids are dropped (their queued draws taken off the backend first).
   for (Launched& l : launched_) {
     std::vector<int32_t> ids;
-    if (l.queued) (void)model_.backend().sampled(ids);
+    if (!l.draws.empty()) (void)model_.backend().sampled(ids);
   }
   launched_.clear();
   ring_.clear();
@@ -479,7 +479,6 @@ Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) 
   }
   if (in.device.queued) {
     // Rank 0, every draw its backend's, in sample order: settle() reads the ids.
-    l.queued = true;
     for (const Sample& sm : in.samples) l.draws.push_back(plan.seqs[sm.seq].id);
   } else {
     std::vector<int32_t> device_ids;
@@ -522,20 +521,21 @@ bool BatchRunner::queues(const StepPlan& plan) const {
 }
 
 Status BatchRunner::settle(Launched& l, bool latest) {
-  if (!l.queued) return {};
-  l.queued = false;
+  if (l.draws.empty()) return {};
+  const std::vector<uint64_t> draws = std::move(l.draws);
+  l.draws.clear();
   std::vector<int32_t> ids;
   BURST_RETURN_IF_ERROR(model_.backend().sampled(ids));
-  if (ids.size() != l.draws.size()) {
+  if (ids.size() != draws.size()) {
     return Status::error("batch: a queued draw gave " + std::to_string(ids.size()) + " ids for " +
-                         std::to_string(l.draws.size()) + " sequences");
+                         std::to_string(draws.size()) + " sequences");
   }
   for (size_t k = 0; k < ids.size(); ++k) {
     SampledToken t;
-    t.id = l.draws[k];
+    t.id = draws[k];
     t.token = ids[k];
     l.result.tokens.push_back(std::move(t));
-    if (latest) drawn_last_[l.draws[k]] = ids[k];
+    if (latest) drawn_last_[draws[k]] = ids[k];
   }
   return {};
 }
@@ -549,7 +549,7 @@ Result<StepResult> BatchRunner::finish() {
 }
 
 bool BatchRunner::finish_ready() const {
-  return launched_.empty() || !launched_.front().queued || model_.backend().sampled_ready();
+  return launched_.empty() || launched_.front().draws.empty() || model_.backend().sampled_ready();
 }
 
 }  // namespace burst::models

@@ -258,14 +258,15 @@ Status LlamaModel::lm_head(int64_t rows, const std::vector<int64_t>& head_rows, 
   }
   BURST_RETURN_IF_ERROR(backend_.rms_norm(sel, final_norm_, c.rms_norm_eps, normed));
   BURST_RETURN_IF_ERROR(backend_.gemm(normed, lm_head_, out, false));
-  if (!sample.rows.empty() && sample.queued) {
-    BURST_RETURN_IF_ERROR(backend_.sample_queued(out.rows(n_logits, n - n_logits),
-                                                 sample.params, sample.uniforms));
-  } else if (!sample.rows.empty()) {
-    std::vector<int32_t> drawn;
-    BURST_RETURN_IF_ERROR(backend_.sample(out.rows(n_logits, n - n_logits), sample.params,
-                                          sample.uniforms, drawn));
-    sampled.insert(sampled.end(), drawn.begin(), drawn.end());
+  if (!sample.rows.empty()) {
+    const Tensor drawn_rows = out.rows(n_logits, n - n_logits);
+    if (sample.queued) {
+      BURST_RETURN_IF_ERROR(backend_.sample_queued(drawn_rows, sample.params, sample.uniforms));
+    } else {
+      std::vector<int32_t> drawn;
+      BURST_RETURN_IF_ERROR(backend_.sample(drawn_rows, sample.params, sample.uniforms, drawn));
+      sampled.insert(sampled.end(), drawn.begin(), drawn.end());
+    }
   }
   if (n_logits == 0) return {};  // sample() waited for its ids (sample_queued() did not)
   std::vector<float> host;

@@ -137,11 +137,10 @@ class BatchRunner {
  private:
   struct Sample;      // a sampled row of a step (batch.cpp)
   struct StepInputs;  // this rank's rows of a step and what they feed (batch.cpp)
-  // A launched step: its result, and while `queued` its draws' sequences (draw order) whose
-  // ids Backend::sampled() has still to hand over (rank 0's deferred draws).
+  // A launched step: its result, and the sequences (draw order) of its draws whose ids
+  // Backend::sampled() has still to hand over (rank 0's queued draws; empty once settled).
   struct Launched {
     StepResult result;
-    bool queued = false;
     std::vector<uint64_t> draws;
   };
   // Waits for l's ids and puts its tokens into its result; `latest`: l is the last launched
