@@ -282,10 +282,16 @@ Row bench_gemv(int64_t m, int64_t n, int64_t k, bool cublas) {
 // The GEMV chain of 32 decode layers of the 7B at m = 1 (attention left out): RMSNorm, q/k/v,
 // o (accumulated into x), RMSNorm, gate/up + SwiGLU, down (accumulated), queued back to back as
 // the backend queues them, timed as one: "layers_fused" with the one-launch q/k/v and gate/up
-// products, "layers_split" with one launch per product and silu_mul apart. GB/s = the weights
-// read (one layer's set, reused: 386 MB a pass, far beyond L2). Kernels are chained (PDL) on
-// sm_90+ unless BURST_PDL=0.
-Row bench_layers(bool fused) {
+// products, "layers_split" with one launch per product and silu_mul apart, "layers_graph" the
+// fused chain captured once into a CUDA graph and replayed (one cudaGraphLaunch a pass: what a
+// graph of the decode step could save on the device beside the chained stream launches),
+// "layers_nonorm" the fused chain without its two RMSNorm launches (what folding the norm into
+// its neighbours could reach; the products then read a stale h, so only its time means
+// anything). GB/s = the weights read (one layer's set, reused: 386 MB a pass, far beyond L2). Kernels are chained
+// (PDL) on sm_90+ unless BURST_PDL=0 (in the graph too: captured as programmatic edges).
+enum class Chain { kSplit, kFused, kGraph, kNoNorm };
+
+Row bench_layers(Chain chain) {
   using burst::kernels::GemvOut;
   const int64_t d = 4096, f = 11008, layers = 32;
   Buffer x(d * 2), h(d * 2), q(d * 2), kk(d * 2), vv(d * 2), gate(f * 2), up(f * 2);
@@ -299,35 +305,56 @@ Row bench_layers(bool fused) {
   }
   const DType t = DType::kBF16;
   using namespace burst::kernels;
+  const bool fused = chain != Chain::kSplit, norms = chain != Chain::kNoNorm;
+  auto enqueue = [&](cudaStream_t st) {
+    for (int64_t l = 0; l < layers; ++l) {
+      if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, st));
+      if (fused) {
+        const GemvOut qkv[3] = {{wq.ptr, q.ptr, d}, {wk.ptr, kk.ptr, d}, {wv.ptr, vv.ptr, d}};
+        CUDA_CHECK(gemv_multi_cuda(h.ptr, qkv, 3, 1, d, t, st));
+      } else {
+        CUDA_CHECK(gemv_cuda(h.ptr, wq.ptr, q.ptr, 1, d, d, t, false, st));
+        CUDA_CHECK(gemv_cuda(h.ptr, wk.ptr, kk.ptr, 1, d, d, t, false, st));
+        CUDA_CHECK(gemv_cuda(h.ptr, wv.ptr, vv.ptr, 1, d, d, t, false, st));
+      }
+      CUDA_CHECK(gemv_cuda(q.ptr, wo.ptr, x.ptr, 1, d, d, t, true, st));
+      if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, st));
+      if (fused) {
+        CUDA_CHECK(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, gate.ptr, 1, f, d, t, st));
+      } else {
+        CUDA_CHECK(gemv_cuda(h.ptr, wg.ptr, gate.ptr, 1, f, d, t, false, st));
+        CUDA_CHECK(gemv_cuda(h.ptr, wu.ptr, up.ptr, 1, f, d, t, false, st));
+        CUDA_CHECK(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, f, t, st));
+      }
+      CUDA_CHECK(gemv_cuda(gate.ptr, wd.ptr, x.ptr, 1, d, f, t, true, st));
+    }
+  };
   int runs = 0;
-  const double ms = median_ms(
-      [&] {
-        for (int64_t l = 0; l < layers; ++l) {
-          CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, nullptr));
-          if (fused) {
-            const GemvOut qkv[3] = {{wq.ptr, q.ptr, d}, {wk.ptr, kk.ptr, d}, {wv.ptr, vv.ptr, d}};
-            CUDA_CHECK(gemv_multi_cuda(h.ptr, qkv, 3, 1, d, t, nullptr));
-          } else {
-            CUDA_CHECK(gemv_cuda(h.ptr, wq.ptr, q.ptr, 1, d, d, t, false, nullptr));
-            CUDA_CHECK(gemv_cuda(h.ptr, wk.ptr, kk.ptr, 1, d, d, t, false, nullptr));
-            CUDA_CHECK(gemv_cuda(h.ptr, wv.ptr, vv.ptr, 1, d, d, t, false, nullptr));
-          }
-          CUDA_CHECK(gemv_cuda(q.ptr, wo.ptr, x.ptr, 1, d, d, t, true, nullptr));
-          CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, nullptr));
-          if (fused) {
-            CUDA_CHECK(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, gate.ptr, 1, f, d, t, nullptr));
-          } else {
-            CUDA_CHECK(gemv_cuda(h.ptr, wg.ptr, gate.ptr, 1, f, d, t, false, nullptr));
-            CUDA_CHECK(gemv_cuda(h.ptr, wu.ptr, up.ptr, 1, f, d, t, false, nullptr));
-            CUDA_CHECK(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, f, t, nullptr));
-          }
-          CUDA_CHECK(gemv_cuda(gate.ptr, wd.ptr, x.ptr, 1, d, f, t, true, nullptr));
-        }
-      },
-      &runs);
+  double ms = 0;
+  if (chain == Chain::kGraph) {
+    // Captured on a stream of its own (the legacy stream cannot be captured), replayed in the
+    // legacy stream the other rows and the timing events use.
+    cudaStream_t cs = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    enqueue(cs);
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    ms = median_ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, &runs);
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(cs));
+  } else {
+    ms = median_ms([&] { enqueue(nullptr); }, &runs);
+  }
   const double bytes = double(layers) * (4 * d * d + 3 * f * d) * 2;
-  return {fused ? "layers_fused" : "layers_split", "-", layers, 0, 0, 0, runs, ms, 0.0,
-          bytes / (ms * 1e-3) / 1e9};
+  const char* op = chain == Chain::kSplit   ? "layers_split"
+                   : chain == Chain::kFused ? "layers_fused"
+                   : chain == Chain::kGraph ? "layers_graph"
+                                            : "layers_nonorm";
+  return {op, "-", layers, 0, 0, 0, runs, ms, 0.0, bytes / (ms * 1e-3) / 1e9};
 }
 
 std::vector<int64_t> parse_sizes(const char* arg) {
@@ -402,15 +429,22 @@ int main(int argc, char** argv) {
   if (!decode_sizes.empty()) rows.push_back(bench_decode(decode_sizes.back(), 1, 32));
   for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows.push_back(bench_decode(s, 16, 8));
   // The 7B's decode GEMMs (q/k/v/o 4096 x 4096, gate/up 11008 x 4096, down 4096 x 11008).
+  // 4096 x 4096 (32 MB) stays in an H100's or H200's L2 between two timed launches, so its row
+  // reads above what the memory gives.
   for (int64_t m : {int64_t{1}, int64_t{4}}) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 4096}, {11008, 4096}, {4096, 11008}}) {
       rows.push_back(bench_gemv(m, n, k, false));
       rows.push_back(bench_gemv(m, n, k, true));
     }
   }
+  // One long stream (512 MB of w): the GEMV's steady state, without a short kernel's ramp
+  // and tail.
+  rows.push_back(bench_gemv(1, 65536, 4096, false));
 
-  rows.push_back(bench_layers(true));
-  rows.push_back(bench_layers(false));
+  rows.push_back(bench_layers(Chain::kFused));
+  rows.push_back(bench_layers(Chain::kGraph));
+  rows.push_back(bench_layers(Chain::kSplit));
+  rows.push_back(bench_layers(Chain::kNoNorm));
 
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::printf("%-15s %-7s %8s %6s %4s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "d",

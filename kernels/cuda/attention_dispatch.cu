@@ -5,11 +5,10 @@
 
 #include "attention_common.cuh"
 #include "kernels/attention_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
 
 namespace burst::kernels {
 namespace {
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Whether the current device runs the sm_90a build (compute capability 9.0), cached per
 // device: the query costs more than a launch.

@@ -591,8 +591,6 @@ cudaError_t dispatch(const AttnParams& p, const DecodePlan& plan, void* ws, cuda
   return o_f32 ? launch<T, float, 64>(p, plan, ws, s) : launch<T, T, 64>(p, plan, ws, s);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 size_t attention_decode_workspace_bytes(const AttnParams& p) {

@@ -231,8 +231,6 @@ cudaError_t dispatch_rows(const void* x, const Segments<T>& sg, int64_t m, int k
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // Segments of `count` products (outs), CTAs counted per segment; false where they do not fit.
 template <typename T>
 bool make_segments(const GemvOut* outs, int count, bool swiglu, const GemvRope* rope,

@@ -86,11 +86,14 @@ void expect_rounded_right(const std::vector<float>& ours, const std::vector<floa
   }
 }
 
+// Rows of whole 16-byte chunks up to 8192 (16-bit) or 4096 (fp32) elements take the
+// vectorised kernel, every other row (and a row not 16-byte aligned, below) the scalar one: dims
+// on both sides of each limit, and 4104 = 513 chunks of 16-bit values (one thread holds 3).
 TEST_F(GpuOps, RmsNorm) {
   std::mt19937 rng(1);
   for (DType t : kDtypes) {
     for (int64_t rows : {1, 7, 37, 769}) {
-      for (int64_t dim : {1, 7, 37, 4095, 4096}) {
+      for (int64_t dim : {1, 7, 8, 37, 4095, 4096, 4100, 4104, 8192, 8200}) {
         const std::string what = std::string("rms_norm ") + name(t) + " rows=" +
                                   std::to_string(rows) + " dim=" + std::to_string(dim);
         const auto x = random_values(size_t(rows * dim), -3.f, 3.f, t, rng);
@@ -110,6 +113,31 @@ TEST_F(GpuOps, RmsNorm) {
         if (HasFailure()) return;
       }
     }
+  }
+}
+
+// x, w and out one element past a 16-byte boundary: the scalar kernel, the same rule.
+TEST_F(GpuOps, RmsNormUnalignedRows) {
+  std::mt19937 rng(11);
+  for (DType t : kDtypes) {
+    const int64_t rows = 5, dim = 4096;
+    const size_t es = testing::dtype_bytes(t);
+    const auto x = random_values(size_t(rows * dim + 1), -3.f, 3.f, t, rng);
+    const auto w = random_values(size_t(dim + 1), 0.5f, 1.5f, t, rng);
+    std::vector<float> ref(size_t(rows * dim));
+    rms_norm_cpu(x.data() + 1, w.data() + 1, ref.data(), rows, dim, 1e-5f);
+    DevBuf dx, dw, dout;
+    upload(dx, t, x);
+    upload(dw, t, w);
+    CUDA_ASSERT(cudaMalloc(&dout.ptr, (ref.size() + 1) * es));
+    CUDA_ASSERT(cudaMemset(dout.ptr, 0xff, (ref.size() + 1) * es));  // NaN poison
+    auto* out = static_cast<char*>(dout.ptr) + es;
+    CUDA_ASSERT(rms_norm_cuda(static_cast<char*>(dx.ptr) + es, static_cast<char*>(dw.ptr) + es,
+                              out, rows, dim, 1e-5f, t, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<uint8_t> b(ref.size() * es);
+    CUDA_ASSERT(cudaMemcpy(b.data(), out, b.size(), cudaMemcpyDeviceToHost));
+    expect_rounded_right(decode(t, b), ref, t, std::string("rms_norm unaligned ") + name(t));
   }
 }
 

@@ -44,6 +44,9 @@ inline unsigned grid_for(int64_t n) {
       (n + kGridStrideThreads - 1) / kGridStrideThreads, 1, int64_t{1} << 16));
 }
 
+// Whether p may be read or written 16 bytes at a time (uint4, cp.async, ldmatrix, TMA).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // One element of a float, bf16 or fp16 tensor read as fp32 (exact).
 template <typename T>
 __device__ __forceinline__ float load_f32(const T* p) {
