@@ -287,8 +287,9 @@ Row bench_gemv(int64_t m, int64_t n, int64_t k, bool cublas) {
 // graph of the decode step could save on the device beside the chained stream launches),
 // "layers_nonorm" the fused chain without its two RMSNorm launches (what folding the norm into
 // its neighbours could reach; the products then read a stale h, so only its time means
-// anything). GB/s = the weights read (one layer's set, reused: 386 MB a pass, far beyond L2). Kernels are chained
-// (PDL) on sm_90+ unless BURST_PDL=0 (in the graph too: captured as programmatic edges).
+// anything). GB/s = the weights read (one layer's set, reused: 386 MB a pass, far beyond L2).
+// Kernels are chained (PDL) on sm_90+ unless BURST_PDL=0 (in the graph too: captured as
+// programmatic edges).
 enum class Chain { kSplit, kFused, kGraph, kNoNorm };
 
 Row bench_layers(Chain chain) {

@@ -817,73 +817,96 @@ TEST_F(GpuAttention, MergeIntoOEqualsOneLaunchOverAllKeys) {
   }
 }
 
+// head_dim 128 and 64 take the kernel's vector path (4 and 2 elements a lane), 96 the strided
+// one; each in place (fp32 into o_a) and into a bf16 `out` (the decode's last rank merge).
 TEST_F(GpuAttention, MergeMatchesCpu) {
-  const int rows = 37, heads = 3, d = 128;
-  std::mt19937 rng(61);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const size_t n = size_t(rows) * heads * d;
-  std::vector<float> oa(n), ob(n), la(size_t(heads) * rows), lb(la.size());
-  for (auto& x : oa) x = nd(rng);
-  for (auto& x : ob) x = nd(rng);
-  for (size_t i = 0; i < la.size(); ++i) {
-    la[i] = 3.f * nd(rng);
-    lb[i] = 3.f * nd(rng);
-    // Empty partials on either side, and on both, in every pattern.
-    if (i % 5 == 1) la[i] = kNegInf;
-    if (i % 7 == 2) lb[i] = kNegInf;
-    if (i % 11 == 3) la[i] = lb[i] = kNegInf;
-  }
-  for (int h = 0; h < heads; ++h) {  // empty rows hold O = 0 by contract
-    for (int r = 0; r < rows; ++r) {
-      for (int c = 0; c < d; ++c) {
-        const size_t idx = (size_t(r) * heads + h) * d + c;
-        if (la[size_t(h) * rows + r] == kNegInf) oa[idx] = 0.f;
-        if (lb[size_t(h) * rows + r] == kNegInf) ob[idx] = 0.f;
+  const int rows = 37, heads = 3;
+  for (int d : {128, 64, 96}) {
+    for (bool to_bf16 : {false, true}) {
+      SCOPED_TRACE("head_dim " + std::to_string(d) + (to_bf16 ? ", out bf16" : ", in place"));
+      std::mt19937 rng(61 + d);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      const size_t n = size_t(rows) * heads * d;
+      std::vector<float> oa(n), ob(n), la(size_t(heads) * rows), lb(la.size());
+      for (auto& x : oa) x = nd(rng);
+      for (auto& x : ob) x = nd(rng);
+      for (size_t i = 0; i < la.size(); ++i) {
+        la[i] = 3.f * nd(rng);
+        lb[i] = 3.f * nd(rng);
+        // Empty partials on either side, and on both, in every pattern.
+        if (i % 5 == 1) la[i] = kNegInf;
+        if (i % 7 == 2) lb[i] = kNegInf;
+        if (i % 11 == 3) la[i] = lb[i] = kNegInf;
       }
+      for (int h = 0; h < heads; ++h) {  // empty rows hold O = 0 by contract
+        for (int r = 0; r < rows; ++r) {
+          for (int c = 0; c < d; ++c) {
+            const size_t idx = (size_t(r) * heads + h) * d + c;
+            if (la[size_t(h) * rows + r] == kNegInf) oa[idx] = 0.f;
+            if (lb[size_t(h) * rows + r] == kNegInf) ob[idx] = 0.f;
+          }
+        }
+      }
+      DevBuf d_oa, d_ob, d_la, d_lb, d_out;
+      const std::pair<DevBuf*, std::vector<float>*> uploads[] = {
+          {&d_oa, &oa}, {&d_ob, &ob}, {&d_la, &la}, {&d_lb, &lb}};
+      for (const auto& [buf, host] : uploads) {
+        CUDA_ASSERT(cudaMalloc(&buf->ptr, host->size() * sizeof(float)));
+        CUDA_ASSERT(cudaMemcpy(buf->ptr, host->data(), host->size() * sizeof(float),
+                               cudaMemcpyHostToDevice));
+      }
+      MergeParams mp;
+      mp.o_row_stride = int64_t{heads} * d;
+      mp.o_head_stride = d;
+      mp.lse_head_stride = rows;
+      mp.rows = rows;
+      mp.heads = heads;
+      mp.head_dim = d;
+      MergeParams gp = mp;
+      gp.o_a = static_cast<float*>(d_oa.ptr);
+      gp.lse_a = static_cast<float*>(d_la.ptr);
+      gp.o_b = static_cast<const float*>(d_ob.ptr);
+      gp.lse_b = static_cast<const float*>(d_lb.ptr);
+      if (to_bf16) {
+        CUDA_ASSERT(cudaMalloc(&d_out.ptr, n * 2));
+        CUDA_ASSERT(cudaMemset(d_out.ptr, 0xff, n * 2));  // NaN poison
+        gp.out = d_out.ptr;
+        gp.out_dtype = DType::kBF16;
+        gp.out_row_stride = int64_t{heads} * d;
+      }
+      CUDA_ASSERT(merge_cuda(gp, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      mp.o_a = oa.data();
+      mp.lse_a = la.data();
+      mp.o_b = ob.data();
+      mp.lse_b = lb.data();
+      merge_cpu(mp);
+      std::vector<float> go(n), gl(la.size());
+      if (to_bf16) {
+        std::vector<uint8_t> b(n * 2);
+        CUDA_ASSERT(cudaMemcpy(b.data(), d_out.ptr, b.size(), cudaMemcpyDeviceToHost));
+        go = decode(DType::kBF16, b);
+      } else {
+        CUDA_ASSERT(cudaMemcpy(go.data(), d_oa.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+      CUDA_ASSERT(cudaMemcpy(gl.data(), d_la.ptr, gl.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+      // Same formula in fp32 on both sides; device expf/log1pf are within 2 ulp of the host's.
+      for (size_t i = 0; i < gl.size(); ++i) {
+        if (la[i] == kNegInf) {
+          EXPECT_EQ(gl[i], kNegInf) << "lse " << i;
+        } else {
+          EXPECT_NEAR(gl[i], la[i], 1e-5f * (1.f + std::fabs(la[i]))) << "lse " << i;
+        }
+      }
+      // bf16 keeps 8 significant bits: its rounding (half a unit, 2^-9 relative) on top.
+      const float rel = to_bf16 ? 1e-5f + std::ldexp(1.f, -9) : 1e-5f;
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_FALSE(std::isnan(go[i])) << i;
+        EXPECT_NEAR(go[i], oa[i], rel * (1.f + std::fabs(oa[i]))) << "o " << i;
+      }
+      if (HasFailure()) return;
     }
-  }
-  DevBuf d_oa, d_ob, d_la, d_lb;
-  const std::pair<DevBuf*, std::vector<float>*> uploads[] = {
-      {&d_oa, &oa}, {&d_ob, &ob}, {&d_la, &la}, {&d_lb, &lb}};
-  for (const auto& [buf, host] : uploads) {
-    CUDA_ASSERT(cudaMalloc(&buf->ptr, host->size() * sizeof(float)));
-    CUDA_ASSERT(cudaMemcpy(buf->ptr, host->data(), host->size() * sizeof(float),
-                           cudaMemcpyHostToDevice));
-  }
-  MergeParams mp;
-  mp.o_row_stride = int64_t{heads} * d;
-  mp.o_head_stride = d;
-  mp.lse_head_stride = rows;
-  mp.rows = rows;
-  mp.heads = heads;
-  mp.head_dim = d;
-  MergeParams gp = mp;
-  gp.o_a = static_cast<float*>(d_oa.ptr);
-  gp.lse_a = static_cast<float*>(d_la.ptr);
-  gp.o_b = static_cast<const float*>(d_ob.ptr);
-  gp.lse_b = static_cast<const float*>(d_lb.ptr);
-  CUDA_ASSERT(merge_cuda(gp, nullptr));
-  CUDA_ASSERT(cudaDeviceSynchronize());
-  mp.o_a = oa.data();
-  mp.lse_a = la.data();
-  mp.o_b = ob.data();
-  mp.lse_b = lb.data();
-  merge_cpu(mp);
-  std::vector<float> go(n), gl(la.size());
-  CUDA_ASSERT(cudaMemcpy(go.data(), d_oa.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(gl.data(), d_la.ptr, gl.size() * sizeof(float),
-                         cudaMemcpyDeviceToHost));
-  // Same formula in fp32 on both sides; device expf/log1pf are within 2 ulp of the host's.
-  for (size_t i = 0; i < gl.size(); ++i) {
-    if (la[i] == kNegInf) {
-      EXPECT_EQ(gl[i], kNegInf) << "lse " << i;
-    } else {
-      EXPECT_NEAR(gl[i], la[i], 1e-5f * (1.f + std::fabs(la[i]))) << "lse " << i;
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    ASSERT_FALSE(std::isnan(go[i])) << i;
-    EXPECT_NEAR(go[i], oa[i], 1e-5f * (1.f + std::fabs(oa[i]))) << "o " << i;
   }
 }
 
