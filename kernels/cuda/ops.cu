@@ -18,20 +18,10 @@ namespace {
 constexpr int kNormThreads = 256;
 static_assert(kNormThreads % 32 == 0 && kNormThreads <= 1024, "whole warps per block");
 
-// One block per row: fp32 sum of squares (per-thread partials, then warp and block tree),
-// then a second pass over the row (in L1/L2 by then) that scales and stores.
-template <typename T>
-__global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(const T* x, const T* w, T* out, int64_t dim, float eps) {
+// 1 / sqrt(mean of squares + eps) of a row from each thread's partial sum of squares: warp
+// trees, then the warps' sums in order (one block of kNormThreads per row; every thread gets it).
+__device__ __forceinline__ float rms_inverse(float ss, int64_t dim, float eps) {
   __shared__ float warp_sums[kNormThreads / 32];
-  pdl_begin();  // launched chained (cuda_dispatch.cuh)
-  const T* xr = x + int64_t{blockIdx.x} * dim;
-  T* outr = out + int64_t{blockIdx.x} * dim;
-  float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) {
-    const float v = load_f32(xr + c);
-    ss = fmaf(v, v, ss);
-  }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
@@ -40,7 +30,23 @@ __global__ void __launch_bounds__(kNormThreads)
   float total = 0.f;
 #pragma unroll
   for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
-  const float inv = rsqrtf(total / static_cast<float>(dim) + eps);
+  return rsqrtf(total / static_cast<float>(dim) + eps);
+}
+
+// One block per row: fp32 sum of squares (per-thread partials, then warp and block tree),
+// then a second pass over the row (in L1/L2 by then) that scales and stores.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const T* x, const T* w, T* out, int64_t dim, float eps) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
+  const T* xr = x + int64_t{blockIdx.x} * dim;
+  T* outr = out + int64_t{blockIdx.x} * dim;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) {
+    const float v = load_f32(xr + c);
+    ss = fmaf(v, v, ss);
+  }
+  const float inv = rms_inverse(ss, dim, eps);
   for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) {
     store_f32(outr + c, load_f32(w + c) * (load_f32(xr + c) * inv));
   }
@@ -68,7 +74,6 @@ template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_vec_kernel(const T* x, const T* w, T* out, int64_t dim, float eps) {
   constexpr int kPer = kPerChunk<T>;
-  __shared__ float warp_sums[kNormThreads / 32];
   const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t{blockIdx.x} * dim);
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4* outr = reinterpret_cast<uint4*>(out + int64_t{blockIdx.x} * dim);
@@ -95,15 +100,7 @@ __global__ void __launch_bounds__(kNormThreads)
       for (int j = 0; j < kPer; ++j) ss = fmaf(f[j], f[j], ss);
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  // The per-warp sums written above are read by every thread below.
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
-  const float inv = rsqrtf(total / static_cast<float>(dim) + eps);
+  const float inv = rms_inverse(ss, dim, eps);
 #pragma unroll
   for (int i = 0; i < kNormVecChunks; ++i) {
     if (mine(i)) {
