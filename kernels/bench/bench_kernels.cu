@@ -290,15 +290,19 @@ Row bench_gemv(int64_t m, int64_t n, int64_t k, bool cublas) {
 // anything). GB/s = the weights read (one layer's set, reused: 386 MB a pass, far beyond L2).
 // Kernels are chained (PDL) on sm_90+ unless BURST_PDL=0 (in the graph too: captured as
 // programmatic edges).
-enum class Chain { kSplit, kFused, kGraph, kNoNorm };
+// With m > 1 rows (a step decoding m sequences) the row is suffixed "_m<m>", and "layers_cublas"
+// runs every product by cublasGemmEx (fp32 compute, as the backend calls it beyond
+// kGemvMaxRows) with silu_mul apart: what the step would run with the GEMV limited to fewer rows.
+enum class Chain { kSplit, kFused, kGraph, kNoNorm, kCublas };
 
-Row bench_layers(Chain chain) {
+Row bench_layers(Chain chain, int64_t m = 1) {
   using burst::kernels::GemvOut;
   const int64_t d = 4096, f = 11008, layers = 32;
-  Buffer x(d * 2), h(d * 2), q(d * 2), kk(d * 2), vv(d * 2), gate(f * 2), up(f * 2);
+  Buffer x(m * d * 2), h(m * d * 2), q(m * d * 2), kk(m * d * 2), vv(m * d * 2);
+  Buffer gate(m * f * 2), up(m * f * 2);
   Buffer norm(d * 2), wq(d * d * 2), wk(d * d * 2), wv(d * d * 2), wo(d * d * 2);
   Buffer wg(f * d * 2), wu(f * d * 2), wd(d * f * 2);
-  fill(x.ptr, d, 10);
+  fill(x.ptr, m * d, 10);
   fill(norm.ptr, d, 11);
   for (auto [b, n] : {std::pair<Buffer*, int64_t>{&wq, d * d}, {&wk, d * d}, {&wv, d * d},
                       {&wo, d * d}, {&wg, f * d}, {&wu, f * d}, {&wd, d * f}}) {
@@ -306,28 +310,55 @@ Row bench_layers(Chain chain) {
   }
   const DType t = DType::kBF16;
   using namespace burst::kernels;
-  const bool fused = chain != Chain::kSplit, norms = chain != Chain::kNoNorm;
+  const bool cublas = chain == Chain::kCublas;
+  const bool fused = chain != Chain::kSplit && !cublas, norms = chain != Chain::kNoNorm;
+  cublasHandle_t handle = nullptr;
+  if (cublas && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  // out [m, n] (+)= in [m, k] . w [n, k]^T
+  auto product = [&](const void* in, const void* w, void* out, int64_t n, int64_t k, bool acc,
+                     cudaStream_t st) {
+    if (!cublas) {
+      CUDA_CHECK(gemv_cuda(in, w, out, m, n, k, t, acc, st));
+      return;
+    }
+    const float alpha = 1.f, beta = acc ? 1.f : 0.f;
+    const cublasStatus_t cs =
+        cublasSetStream(handle, st) != CUBLAS_STATUS_SUCCESS
+            ? CUBLAS_STATUS_INTERNAL_ERROR
+            : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                           static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
+                           static_cast<int>(k), in, CUDA_R_16BF, static_cast<int>(k), &beta, out,
+                           CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT);
+    if (cs != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "%s:%d: cublas failed: %d\n", __FILE__, __LINE__, static_cast<int>(cs));
+      std::exit(1);
+    }
+  };
   auto enqueue = [&](cudaStream_t st) {
     for (int64_t l = 0; l < layers; ++l) {
-      if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, st));
+      if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, m, d, 1e-5f, t, st));
       if (fused) {
         const GemvOut qkv[3] = {{wq.ptr, q.ptr, d}, {wk.ptr, kk.ptr, d}, {wv.ptr, vv.ptr, d}};
-        CUDA_CHECK(gemv_multi_cuda(h.ptr, qkv, 3, 1, d, t, st));
+        CUDA_CHECK(gemv_multi_cuda(h.ptr, qkv, 3, m, d, t, st));
       } else {
-        CUDA_CHECK(gemv_cuda(h.ptr, wq.ptr, q.ptr, 1, d, d, t, false, st));
-        CUDA_CHECK(gemv_cuda(h.ptr, wk.ptr, kk.ptr, 1, d, d, t, false, st));
-        CUDA_CHECK(gemv_cuda(h.ptr, wv.ptr, vv.ptr, 1, d, d, t, false, st));
+        product(h.ptr, wq.ptr, q.ptr, d, d, false, st);
+        product(h.ptr, wk.ptr, kk.ptr, d, d, false, st);
+        product(h.ptr, wv.ptr, vv.ptr, d, d, false, st);
       }
-      CUDA_CHECK(gemv_cuda(q.ptr, wo.ptr, x.ptr, 1, d, d, t, true, st));
-      if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, 1, d, 1e-5f, t, st));
+      product(q.ptr, wo.ptr, x.ptr, d, d, true, st);
+      if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, m, d, 1e-5f, t, st));
       if (fused) {
-        CUDA_CHECK(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, gate.ptr, 1, f, d, t, st));
+        CUDA_CHECK(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, gate.ptr, m, f, d, t, st));
       } else {
-        CUDA_CHECK(gemv_cuda(h.ptr, wg.ptr, gate.ptr, 1, f, d, t, false, st));
-        CUDA_CHECK(gemv_cuda(h.ptr, wu.ptr, up.ptr, 1, f, d, t, false, st));
-        CUDA_CHECK(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, f, t, st));
+        product(h.ptr, wg.ptr, gate.ptr, f, d, false, st);
+        product(h.ptr, wu.ptr, up.ptr, f, d, false, st);
+        CUDA_CHECK(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, m * f, t, st));
       }
-      CUDA_CHECK(gemv_cuda(gate.ptr, wd.ptr, x.ptr, 1, d, f, t, true, st));
+      product(gate.ptr, wd.ptr, x.ptr, d, f, true, st);
     }
   };
   int runs = 0;
@@ -350,11 +381,14 @@ Row bench_layers(Chain chain) {
   } else {
     ms = median_ms([&] { enqueue(nullptr); }, &runs);
   }
+  if (handle) cublasDestroy(handle);
   const double bytes = double(layers) * (4 * d * d + 3 * f * d) * 2;
-  const char* op = chain == Chain::kSplit   ? "layers_split"
-                   : chain == Chain::kFused ? "layers_fused"
-                   : chain == Chain::kGraph ? "layers_graph"
-                                            : "layers_nonorm";
+  std::string op = chain == Chain::kSplit    ? "layers_split"
+                   : chain == Chain::kFused  ? "layers_fused"
+                   : chain == Chain::kGraph  ? "layers_graph"
+                   : chain == Chain::kNoNorm ? "layers_nonorm"
+                                             : "layers_cublas";
+  if (m > 1) op += "_m" + std::to_string(m);
   return {op, "-", layers, 0, 0, 0, runs, ms, 0.0, bytes / (ms * 1e-3) / 1e9};
 }
 
@@ -446,6 +480,11 @@ int main(int argc, char** argv) {
   rows.push_back(bench_layers(Chain::kGraph));
   rows.push_back(bench_layers(Chain::kSplit));
   rows.push_back(bench_layers(Chain::kNoNorm));
+  rows.push_back(bench_layers(Chain::kCublas));
+  for (int64_t m : {int64_t{2}, int64_t{4}}) {
+    rows.push_back(bench_layers(Chain::kFused, m));
+    rows.push_back(bench_layers(Chain::kCublas, m));
+  }
 
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::printf("%-15s %-7s %8s %6s %4s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "d",
