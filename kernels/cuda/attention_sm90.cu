@@ -283,32 +283,38 @@ constexpr int kPersistentFullTiles = 64;
 // a multiprocessor the kernel is persistent: one CTA per multiprocessor, each looping over its
 // tiles, so a tile's first loads (Q, K/V) are issued while the tile before finishes (its last
 // softmax, P.V and epilogue) instead of after a new CTA starts (at 4K tokens a tile is only ~32
-// key blocks, so those costs show). Otherwise one CTA per tile (the grid
-// is `tiles` CTAs, chunk 1: each CTA's loop runs once). Tiles are numbered head-major
-// (t = head * m_blocks + pos), so the CTAs working at one time share a few heads' K/V in L2.
-// Round r gives CTA c the `chunk` tiles from (r * gridDim.x + c) * chunk. Query blocks run from
-// the last (causal: the longest first), except for a persistent causal launch: tile cost grows
-// with the query block, so pos runs m_blocks - 1, 0, m_blocks - 2, 1, ... and chunk is 2, each
-// CTA's two tiles of a round costing about m_blocks + 1 key blocks together.
+// key blocks, so those costs show). Otherwise one CTA per tile (the grid is `tiles` CTAs: each
+// CTA's loop runs once). Tiles are numbered head-major (t = head * m_blocks + pos, query block
+// m_blocks - 1 - pos: the last, under a causal mask the longest, first), and round r gives CTA
+// c tile r * gridDim.x + c, so the CTAs working at one time share a few heads' K/V in L2.
+// A persistent causal launch ("snake") instead takes the tiles longest first across all heads
+// (index i = pos * heads + head) and deals them out in rounds whose direction alternates: CTA c
+// gets index r * gridDim.x + c in even rounds and r * gridDim.x + gridDim.x - 1 - c in odd ones,
+// so the CTA that took the longest tile of one round takes the shortest of the next and every
+// CTA's key blocks add up to within about one tile's of the mean. (The pairs it replaced, the
+// longest and the shortest query block of a head in each round, all cost m_blocks + 1 blocks:
+// 4K tokens at head_dim 64 made 7.8 rounds of them on 132 multiprocessors, the last a quarter
+// idle, and 192-row tiles lost there; dealt as a snake they gain 7-9 %: docs/benchmarks.md.)
 struct TileOrder {
   int m_blocks;  // query blocks per head
   int tiles;     // m_blocks x heads
-  int chunk;     // consecutive tiles a CTA takes per round
-  int pairs;     // causal order: longest, shortest, next longest, ...
+  int heads;
+  int snake;     // persistent causal: the order above
 #ifdef BURST_SM90_KERNEL
-  __device__ int first() const {
-    const int t = static_cast<int>(blockIdx.x) * chunk;
-    return t < tiles ? t : -1;
+  // Tile number of snake index i (and back): i = pos * heads + head.
+  __device__ int tile_of(int i) const { return (i % heads) * m_blocks + i / heads; }
+  __device__ int index_of(int t) const { return (t % m_blocks) * heads + t / m_blocks; }
+  // This CTA's tile in round r, or -1 past the last tile.
+  __device__ int at(int r) const {
+    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+    const int i = r * g + (snake && (r & 1) ? g - 1 - c : c);
+    return i >= tiles ? -1 : snake ? tile_of(i) : i;
   }
+  __device__ int first() const { return at(0); }
   __device__ int next(int t) const {
-    if (t % chunk + 1 < chunk && t + 1 < tiles) return t + 1;
-    const int u = t - t % chunk + static_cast<int>(gridDim.x) * chunk;
-    return u < tiles ? u : -1;
+    return at((snake ? index_of(t) : t) / static_cast<int>(gridDim.x) + 1);
   }
-  __device__ int m_block(int pos) const {
-    if (!pairs) return m_blocks - 1 - pos;
-    return pos % 2 == 0 ? m_blocks - 1 - pos / 2 : pos / 2;
-  }
+  __device__ int m_block(int pos) const { return m_blocks - 1 - pos; }
 #endif
 };
 
@@ -730,12 +736,11 @@ bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, in
 struct Plan {
   TileOrder order{};
   int ctas = 0;
-  // Units of work (a CTA's tiles of one round) run per round, on average: a launch's time is
-  // its work over this and over the speed of one unit's rows.
+  // Tiles run per round, on average: a launch's time is its work over this and over the speed
+  // of one tile's rows.
   double per_round() const {
-    const int units = (order.tiles + order.chunk - 1) / order.chunk;
-    const int rounds = (units + ctas - 1) / ctas;
-    return rounds == 0 ? 0.0 : static_cast<double>(units) / rounds;
+    const int rounds = (order.tiles + ctas - 1) / ctas;
+    return rounds == 0 ? 0.0 : static_cast<double>(order.tiles) / rounds;
   }
 };
 
@@ -748,15 +753,14 @@ bool plan_launch(const AttnParams& p, int block_m, int sms, Plan& plan) {
   order.tiles = static_cast<int>(tiles);
   // Many tiles a multiprocessor: one CTA a tile, longest first, and the hardware hands the next
   // tile to whichever multiprocessor frees first; a tile's start and end cost little beside
-  // its length there, and the static pairs of a causal mask lose more to their last round.
+  // its length there.
   const bool causal = p.mask == MaskKind::kCausal;
   const bool persistent =
       !p.beside_transfer &&
       tiles <= int64_t{causal ? kPersistentCausalTiles : kPersistentFullTiles} * sms;
-  order.pairs = causal && persistent ? 1 : 0;
-  order.chunk = order.pairs ? 2 : 1;
-  plan.ctas =
-      persistent ? std::min((order.tiles + order.chunk - 1) / order.chunk, sms) : order.tiles;
+  order.heads = p.heads;
+  order.snake = causal && persistent ? 1 : 0;
+  plan.ctas = persistent ? std::min(order.tiles, sms) : order.tiles;
   return true;
 }
 
@@ -808,9 +812,10 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
 // At head_dim 64, three consumer warpgroups (192-row tiles) run a key block 6-11 % faster than
 // two (H100, docs/benchmarks.md): with a third warpgroup's softmax in flight the tensor cores
 // and the exp2 unit, equally loaded at this head_dim, overlap better. A persistent causal launch
-// with 192-row tiles can leave more of its last round of pairs idle than that gains (4K tokens,
-// 64 heads: 5.3 rounds against 7.8 with 128-row tiles), and a small one has fewer CTAs to spread;
-// there two warpgroups run.
+// whose 192-row tiles fill its rounds less (per_round: tiles a round, the last round counted
+// whole) than the gain makes up for runs two warpgroups: a small one, where fewer tiles leave
+// multiprocessors idle. (4K tokens x 64 heads fill them alike, 128 a round: three, measured 7-9 %
+// faster there with the snake order.)
 constexpr double kThreeWarpgroupGain = 1.06;
 
 }  // namespace
@@ -826,7 +831,7 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
   if (p.head_dim == 128) return dispatch<128, 2>(p, two, stream);
   Plan three;
   if (!plan_launch(p, Sm90Tile<64, 3>::kBlockM, sms, three)) return cudaErrorInvalidValue;
-  const bool use_two = rows == 0 ? three.order.pairs &&
+  const bool use_two = rows == 0 ? three.order.snake &&
                                        three.per_round() * kThreeWarpgroupGain < two.per_round()
                                  : rows == 128;
   return use_two ? dispatch<64, 2>(p, two, stream) : dispatch<64, 3>(p, three, stream);
