@@ -312,7 +312,11 @@ struct TileOrder {
   }
   __device__ int first() const { return at(0); }
   __device__ int next(int t) const {
-    return at((snake ? index_of(t) : t) / static_cast<int>(gridDim.x) + 1);
+    if (!snake) {
+      const int u = t + static_cast<int>(gridDim.x);
+      return u < tiles ? u : -1;
+    }
+    return at(index_of(t) / static_cast<int>(gridDim.x) + 1);
   }
   __device__ int m_block(int pos) const { return m_blocks - 1 - pos; }
 #endif
