@@ -294,11 +294,11 @@ constexpr int kPersistentFullTiles = 64;
 // CTA's key blocks add up to within about one tile's of the mean. (The pairs it replaced, the
 // longest and the shortest query block of a head in each round, all cost m_blocks + 1 blocks:
 // 4K tokens at head_dim 64 made 7.8 rounds of them on 132 multiprocessors, the last a quarter
-// idle, and 192-row tiles lost there; dealt as a snake they gain 7-9 %: docs/benchmarks.md.)
+// idle, and 192-row tiles lost there; dealt as a snake they gain 5-9 %: docs/benchmarks.md.)
 struct TileOrder {
   int m_blocks;  // query blocks per head
   int tiles;     // m_blocks x heads
-  int heads;
+  int heads;     // query heads
   int snake;     // persistent causal: the order above
 #ifdef BURST_SM90_KERNEL
   // Tile number of snake index i (and back): i = pos * heads + head.
@@ -818,7 +818,7 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
 // and the exp2 unit, equally loaded at this head_dim, overlap better. A persistent causal launch
 // whose 192-row tiles fill its rounds less (per_round: tiles a round, the last round counted
 // whole) than the gain makes up for runs two warpgroups: a small one, where fewer tiles leave
-// multiprocessors idle. (4K tokens x 64 heads fill them alike, 128 a round: three, measured 7-9 %
+// multiprocessors idle. (4K tokens x 64 heads fill them alike, 128 a round: three, measured 5-9 %
 // faster there with the snake order.)
 constexpr double kThreeWarpgroupGain = 1.06;
 
