@@ -461,6 +461,16 @@ class WorkerService final : public pb::WorkerControl::Service {
     return grpc::Status::OK;
   }
 
+  // The most likely ids with their logprobs, onto a sampled token or a prompt position.
+  template <typename Msg>
+  static void add_top(Msg* m, const std::vector<std::pair<int32_t, float>>& top) {
+    for (const auto& [id, lp] : top) {
+      auto* t = m->add_top();
+      t->set_token(id);
+      t->set_logprob(lp);
+    }
+  }
+
   pb::StepReply step_reply(const models::StepResult& r, const engine::RingStats& ring,
                            int layers) const {
     pb::StepReply reply;
@@ -472,11 +482,7 @@ class WorkerService final : public pb::WorkerControl::Service {
       o->set_token(t.token);
       o->set_has_logprob(t.has_logprob);
       o->set_logprob(t.logprob);
-      for (const auto& [id, lp] : t.top) {
-        auto* tl = o->add_top();
-        tl->set_token(id);
-        tl->set_logprob(lp);
-      }
+      add_top(o, t.top);
     }
     for (const auto& pl : r.prompt_logprobs) {
       auto* o = reply.add_prompt_logprobs();
@@ -486,11 +492,7 @@ class WorkerService final : public pb::WorkerControl::Service {
         oe->set_pos(e.pos);
         oe->set_token(e.token);
         oe->set_logprob(e.logprob);
-        for (const auto& [id, lp] : e.top) {
-          auto* t = oe->add_top();
-          t->set_token(id);
-          t->set_logprob(lp);
-        }
+        add_top(oe, e.top);
       }
     }
     reply.set_kv_used_pages(r.kv.used_pages);
