@@ -37,6 +37,7 @@ struct KernelArgs {
   float scale;       // natural-log units, for the LSE
   float scale_log2;  // scale * log2(e): scores go straight into exp2
   int32_t merge;     // AttnParams::merge_into_o (the sm90 kernel, fp32 o)
+  int32_t o_vec;     // 16-bit o in rows of whole 16-byte chunks (store_row_vec)
 };
 
 template <typename T, typename OutT>
@@ -62,6 +63,10 @@ KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
   a.group = p.heads / p.kv_heads;
   a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
   a.merge = p.merge_into_o ? 1 : 0;
+  a.o_vec = sizeof(OutT) == 2 && reinterpret_cast<uintptr_t>(p.o) % 16 == 0 &&
+                    p.o_row_stride % 8 == 0 && p.o_head_stride % 8 == 0
+                ? 1
+                : 0;
   a.scale = p.scale;
   a.scale_log2 = p.scale * kLog2e;
   return a;
@@ -122,6 +127,55 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   } else {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Within each quad of lanes, lane q holds v[c] = its part (columns 2q, 2q + 1) of 16-byte
+// chunk c, for 4 chunks; afterwards it holds chunk q whole, v[p] = part p (a 4 x 4 transpose by
+// two butterfly exchanges, lanes q ^ 1 then q ^ 2). Every lane of the warp takes part.
+__device__ __forceinline__ void quad_transpose(uint32_t* v, int q) {
+#pragma unroll
+  for (int m = 0; m < 4; m += 2) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, (q & 1) ? v[m] : v[m + 1], 1);
+    if (q & 1) {
+      v[m] = got;
+    } else {
+      v[m + 1] = got;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, (q & 2) ? v[m] : v[m + 2], 2);
+    if (q & 2) {
+      v[m] = got;
+    } else {
+      v[m + 2] = got;
+    }
+  }
+}
+
+// One row of a 16-bit O (KernelArgs::o_vec) of which this thread holds kGroups column pairs
+// (pair(j): columns 8j + 2 (lane % 4) + {0, 1}, the m16n8 accumulator layout both kernels use),
+// times inv, in 16-byte stores: transposed within the quad, each lane writes kGroups / 4 whole
+// chunks, where 4-byte stores took kGroups and each instruction covered 8 rows x 16 bytes
+// instead of x 64 (at head_dim 128 those cost 4-9 % of a 4K-token Hopper launch:
+// docs/benchmarks.md). Every lane of the warp calls it; o_row == nullptr for a row outside O.
+template <int kGroups, typename OutT, typename Pair>
+__device__ __forceinline__ void store_row_vec(OutT* o_row, int lane, float inv, Pair pair) {
+  static_assert(kGroups % 4 == 0 && sizeof(OutT) == 2, "whole chunks of a 16-bit row");
+  uint32_t w[kGroups];
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+    const float2 v = pair(j);
+    w[j] = pack2<OutT>(v.x * inv, v.y * inv);
+  }
+#pragma unroll
+  for (int k = 0; k < kGroups / 4; ++k) quad_transpose(w + 4 * k, lane & 3);
+  if (o_row == nullptr) return;
+#pragma unroll
+  for (int k = 0; k < kGroups / 4; ++k) {
+    *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + (lane & 3))) =
+        make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
   }
 }
 

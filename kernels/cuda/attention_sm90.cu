@@ -249,30 +249,6 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(col), "r"(head), "r"(row)
       : "memory");
 }
-// Within each quad of lanes, lane q holds v[c] = its part (columns 2q, 2q + 1) of 16-byte
-// chunk c, for 4 chunks; afterwards it holds chunk q whole, v[p] = part p (a 4 x 4 transpose by
-// two butterfly exchanges, lanes q ^ 1 then q ^ 2). Every lane of the warp takes part.
-__device__ __forceinline__ void quad_transpose(uint32_t* v, int q) {
-#pragma unroll
-  for (int m = 0; m < 4; m += 2) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, (q & 1) ? v[m] : v[m + 1], 1);
-    if (q & 1) {
-      v[m] = got;
-    } else {
-      v[m + 1] = got;
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, (q & 2) ? v[m] : v[m + 2], 2);
-    if (q & 2) {
-      v[m] = got;
-    } else {
-      v[m + 2] = got;
-    }
-  }
-}
-
 // A whole [128][kD] K or V tile: its 64-column halves.
 template <int kD>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
@@ -618,9 +594,6 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     reg_fence(o);
   };
 
-  // O rows of whole 16-byte chunks (the vector epilogue below).
-  [[maybe_unused]] const bool vec_o = (reinterpret_cast<uintptr_t>(a.o) & 15) == 0 && a.o_row_stride % 8 == 0 &&
-                     a.o_head_stride % 8 == 0;
   for (int t = order.first(); t >= 0; t = order.next(t)) {
     set_tile(t);
 #pragma unroll
@@ -694,34 +667,19 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       }
     }
     if constexpr (!std::is_same_v<OutT, float>) {
-      // 16-bit O in 16-byte stores: a quad's four lanes hold a row's 16-byte chunks a quarter
-      // each; transposed within the quad, each lane writes whole chunks (kD / 32 a row instead
-      // of kD / 8 stores of 4 bytes, each instruction 8 rows x 64 bytes instead of x 16). The
-      // 4-byte stores cost 4-9 % of a 4K-token launch at head_dim 128 (docs/benchmarks.md).
-      if (vec_o) {
+      if (a.o_vec) {  // 16-byte stores (store_row_vec)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           float sum = row_sum[hf];
           sum += __shfl_xor_sync(0xffffffffu, sum, 1);
           sum += __shfl_xor_sync(0xffffffffu, sum, 2);
           const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
-          const bool empty = !(sum > 0.f);
-          const float inv = empty ? 0.f : 1.f / sum;
-          uint32_t w[kD / 8];
-#pragma unroll
-          for (int j = 0; j < kD / 8; ++j) {
-            w[j] = pack2<OutT>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
-          }
-#pragma unroll
-          for (int k = 0; k < kD / 32; ++k) quad_transpose(w + 4 * k, lane & 3);
-          if (row < 0 || row >= a.n_q) continue;
-          OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
-#pragma unroll
-          for (int k = 0; k < kD / 32; ++k) {
-            *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + (lane & 3))) =
-                make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
-          }
-          if ((lane & 3) == 0) {
+          const bool in = row >= 0 && row < a.n_q, empty = !(sum > 0.f);
+          store_row_vec<kD / 8>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
+                                empty ? 0.f : 1.f / sum, [&](int j) {
+                                  return make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);
+                                });
+          if (in && (lane & 3) == 0) {
             a.lse[int64_t{h} * a.lse_head_stride + row] =
                 empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
           }
