@@ -188,6 +188,25 @@ __device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
   }
 }
 
+// A prefill kernel's plain epilogue for one row (pair as in store_row_vec, times inv; o_row ==
+// nullptr: outside O): 16-byte stores where vec (KernelArgs::o_vec, the same for every lane),
+// else each lane its pairs. Every lane of the warp calls it.
+template <int kGroups, typename OutT, typename Pair>
+__device__ __forceinline__ void store_row(bool vec, OutT* o_row, int lane, float inv, Pair pair) {
+  if constexpr (sizeof(OutT) == 2) {
+    if (vec) {
+      store_row_vec<kGroups>(o_row, lane, inv, pair);
+      return;
+    }
+  }
+  if (o_row == nullptr) return;
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+    const float2 v = pair(j);
+    store2(o_row + j * 8 + (lane & 3) * 2, v.x * inv, v.y * inv);
+  }
+}
+
 // AttnParams::merge_into_o in a prefill kernel's epilogue, for one row of which this thread holds
 // kGroups column pairs (columns 8j + 2 (lane % 4) + {0, 1}, the m16n8 accumulator layout both
 // kernels use): merges this launch's result b (pair(j) unnormalised, times inv; LSE lb) into the

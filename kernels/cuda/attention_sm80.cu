@@ -428,30 +428,6 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
       return;
     }
   }
-  if constexpr (!std::is_same_v<OutT, float>) {
-    if (a.o_vec) {  // 16-byte stores (store_row_vec)
-#pragma unroll
-      for (int mi = 0; mi < kMA; ++mi) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float sum = row_sum[mi][hf];
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          const int row = row_base + mi * 16 + hf * 8;
-          const bool in = row < a.n_q, empty = !(sum > 0.f);
-          store_row_vec<kOA>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
-                             empty ? 0.f : 1.f / sum, [&](int na) {
-                               return make_float2(acc[mi][na][2 * hf], acc[mi][na][2 * hf + 1]);
-                             });
-          if (in && (lane & 3) == 0) {
-            a.lse[int64_t{h} * a.lse_head_stride + row] =
-                empty ? kNegInf : row_max[mi][hf] * kLn2 + logf(sum);
-          }
-        }
-      }
-      return;
-    }
-  }
 #pragma unroll
   for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
@@ -460,16 +436,12 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = row_base + mi * 16 + hf * 8;
-      if (row >= a.n_q) continue;
-      const bool empty = !(sum > 0.f);
-      const float inv = empty ? 0.f : 1.f / sum;
-      OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
-#pragma unroll
-      for (int na = 0; na < kOA; ++na) {
-        store2(o_row + na * 8 + (lane & 3) * 2, acc[mi][na][2 * hf] * inv,
-               acc[mi][na][2 * hf + 1] * inv);
-      }
-      if ((lane & 3) == 0) {
+      const bool in = row < a.n_q, empty = !(sum > 0.f);
+      store_row<kOA>(a.o_vec != 0, in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
+                     empty ? 0.f : 1.f / sum, [&](int na) {
+                       return make_float2(acc[mi][na][2 * hf], acc[mi][na][2 * hf + 1]);
+                     });
+      if (in && (lane & 3) == 0) {
         a.lse[int64_t{h} * a.lse_head_stride + row] =
             empty ? kNegInf : row_max[mi][hf] * kLn2 + logf(sum);
       }

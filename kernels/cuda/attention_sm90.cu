@@ -666,43 +666,18 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         continue;
       }
     }
-    if constexpr (!std::is_same_v<OutT, float>) {
-      if (a.o_vec) {  // 16-byte stores (store_row_vec)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float sum = row_sum[hf];
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
-          const bool in = row >= 0 && row < a.n_q, empty = !(sum > 0.f);
-          store_row_vec<kD / 8>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
-                                empty ? 0.f : 1.f / sum, [&](int j) {
-                                  return make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);
-                                });
-          if (in && (lane & 3) == 0) {
-            a.lse[int64_t{h} * a.lse_head_stride + row] =
-                empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
-          }
-        }
-        continue;
-      }
-    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float sum = row_sum[hf];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
-      if (row < 0 || row >= a.n_q) continue;
-      const bool empty = !(sum > 0.f);
-      const float inv = empty ? 0.f : 1.f / sum;
-      OutT* o_row = o_base + int64_t{row} * a.o_row_stride;
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        store2(o_row + j * 8 + (lane & 3) * 2, o[4 * j + 2 * hf] * inv,
-               o[4 * j + 2 * hf + 1] * inv);
-      }
-      if ((lane & 3) == 0) {
+      const bool in = row >= 0 && row < a.n_q, empty = !(sum > 0.f);
+      store_row<kD / 8>(a.o_vec != 0, in ? o_base + int64_t{row} * a.o_row_stride : nullptr,
+                        lane, empty ? 0.f : 1.f / sum, [&](int j) {
+                          return make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);
+                        });
+      if (in && (lane & 3) == 0) {
         a.lse[int64_t{h} * a.lse_head_stride + row] =
             empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
       }
