@@ -37,7 +37,6 @@ struct KernelArgs {
   float scale;       // natural-log units, for the LSE
   float scale_log2;  // scale * log2(e): scores go straight into exp2
   int32_t merge;     // AttnParams::merge_into_o (the sm90 kernel, fp32 o)
-  int32_t o_vec;     // 16-bit o in rows of whole 16-byte chunks (store_row_vec)
 };
 
 template <typename T, typename OutT>
@@ -63,10 +62,6 @@ KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
   a.group = p.heads / p.kv_heads;
   a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
   a.merge = p.merge_into_o ? 1 : 0;
-  a.o_vec = sizeof(OutT) == 2 && reinterpret_cast<uintptr_t>(p.o) % 16 == 0 &&
-                    p.o_row_stride % 8 == 0 && p.o_head_stride % 8 == 0
-                ? 1
-                : 0;
   a.scale = p.scale;
   a.scale_log2 = p.scale * kLog2e;
   return a;
@@ -154,7 +149,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t* v, int q) {
   }
 }
 
-// One row of a 16-bit O (KernelArgs::o_vec) of which this thread holds kGroups column pairs
+// One row of a 16-bit O of which this thread holds kGroups column pairs
 // (pair(j): columns 8j + 2 (lane % 4) + {0, 1}, the m16n8 accumulator layout both kernels use),
 // times inv, in 16-byte stores: transposed within the quad, each lane writes kGroups / 4 whole
 // chunks, where 4-byte stores took kGroups and each instruction covered 8 rows x 16 bytes
@@ -189,21 +184,19 @@ __device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
 }
 
 // A prefill kernel's plain epilogue for one row (pair as in store_row_vec, times inv; o_row ==
-// nullptr: outside O): 16-byte stores where vec (KernelArgs::o_vec, the same for every lane),
-// else each lane its pairs. Every lane of the warp calls it.
+// nullptr: outside O): a 16-bit O in 16-byte stores (attention_cuda admits only a 16-byte
+// aligned O whose strides are multiples of 8 elements), fp32 pairs of 8 bytes from each lane.
+// Every lane of the warp calls it.
 template <int kGroups, typename OutT, typename Pair>
-__device__ __forceinline__ void store_row(bool vec, OutT* o_row, int lane, float inv, Pair pair) {
+__device__ __forceinline__ void store_row(OutT* o_row, int lane, float inv, Pair pair) {
   if constexpr (sizeof(OutT) == 2) {
-    if (vec) {
-      store_row_vec<kGroups>(o_row, lane, inv, pair);
-      return;
-    }
-  }
-  if (o_row == nullptr) return;
+    store_row_vec<kGroups>(o_row, lane, inv, pair);
+  } else if (o_row != nullptr) {
 #pragma unroll
-  for (int j = 0; j < kGroups; ++j) {
-    const float2 v = pair(j);
-    store2(o_row + j * 8 + (lane & 3) * 2, v.x * inv, v.y * inv);
+    for (int j = 0; j < kGroups; ++j) {
+      const float2 v = pair(j);
+      store2(o_row + j * 8 + (lane & 3) * 2, v.x * inv, v.y * inv);
+    }
   }
 }
 

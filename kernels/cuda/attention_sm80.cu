@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = row_base + mi * 16 + hf * 8;
       const bool in = row < a.n_q, empty = !(sum > 0.f);
-      store_row<kOA>(a.o_vec != 0, in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
+      store_row<kOA>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
                      empty ? 0.f : 1.f / sum, [&](int na) {
                        return make_float2(acc[mi][na][2 * hf], acc[mi][na][2 * hf + 1]);
                      });

@@ -673,7 +673,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
       const bool in = row >= 0 && row < a.n_q, empty = !(sum > 0.f);
-      store_row<kD / 8>(a.o_vec != 0, in ? o_base + int64_t{row} * a.o_row_stride : nullptr,
+      store_row<kD / 8>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr,
                         lane, empty ? 0.f : 1.f / sum, [&](int j) {
                           return make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);
                         });
