@@ -149,31 +149,6 @@ __device__ __forceinline__ void quad_transpose(uint32_t* v, int q) {
   }
 }
 
-// One row of a 16-bit O of which this thread holds kGroups column pairs
-// (pair(j): columns 8j + 2 (lane % 4) + {0, 1}, the m16n8 accumulator layout both kernels use),
-// times inv, in 16-byte stores: transposed within the quad, each lane writes kGroups / 4 whole
-// chunks, where 4-byte stores took kGroups and each instruction covered 8 rows x 16 bytes
-// instead of x 64 (at head_dim 128 those cost 4-9 % of a 4K-token Hopper launch:
-// docs/benchmarks.md). Every lane of the warp calls it; o_row == nullptr for a row outside O.
-template <int kGroups, typename OutT, typename Pair>
-__device__ __forceinline__ void store_row_vec(OutT* o_row, int lane, float inv, Pair pair) {
-  static_assert(kGroups % 4 == 0 && sizeof(OutT) == 2, "whole chunks of a 16-bit row");
-  uint32_t w[kGroups];
-#pragma unroll
-  for (int j = 0; j < kGroups; ++j) {
-    const float2 v = pair(j);
-    w[j] = pack2<OutT>(v.x * inv, v.y * inv);
-  }
-#pragma unroll
-  for (int k = 0; k < kGroups / 4; ++k) quad_transpose(w + 4 * k, lane & 3);
-  if (o_row == nullptr) return;
-#pragma unroll
-  for (int k = 0; k < kGroups / 4; ++k) {
-    *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + (lane & 3))) =
-        make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
-  }
-}
-
 template <typename OutT>
 __device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
   if constexpr (std::is_same_v<OutT, float>) {
@@ -183,14 +158,32 @@ __device__ __forceinline__ void store2(OutT* dst, float lo, float hi) {
   }
 }
 
-// A prefill kernel's plain epilogue for one row (pair as in store_row_vec, times inv; o_row ==
-// nullptr: outside O): a 16-bit O in 16-byte stores (attention_cuda admits only a 16-byte
-// aligned O whose strides are multiples of 8 elements), fp32 pairs of 8 bytes from each lane.
-// Every lane of the warp calls it.
+// A prefill kernel's plain epilogue for one row of which this thread holds kGroups column
+// pairs (pair(j): columns 8j + 2 (lane % 4) + {0, 1}, the m16n8 accumulator layout both
+// kernels use), times inv; o_row == nullptr for a row outside O. Every lane of the warp calls
+// it. A 16-bit O goes out in 16-byte stores: transposed within the quad, each lane writes
+// kGroups / 4 whole chunks, where 4-byte stores took kGroups and each instruction covered 8
+// rows x 16 bytes instead of x 64 (at head_dim 128 those cost 4-9 % of a 4K-token Hopper
+// launch: docs/benchmarks.md); attention_cuda admits only a 16-byte aligned O whose strides are
+// multiples of 8 elements, so its rows are whole chunks. fp32 pairs go out 8 bytes a lane.
 template <int kGroups, typename OutT, typename Pair>
 __device__ __forceinline__ void store_row(OutT* o_row, int lane, float inv, Pair pair) {
   if constexpr (sizeof(OutT) == 2) {
-    store_row_vec<kGroups>(o_row, lane, inv, pair);
+    static_assert(kGroups % 4 == 0, "whole chunks of a 16-bit row");
+    uint32_t w[kGroups];
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const float2 v = pair(j);
+      w[j] = pack2<OutT>(v.x * inv, v.y * inv);
+    }
+#pragma unroll
+    for (int k = 0; k < kGroups / 4; ++k) quad_transpose(w + 4 * k, lane & 3);
+    if (o_row == nullptr) return;
+#pragma unroll
+    for (int k = 0; k < kGroups / 4; ++k) {
+      *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + (lane & 3))) =
+          make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+    }
   } else if (o_row != nullptr) {
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
