@@ -40,6 +40,22 @@ bool attention_merges_into_o(const AttnParams& p) {
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
 
+namespace {
+// The query tile a Hopper kernel choice forces (0: the launch picks it).
+int sm90_rows(AttnKernel kernel) {
+  return kernel == AttnKernel::kSm90Rows128   ? 128
+         : kernel == AttnKernel::kSm90Rows192 ? 192
+                                              : 0;
+}
+}  // namespace
+
+int attention_sm90_split_parts(const AttnParams& p, AttnKernel kernel) {
+  if (kernel == AttnKernel::kSm80 || !validate(p).empty() || !attention_sm90_supported(p)) {
+    return 1;
+  }
+  return detail::attention_sm90_split_parts(p, sm90_rows(kernel));
+}
+
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
   if (!validate(p).empty()) return cudaErrorInvalidValue;
   if (p.kv_pages) return cudaErrorInvalidValue;  // paged K/V: the decode kernel only
@@ -63,10 +79,7 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel 
   if (p.merge_into_o && !attention_merges_into_o(p)) return cudaErrorInvalidValue;
   if (p.n_q == 0) return cudaSuccess;
   if (sm90_only || (kernel == AttnKernel::kAuto && sm90)) {
-    const int rows = kernel == AttnKernel::kSm90Rows128   ? 128
-                     : kernel == AttnKernel::kSm90Rows192 ? 192
-                                                          : 0;
-    const cudaError_t err = detail::attention_sm90(p, stream, rows);
+    const cudaError_t err = detail::attention_sm90(p, stream, sm90_rows(kernel));
     // cudaErrorInvalidValue: the driver refused a TMA layout of these strides, before any
     // launch; kAuto then runs the kernel without that constraint.
     if (err != cudaErrorInvalidValue || sm90_only) return err;

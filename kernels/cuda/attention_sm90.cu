@@ -279,6 +279,29 @@ __device__ __forceinline__ void regs_inc() {
 constexpr int kPersistentCausalTiles = 16;
 constexpr int kPersistentFullTiles = 64;
 
+// The split tail (TileOrder): a tile is cut into at most kMaxSplitParts key ranges of at least
+// kMinSplitBlocks key blocks; at most kSplitSlots parts run in one launch (the workspace: one
+// tile's rows, kBlockM x kD fp32, and their LSE a part, and a count a split tile and warp).
+constexpr int kMaxSplitParts = 4;
+constexpr int kMinSplitBlocks = 4;
+constexpr int kSplitSlots = 132;
+constexpr int kSplitPartFloats = 128 * 128;
+constexpr int kSplitPartRows = 192;
+constexpr int kMaxConsumerWarps = 12;
+static_assert(Sm90Tile<64, 3>::kBlockM * 64 <= kSplitPartFloats &&
+                  Sm90Tile<128, 2>::kBlockM * 128 <= kSplitPartFloats &&
+                  Sm90Tile<64, 3>::kBlockM <= kSplitPartRows &&
+                  Sm90Tile<64, 3>::kConsumerThreads / 32 <= kMaxConsumerWarps,
+              "a split part's rows fit the workspace");
+}  // namespace
+// (Declared in every pass, the host registers them, outside the anonymous namespace, where the
+// sm_80 pass, which never reads them, would warn; 8.6 MB a device, allocated when the module
+// loads.)
+__device__ float g_split_o[kSplitSlots * kSplitPartFloats];
+__device__ float g_split_lse[kSplitSlots * kSplitPartRows];
+__device__ unsigned g_split_count[kSplitSlots / 2 * kMaxConsumerWarps];  // zero between launches
+namespace {
+
 // Which (head, query block) tiles a CTA computes, and in what order. Where there are few tiles
 // a multiprocessor the kernel is persistent: one CTA per multiprocessor, each looping over its
 // tiles, so a tile's first loads (Q, K/V) are issued while the tile before finishes (its last
@@ -295,28 +318,49 @@ constexpr int kPersistentFullTiles = 64;
 // longest and the shortest query block of a head in each round, all cost m_blocks + 1 blocks:
 // 4K tokens at head_dim 64 made 7.8 rounds of them on 132 multiprocessors, the last a quarter
 // idle, and 192-row tiles lost there; dealt as a snake they gain 5-9 %: docs/benchmarks.md.)
+// A persistent full launch whose full tiles leave the last round short of a whole one ("split
+// tail") runs the whole rounds of full tiles as above (head-major), then cuts each full tile
+// left over into `parts` key ranges, one CTA a part, beside the short first blocks (n_q not a
+// multiple of the tile), so the last round costs about a part instead of a whole tile: 4K
+// tokens at head_dim 64 are 21 full tiles of 192 rows and a short one a head, 1344 full tiles
+// on 132 multiprocessors, ten rounds and 24 tiles over; cut in two they end the launch half a
+// tile earlier. Each part writes its normalised rows (fp32) and LSE to a workspace; the last
+// part of a warp's rows to arrive merges them all in part order (so the result does not depend
+// on which arrives last) and writes O. Nothing waits for another CTA.
 struct TileOrder {
   int m_blocks;  // query blocks per head
   int tiles;     // m_blocks x heads
   int heads;     // query heads
   int snake;     // persistent causal: the order above
+  // Split tail (parts >= 2; 0 otherwise): `whole` full tiles run whole (a multiple of the CTA
+  // count), then `split` full tiles cut into `parts` each, then `short_tiles` short blocks.
+  int parts, whole, split, short_tiles;
+  int full_per_head;  // m_blocks, less the short first block where there is one
 #ifdef BURST_SM90_KERNEL
-  // Tile number of snake index i (and back): i = pos * heads + head.
+  // A CTA's work in one round: a tile (t = head * m_blocks + pos) or part `part` of split tile
+  // `slot` (its workspace); tile -1: no more work.
+  struct Work {
+    int tile, part, slot;
+  };
+  // Tile number of snake index i: i = pos * heads + head.
   __device__ int tile_of(int i) const { return (i % heads) * m_blocks + i / heads; }
-  __device__ int index_of(int t) const { return (t % m_blocks) * heads + t / m_blocks; }
-  // This CTA's tile in round r, or -1 past the last tile.
-  __device__ int at(int r) const {
-    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
-    const int i = r * g + (snake && (r & 1) ? g - 1 - c : c);
-    return i >= tiles ? -1 : snake ? tile_of(i) : i;
+  // Full tile f (head-major, short blocks left out) and short block of head j.
+  __device__ int full_tile(int f) const {
+    return f / full_per_head * m_blocks + f % full_per_head;
   }
-  __device__ int first() const { return at(0); }
-  __device__ int next(int t) const {
-    if (!snake) {
-      const int u = t + static_cast<int>(gridDim.x);
-      return u < tiles ? u : -1;
+  __device__ Work at(int r) const {
+    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+    int i = r * g + (snake && (r & 1) ? g - 1 - c : c);
+    if (parts < 2) {
+      if (i >= tiles) return {-1, -1, -1};
+      return {snake ? tile_of(i) : i, -1, -1};
     }
-    return at(index_of(t) / static_cast<int>(gridDim.x) + 1);
+    if (i < whole) return {full_tile(i), -1, -1};
+    i -= whole;
+    if (i < split * parts) return {full_tile(whole + i / parts), i % parts, i / parts};
+    i -= split * parts;
+    if (i < short_tiles) return {i * m_blocks + m_blocks - 1, -1, -1};
+    return {-1, -1, -1};
   }
   __device__ int m_block(int pos) const { return m_blocks - 1 - pos; }
 #endif
@@ -347,7 +391,13 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   auto bar_full = [&](int stage) { return bar_q + 8 * (2 + stage); };
   auto bar_empty = [&](int stage) { return bar_q + 8 * (2 + kStages + stage); };
 
-  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  // With three warpgroups (head_dim 64) the warpgroup is broadcast from lane 0, so that the
+  // compiler knows it is the same across the warp: a branch on it (an idle warpgroup's, below)
+  // then leaves the consumers' address arithmetic on the uniform datapath (without, ptxas moved
+  // it to vector registers and every launch ran 3-9 % slower). At head_dim 128 the broadcast
+  // alone cost 1-3 % and no warpgroup idles (docs/benchmarks.md, 2026-11-27 session 19).
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int wg = kWG == 3 ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
   if (tid == 0) {
     mbar_init(bar_q, 1);
     mbar_init(bar_q_empty, kConsumerThreads / 32);  // one arrival per consumer warp
@@ -360,15 +410,16 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   }
   __syncthreads();
 
-  // The CTA's tiles (TileOrder): head h, query rows [m0, m0 + rows_valid). Key blocks past
+  // The CTA's tiles (TileOrder): head h, query rows [m0, m0 + rows_valid), n_blocks key blocks
+  // ending before block top (top = n_blocks but for a part of a split tile). Key blocks past
   // n_end are skipped; blocks n with (n + 1) * kBlockN - 1 <= min_limit are fully visible to
   // every row: no mask. limit[hf] is the last key this thread's row hf may see (-1: none;
   // it also excludes the zero-filled n_kv tail); its rows are m0 + wg * 64 + warp * 16 +
   // lane / 4 + hf * 8.
-  int h = 0, g = 0, m0 = 0, rows_valid = 0, n_blocks = 0, min_limit = 0;
+  int h = 0, g = 0, m0 = 0, rows_valid = 0, n_blocks = 0, top = 0, min_limit = 0;
   int limit[2] = {-1, -1};
-  auto set_tile = [&](int t) {
-    const int pos = t % order.m_blocks;
+  auto set_tile = [&](const TileOrder::Work& w) {
+    const int t = w.tile, pos = t % order.m_blocks;
     h = t / order.m_blocks;
     g = h / a.group;
     // Query blocks end at n_q: where n_q is not a multiple of kBlockM the first block starts
@@ -377,7 +428,11 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     m0 = order.m_block(pos) * kBlockM - (order.m_blocks * kBlockM - a.n_q);
     rows_valid = min(kBlockM, a.n_q - m0);
     const auto [n_end, min_visible] = visible_keys(a, m0, rows_valid);
-    n_blocks = (n_end + kBlockN - 1) / kBlockN;
+    n_blocks = top = (n_end + kBlockN - 1) / kBlockN;
+    if (w.part >= 0) {  // part p of a split tile: its share of the key blocks
+      top = (w.part + 1) * n_blocks / order.parts;
+      n_blocks = top - w.part * n_blocks / order.parts;
+    }
     min_limit = min_visible;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -397,8 +452,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   float o[kOAcc];
   float row_max[2], row_sum[2];  // max in raw score units
 
-  // Block i of a tile is key block n_blocks - 1 - i.
-  auto key_block = [&](int i) { return n_blocks - 1 - i; };
+  // Block i of a tile is key block top - 1 - i.
+  auto key_block = [&](int i) { return top - 1 - i; };
   auto stage_of = [&](int i) { return (done + i) % kStages; };
   auto fill_of = [&](int i) { return (done + i) / kStages; };
   if (wg == kWG) {
@@ -423,8 +478,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         }
         ++q_loads;
       };
-      for (int t = order.first(); t >= 0; t = order.next(t)) {
-        set_tile(t);
+      for (int r = 0;; ++r) {
+        const TileOrder::Work w = order.at(r);
+        if (w.tile < 0) break;
+        set_tile(w);
         if (n_blocks == 0) continue;  // no keys: the consumers write the empty rows alone
         const int before_q = min(kBeforeQ, n_blocks);
         for (int i = 0; i < n_blocks; ++i) {
@@ -594,13 +651,32 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     reg_fence(o);
   };
 
-  for (int t = order.first(); t >= 0; t = order.next(t)) {
-    set_tile(t);
+  for (int r = 0;; ++r) {
+    {
+      const TileOrder::Work w = order.at(r);
+      if (w.tile < 0) break;
+      set_tile(w);
+    }
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
     row_max[0] = row_max[1] = kNegInf;
     row_sum[0] = row_sum[1] = 0.f;
-    if (n_blocks > 0) {
+    // All of this warpgroup's rows lie before row 0 (the short first block of a head; three
+    // warpgroups only, see wg): it computes nothing and writes nothing, but keeps the barriers'
+    // phases, waiting for each load before it releases it as the others do (an arrival ahead
+    // of its phase would count toward the one before). A 4K-token head's short block of 64
+    // rows then costs about a third of a tile instead of a whole one.
+    const bool idle = kWG == 3 && m0 + wg * 64 + 63 < 0;
+    if (n_blocks > 0 && idle) {
+      mbar_wait(bar_q, q_loads & 1);
+      for (int i = 0; i < n_blocks; ++i) {
+        wait_full(i);
+        release(i);
+      }
+      release_q();
+      done += n_blocks;
+      ++q_loads;
+    } else if (n_blocks > 0) {
       mbar_wait(bar_q, q_loads & 1);
       // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
       wait_full(0);
@@ -632,9 +708,87 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       ++q_loads;
     }
 
+    if (idle) continue;
+    // The work again, for the split tail's epilogue: recomputed (from an opaque copy of r, so
+    // the compiler cannot keep it instead) rather than held in registers through the key
+    // blocks, where the three-warpgroup kernel has none to spare (held, ptxas spilled).
+    int r_again = r;
+    asm volatile("" : "+r"(r_again));
+    const TileOrder::Work w = order.at(r_again);
     // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
     // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
     OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
+    if (w.part >= 0) {
+      // A part of a split tile (TileOrder): its rows, normalised, and their LSE into the
+      // workspace; the last part of this warp's rows to arrive merges every part's into O.
+      const int rt = wg * 64 + warp * 16 + (lane >> 2);  // the thread's first row in the tile
+      float* const ws_o = g_split_o + w.slot * order.parts * kBlockM * kD;
+      float* const ws_lse = g_split_lse + w.slot * order.parts * kBlockM;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float sum = row_sum[hf];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const bool empty = !(sum > 0.f);
+        const float inv = empty ? 0.f : 1.f / sum;
+        const int r = w.part * kBlockM + rt + hf * 8;
+        float* const dst = ws_o + r * kD + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          __stcg(reinterpret_cast<float2*>(dst + 8 * j),
+                 make_float2(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv));
+        }
+        if ((lane & 3) == 0) {
+          __stcg(ws_lse + r, empty ? kNegInf : row_max[hf] * a.scale + logf(sum));
+        }
+      }
+      // The CUDA guide's fence-then-count: the part's writes are visible to whichever part
+      // counts last, and that one reads only after its count.
+      __threadfence();
+      __syncwarp();
+      unsigned* const count = g_split_count + w.slot * (kWG * 4) + wg * 4 + warp;
+      unsigned arrived = 0;
+      if (lane == 0) arrived = atomicAdd(count, 1u);
+      arrived = __shfl_sync(0xffffffffu, arrived, 0);
+      if (static_cast<int>(arrived) + 1 < order.parts) continue;
+      if (lane == 0) *count = 0;  // every part has counted: zero for the next launch
+      __threadfence();
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = rt + hf * 8, row = m0 + r;
+        // lse = log sum_q exp(lse_q), O = sum_q exp(lse_q - lse) O_q, in part order.
+        float wt[kMaxSplitParts];
+        float mx = kNegInf, total = 0.f;
+#pragma unroll
+        for (int q = 0; q < kMaxSplitParts; ++q) {
+          wt[q] = q < order.parts ? __ldcg(ws_lse + q * kBlockM + r) : kNegInf;
+          mx = fmaxf(mx, wt[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < kMaxSplitParts; ++q) {
+          wt[q] = mx == kNegInf ? 0.f : expf(wt[q] - mx);
+          total += wt[q];
+        }
+        const bool in = row >= 0 && row < a.n_q;
+        store_row<kD / 8>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
+                          total > 0.f ? 1.f / total : 0.f, [&](int j) {
+                            float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+                            for (int q = 0; q < kMaxSplitParts; ++q) {
+                              if (q >= order.parts) break;
+                              const float2 v = __ldcg(reinterpret_cast<const float2*>(
+                                  ws_o + (q * kBlockM + r) * kD + 8 * j + 2 * (lane & 3)));
+                              acc.x += wt[q] * v.x;
+                              acc.y += wt[q] * v.y;
+                            }
+                            return acc;
+                          });
+        if (in && (lane & 3) == 0) {
+          a.lse[int64_t{h} * a.lse_head_stride + row] = mx == kNegInf ? kNegInf : mx + logf(total);
+        }
+      }
+      continue;
+    }
     if constexpr (std::is_same_v<OutT, float>) {
       if (a.merge) {
         // Into a partial result (a) of these rows: merge_cuda's arithmetic with this tile's
@@ -761,6 +915,26 @@ bool plan_launch(const AttnParams& p, int block_m, int sms, Plan& plan) {
   order.heads = p.heads;
   order.snake = causal && persistent ? 1 : 0;
   plan.ctas = persistent ? std::min(order.tiles, sms) : order.tiles;
+  // The split tail (TileOrder): a persistent full launch whose full tiles leave a last round
+  // that, cut into parts, still fits one round beside the short blocks. Not into a partial
+  // result (merge_into_o): the merge of the parts writes O whole.
+  if (persistent && !causal && !p.merge_into_o) {
+    order.short_tiles = p.n_q % block_m != 0 ? p.heads : 0;
+    order.full_per_head = order.m_blocks - (order.short_tiles > 0 ? 1 : 0);
+    const int full = order.full_per_head * p.heads;
+    order.whole = full / sms * sms;
+    order.split = full - order.whole;
+    const int key_blocks = (p.n_kv + kBlockN - 1) / kBlockN;
+    const int parts =
+        order.split == 0
+            ? 0
+            : std::min({kMaxSplitParts, (sms - order.short_tiles) / order.split,
+                        key_blocks / kMinSplitBlocks, kSplitSlots / order.split});
+    if (parts >= 2) {
+      order.parts = parts;
+      plan.ctas = std::min(order.whole + order.split * parts + order.short_tiles, sms);
+    }
+  }
   return true;
 }
 
@@ -818,9 +992,9 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
 // faster there with the snake order.)
 constexpr double kThreeWarpgroupGain = 1.06;
 
-}  // namespace
-
-cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
+// The launch of p with `rows`-row tiles (0: chosen as above): its plan, and whether it runs
+// three consumer warpgroups.
+cudaError_t choose(const AttnParams& p, int rows, Plan& plan, bool& three) {
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
   if (rows != 0 && rows != 128 && !(rows == 192 && p.head_dim == 64)) return cudaErrorInvalidValue;
   int sms = 0;
@@ -828,13 +1002,37 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
   if (err != cudaSuccess) return err;
   Plan two;
   if (!plan_launch(p, Sm90Tile<64, 2>::kBlockM, sms, two)) return cudaErrorInvalidValue;
-  if (p.head_dim == 128) return dispatch<128, 2>(p, two, stream);
-  Plan three;
-  if (!plan_launch(p, Sm90Tile<64, 3>::kBlockM, sms, three)) return cudaErrorInvalidValue;
-  const bool use_two = rows == 0 ? three.order.snake &&
-                                       three.per_round() * kThreeWarpgroupGain < two.per_round()
+  three = false;
+  plan = two;
+  if (p.head_dim == 128) return cudaSuccess;
+  Plan p3;
+  if (!plan_launch(p, Sm90Tile<64, 3>::kBlockM, sms, p3)) return cudaErrorInvalidValue;
+  const bool use_two = rows == 0 ? p3.order.snake &&
+                                       p3.per_round() * kThreeWarpgroupGain < two.per_round()
                                  : rows == 128;
-  return use_two ? dispatch<64, 2>(p, two, stream) : dispatch<64, 3>(p, three, stream);
+  if (!use_two) {
+    three = true;
+    plan = p3;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
+  Plan plan;
+  bool three = false;
+  const cudaError_t err = choose(p, rows, plan, three);
+  if (err != cudaSuccess) return err;
+  if (p.head_dim == 128) return dispatch<128, 2>(p, plan, stream);
+  return three ? dispatch<64, 3>(p, plan, stream) : dispatch<64, 2>(p, plan, stream);
+}
+
+int attention_sm90_split_parts(const AttnParams& p, int rows) {
+  Plan plan;
+  bool three = false;
+  if (choose(p, rows, plan, three) != cudaSuccess) return 1;
+  return std::max(plan.order.parts, 1);
 }
 
 }  // namespace burst::kernels::detail

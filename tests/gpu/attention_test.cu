@@ -141,9 +141,9 @@ struct Inputs {
   std::vector<float> q, k, v;
 };
 
-Inputs make_inputs(const Case& c, uint32_t seed) {
-  Inputs in;
-  AttnParams& p = in.p;
+// The shapes and strides of a case (pointers unset).
+AttnParams case_params(const Case& c) {
+  AttnParams p;
   p.n_q = c.n_q;
   p.n_kv = c.n_kv;
   p.heads = c.heads;
@@ -161,6 +161,13 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
     p.k_row_stride = p.v_row_stride = c.kv_heads * p.k_head_stride + 8;
     p.lse_head_stride = c.n_q + 5;
   }
+  return p;
+}
+
+Inputs make_inputs(const Case& c, uint32_t seed) {
+  Inputs in;
+  in.p = case_params(c);
+  const AttnParams& p = in.p;
   std::mt19937 rng(seed);
   // |q|, |k| up to 2: scores of a few units, so softmax rows are peaked, not flat.
   in.q = random_values(size_t(std::max(c.n_q, 1)) * p.q_row_stride, 0.05f, 2.f, c.dtype, rng);
@@ -332,26 +339,40 @@ void run_one(const Case& c, const Inputs& in, const Outputs& ref, const Outputs&
   CUDA_ASSERT(cudaDeviceSynchronize());
   fetch(dev, c, ours);
   if (::testing::Test::HasFatalFailure()) return;
+  const Errors en = compare(in.p, naive, ref, "naive");
   if (kernel == Kernel::kPrefill) {
-    // Beside a ring transfer the tiles are scheduled otherwise (AttnParams::beside_transfer):
-    // the same bits.
-    poison(dev, c);
-    if (::testing::Test::HasFatalFailure()) return;
-    dev.p.beside_transfer = true;
-    CUDA_ASSERT(attention_cuda(dev.p, nullptr, prefill));
-    CUDA_ASSERT(cudaDeviceSynchronize());
-    dev.p.beside_transfer = false;
-    Outputs beside;
-    fetch(dev, c, beside);
-    if (::testing::Test::HasFatalFailure()) return;
-    auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    auto same_bits = [](const Outputs& a, const Outputs& b) {
+      return a.o.size() == b.o.size() && a.lse.size() == b.lse.size() &&
+             std::memcmp(a.o.data(), b.o.data(), a.o.size() * 4) == 0 &&
+             std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0;
     };
-    EXPECT_TRUE(same_bits(beside.o, ours.o) && same_bits(beside.lse, ours.lse))
-        << "beside_transfer changed the result";
+    auto again = [&](bool beside, Outputs& out) {
+      poison(dev, c);
+      if (::testing::Test::HasFatalFailure()) return;
+      dev.p.beside_transfer = beside;
+      CUDA_ASSERT(attention_cuda(dev.p, nullptr, prefill));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      dev.p.beside_transfer = false;
+      fetch(dev, c, out);
+    };
+    // Beside a ring transfer the tiles are scheduled otherwise (AttnParams::beside_transfer):
+    // the same bits, unless the launch without it cut its last round's tiles over keys (the
+    // Hopper kernel's split tail), whose merge rounds otherwise; that launch repeated gives
+    // the same bits (its parts merge in a fixed order, whichever finishes last).
+    Outputs beside;
+    again(true, beside);
+    if (::testing::Test::HasFatalFailure()) return;
+    if (attention_sm90_split_parts(dev.p, prefill) > 1) {
+      expect_within_rule(compare(in.p, beside, ref, "beside"), en, describe(c) + " beside");
+      Outputs repeat;
+      again(false, repeat);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_TRUE(same_bits(repeat, ours)) << "a split launch repeated changed the result";
+    } else {
+      EXPECT_TRUE(same_bits(beside, ours)) << "beside_transfer changed the result";
+    }
   }
   const Errors eo = compare(in.p, ours, ref, "ours");
-  const Errors en = compare(in.p, naive, ref, "naive");
   expect_within_rule(eo, en, describe(c));
 }
 
@@ -412,6 +433,60 @@ TEST_F(GpuAttention, HeadDim64OddSizesGqaAndEmptyRows) {
   run_case({"d64-empty-rows", 769, 769, 3, 1, 64, MaskKind::kCausal, 0, 300}, Kernel::kPrefill,
            seed++);
   run_case({"d64-no-keys", 37, 0, 3, 1, 64, MaskKind::kNone}, Kernel::kPrefill, seed++);
+}
+
+// The Hopper kernel's split tail (attention_sm90.cu, TileOrder): a persistent full launch
+// whose last round is short of whole cuts those tiles into key ranges and merges them. Head
+// counts are searched so that each shape splits on this device (the plan depends on its
+// multiprocessor count): whole rounds before the split (4095 x 64 heads' 192-row tiles, the
+// 4K benchmark's shape at fewer heads), none before it, a short first block beside the parts,
+// GQA, fp16 with fp32 O, padded strides. Each case also runs every other kernel (run_case).
+TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
+  if (!attention_sm90_supported(case_params({"probe", 1, 1, 1, 1, 128, MaskKind::kNone}))) {
+    GTEST_SKIP() << "the split tail is the Hopper kernel's (compute capability 9.0)";
+  }
+  struct Shape {
+    Case c;
+    bool whole_rounds;  // at least one whole round of full tiles before the split
+  };
+  std::vector<Shape> shapes = {
+      {{"split-d64", 4095, 4095, 0, 0, 64, MaskKind::kNone}, true},
+      {{"split-d128-f16-of32", 2000, 3000, 0, 0, 128, MaskKind::kNone}, true},
+      {{"split-d128-padded", 769, 1500, 0, 0, 128, MaskKind::kNone}, false},
+      {{"split-d64-small", 1000, 2047, 0, 0, 64, MaskKind::kNone}, false},
+      {{"split-d128-of32", 2000, 3000, 0, 0, 128, MaskKind::kNone}, true},
+  };
+  shapes[4].c.o_dtype = DType::kF32;
+  shapes[1].c.dtype = DType::kF16;
+  shapes[1].c.o_dtype = DType::kF32;
+  shapes[2].c.padded = true;
+  int sms = 0, device = 0;
+  CUDA_ASSERT(cudaGetDevice(&device));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  uint32_t seed = 401;
+  for (Shape& s : shapes) {
+    Case& c = s.c;
+    // The fewest heads (GQA 2:1 where 2 divides them) whose launch splits, with whole rounds
+    // before it where the shape asks for them. The plan reads shapes only: any non-null
+    // pointers do.
+    int parts = 1;
+    for (int heads = 2; heads <= 64 && parts < 2; ++heads) {
+      c.heads = heads;
+      c.kv_heads = heads % 2 == 0 ? heads / 2 : heads;
+      AttnParams p = case_params(c);
+      static float dummy[4];
+      p.q = p.k = p.v = p.o = p.lse = dummy;
+      p.dtype = c.dtype;
+      p.o_dtype = c.o_dtype;
+      const int rows = c.head_dim == 64 ? 192 : 128;  // kSm90 without a mask: see attention_sm90
+      if (s.whole_rounds && c.n_q / rows * heads < sms) continue;
+      parts = attention_sm90_split_parts(p, AttnKernel::kSm90);
+    }
+    ASSERT_GE(parts, 2) << c.name << ": no head count up to 64 splits on " << sms
+                        << " multiprocessors";
+    run_case(c, Kernel::kPrefill, seed++);
+    if (HasFailure()) return;
+  }
 }
 
 TEST_F(GpuAttention, GqaLlamaShapes) {

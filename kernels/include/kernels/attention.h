@@ -61,7 +61,9 @@ struct AttnParams {
   // some multiprocessors. The Hopper prefill kernel then hands its tiles out one CTA a tile,
   // never a fixed share per multiprocessor (its persistent schedule for few tiles): there a
   // multiprocessor held by the transfer delays its whole share, so the step ends a transfer
-  // later. Scheduling only: the results are bit for bit the same.
+  // later. Scheduling only: the results are bit for bit the same, except where the launch
+  // without it cuts its last round's tiles over keys (attention_cuda.h:
+  // attention_sm90_split_parts), which rounds differently.
   bool beside_transfer = false;
   // o (fp32) and lse already hold a normalised partial result of these rows (against other
   // keys): the launch merges its own into them, as merge_cuda with (o_a, lse_a) = (o, lse)
