@@ -41,7 +41,9 @@ bool attention_sm90_supported(const AttnParams& p);
 // round on the current device (the Hopper kernel's split tail: a persistent launch without a
 // mask whose last round is short of whole; the parts are merged in a fixed order, so repeated
 // launches give the same bits, but not those of a launch that cuts none, such as one beside a
-// transfer); 1 where it cuts none. For tests and benchmarks.
+// transfer); 1 where it cuts none. For tests and benchmarks. The parts meet in one workspace
+// per device (static device memory, 8.6 MB): two launches that split must not run at the same
+// time on one device (on two streams); launches on one stream, as the engine's, never do.
 int attention_sm90_split_parts(const AttnParams& p, AttnKernel kernel = AttnKernel::kAuto);
 // Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
 // in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
