@@ -128,6 +128,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The sum of x over the 4 lanes of a quad (in the m16n8 accumulator layout they hold one row).
+// Every lane of the warp calls it.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // Within each quad of lanes, lane q holds v[c] = its part (columns 2q, 2q + 1) of 16-byte
 // chunk c, for 4 chunks; afterwards it holds chunk q whole, v[p] = part p (a 4 x 4 transpose by
 // two butterfly exchanges, lanes q ^ 1 then q ^ 2). Every lane of the warp takes part.

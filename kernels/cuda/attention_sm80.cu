@@ -19,9 +19,9 @@
 //
 // Online softmax: the running row max (log2 units) moves only when a block's max exceeds it by
 // more than kRescaleSlack (bf16; fp16 keeps the exact max), so P <= 2^8 and most blocks need no
-// rescale of O and the sum; at
-// head_dim 64 the rescale is skipped when no row of the warp moved (at head_dim 128 the branch
-// costs registers that would spill, so O is always multiplied by the factor, 1 when unmoved).
+// rescale of O and the sum; at head_dim 64 the rescale is skipped when no row of the warp moved
+// (at head_dim 128 the branch costs registers that would spill, so O is always multiplied by
+// the factor, 1 when unmoved).
 #include "attention_common.cuh"
 
 #include <algorithm>
@@ -406,9 +406,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
       for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          float sum = row_sum[mi][hf];
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+          const float sum = quad_sum(row_sum[mi][hf]);
           sums[mi][hf] = sum;
           const int row = row_base + mi * 16 + hf * 8;
           old_lse[mi][hf] =
@@ -438,9 +436,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
   for (int mi = 0; mi < kMA; ++mi) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float sum = row_sum[mi][hf];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = quad_sum(row_sum[mi][hf]);
       const int row = row_base + mi * 16 + hf * 8;
       const bool in = row < a.n_q, empty = !(sum > 0.f);
       store_row<kOA>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,

@@ -718,6 +718,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
     // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
     OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
+    // The natural-log LSE of row hf whose quad-summed softmax sum is sum (> 0).
+    auto row_lse = [&](int hf, float sum) { return row_max[hf] * a.scale + logf(sum); };
     if (w.part >= 0) {
       // A part of a split tile (TileOrder): its rows, normalised, and their LSE into the
       // workspace; the last part of this warp's rows to arrive merges every part's into O.
@@ -726,9 +728,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       float* const ws_lse = g_split_lse + w.slot * order.parts * kBlockM;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float sum = row_sum[hf];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float sum = quad_sum(row_sum[hf]);
         const bool empty = !(sum > 0.f);
         const float inv = empty ? 0.f : 1.f / sum;
         const int r = w.part * kBlockM + rt + hf * 8;
@@ -739,7 +739,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
                  make_float2(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv));
         }
         if ((lane & 3) == 0) {
-          __stcg(ws_lse + r, empty ? kNegInf : row_max[hf] * a.scale + logf(sum));
+          __stcg(ws_lse + r, empty ? kNegInf : row_lse(hf, sum));
         }
       }
       // The CUDA guide's fence-then-count: the part's writes are visible to whichever part
@@ -797,9 +797,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         float sums[2], old_lse[2];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          float sum = row_sum[hf];
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+          const float sum = quad_sum(row_sum[hf]);
           sums[hf] = sum;
           const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
           // The 4 threads of a row read its old LSE before the first of them writes it.
@@ -814,7 +812,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
           if (row < 0 || row >= a.n_q || !(sum > 0.f)) continue;  // b saw nothing: a stays
           merge_row_into<kD / 8>(
               o_base + int64_t{row} * a.o_row_stride, a.lse + int64_t{h} * a.lse_head_stride + row,
-              lane, old_lse[hf], row_max[hf] * a.scale + logf(sum), 1.f / sum,
+              lane, old_lse[hf], row_lse(hf, sum), 1.f / sum,
               [&](int j) { return make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]); });
         }
         continue;
@@ -822,9 +820,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float sum = row_sum[hf];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = quad_sum(row_sum[hf]);
       const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + hf * 8;
       const bool in = row >= 0 && row < a.n_q, empty = !(sum > 0.f);
       store_row<kD / 8>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr,
@@ -833,7 +829,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
                         });
       if (in && (lane & 3) == 0) {
         a.lse[int64_t{h} * a.lse_head_stride + row] =
-            empty ? kNegInf : row_max[hf] * a.scale + logf(sum);
+            empty ? kNegInf : row_lse(hf, sum);
       }
     }
   }

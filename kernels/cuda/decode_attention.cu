@@ -57,6 +57,7 @@ using detail::LdmBases;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
+using detail::quad_sum;
 using detail::swz;
 constexpr int kMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
 
@@ -332,9 +333,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   float* c_l = c_m + Tl::kWarps * kRows;                         // [warps][kRows]
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float sum = row_sum[hf];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[hf]);
     const int r = (lane >> 2) + hf * 8;
     float* dst = c_acc + (warp * kRows + r) * kD + (lane & 3) * 2;
 #pragma unroll
