@@ -86,8 +86,8 @@ cudaError_t attention_sm80(const AttnParams& p, cudaStream_t stream);
 // head_dim 128 or 64, and only on a compute capability 9.0 device (the sm_90a build). rows: the
 // query tile (128, or 192 at head_dim 64), 0 to let the launch choose.
 cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows);
-// The key ranges attention_sm90(p, ..., rows) cuts each tile of its last round into (its split
-// tail); 1 where it cuts none.
+// The most key ranges attention_sm90(p, ..., rows) cuts a tile of its last round into (its
+// split tail); 1 where it cuts none.
 int attention_sm90_split_parts(const AttnParams& p, int rows);
 
 // ---- PTX wrappers ----------------------------------------------------------------------------

@@ -18,10 +18,10 @@
 // streams in while block n is computed, one barrier per block (48 KB).
 //
 // Online softmax: the running row max (log2 units) moves only when a block's max exceeds it by
-// more than kRescaleSlack (bf16; fp16 keeps the exact max), so P <= 2^8 and most blocks need no
-// rescale of O and the sum; at head_dim 64 the rescale is skipped when no row of the warp moved
-// (at head_dim 128 the branch costs registers that would spill, so O is always multiplied by
-// the factor, 1 when unmoved).
+// more than kRescaleSlack (bf16 with a 16-bit O; the others keep the exact max), so P <= 2^8
+// and most blocks need no rescale of O and the sum; at head_dim 64 the rescale is skipped when
+// no row of the warp moved (at head_dim 128 the branch costs registers that would spill, so O is
+// always multiplied by the factor, 1 when unmoved).
 #include "attention_common.cuh"
 
 #include <algorithm>
@@ -34,12 +34,15 @@ namespace {
 // P = exp2(score - max) then stays <= 2^8 (bf16/fp16 rounding is relative, so no precision is
 // lost), and O and the sum need no rescale for most blocks (O / sum and the LSE use the same,
 // possibly stale, max).
-// fp16 keeps the exact max (slack 0): there P is rounded to 11 bits, and with a stale max the
-// row's largest P, exactly 1 under the exact max, is rounded too: with fp32 O that error alone
-// took the kernel past twice the naive same-precision error (GpuAttention.SplitTailOverKeys*,
-// 2000 x 3000 keys, head_dim 128: 2.08x). bf16 measured within the rule with the slack.
-template <typename T>
-constexpr float kRescaleSlack = std::is_same_v<T, __half> ? 0.f : 8.f;
+// Only for bf16 inputs with a 16-bit O (what the engine's single-GPU prefill and the benchmark
+// run); the others keep the exact max (slack 0). Under a stale max the row's largest P, exactly
+// 1 under the exact max, is rounded to the input dtype too: that error alone took the kernel
+// past twice the naive same-precision error with fp16 inputs (11-bit P) and fp32 O, 2000 x 3000
+// keys, head_dim 128: 2.08x, and with bf16 inputs and fp32 O at 1024 x 1700 keys
+// (GpuAttention.SplitTailOverKeys*); a 16-bit O's own rounding is the larger error there.
+template <typename T, typename OutT>
+constexpr float kRescaleSlack =
+    std::is_same_v<T, __half> || std::is_same_v<OutT, float> ? 0.f : 8.f;
 
 // Tile shape and pipeline of the kernel for one head_dim. All constants derive from these.
 template <int kHeadDim>
@@ -264,7 +267,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         mx *= a.scale_log2;
         // From -inf (no key seen yet) any visible key moves the max: corr = exp2(-inf) = 0.
-        const bool move = mx > row_max[mi][hf] + kRescaleSlack<T>;
+        const bool move = mx > row_max[mi][hf] + kRescaleSlack<T, OutT>;
         corr[mi][hf] = move ? exp2_approx(row_max[mi][hf] - mx) : 1.f;
         if (move) row_max[mi][hf] = mx;
         moved |= move;

@@ -279,12 +279,14 @@ __device__ __forceinline__ void regs_inc() {
 constexpr int kPersistentCausalTiles = 16;
 constexpr int kPersistentFullTiles = 64;
 
-// The split tail (TileOrder): a tile is cut into at most kMaxSplitParts key ranges of at least
-// kMinSplitBlocks key blocks; at most kSplitSlots parts run in one launch (the workspace: one
-// tile's rows, kBlockM x kD fp32, and their LSE a part, and a count a split tile and warp).
+// The split tail (TileOrder): a tile is cut into at most kMaxSplitParts key ranges, a CTA's
+// share of the tail is at least kMinSplitBlocks key blocks, and a launch's pieces (a tile's
+// key range computed by one CTA) number fewer than kSplitSlots (the workspace: a piece's rows,
+// kBlockM x kD fp32, and their LSE; a count a split tile and warp). Pieces number at most
+// tail tiles + tail CTAs, both under the multiprocessor count (132 on an H100 or H200).
 constexpr int kMaxSplitParts = 4;
 constexpr int kMinSplitBlocks = 4;
-constexpr int kSplitSlots = 132;
+constexpr int kSplitSlots = 264;
 constexpr int kSplitPartFloats = 128 * 128;
 constexpr int kSplitPartRows = 192;
 constexpr int kMaxConsumerWarps = 12;
@@ -295,11 +297,11 @@ static_assert(Sm90Tile<64, 3>::kBlockM * 64 <= kSplitPartFloats &&
               "a split part's rows fit the workspace");
 }  // namespace
 // (Declared in every pass, the host registers them, outside the anonymous namespace, where the
-// sm_80 pass, which never reads them, would warn; 8.6 MB a device, allocated when the module
+// sm_80 pass, which never reads them, would warn; 17.5 MB a device, allocated when the module
 // loads.)
 __device__ float g_split_o[kSplitSlots * kSplitPartFloats];
 __device__ float g_split_lse[kSplitSlots * kSplitPartRows];
-__device__ unsigned g_split_count[kSplitSlots / 2 * kMaxConsumerWarps];  // zero between launches
+__device__ unsigned g_split_count[kSplitSlots * kMaxConsumerWarps];  // zero between launches
 namespace {
 
 // Which (head, query block) tiles a CTA computes, and in what order. Where there are few tiles
@@ -319,28 +321,47 @@ namespace {
 // 4K tokens at head_dim 64 made 7.8 rounds of them on 132 multiprocessors, the last a quarter
 // idle, and 192-row tiles lost there; dealt as a snake they gain 5-9 %: docs/benchmarks.md.)
 // A persistent full launch whose full tiles leave the last round short of a whole one ("split
-// tail") runs the whole rounds of full tiles as above (head-major), then cuts each full tile
-// left over into `parts` key ranges, one CTA a part, beside the short first blocks (n_q not a
-// multiple of the tile), so the last round costs about a part instead of a whole tile: 4K
-// tokens at head_dim 64 are 21 full tiles of 192 rows and a short one a head, 1344 full tiles
-// on 132 multiprocessors, ten rounds and 24 tiles over; cut in two they end the launch half a
-// tile earlier. Each part writes its normalised rows (fp32) and LSE to a workspace; the last
-// part of a warp's rows to arrive merges them all in part order (so the result does not depend
-// on which arrives last) and writes O. Nothing waits for another CTA.
+// tail") runs the whole rounds of full tiles as above (head-major), then deals the key blocks
+// of the full tiles left over out evenly, as one run (tile after tile), to `tail_ctas` CTAs,
+// beside the short first blocks (n_q not a multiple of the tile) on the CTAs after those: CTA
+// c takes blocks [c U / tail_ctas, (c + 1) U / tail_ctas) of the U, a range that may end in
+// one tile and go on in the next ("stream-K"), so the last round costs about U / tail_ctas
+// blocks instead of a whole tile. 4K tokens at head_dim 128 are 32 tiles a head: 32 heads make
+// 1024 on 132 multiprocessors, seven rounds and 100 tiles over, about 24 of a tile's 32 key
+// blocks a CTA; at head_dim 64, 21 full tiles of 192 rows and a short one a head, 1344 full
+// tiles, ten rounds and 24 over, cut in 68 ranges of 11-12 blocks beside the 64 short blocks.
+// (Where tail_ctas is a multiple of the tiles left over, each is cut into that many equal
+// parts.) Each piece of a cut tile writes its normalised rows (fp32) and LSE to a workspace;
+// the last piece of a warp's rows to arrive merges them all in key order (so the result does
+// not depend on which arrives last) and writes O. Nothing waits for another CTA.
 struct TileOrder {
   int m_blocks;  // query blocks per head
   int tiles;     // m_blocks x heads
   int heads;     // query heads
   int snake;     // persistent causal: the order above
-  // Split tail (parts >= 2; 0 otherwise): `whole` full tiles run whole (a multiple of the CTA
-  // count), then `split` full tiles cut into `parts` each, then `short_tiles` short blocks.
-  int parts, whole, split, short_tiles;
+  // Split tail (tail_ctas > 0; 0 otherwise): `whole` full tiles run whole (a multiple of the
+  // CTA count), then the key blocks of `split` full tiles (`tail_blocks` each) dealt out to
+  // CTAs [0, tail_ctas), and `short_tiles` short blocks to the CTAs after them.
+  int tail_ctas, tail_blocks, tail_units, whole, split, short_tiles;
   int full_per_head;  // m_blocks, less the short first block where there is one
+  // CTA c's share of the tail's tail_units = split x tail_blocks key blocks starts at block
+  // tail_start(c) (tail_start(tail_ctas) = tail_units); the products fit an int (plan_launch).
+  __host__ __device__ int tail_start(int c) const { return c * tail_units / tail_ctas; }
+  // The CTA whose share holds tail block u.
+  __host__ __device__ int tail_cta(int u) const {
+    return ((u + 1) * tail_ctas - 1) / tail_units;
+  }
+  // How many CTAs compute a piece of tail tile t (1: one computes it whole).
+  __host__ __device__ int tail_parts(int t) const {
+    return tail_cta((t + 1) * tail_blocks - 1) - tail_cta(t * tail_blocks) + 1;
+  }
 #ifdef BURST_SM90_KERNEL
-  // A CTA's work in one round: a tile (t = head * m_blocks + pos) or part `part` of split tile
-  // `slot` (its workspace); tile -1: no more work.
+  // A CTA's work in one round: a tile (t = head * m_blocks + pos) whole (part -1), or key
+  // blocks [lo, hi) of it, piece `part` of `parts` (in key order) of a split tile, whose pieces
+  // have workspace slots slot, slot + 1, ... (and whose warps count their pieces at slot);
+  // tile -1: no more work.
   struct Work {
-    int tile, part, slot;
+    int tile, part, parts, slot, lo, hi;
   };
   // Tile number of snake index i: i = pos * heads + head.
   __device__ int tile_of(int i) const { return (i % heads) * m_blocks + i / heads; }
@@ -349,18 +370,28 @@ struct TileOrder {
     return f / full_per_head * m_blocks + f % full_per_head;
   }
   __device__ Work at(int r) const {
+    constexpr Work kNone{-1, -1, 0, 0, 0, 0};
     const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
-    int i = r * g + (snake && (r & 1) ? g - 1 - c : c);
-    if (parts < 2) {
-      if (i >= tiles) return {-1, -1, -1};
-      return {snake ? tile_of(i) : i, -1, -1};
+    const int i = r * g + (snake && (r & 1) ? g - 1 - c : c);
+    if (tail_ctas == 0) {
+      if (i >= tiles) return kNone;
+      return {snake ? tile_of(i) : i, -1, 0, 0, 0, 0};
     }
-    if (i < whole) return {full_tile(i), -1, -1};
-    i -= whole;
-    if (i < split * parts) return {full_tile(whole + i / parts), i % parts, i / parts};
-    i -= split * parts;
-    if (i < short_tiles) return {i * m_blocks + m_blocks - 1, -1, -1};
-    return {-1, -1, -1};
+    if (i < whole) return {full_tile(i), -1, 0, 0, 0, 0};
+    const int k = r - whole / g;  // the CTA's k-th piece of the tail (whole is a multiple of g)
+    if (c >= tail_ctas) {
+      const int j = c - tail_ctas;
+      return k == 0 && j < short_tiles ? Work{j * m_blocks + m_blocks - 1, -1, 0, 0, 0, 0}
+                                       : kNone;
+    }
+    const int b0 = tail_start(c), b1 = tail_start(c + 1);
+    const int t = b0 / tail_blocks + k, t0 = t * tail_blocks;
+    if (t0 >= b1) return kNone;
+    const int lo = max(b0, t0) - t0, hi = min(b1, t0 + tail_blocks) - t0;
+    const int tile = full_tile(whole + t);
+    if (lo == 0 && hi == tail_blocks) return {tile, -1, 0, 0, 0, 0};
+    const int first = tail_cta(t0);
+    return {tile, c - first, tail_parts(t), t + first, lo, hi};
   }
   __device__ int m_block(int pos) const { return m_blocks - 1 - pos; }
 #endif
@@ -429,9 +460,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     rows_valid = min(kBlockM, a.n_q - m0);
     const auto [n_end, min_visible] = visible_keys(a, m0, rows_valid);
     n_blocks = top = (n_end + kBlockN - 1) / kBlockN;
-    if (w.part >= 0) {  // part p of a split tile: its share of the key blocks
-      top = (w.part + 1) * n_blocks / order.parts;
-      n_blocks = top - w.part * n_blocks / order.parts;
+    if (w.part >= 0) {  // a piece of a split tile: key blocks [lo, hi)
+      top = w.hi;
+      n_blocks = w.hi - w.lo;
     }
     min_limit = min_visible;
 #pragma unroll
@@ -721,11 +752,11 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // The natural-log LSE of row hf whose quad-summed softmax sum is sum (> 0).
     auto row_lse = [&](int hf, float sum) { return row_max[hf] * a.scale + logf(sum); };
     if (w.part >= 0) {
-      // A part of a split tile (TileOrder): its rows, normalised, and their LSE into the
-      // workspace; the last part of this warp's rows to arrive merges every part's into O.
+      // A piece of a split tile (TileOrder): its rows, normalised, and their LSE into the
+      // workspace; the last piece of this warp's rows to arrive merges every piece's into O.
       const int rt = wg * 64 + warp * 16 + (lane >> 2);  // the thread's first row in the tile
-      float* const ws_o = g_split_o + w.slot * order.parts * kBlockM * kD;
-      float* const ws_lse = g_split_lse + w.slot * order.parts * kBlockM;
+      float* const ws_o = g_split_o + w.slot * kBlockM * kD;
+      float* const ws_lse = g_split_lse + w.slot * kBlockM;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float sum = quad_sum(row_sum[hf]);
@@ -746,45 +777,63 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       // counts last, and that one reads only after its count.
       __threadfence();
       __syncwarp();
-      unsigned* const count = g_split_count + w.slot * (kWG * 4) + wg * 4 + warp;
+      unsigned* const count = g_split_count + w.slot * kMaxConsumerWarps + wg * 4 + warp;
       unsigned arrived = 0;
       if (lane == 0) arrived = atomicAdd(count, 1u);
       arrived = __shfl_sync(0xffffffffu, arrived, 0);
-      if (static_cast<int>(arrived) + 1 < order.parts) continue;
+      if (static_cast<int>(arrived) + 1 < w.parts) continue;
       if (lane == 0) *count = 0;  // every part has counted: zero for the next launch
       __threadfence();
+      // lse = log sum_q exp(lse_q), O = sum_q exp(lse_q - lse) O_q, summed in part order. Every
+      // piece's rows are loaded before O is written: the compiler cannot move a load above a
+      // store to O (it cannot tell the workspace from O), so loading 8 columns at a time beside
+      // their stores cost an L2 round trip per 8 columns.
+      float wt[2][kMaxSplitParts], mx[2], total[2];
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int r = rt + hf * 8, row = m0 + r;
-        // lse = log sum_q exp(lse_q), O = sum_q exp(lse_q - lse) O_q, in part order.
-        float wt[kMaxSplitParts];
-        float mx = kNegInf, total = 0.f;
+        mx[hf] = kNegInf;
+        total[hf] = 0.f;
 #pragma unroll
         for (int q = 0; q < kMaxSplitParts; ++q) {
-          wt[q] = q < order.parts ? __ldcg(ws_lse + q * kBlockM + r) : kNegInf;
-          mx = fmaxf(mx, wt[q]);
+          wt[hf][q] = q < w.parts ? __ldcg(ws_lse + q * kBlockM + rt + hf * 8) : kNegInf;
+          mx[hf] = fmaxf(mx[hf], wt[hf][q]);
         }
 #pragma unroll
         for (int q = 0; q < kMaxSplitParts; ++q) {
-          wt[q] = mx == kNegInf ? 0.f : expf(wt[q] - mx);
-          total += wt[q];
+          wt[hf][q] = mx[hf] == kNegInf ? 0.f : expf(wt[hf][q] - mx[hf]);
+          total[hf] += wt[hf][q];
         }
+      }
+      float2 acc[2][kD / 8];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) acc[hf][j] = make_float2(0.f, 0.f);
+      }
+#pragma unroll
+      for (int q = 0; q < kMaxSplitParts; ++q) {
+        if (q >= w.parts) break;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float* const src = ws_o + (q * kBlockM + rt + hf * 8) * kD + 2 * (lane & 3);
+#pragma unroll
+          for (int j = 0; j < kD / 8; ++j) {
+            const float2 v = __ldcg(reinterpret_cast<const float2*>(src + 8 * j));
+            acc[hf][j].x += wt[hf][q] * v.x;
+            acc[hf][j].y += wt[hf][q] * v.y;
+          }
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = m0 + rt + hf * 8;
         const bool in = row >= 0 && row < a.n_q;
         store_row<kD / 8>(in ? o_base + int64_t{row} * a.o_row_stride : nullptr, lane,
-                          total > 0.f ? 1.f / total : 0.f, [&](int j) {
-                            float2 acc = make_float2(0.f, 0.f);
-#pragma unroll
-                            for (int q = 0; q < kMaxSplitParts; ++q) {
-                              if (q >= order.parts) break;
-                              const float2 v = __ldcg(reinterpret_cast<const float2*>(
-                                  ws_o + (q * kBlockM + r) * kD + 8 * j + 2 * (lane & 3)));
-                              acc.x += wt[q] * v.x;
-                              acc.y += wt[q] * v.y;
-                            }
-                            return acc;
-                          });
+                          total[hf] > 0.f ? 1.f / total[hf] : 0.f,
+                          [&](int j) { return acc[hf][j]; });
         if (in && (lane & 3) == 0) {
-          a.lse[int64_t{h} * a.lse_head_stride + row] = mx == kNegInf ? kNegInf : mx + logf(total);
+          a.lse[int64_t{h} * a.lse_head_stride + row] =
+              mx[hf] == kNegInf ? kNegInf : mx[hf] + logf(total[hf]);
         }
       }
       continue;
@@ -894,6 +943,33 @@ struct Plan {
   }
 };
 
+// How many CTAs share the split tail of `order` (whole, split, short_tiles and tail_blocks
+// set): 0 for none. The tail's U = split x tail_blocks key blocks go to as many CTAs as are
+// free beside the short blocks, but no CTA fewer than kMinSplitBlocks and no tile to more
+// than kMaxSplitParts (every share at least a third of a tile: a tile's blocks then hold at
+// most three share boundaries); or to exactly p CTAs a tile (equal parts), where that ends
+// sooner. Cut only where a CTA's share, rounded up, is at most 5/8 of a tile: each piece costs
+// a pipeline start, its rows' trip through the workspace and a merge, and a short last round
+// leaves multiprocessors idle, which lets the busy ones run faster under the power cap. On an
+// H100, 4K tokens at head_dim 128 (shares of 0.78 tile) ran 0.7 % slower cut than not, 8K
+// (0.52) 0.8 % faster, head_dim 64's 4K (0.38 beside its short blocks) faster
+// (docs/benchmarks.md).
+int tail_ctas(const TileOrder& order, int sms) {
+  const int free_ctas = sms - order.short_tiles;
+  const int64_t units = int64_t{order.split} * order.tail_blocks;
+  if (order.split == 0 || free_ctas <= 0 || units * sms >= (int64_t{1} << 31)) return 0;
+  const int nb = order.tail_blocks, third = (nb + kMaxSplitParts - 2) / (kMaxSplitParts - 1);
+  const int64_t stream = std::min<int64_t>({free_ctas, units / third, units / kMinSplitBlocks});
+  const int64_t equal =
+      order.split * std::min<int64_t>({kMaxSplitParts, free_ctas / order.split,
+                                       nb / kMinSplitBlocks});
+  // Blocks the busiest CTA of the tail computes with n CTAs.
+  auto busiest = [&](int64_t n) { return n > 0 ? (units + n - 1) / n : int64_t{nb}; };
+  const int64_t n = busiest(equal) <= busiest(stream) ? equal : stream;
+  if (n <= 0 || busiest(n) * 8 > int64_t{nb} * 5 || order.split + n > kSplitSlots) return 0;
+  return static_cast<int>(n);
+}
+
 // False if the launch has too many tiles to number.
 bool plan_launch(const AttnParams& p, int block_m, int sms, Plan& plan) {
   TileOrder& order = plan.order;
@@ -912,23 +988,19 @@ bool plan_launch(const AttnParams& p, int block_m, int sms, Plan& plan) {
   order.snake = causal && persistent ? 1 : 0;
   plan.ctas = persistent ? std::min(order.tiles, sms) : order.tiles;
   // The split tail (TileOrder): a persistent full launch whose full tiles leave a last round
-  // that, cut into parts, still fits one round beside the short blocks. Not into a partial
-  // result (merge_into_o): the merge of the parts writes O whole.
+  // short of a whole one. Not into a partial result (merge_into_o): the merge of the pieces
+  // writes O whole.
   if (persistent && !causal && !p.merge_into_o) {
     order.short_tiles = p.n_q % block_m != 0 ? p.heads : 0;
     order.full_per_head = order.m_blocks - (order.short_tiles > 0 ? 1 : 0);
     const int full = order.full_per_head * p.heads;
     order.whole = full / sms * sms;
     order.split = full - order.whole;
-    const int key_blocks = (p.n_kv + kBlockN - 1) / kBlockN;
-    const int parts =
-        order.split == 0
-            ? 0
-            : std::min({kMaxSplitParts, (sms - order.short_tiles) / order.split,
-                        key_blocks / kMinSplitBlocks, kSplitSlots / order.split});
-    if (parts >= 2) {
-      order.parts = parts;
-      plan.ctas = std::min(order.whole + order.split * parts + order.short_tiles, sms);
+    order.tail_blocks = (p.n_kv + kBlockN - 1) / kBlockN;
+    order.tail_ctas = tail_ctas(order, sms);
+    order.tail_units = order.split * order.tail_blocks;
+    if (order.tail_ctas > 0) {
+      plan.ctas = std::min(order.whole + order.tail_ctas + order.short_tiles, sms);
     }
   }
   return true;
@@ -1028,7 +1100,12 @@ int attention_sm90_split_parts(const AttnParams& p, int rows) {
   Plan plan;
   bool three = false;
   if (choose(p, rows, plan, three) != cudaSuccess) return 1;
-  return std::max(plan.order.parts, 1);
+  const TileOrder& order = plan.order;
+  int parts = 1;
+  for (int t = 0; order.tail_ctas > 0 && t < order.split; ++t) {
+    parts = std::max(parts, order.tail_parts(t));
+  }
+  return parts;
 }
 
 }  // namespace burst::kernels::detail

@@ -436,11 +436,12 @@ TEST_F(GpuAttention, HeadDim64OddSizesGqaAndEmptyRows) {
 }
 
 // The Hopper kernel's split tail (attention_sm90.cu, TileOrder): a persistent full launch
-// whose last round is short of whole cuts those tiles into key ranges and merges them. Head
-// counts are searched so that each shape splits on this device (the plan depends on its
-// multiprocessor count): whole rounds before the split (4095 x 64 heads' 192-row tiles, the
-// 4K benchmark's shape at fewer heads), none before it, a short first block beside the parts,
-// GQA, fp16 with fp32 O, padded strides. Each case also runs every other kernel (run_case).
+// whose last round is short of whole deals that round's key blocks out to its CTAs and merges
+// each tile's pieces. Head counts are searched so that each shape splits on this device (the
+// plan depends on its multiprocessor count): whole rounds before the split (4095 x 64 heads'
+// 192-row tiles, the 4K benchmark's shape at fewer heads), none before it, a short first block
+// beside the pieces, CTAs whose share spans two tiles, GQA, fp16 with fp32 O, padded strides.
+// Each case also runs every other kernel (run_case).
 TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
   if (!attention_sm90_supported(case_params({"probe", 1, 1, 1, 1, 128, MaskKind::kNone}))) {
     GTEST_SKIP() << "the split tail is the Hopper kernel's (compute capability 9.0)";
@@ -448,15 +449,22 @@ TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
   struct Shape {
     Case c;
     bool whole_rounds;  // at least one whole round of full tiles before the split
+    // More full tiles left over than half the multiprocessors free beside the short blocks:
+    // no tile can go to two CTAs whole, so CTAs' shares end in one tile and go on in the next.
+    bool across_tiles;
   };
   std::vector<Shape> shapes = {
-      {{"split-d64", 4095, 4095, 0, 0, 64, MaskKind::kNone}, true},
-      {{"split-d128-f16-of32", 2000, 3000, 0, 0, 128, MaskKind::kNone}, true},
-      {{"split-d128-padded", 769, 1500, 0, 0, 128, MaskKind::kNone}, false},
-      {{"split-d64-small", 1000, 2047, 0, 0, 64, MaskKind::kNone}, false},
-      {{"split-d128-of32", 2000, 3000, 0, 0, 128, MaskKind::kNone}, true},
+      {{"split-d64", 4095, 4095, 0, 0, 64, MaskKind::kNone}, true, false},
+      {{"split-d128-f16-of32", 2000, 3000, 0, 0, 128, MaskKind::kNone}, true, false},
+      {{"split-d128-padded", 769, 1500, 0, 0, 128, MaskKind::kNone}, false, false},
+      {{"split-d64-small", 1000, 2047, 0, 0, 64, MaskKind::kNone}, false, false},
+      {{"split-d128-of32", 2000, 3000, 0, 0, 128, MaskKind::kNone}, true, false},
+      {{"across-d128", 1024, 3001, 0, 0, 128, MaskKind::kNone}, true, true},
+      {{"across-d64-short", 1000, 2047, 0, 0, 64, MaskKind::kNone}, false, true},
+      {{"across-d128-of32", 1024, 1700, 0, 0, 128, MaskKind::kNone}, false, true},
   };
   shapes[4].c.o_dtype = DType::kF32;
+  shapes[7].c.o_dtype = DType::kF32;
   shapes[1].c.dtype = DType::kF16;
   shapes[1].c.o_dtype = DType::kF32;
   shapes[2].c.padded = true;
@@ -479,7 +487,9 @@ TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
       p.dtype = c.dtype;
       p.o_dtype = c.o_dtype;
       const int rows = c.head_dim == 64 ? 192 : 128;  // kSm90 without a mask: see attention_sm90
-      if (s.whole_rounds && c.n_q / rows * heads < sms) continue;
+      const int full = c.n_q / rows * heads, short_tiles = c.n_q % rows != 0 ? heads : 0;
+      if (s.whole_rounds && full < sms) continue;
+      if (s.across_tiles && (full % sms) * 2 <= sms - short_tiles) continue;
       parts = attention_sm90_split_parts(p, AttnKernel::kSm90);
     }
     ASSERT_GE(parts, 2) << c.name << ": no head count up to 64 splits on " << sms

@@ -37,13 +37,14 @@ enum class AttnKernel { kAuto, kSm80, kSm90, kSm90Rows128, kSm90Rows192 };
 
 // Whether kSm90 runs p on the current device.
 bool attention_sm90_supported(const AttnParams& p);
-// Into how many key ranges attention_cuda(p, ..., kernel) cuts each full tile of its last
-// round on the current device (the Hopper kernel's split tail: a persistent launch without a
-// mask whose last round is short of whole; the parts are merged in a fixed order, so repeated
-// launches give the same bits, but not those of a launch that cuts none, such as one beside a
-// transfer); 1 where it cuts none. For tests and benchmarks. The parts meet in one workspace
-// per device (static device memory, 8.6 MB): two launches that split must not run at the same
-// time on one device (on two streams); launches on one stream, as the engine's, never do.
+// Into how many key ranges (at most) attention_cuda(p, ..., kernel) cuts a full tile of its
+// last round on the current device (the Hopper kernel's split tail: a persistent launch
+// without a mask whose last round is short of whole deals that round's key blocks out evenly
+// to its CTAs; the pieces of a tile are merged in a fixed order, so repeated launches give
+// the same bits, but not those of a launch that cuts none, such as one beside a transfer); 1
+// where it cuts none. For tests and benchmarks. The pieces meet in one workspace per device
+// (static device memory, 17.5 MB): two launches that split must not run at the same time on
+// one device (on two streams); launches on one stream, as the engine's, never do.
 int attention_sm90_split_parts(const AttnParams& p, AttnKernel kernel = AttnKernel::kAuto);
 // Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
 // in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
