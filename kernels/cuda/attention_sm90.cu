@@ -949,11 +949,11 @@ struct Plan {
 // than kMaxSplitParts (every share at least a third of a tile: a tile's blocks then hold at
 // most three share boundaries); or to exactly p CTAs a tile (equal parts), where that ends
 // sooner. Cut only where a CTA's share, rounded up, is at most 5/8 of a tile: each piece costs
-// a pipeline start, its rows' trip through the workspace and a merge, and a short last round
-// leaves multiprocessors idle, which lets the busy ones run faster under the power cap. On an
-// H100, 4K tokens at head_dim 128 (shares of 0.78 tile) ran 0.7 % slower cut than not, 8K
-// (0.52) 0.8 % faster, head_dim 64's 4K (0.38 beside its short blocks) faster
-// (docs/benchmarks.md).
+// a pipeline start, its rows' trip through the workspace (a fence and a count) and a merge. On
+// an H100, 4K tokens at head_dim 128 (shares of 0.78 tile, the last round 0.22 tile shorter)
+// ran 0.7 % slower cut than not, 8K (0.52) 0.8 % faster (docs/benchmarks.md, 2026-11-27
+// session 20). (Why the first lost more than its pieces seem to cost is not measured: a short
+// last round's idle multiprocessors may let the busy ones clock higher under the power cap.)
 int tail_ctas(const TileOrder& order, int sms) {
   const int free_ctas = sms - order.short_tiles;
   const int64_t units = int64_t{order.split} * order.tail_blocks;
