@@ -6,7 +6,8 @@
 // clocks. A benchmark aid, not an API of the product: the engine calls kernels/ directly.
 //
 // Every tensor is a device pointer laid out as AttnParams says (kernels/attention.h), with the
-// strides given in elements; dtype 0 = bf16, 1 = fp16; o is written in the input dtype; stream
+// strides given in elements; dtype 0 = bf16, 1 = fp16, o written in the input dtype; 2 = bf16,
+// 3 = fp16 with o in fp32 (what the ring's steps write: AttnParams::o_dtype); stream
 // is a cudaStream_t (torch.cuda.current_stream().cuda_stream). The return value is a
 // cudaError_t (0 = launched); a parameter outside the kernels' contract gives 1
 // (cudaErrorInvalidValue) and burst_attn_last_error() says why.
@@ -36,8 +37,8 @@ struct Strides {
 bool make_params(AttnParams& p, const void* q, const void* k, const void* v, void* o,
                  float* lse, int n_q, int n_kv, int heads, int kv_heads, int head_dim,
                  int causal, int dtype, const Strides& s) {
-  if (dtype != 0 && dtype != 1) {
-    g_error = "dtype must be 0 (bf16) or 1 (fp16)";
+  if (dtype < 0 || dtype > 3) {
+    g_error = "dtype must be 0 (bf16), 1 (fp16), or 2, 3 (the same with an fp32 o)";
     return false;
   }
   p.q = q;
@@ -52,7 +53,8 @@ bool make_params(AttnParams& p, const void* q, const void* k, const void* v, voi
   p.head_dim = head_dim;
   p.mask = causal ? MaskKind::kCausal : MaskKind::kNone;
   p.scale = head_dim > 0 ? 1.f / std::sqrt(static_cast<float>(head_dim)) : 0.f;
-  p.dtype = dtype == 0 ? DType::kBF16 : DType::kF16;
+  p.dtype = dtype % 2 == 0 ? DType::kBF16 : DType::kF16;
+  if (dtype >= 2) p.o_dtype = DType::kF32;
   p.q_row_stride = s.q_row;
   p.q_head_stride = s.q_head;
   p.k_row_stride = s.k_row;

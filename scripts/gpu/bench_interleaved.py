@@ -7,7 +7,7 @@ build (bench/attn_capi.cu; scripts/gpu/pack.sh carries it):
     python3 scripts/gpu/bench_interleaved.py --lib .devpack/bin/libburst_attn.so \\
         [--sizes 4096,16384,65536] [--head-dims 128,64] [--masks full,causal] [--rounds 20] \\
         [--kernels auto,r128,r192,sm80] [--decode-sizes 32768,131072] [--decode-kv-heads 8,32] \\
-        [--lib-b OTHER/libburst_attn.so] [--out OUT/interleaved.json]
+        [--lib-b OTHER/libburst_attn.so] [--o-f32] [--out OUT/interleaved.json]
 
 Why: burst-bench-kernels then scripts/gpu/bench_kernels.py time ours and the baselines seconds
 apart, and an H100 at its 700 W power cap moved a 16K row 10-20 % between two such timings
@@ -103,15 +103,15 @@ def ratio_stats(num, den):
     return statistics.median(q), min(q), max(q)
 
 
-def prefill(libs, s, d, causal, kernels, rounds):
+def prefill(libs, s, d, causal, kernels, rounds, o_f32=False):
     """libs: label prefix -> Lib ("" for --lib, "B:" for --lib-b); kernels: labels such as
-    "auto" or "B:auto"."""
+    "auto" or "B:auto"; o_f32: ours write O in fp32 (as the ring's steps do), torch bf16."""
     heads = 4096 // d
     gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
     q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                for _ in range(3))
     qp, kp, vp = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [1, S, heads, d]
-    o = torch.empty_like(qp)
+    o = torch.empty_like(qp, dtype=torch.float32 if o_f32 else qp.dtype)
     lse = torch.empty(heads, s, device="cuda", dtype=torch.float32)
     st = strides9(heads, heads, d, s)
     stream = torch.cuda.current_stream().cuda_stream
@@ -124,7 +124,8 @@ def prefill(libs, s, d, causal, kernels, rounds):
         def run():
             lib.check(lib.lib.burst_attention(qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
                                               o.data_ptr(), lse.data_ptr(), s, s, heads, heads,
-                                              d, int(causal), 0, st, KERNELS[kernel], stream),
+                                              d, int(causal), 2 if o_f32 else 0, st,
+                                              KERNELS[kernel], stream),
                       f"ours {label} {what}")
         return run
 
@@ -145,7 +146,8 @@ def prefill(libs, s, d, causal, kernels, rounds):
     fns["flash"] = lambda: sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
     times = interleave(fns, rounds)
     flops = 4.0 * s * s * d * heads / (2 if causal else 1)
-    row = dict(S=s, head_dim=d, heads=heads, mask="causal" if causal else "full", rounds=rounds)
+    row = dict(S=s, head_dim=d, heads=heads, mask="causal" if causal else "full", rounds=rounds,
+               ours_o="fp32" if o_f32 else "bf16")
     for n, t in times.items():
         row[f"{n}_ms"] = statistics.median(t)
         row[f"{n}_tflops"] = flops / (statistics.median(t) * 1e-3) / 1e12
@@ -225,6 +227,8 @@ def main():
     ap.add_argument("--masks", default="full,causal")
     ap.add_argument("--kernels", default="auto", help="of auto, sm80, r128, r192")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--o-f32", action="store_true",
+                    help="ours write O in fp32 (the ring's steps); the baselines bf16")
     ap.add_argument("--decode-sizes", default="32768,131072")
     ap.add_argument("--decode-kv-heads", default="8,32")
     ap.add_argument("--out")
@@ -240,12 +244,13 @@ def main():
         kernels += ["B:" + k for k in kernels]
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
-          f"{args.rounds} rounds, order rotating")
+          f"{args.rounds} rounds, order rotating"
+          + ("; ours write O in fp32" if args.o_f32 else ""))
     rows = []
     for d in ints(args.head_dims):
         for s in ints(args.sizes):
             for m in args.masks.split(","):
-                rows.append(prefill(libs, s, d, m == "causal", kernels, args.rounds))
+                rows.append(prefill(libs, s, d, m == "causal", kernels, args.rounds, args.o_f32))
                 torch.cuda.empty_cache()
     if rows:
         print("\nprefill TFLOP/s (median of rounds); ours / baseline = median [min, max] of "
