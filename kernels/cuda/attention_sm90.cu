@@ -952,8 +952,8 @@ struct Plan {
 // a pipeline start, its rows' trip through the workspace (a fence and a count) and a merge. On
 // an H100, 4K tokens at head_dim 128 (shares of 0.78 tile, the last round 0.22 tile shorter)
 // ran 0.7 % slower cut than not, 8K (0.52) 0.8 % faster (docs/benchmarks.md, 2026-11-27
-// session 20). (Why the first lost more than its pieces seem to cost is not measured: a short
-// last round's idle multiprocessors may let the busy ones clock higher under the power cap.)
+// session 20; launched back to back at the 700 W cap the cut 4K launch even ran at a higher
+// SM clock, and still took longer).
 int tail_ctas(const TileOrder& order, int sms) {
   const int free_ctas = sms - order.short_tiles;
   const int64_t units = int64_t{order.split} * order.tail_blocks;
