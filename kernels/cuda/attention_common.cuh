@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/attention_cuda.h"
 
 namespace burst::kernels::detail {
 
@@ -89,6 +90,9 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows);
 // The most key ranges attention_sm90(p, ..., rows) cuts a tile of its last round into (its
 // split tail); 1 where it cuts none.
 int attention_sm90_split_parts(const AttnParams& p, int rows);
+// The work attention_sm90(p, ..., rows) would give each CTA on a device with `sms`
+// multiprocessors (kernels/attention_cuda.h: attention_sm90_schedule). Host only, no device.
+cudaError_t attention_sm90_schedule(const AttnParams& p, int rows, int sms, Sm90Schedule& out);
 
 // ---- PTX wrappers ----------------------------------------------------------------------------
 

@@ -56,6 +56,15 @@ int attention_sm90_split_parts(const AttnParams& p, AttnKernel kernel) {
   return detail::attention_sm90_split_parts(p, sm90_rows(kernel));
 }
 
+Sm90Schedule attention_sm90_schedule(const AttnParams& p, AttnKernel kernel, int sms) {
+  Sm90Schedule schedule;
+  if (kernel == AttnKernel::kSm80 || !validate(p).empty()) return schedule;
+  if (detail::attention_sm90_schedule(p, sm90_rows(kernel), sms, schedule) != cudaSuccess) {
+    return Sm90Schedule{};
+  }
+  return schedule;
+}
+
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
   if (!validate(p).empty()) return cudaErrorInvalidValue;
   if (p.kv_pages) return cudaErrorInvalidValue;  // paged K/V: the decode kernel only

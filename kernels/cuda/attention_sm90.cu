@@ -355,7 +355,6 @@ struct TileOrder {
   __host__ __device__ int tail_parts(int t) const {
     return tail_cta((t + 1) * tail_blocks - 1) - tail_cta(t * tail_blocks) + 1;
   }
-#ifdef BURST_SM90_KERNEL
   // A CTA's work in one round: a tile (t = head * m_blocks + pos) whole (part -1), or key
   // blocks [lo, hi) of it, piece `part` of `parts` (in key order) of a split tile, whose pieces
   // have workspace slots slot, slot + 1, ... (and whose warps count their pieces at slot);
@@ -364,14 +363,15 @@ struct TileOrder {
     int tile, part, parts, slot, lo, hi;
   };
   // Tile number of snake index i: i = pos * heads + head.
-  __device__ int tile_of(int i) const { return (i % heads) * m_blocks + i / heads; }
+  __host__ __device__ int tile_of(int i) const { return (i % heads) * m_blocks + i / heads; }
   // Full tile f (head-major, short blocks left out) and short block of head j.
-  __device__ int full_tile(int f) const {
+  __host__ __device__ int full_tile(int f) const {
     return f / full_per_head * m_blocks + f % full_per_head;
   }
-  __device__ Work at(int r) const {
+  // The work of CTA c of the launch's g in round r (the kernel's: at(r, gridDim.x, blockIdx.x);
+  // the host lists a launch's for tests, attention_sm90_schedule).
+  __host__ __device__ Work at(int r, int g, int c) const {
     constexpr Work kNone{-1, -1, 0, 0, 0, 0};
-    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
     const int i = r * g + (snake && (r & 1) ? g - 1 - c : c);
     if (tail_ctas == 0) {
       if (i >= tiles) return kNone;
@@ -387,12 +387,13 @@ struct TileOrder {
     const int b0 = tail_start(c), b1 = tail_start(c + 1);
     const int t = b0 / tail_blocks + k, t0 = t * tail_blocks;
     if (t0 >= b1) return kNone;
-    const int lo = max(b0, t0) - t0, hi = min(b1, t0 + tail_blocks) - t0;
+    const int lo = std::max(b0, t0) - t0, hi = std::min(b1, t0 + tail_blocks) - t0;
     const int tile = full_tile(whole + t);
     if (lo == 0 && hi == tail_blocks) return {tile, -1, 0, 0, 0, 0};
     const int first = tail_cta(t0);
     return {tile, c - first, tail_parts(t), t + first, lo, hi};
   }
+#ifdef BURST_SM90_KERNEL
   __device__ int m_block(int pos) const { return m_blocks - 1 - pos; }
 #endif
 };
@@ -473,6 +474,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
                       : a.n_kv - 1;
     }
   };
+  // This CTA's work in round r (TileOrder).
+  auto work_of = [&](int r) {
+    return order.at(r, static_cast<int>(gridDim.x), static_cast<int>(blockIdx.x));
+  };
   // Key blocks and Q tiles are counted across the CTA's tiles: block i of a tile is the
   // (done + i)-th the CTA loads, into stage (done + i) % kStages on that stage's
   // ((done + i) / kStages)-th fill; the q-th Q tile is bar_q's q-th phase.
@@ -510,7 +515,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         ++q_loads;
       };
       for (int r = 0;; ++r) {
-        const TileOrder::Work w = order.at(r);
+        const TileOrder::Work w = work_of(r);
         if (w.tile < 0) break;
         set_tile(w);
         if (n_blocks == 0) continue;  // no keys: the consumers write the empty rows alone
@@ -684,7 +689,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 
   for (int r = 0;; ++r) {
     {
-      const TileOrder::Work w = order.at(r);
+      const TileOrder::Work w = work_of(r);
       if (w.tile < 0) break;
       set_tile(w);
     }
@@ -745,7 +750,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // blocks, where the three-warpgroup kernel has none to spare (held, ptxas spilled).
     int r_again = r;
     asm volatile("" : "+r"(r_again));
-    const TileOrder::Work w = order.at(r_again);
+    const TileOrder::Work w = work_of(r_again);
     // Epilogue: normalise and write this thread's rows. A row that saw a key has sum >= 1 (its
     // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
     OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
@@ -1060,14 +1065,12 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
 // faster there with the snake order.)
 constexpr double kThreeWarpgroupGain = 1.06;
 
-// The launch of p with `rows`-row tiles (0: chosen as above): its plan, and whether it runs
-// three consumer warpgroups.
-cudaError_t choose(const AttnParams& p, int rows, Plan& plan, bool& three) {
+// The launch of p with `rows`-row tiles (0: chosen as above) on `sms` multiprocessors: its
+// plan, and whether it runs three consumer warpgroups.
+cudaError_t choose(const AttnParams& p, int rows, int sms, Plan& plan, bool& three) {
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
   if (rows != 0 && rows != 128 && !(rows == 192 && p.head_dim == 64)) return cudaErrorInvalidValue;
-  int sms = 0;
-  const cudaError_t err = multiprocessors(sms);
-  if (err != cudaSuccess) return err;
+  if (sms <= 0) return cudaErrorInvalidValue;
   Plan two;
   if (!plan_launch(p, Sm90Tile<64, 2>::kBlockM, sms, two)) return cudaErrorInvalidValue;
   three = false;
@@ -1085,12 +1088,20 @@ cudaError_t choose(const AttnParams& p, int rows, Plan& plan, bool& three) {
   return cudaSuccess;
 }
 
+// choose() on the current device.
+cudaError_t choose_here(const AttnParams& p, int rows, Plan& plan, bool& three) {
+  int sms = 0;
+  const cudaError_t err = multiprocessors(sms);
+  if (err != cudaSuccess) return err;
+  return choose(p, rows, sms, plan, three);
+}
+
 }  // namespace
 
 cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
   Plan plan;
   bool three = false;
-  const cudaError_t err = choose(p, rows, plan, three);
+  const cudaError_t err = choose_here(p, rows, plan, three);
   if (err != cudaSuccess) return err;
   if (p.head_dim == 128) return dispatch<128, 2>(p, plan, stream);
   return three ? dispatch<64, 3>(p, plan, stream) : dispatch<64, 2>(p, plan, stream);
@@ -1099,13 +1110,32 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
 int attention_sm90_split_parts(const AttnParams& p, int rows) {
   Plan plan;
   bool three = false;
-  if (choose(p, rows, plan, three) != cudaSuccess) return 1;
+  if (choose_here(p, rows, plan, three) != cudaSuccess) return 1;
   const TileOrder& order = plan.order;
   int parts = 1;
   for (int t = 0; order.tail_ctas > 0 && t < order.split; ++t) {
     parts = std::max(parts, order.tail_parts(t));
   }
   return parts;
+}
+
+cudaError_t attention_sm90_schedule(const AttnParams& p, int rows, int sms, Sm90Schedule& out) {
+  Plan plan;
+  bool three = false;
+  const cudaError_t err = choose(p, rows, sms, plan, three);
+  if (err != cudaSuccess) return err;
+  out = Sm90Schedule{};
+  out.rows = three ? Sm90Tile<64, 3>::kBlockM : Sm90Tile<64, 2>::kBlockM;
+  out.m_blocks = plan.order.m_blocks;
+  out.ctas = plan.ctas;
+  for (int c = 0; c < plan.ctas; ++c) {
+    for (int r = 0;; ++r) {
+      const TileOrder::Work w = plan.order.at(r, plan.ctas, c);
+      if (w.tile < 0) break;
+      out.work.push_back({c, r, w.tile, w.part, w.parts, w.slot, w.lo, w.hi});
+    }
+  }
+  return cudaSuccess;
 }
 
 }  // namespace burst::kernels::detail

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -497,6 +498,104 @@ TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
     run_case(c, Kernel::kPrefill, seed++);
     if (HasFailure()) return;
   }
+}
+
+// The Hopper kernel's schedule (attention_sm90_schedule: TileOrder and plan_launch, on the host,
+// no device needed) over many shapes and multiprocessor counts: every tile computed exactly
+// once, whole or as pieces that cover its key blocks once, in key order, with consistent merge
+// slots; no launch slower than whole tiles dealt round-robin. The GPU test above checks the
+// kernel's numbers on the shapes this device splits.
+TEST(Sm90Schedule, EveryKeyBlockOnceAndPiecesMerge) {
+  int schedules = 0, split = 0, across = 0;
+  for (int sms : {132, 114, 78}) {
+    for (int head_dim : {64, 128}) {
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal}) {
+        for (AttnKernel kernel : {AttnKernel::kSm90, AttnKernel::kSm90Rows128}) {
+          for (int n_q : {37, 1000, 1024, 4095, 4096}) {
+            for (int n_kv : {127, 3001, 4096}) {
+              for (int heads : {1, 9, 26, 64}) {
+                AttnParams p = case_params({"schedule", n_q, n_kv, heads, heads, head_dim, mask});
+                static float dummy[4];
+                p.q = p.k = p.v = p.o = p.lse = dummy;
+                p.dtype = DType::kBF16;
+                const Sm90Schedule s = attention_sm90_schedule(p, kernel, sms);
+                const std::string what = "sms " + std::to_string(sms) + " d " +
+                                         std::to_string(head_dim) + " n_q " + std::to_string(n_q) +
+                                         " n_kv " + std::to_string(n_kv) + " heads " +
+                                         std::to_string(heads) +
+                                         (mask == MaskKind::kCausal ? " causal" : " full");
+                ASSERT_TRUE(s.rows == 128 || (s.rows == 192 && head_dim == 64)) << what;
+                ASSERT_EQ(s.m_blocks, (n_q + s.rows - 1) / s.rows) << what;
+                ASSERT_GT(s.ctas, 0) << what;
+                ++schedules;
+                const int tiles = s.m_blocks * heads, nb = (n_kv + 127) / 128;
+                std::vector<int> whole(tiles, 0);
+                std::vector<std::vector<Sm90Work>> pieces(tiles);
+                std::vector<int64_t> cta_blocks(s.ctas, 0);
+                int last_cta = -1, next_round = 0, last_piece_tile = -1;
+                for (const Sm90Work& w : s.work) {
+                  ASSERT_TRUE(w.cta >= 0 && w.cta < s.ctas && w.tile >= 0 && w.tile < tiles)
+                      << what;
+                  if (w.cta != last_cta) {
+                    ASSERT_GT(w.cta, last_cta) << what;
+                    last_cta = w.cta;
+                    next_round = 0;
+                    last_piece_tile = -1;
+                  }
+                  ASSERT_EQ(w.round, next_round++) << what << ": rounds of CTA " << w.cta;
+                  if (w.part < 0) {
+                    ++whole[w.tile];
+                    cta_blocks[w.cta] += nb;
+                    continue;
+                  }
+                  ASSERT_EQ(mask, MaskKind::kNone) << what << ": a causal launch split";
+                  ASSERT_TRUE(w.parts >= 2 && w.parts <= 4 && w.part < w.parts) << what;
+                  ASSERT_TRUE(w.lo >= 0 && w.lo < w.hi && w.hi <= nb) << what;
+                  ASSERT_LE(w.slot + w.parts, 2 * sms) << what;
+                  pieces[w.tile].push_back(w);
+                  cta_blocks[w.cta] += w.hi - w.lo;
+                  if (last_piece_tile >= 0 && last_piece_tile != w.tile) ++across;
+                  last_piece_tile = w.tile;
+                }
+                std::vector<int> slot_owner(2 * sms, -1);
+                for (int t = 0; t < tiles; ++t) {
+                  std::vector<Sm90Work>& ps = pieces[t];
+                  if (ps.empty()) {
+                    ASSERT_EQ(whole[t], 1) << what << ": tile " << t;
+                    continue;
+                  }
+                  ++split;
+                  ASSERT_EQ(whole[t], 0) << what << ": tile " << t << " whole and cut";
+                  ASSERT_EQ(static_cast<int>(ps.size()), ps[0].parts) << what << ": tile " << t;
+                  std::sort(ps.begin(), ps.end(),
+                            [](const Sm90Work& a, const Sm90Work& b) { return a.part < b.part; });
+                  for (int q = 0; q < ps[0].parts; ++q) {
+                    const Sm90Work& w = ps[q];
+                    ASSERT_TRUE(w.part == q && w.parts == ps[0].parts && w.slot == ps[0].slot)
+                        << what << ": tile " << t;
+                    ASSERT_EQ(w.lo, q == 0 ? 0 : ps[q - 1].hi) << what << ": tile " << t;
+                    ASSERT_EQ(slot_owner[w.slot + q], -1) << what << ": slot shared";
+                    slot_owner[w.slot + q] = t;
+                  }
+                  ASSERT_EQ(ps.back().hi, nb) << what << ": tile " << t;
+                }
+                if (mask == MaskKind::kNone) {
+                  const int64_t round_robin = int64_t{(tiles + s.ctas - 1) / s.ctas} * nb;
+                  EXPECT_LE(*std::max_element(cta_blocks.begin(), cta_blocks.end()), round_robin)
+                      << what;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("[ info     ] %d schedules, %d tiles cut, %d shares spanning two tiles\n", schedules,
+              split, across);
+  // The shapes above include tails cut in equal parts and shares that span two tiles.
+  EXPECT_GT(split, 0) << "no schedule cut a tile (" << schedules << " schedules)";
+  EXPECT_GT(across, 0) << "no CTA's share went on from one tile into the next";
 }
 
 TEST_F(GpuAttention, GqaLlamaShapes) {

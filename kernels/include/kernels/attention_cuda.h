@@ -19,9 +19,10 @@
 // positions (q_start, kv_start); a row that sees no key is empty: LSE = -inf, O = 0.
 #pragma once
 
-#include <cstddef>
-
 #include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
 
 #include "kernels/attention.h"
 
@@ -46,6 +47,28 @@ bool attention_sm90_supported(const AttnParams& p);
 // (static device memory, 17.5 MB): two launches that split must not run at the same time on
 // one device (on two streams); launches on one stream, as the engine's, never do.
 int attention_sm90_split_parts(const AttnParams& p, AttnKernel kernel = AttnKernel::kAuto);
+// One CTA's work in one round of a Hopper launch (attention_sm90_schedule).
+struct Sm90Work {
+  int cta, round;
+  // Query block m_blocks - 1 - tile % m_blocks of head tile / m_blocks (Sm90Schedule).
+  int tile;
+  // Part -1: the tile whole. Otherwise piece `part` of the `parts` (at most 4, in key order) a
+  // split tile is cut into, key blocks [lo, hi) of 128 keys; the tile's pieces meet in
+  // workspace slots slot .. slot + parts - 1 (fewer than 2 x the multiprocessors in a launch).
+  int part, parts, slot, lo, hi;
+};
+struct Sm90Schedule {
+  int rows = 0;      // query rows a tile
+  int m_blocks = 0;  // query blocks a head: tiles = m_blocks x heads
+  int ctas = 0;      // CTAs the launch starts
+  std::vector<Sm90Work> work;  // by CTA, then round
+};
+// What attention_cuda(p, ..., kernel) would give each CTA of the Hopper kernel on a device with
+// `sms` multiprocessors: every tile whole or cut into pieces, round by round (the tile order,
+// its split tail). For tests of the schedule without a device; it lists every tile, so keep
+// shapes small. Empty (ctas 0) where p is outside the Hopper kernel's contract or kernel is
+// kSm80.
+Sm90Schedule attention_sm90_schedule(const AttnParams& p, AttnKernel kernel, int sms);
 // Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
 // in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
 bool attention_merges_into_o(const AttnParams& p);
