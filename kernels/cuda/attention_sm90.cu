@@ -346,6 +346,8 @@ struct TileOrder {
   int full_per_head;  // m_blocks, less the short first block where there is one
   // CTA c's share of the tail's tail_units = split x tail_blocks key blocks starts at block
   // tail_start(c) (tail_start(tail_ctas) = tail_units); the products fit an int (plan_launch).
+  // tail_units is kept, not recomputed: recomputed in the kernel it took a register, and the
+  // two-warpgroup kernels spilled 4 bytes.
   __host__ __device__ int tail_start(int c) const { return c * tail_units / tail_ctas; }
   // The CTA whose share holds tail block u.
   __host__ __device__ int tail_cta(int u) const {

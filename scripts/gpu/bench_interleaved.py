@@ -103,31 +103,50 @@ def ratio_stats(num, den):
     return statistics.median(q), min(q), max(q)
 
 
+class PrefillCase:
+    """One prefill shape: bf16 q, k, v of S tokens x 4096 / d heads (torch's [1, heads, S, d]
+    and the same values packed [S, heads, d], the engine's layout, for ours), ours' O (fp32
+    with o_f32, as the ring's steps write it, else bf16) and LSE, and its FLOPs."""
+
+    def __init__(self, s, d, causal, o_f32=False, gen=None):
+        self.s, self.d, self.causal, self.o_f32 = s, d, causal, o_f32
+        self.heads = heads = 4096 // d
+        self.q, self.k, self.v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16,
+                                              generator=gen) for _ in range(3))
+        self.qp, self.kp, self.vp = (t.transpose(1, 2).contiguous()
+                                     for t in (self.q, self.k, self.v))
+        self.o = torch.empty_like(self.qp, dtype=torch.float32 if o_f32 else self.qp.dtype)
+        self.lse = torch.empty(heads, s, device="cuda", dtype=torch.float32)
+        self.st = strides9(heads, heads, d, s)
+        self.flops = 4.0 * s * s * d * heads / (2 if causal else 1)
+        self.what = f"S={s} d={d} {'causal' if causal else 'full'}"
+
+    def ours(self, lib, kernel, label):
+        """A launch of lib's kernel (a KERNELS key) on this case, on torch's current stream."""
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def run():
+            lib.check(lib.lib.burst_attention(
+                self.qp.data_ptr(), self.kp.data_ptr(), self.vp.data_ptr(), self.o.data_ptr(),
+                self.lse.data_ptr(), self.s, self.s, self.heads, self.heads, self.d,
+                int(self.causal), 2 if self.o_f32 else 0, self.st, KERNELS[kernel], stream),
+                f"ours {label} {self.what}")
+        return run
+
+    def sdpa_fn(self, backend):
+        """A launch of torch SDPA's backend on this case."""
+        return lambda: sdpa(backend, self.q, self.k, self.v, self.causal)
+
+
 def prefill(libs, s, d, causal, kernels, rounds, o_f32=False):
     """libs: label prefix -> Lib ("" for --lib, "B:" for --lib-b); kernels: labels such as
     "auto" or "B:auto"; o_f32: ours write O in fp32 (as the ring's steps do), torch bf16."""
-    heads = 4096 // d
-    gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
-    q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-               for _ in range(3))
-    qp, kp, vp = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [1, S, heads, d]
-    o = torch.empty_like(qp, dtype=torch.float32 if o_f32 else qp.dtype)
-    lse = torch.empty(heads, s, device="cuda", dtype=torch.float32)
-    st = strides9(heads, heads, d, s)
-    stream = torch.cuda.current_stream().cuda_stream
-    what = f"S={s} d={d} {'causal' if causal else 'full'}"
+    c = PrefillCase(s, d, causal, o_f32, torch.Generator(device="cuda").manual_seed(s + d + causal))
+    q, k, v, o, what = c.q, c.k, c.v, c.o, c.what
 
     def ours(label):
         prefix, kernel = label.split(":") if ":" in label else ("", label)
-        lib = libs[prefix + ":" if prefix else ""]
-
-        def run():
-            lib.check(lib.lib.burst_attention(qp.data_ptr(), kp.data_ptr(), vp.data_ptr(),
-                                              o.data_ptr(), lse.data_ptr(), s, s, heads, heads,
-                                              d, int(causal), 2 if o_f32 else 0, st,
-                                              KERNELS[kernel], stream),
-                      f"ours {label} {what}")
-        return run
+        return c.ours(libs[prefix + ":" if prefix else ""], kernel, label)
 
     if s <= 4096:  # against fp32 math (S^2 scores per head fit)
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
@@ -142,11 +161,11 @@ def prefill(libs, s, d, causal, kernels, rounds, o_f32=False):
             print(f"  check {what} {kernel}: max error {err:.2e} (FA2 {err_flash:.2e})")
         del ref, flash
     fns = {f"ours_{kn}": ours(kn) for kn in kernels}
-    fns["cudnn"] = lambda: sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
-    fns["flash"] = lambda: sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    fns["cudnn"] = c.sdpa_fn(SDPBackend.CUDNN_ATTENTION)
+    fns["flash"] = c.sdpa_fn(SDPBackend.FLASH_ATTENTION)
     times = interleave(fns, rounds)
-    flops = 4.0 * s * s * d * heads / (2 if causal else 1)
-    row = dict(S=s, head_dim=d, heads=heads, mask="causal" if causal else "full", rounds=rounds,
+    flops = c.flops
+    row = dict(S=s, head_dim=d, heads=c.heads, mask="causal" if causal else "full", rounds=rounds,
                ours_o="fp32" if o_f32 else "bf16")
     for n, t in times.items():
         row[f"{n}_ms"] = statistics.median(t)

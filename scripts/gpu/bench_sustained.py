@@ -23,7 +23,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import bench_interleaved as bi  # noqa: E402  (Lib, strides9, sdpa, KERNELS)
+import bench_interleaved as bi  # noqa: E402  (Lib, PrefillCase, KERNELS)
 
 
 def measure(fn, flops, seconds):
@@ -73,23 +73,10 @@ def main():
     for shape in args.shapes.split(","):
         d, s, mask = shape.split(":")
         d, s, causal = int(d), int(s), mask == "causal"
-        heads = 4096 // d
-        q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
-        qp, kp, vp = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [1, S, heads, d]
-        o = torch.empty_like(qp)
-        lse = torch.empty(heads, s, device="cuda", dtype=torch.float32)
-        st = bi.strides9(heads, heads, d, s)
-        stream = torch.cuda.current_stream().cuda_stream
-
-        def ours(lib):
-            return lambda: lib.check(lib.lib.burst_attention(
-                qp.data_ptr(), kp.data_ptr(), vp.data_ptr(), o.data_ptr(), lse.data_ptr(), s, s,
-                heads, heads, d, int(causal), 0, st, bi.KERNELS[args.kernel], stream), shape)
-
-        fns = {name: ours(lib) for name, lib in libs.items()}
-        fns["cudnn"] = lambda: bi.sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
-        flops = 4.0 * s * s * d * heads / (2 if causal else 1)
+        c = bi.PrefillCase(s, d, causal)
+        fns = {name: c.ours(lib, args.kernel, name) for name, lib in libs.items()}
+        fns["cudnn"] = c.sdpa_fn(SDPBackend.CUDNN_ATTENTION)
+        flops = c.flops
         res = {name: [] for name in fns}
         order = list(fns)
         for rep in range(2):  # forwards, then backwards: each backend once early, once late

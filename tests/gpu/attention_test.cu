@@ -165,6 +165,17 @@ AttnParams case_params(const Case& c) {
   return p;
 }
 
+// A case's parameters for the launch planners (attention_sm90_split_parts,
+// attention_sm90_schedule): they read shapes and dtypes only, so any non-null pointers do.
+AttnParams plan_params(const Case& c) {
+  AttnParams p = case_params(c);
+  static float dummy[4];
+  p.q = p.k = p.v = p.o = p.lse = dummy;
+  p.dtype = c.dtype;
+  p.o_dtype = c.o_dtype;
+  return p;
+}
+
 Inputs make_inputs(const Case& c, uint32_t seed) {
   Inputs in;
   in.p = case_params(c);
@@ -476,18 +487,14 @@ TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
   for (Shape& s : shapes) {
     Case& c = s.c;
     // The fewest heads (GQA 2:1 where 2 divides them) whose launch splits, with whole rounds
-    // before it where the shape asks for them. The plan reads shapes only: any non-null
-    // pointers do.
+    // before it where the shape asks for them.
     int parts = 1;
     for (int heads = 2; heads <= 64 && parts < 2; ++heads) {
       c.heads = heads;
       c.kv_heads = heads % 2 == 0 ? heads / 2 : heads;
-      AttnParams p = case_params(c);
-      static float dummy[4];
-      p.q = p.k = p.v = p.o = p.lse = dummy;
-      p.dtype = c.dtype;
-      p.o_dtype = c.o_dtype;
-      const int rows = c.head_dim == 64 ? 192 : 128;  // kSm90 without a mask: see attention_sm90
+      const AttnParams p = plan_params(c);
+      const int rows = attention_sm90_schedule(p, AttnKernel::kSm90, sms).rows;
+      ASSERT_GT(rows, 0) << c.name << ": no Hopper launch planned";
       const int full = c.n_q / rows * heads, short_tiles = c.n_q % rows != 0 ? heads : 0;
       if (s.whole_rounds && full < sms) continue;
       if (s.across_tiles && (full % sms) * 2 <= sms - short_tiles) continue;
@@ -514,10 +521,8 @@ TEST(Sm90Schedule, EveryKeyBlockOnceAndPiecesMerge) {
           for (int n_q : {37, 1000, 1024, 4095, 4096}) {
             for (int n_kv : {127, 3001, 4096}) {
               for (int heads : {1, 9, 26, 64}) {
-                AttnParams p = case_params({"schedule", n_q, n_kv, heads, heads, head_dim, mask});
-                static float dummy[4];
-                p.q = p.k = p.v = p.o = p.lse = dummy;
-                p.dtype = DType::kBF16;
+                const AttnParams p =
+                    plan_params({"schedule", n_q, n_kv, heads, heads, head_dim, mask});
                 const Sm90Schedule s = attention_sm90_schedule(p, kernel, sms);
                 const std::string what = "sms " + std::to_string(sms) + " d " +
                                          std::to_string(head_dim) + " n_q " + std::to_string(n_q) +
