@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include "../kernels/cuda/attention_common.cuh"  // the mma.sync / ldmatrix wrappers
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
 
@@ -68,9 +69,85 @@ bool make_params(AttnParams& p, const void* q, const void* k, const void* v, voi
   return g_error.empty();
 }
 
+// The tensor-core ceiling the mma.sync (sm_80) kernel is judged against: every warp issues
+// m16n8k16 bf16 MMAs with fp32 accumulators and nothing else, kAcc independent accumulators so
+// that no MMA waits on the one before. ldsm = 0: all operands in registers; ldsm = 1: each
+// k16 step's B fragments come from shared memory by one ldmatrix.x4 that feeds 4 MMAs (2 m16
+// atoms x 2 n8 atoms), the attention kernel's Q.K^T with Q in registers. Inputs are non-zero
+// bf16 bit patterns from the thread index; the sums go to sink so nothing is dead code.
+constexpr int kPeakAcc = 8;
+constexpr int kPeakMmasPerIter = 16;
+
+__global__ void mma_peak_kernel(float* sink, int iters, int ldsm) {
+  // 8 k16 steps of four 8 x 8 bf16 matrices, each row 16 contiguous bytes: lane l's ldmatrix
+  // row address is l * 16 bytes, so the 8 rows a phase reads hit 32 different banks.
+  __shared__ alignas(16) uint16_t tile[8][32 * 8];
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < 8 * 32 * 8; i += blockDim.x) {
+    (&tile[0][0])[i] = static_cast<uint16_t>(0x3f80 + (i * 37 & 0x7f));  // bf16 in [1, 2)
+  }
+  __syncthreads();
+  uint32_t a[2][4], b[4];
+  for (int r = 0; r < 4; ++r) {
+    a[0][r] = 0x3f803f80u + (threadIdx.x + r) * 0x00010001u;
+    a[1][r] = a[0][r] ^ 0x00100010u;
+    b[r] = 0x3f813f81u + lane * 0x00020002u;
+  }
+  float acc[kPeakAcc][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int step = 0; step < kPeakMmasPerIter / 4; ++step) {
+      if (ldsm) {
+        const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(
+            &tile[(it * 4 + step) & 7][lane * 8]));
+        burst::kernels::detail::ldmatrix_x4(b, addr);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float(&c)[4] = acc[(step * 4 + j) % kPeakAcc];
+        burst::kernels::detail::mma_16816<__nv_bfloat16>(c, a[j >> 1], b[(j & 1) * 2],
+                                                          b[(j & 1) * 2 + 1]);
+      }
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPeakAcc; ++j) sum += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  if (sum == 0.f) sink[threadIdx.x] = sum;  // never true for these inputs; keeps the MMAs live
+}
+
 }  // namespace
 
 extern "C" {
+
+// Launches mma_peak_kernel on ctas_per_sm x (this device's SMs) CTAs of `warps` warps, each
+// warp `iters` x 16 MMAs; *flops gets the launch's FLOPs (2 x 16 x 8 x 16 an MMA).
+int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, int iters, double* flops,
+                   void* stream) {
+  if (ctas_per_sm < 1 || warps < 1 || warps > 32 || iters < 1 || !flops) {
+    g_error = "ctas_per_sm >= 1, warps 1-32, iters >= 1, flops non-null";
+    return cudaErrorInvalidValue;
+  }
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) {
+    g_error = cudaGetErrorString(err);
+    return err;
+  }
+  static float* sink = nullptr;
+  if (!sink && (err = cudaMalloc(&sink, 32 * 32 * sizeof(float))) != cudaSuccess) {
+    g_error = cudaGetErrorString(err);
+    return err;
+  }
+  const int ctas = ctas_per_sm * sms;
+  mma_peak_kernel<<<ctas, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(sink, iters,
+                                                                             ldsm ? 1 : 0);
+  *flops = 2.0 * 16 * 8 * 16 * kPeakMmasPerIter * double(iters) * warps * ctas;
+  err = cudaGetLastError();
+  if (err != cudaSuccess) g_error = cudaGetErrorString(err);
+  return err;
+}
 
 const char* burst_attn_last_error() { return g_error.c_str(); }
 

@@ -7,7 +7,7 @@ build (bench/attn_capi.cu; scripts/gpu/pack.sh carries it):
     python3 scripts/gpu/bench_interleaved.py --lib .devpack/bin/libburst_attn.so \\
         [--sizes 4096,16384,65536] [--head-dims 128,64] [--masks full,causal] [--rounds 20] \\
         [--kernels auto,r128,r192,sm80] [--decode-sizes 32768,131072] [--decode-kv-heads 8,32] \\
-        [--lib-b OTHER/libburst_attn.so] [--o-f32] [--out OUT/interleaved.json]
+        [--lib-b OTHER/libburst_attn.so] [--o-f32] [--mma-peak] [--out OUT/interleaved.json]
 
 Why: burst-bench-kernels then scripts/gpu/bench_kernels.py time ours and the baselines seconds
 apart, and an H100 at its 700 W power cap moved a 16K row 10-20 % between two such timings
@@ -23,7 +23,10 @@ written). Each timed launch is queued behind a ~1 ms GPU sleep, so the host's la
 per call is printed, and one that comes near the sleep is flagged. Before timing, each prefill
 shape up to 4096 keys is checked against fp32 math (ours' max error at most 2x
 FlashAttention-2's + 1e-3) and each decode shape against fp32 math (at most 2x cuDNN's error
-+ 1e-4); a failed check exits non-zero.
++ 1e-4); a failed check exits non-zero. --mma-peak: the tensor-core ceiling of mma.sync (what
+the sm_80 kernel and FlashAttention-2 are built from; bench/attn_capi.cu), alone at several
+occupancies and in every prefill shape's rotation, so each kernel's FLOP rate is also given as
+a fraction of it under the same clocks.
 """
 import argparse
 import ctypes
@@ -50,6 +53,22 @@ class Lib:
         self.lib.burst_attention_decode_workspace.argtypes = [i] * 6 + [i64p]
         self.lib.burst_attention_decode_workspace.restype = ctypes.c_size_t
         self.lib.burst_attn_last_error.restype = ctypes.c_char_p
+        self.lib.burst_mma_peak.argtypes = [i, i, i, i, ctypes.POINTER(ctypes.c_double), p]
+
+    def mma_peak(self, ldsm, ctas_per_sm, warps, flops):
+        """A launch of the mma.sync ceiling kernel (bench/attn_capi.cu) sized to about `flops`
+        FLOPs; returns (run, its exact FLOPs)."""
+        per_iter = 2 * 16 * 8 * 16 * 16 * warps * ctas_per_sm * \
+            torch.cuda.get_device_properties(0).multi_processor_count
+        iters = max(1, round(flops / per_iter))
+        out = ctypes.c_double()
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def run():
+            self.check(self.lib.burst_mma_peak(ldsm, ctas_per_sm, warps, iters,
+                                               ctypes.byref(out), stream), "mma peak")
+        run()
+        return run, out.value
 
     def check(self, err, what):
         if err != 0:
@@ -138,9 +157,11 @@ class PrefillCase:
         return lambda: sdpa(backend, self.q, self.k, self.v, self.causal)
 
 
-def prefill(libs, s, d, causal, kernels, rounds, o_f32=False):
+def prefill(libs, s, d, causal, kernels, rounds, o_f32=False, mma_peak=False):
     """libs: label prefix -> Lib ("" for --lib, "B:" for --lib-b); kernels: labels such as
-    "auto" or "B:auto"; o_f32: ours write O in fp32 (as the ring's steps do), torch bf16."""
+    "auto" or "B:auto"; o_f32: ours write O in fp32 (as the ring's steps do), torch bf16;
+    mma_peak: the mma.sync ceiling (operands in registers, 2 CTAs x 4 warps an SM, the sm_80
+    kernel's occupancy) joins the rotation, sized to this shape's FLOPs."""
     c = PrefillCase(s, d, causal, o_f32, torch.Generator(device="cuda").manual_seed(s + d + causal))
     q, k, v, o, what = c.q, c.k, c.v, c.o, c.what
 
@@ -163,13 +184,20 @@ def prefill(libs, s, d, causal, kernels, rounds, o_f32=False):
     fns = {f"ours_{kn}": ours(kn) for kn in kernels}
     fns["cudnn"] = c.sdpa_fn(SDPBackend.CUDNN_ATTENTION)
     fns["flash"] = c.sdpa_fn(SDPBackend.FLASH_ATTENTION)
+    if mma_peak:
+        fns["mma"], mma_flops = libs[""].mma_peak(0, 2, 4, c.flops)
     times = interleave(fns, rounds)
     flops = c.flops
     row = dict(S=s, head_dim=d, heads=c.heads, mask="causal" if causal else "full", rounds=rounds,
                ours_o="fp32" if o_f32 else "bf16")
     for n, t in times.items():
         row[f"{n}_ms"] = statistics.median(t)
-        row[f"{n}_tflops"] = flops / (statistics.median(t) * 1e-3) / 1e12
+        row[f"{n}_tflops"] = (mma_flops if n == "mma" else flops) / (
+            statistics.median(t) * 1e-3) / 1e12
+    if mma_peak:  # FLOP rate over the ceiling's, paired within each round
+        for n in [f"ours_{kn}" for kn in kernels] + ["cudnn", "flash"]:
+            row[f"{n}_over_mma"] = [x * flops / mma_flops
+                                    for x in ratio_stats(times["mma"], times[n])]
     for kn in kernels:
         for base in ("cudnn", "flash"):
             row[f"ours_{kn}_over_{base}"] = ratio_stats(times[base], times[f"ours_{kn}"])
@@ -248,6 +276,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--o-f32", action="store_true",
                     help="ours write O in fp32 (the ring's steps); the baselines bf16")
+    ap.add_argument("--mma-peak", action="store_true",
+                    help="time the mma.sync ceiling (bench/attn_capi.cu) alone at several "
+                    "occupancies, and beside every prefill shape (rows gain x/mma columns)")
     ap.add_argument("--decode-sizes", default="32768,131072")
     ap.add_argument("--decode-kv-heads", default="8,32")
     ap.add_argument("--out")
@@ -265,11 +296,23 @@ def main():
     print(f"{dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
           f"{args.rounds} rounds, order rotating"
           + ("; ours write O in fp32" if args.o_f32 else ""))
+    peak = []
+    if args.mma_peak:
+        print("\nmma.sync m16n8k16 bf16 ceiling (fp32 accumulators), TFLOP/s, median of 7 launches")
+        for ldsm in (0, 1):
+            for cps, warps in ((2, 4), (1, 8), (4, 4), (2, 8), (1, 16)):
+                run, fl = lib.mma_peak(ldsm, cps, warps, 2e13)
+                t = interleave({"mma": run}, 7)["mma"]
+                tf = fl / (statistics.median(t) * 1e-3) / 1e12
+                peak.append(dict(ldsm=ldsm, ctas_per_sm=cps, warps=warps, tflops=tf))
+                print(f"  B from {'ldmatrix' if ldsm else 'registers':<9} {cps} CTA x {warps:>2} "
+                      f"warps an SM: {tf:7.1f}")
     rows = []
     for d in ints(args.head_dims):
         for s in ints(args.sizes):
             for m in args.masks.split(","):
-                rows.append(prefill(libs, s, d, m == "causal", kernels, args.rounds, args.o_f32))
+                rows.append(prefill(libs, s, d, m == "causal", kernels, args.rounds, args.o_f32,
+                                    args.mma_peak))
                 torch.cuda.empty_cache()
     if rows:
         print("\nprefill TFLOP/s (median of rounds); ours / baseline = median [min, max] of "
@@ -286,6 +329,15 @@ def main():
                       f"{r['flash_tflops']:>7.1f} {c[0]:>6.3f} [{c[1]:.3f}, {c[2]:.3f}] "
                       f"{f[0]:>8.2f}" +
                       (f" {b[0]:>6.3f} [{b[1]:.3f}, {b[2]:.3f}]" if b else ""))
+        if args.mma_peak:
+            print("\nFLOP rate over the mma.sync ceiling's (2 CTAs x 4 warps an SM, same rotation): "
+                  "median [min, max] of the per-round ratios")
+            for r in rows:
+                cells = [f"{n.replace('ours_', '')} {r[n + '_over_mma'][0]:.3f} "
+                         f"[{r[n + '_over_mma'][1]:.3f}, {r[n + '_over_mma'][2]:.3f}]"
+                         for n in [f"ours_{kn}" for kn in kernels] + ["cudnn", "flash"]]
+                print(f"  d={r['head_dim']} S={r['S']} {r['mask']:<6} mma {r['mma_tflops']:.1f}: "
+                      + "; ".join(cells))
     drows = []
     if args.decode_sizes:
         a = torch.empty(1 << 30, device="cuda", dtype=torch.int16)  # 2 GiB
@@ -312,7 +364,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": dev, "torch": torch.__version__, "prefill": rows,
-                       "decode": drows}, f, indent=1)
+                       "decode": drows, "mma_peak": peak}, f, indent=1)
 
 
 if __name__ == "__main__":
