@@ -19,9 +19,8 @@
 //
 // Online softmax: the running row max (log2 units) moves only when a block's max exceeds it by
 // more than kRescaleSlack (bf16 with a 16-bit O; the others keep the exact max), so P <= 2^8
-// and most blocks need no rescale of O and the sum; at head_dim 64 the rescale is skipped when
-// no row of the warp moved (at head_dim 128 the branch costs registers that would spill, so O is
-// always multiplied by the factor, 1 when unmoved).
+// and most blocks need no rescale of O and the sum; the rescale of O is skipped when no row of
+// the warp moved (at head_dim 128 the multiply cost 6 % on an H100 when always done).
 #include "attention_common.cuh"
 
 #include <algorithm>
@@ -52,12 +51,15 @@ struct Tile {
   static constexpr int kBlockN = 64;   // keys per pipeline stage
   static constexpr int kWarps = 4;
   static constexpr int kMinBlocks = 2;  // CTAs per SM
-  // Head_dim 64: Q fragments in registers, two buffers of K and of V, the rescale skipped when
-  // no row max moved. Head_dim 128: none of these fit (registers, an A100's shared memory).
+  // Head_dim 64: Q fragments in registers, two buffers of K and of V. Head_dim 128: neither
+  // fits (registers, an A100's shared memory); there the K and V head bases are recomputed
+  // from the kernel parameters at every load instead of held in registers through the main
+  // loop: the 4 registers that frees are what the rescale skip needs (held, ptxas spilled 8
+  // bytes for sm_90a, reloaded every key block, and the skip gained nothing).
   static constexpr bool kSmallHead = kD == 64;
   static constexpr int kStages = kSmallHead ? 2 : 1;  // K (and V) buffers
   static constexpr bool kQInRegs = kSmallHead;
-  static constexpr bool kSkipRescale = kSmallHead;
+  static constexpr bool kKvBaseInRegs = kSmallHead;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = kBlockM / kWarps;  // 32
   static constexpr int kMAtoms = kWarpRows / 16;      // m16 atoms per warp
@@ -156,18 +158,29 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
   const LdmBases<kD, T> v_ldm(s_v, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, lane);
 
   const T* q_base = a.q + int64_t{m0} * a.q_row_stride + int64_t{h} * a.q_head_stride;
-  const T* k_base = a.k + int64_t{g} * a.k_head_stride;
-  const T* v_base = a.v + int64_t{g} * a.v_head_stride;
-
+  // Key block n of K (or V) of this head's group: from a base held in registers, or (not
+  // kKvBaseInRegs) recomputed from the parameters each time, the group index passed through an
+  // opaque move so that the compiler cannot hoist the product out of the loop.
+  const T* const k_base = a.k + int64_t{g} * a.k_head_stride;
+  const T* const v_base = a.v + int64_t{g} * a.v_head_stride;
+  auto kv_block = [&](const T* base, const T* tensor, int64_t head_stride, int64_t row_stride,
+                      int n) {
+    if constexpr (!Tl::kKvBaseInRegs) {
+      int g_opaque;
+      asm volatile("mov.b32 %0, %1;" : "=r"(g_opaque) : "r"(g));
+      base = tensor + int64_t{g_opaque} * head_stride;
+    }
+    return base + int64_t{n} * kBlockN * row_stride;
+  };
   auto load_k = [&](int n, int st) {
     load_tile<kBlockN, kD, kThreads>(s_k + st * kTile,
-                                     k_base + int64_t{n} * kBlockN * a.k_row_stride, a.k_row_stride,
-                                     a.n_kv - n * kBlockN, tid);
+                                     kv_block(k_base, a.k, a.k_head_stride, a.k_row_stride, n),
+                                     a.k_row_stride, a.n_kv - n * kBlockN, tid);
   };
   auto load_v = [&](int n, int st) {
     load_tile<kBlockN, kD, kThreads>(s_v + st * kTile,
-                                     v_base + int64_t{n} * kBlockN * a.v_row_stride, a.v_row_stride,
-                                     a.n_kv - n * kBlockN, tid);
+                                     kv_block(v_base, a.v, a.v_head_stride, a.v_row_stride, n),
+                                     a.v_row_stride, a.n_kv - n * kBlockN, tid);
   };
 
   // Q fragments in registers (kQInRegs), loaded once after Q has arrived.
@@ -329,9 +342,9 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
     }
   };
 
-  // acc *= corr, skipped where it is the identity and the branch is affordable.
+  // acc *= corr, skipped where it is the identity (no row of the warp moved its max).
   auto rescale_if = [&](bool moved) {
-    if (!Tl::kSkipRescale || moved) rescale();
+    if (moved) rescale();
   };
 
   if (n_blocks > 0) {
@@ -348,7 +361,9 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
 
     if constexpr (Tl::kStages == 1) {
       // One K and one V buffer, loads alternating: V[n] streams in while S = Q.K[n]^T and the
-      // softmax run, K[n-1] while O += P.V[n] runs.
+      // softmax run, K[n-1] while O += P.V[n] runs. O's rescale comes after the barrier, right
+      // before P.V (placed after the softmax it gained nothing: ptxas then left the barrier
+      // after the exp2s instead of hoisting it above them).
       for (int n = n0; n >= 0; --n) {
         cp_async_wait<0>();
         // K[n] is visible to all; every warp has finished reading s_v: V[n] may overwrite it.
@@ -359,7 +374,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         compute_s(s, 0);
         mask(s, n);
         uint32_t p[kMA][kSA][2];
-        rescale_if(softmax(s, p));
+        const bool moved = softmax(s, p);
         cp_async_wait<0>();
         // V[n] is visible to all; every warp has finished reading s_k: K[n-1] may overwrite it.
         __syncthreads();
@@ -367,6 +382,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
           load_k(n - 1, 0);
           cp_async_commit();
         }
+        rescale_if(moved);
         pv(p, 0);
       }
     } else {
