@@ -261,10 +261,13 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
     }
   };
 
-  // Online softmax of one block, per row: the block max; the running max moves only past the
-  // slack (then corr != 1); P = exp2(scaled - max) into p. Returns whether any row of this warp
-  // moved (otherwise corr is 1 for all its rows).
-  auto softmax = [&](float(&s)[kMA][kSA][4], uint32_t(&p)[kMA][kSA][2]) {
+  // Online softmax of one block, in two parts. new_max: per row, the block max; the running
+  // max moves only past the slack (then corr != 1); returns whether any row of this warp moved
+  // (otherwise corr is 1 for all its rows). exponentiate: P = exp2(scaled - max) into p, and the
+  // row sums. O's rescale (a branch, when moved) goes before the exp2s or after the barrier that
+  // follows them, never between them and P.V: there (head_dim 64) it kept ptxas from
+  // interleaving the exp2s with P.V's MMAs, -3.5 % on an H100.
+  auto new_max = [&](const float(&s)[kMA][kSA][4]) {
     bool moved = false;
 #pragma unroll
     for (int mi = 0; mi < kMA; ++mi) {
@@ -284,6 +287,15 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         corr[mi][hf] = move ? exp2_approx(row_max[mi][hf] - mx) : 1.f;
         if (move) row_max[mi][hf] = mx;
         moved |= move;
+      }
+    }
+    return __any_sync(0xffffffffu, moved);
+  };
+  auto exponentiate = [&](const float(&s)[kMA][kSA][4], uint32_t(&p)[kMA][kSA][2]) {
+#pragma unroll
+    for (int mi = 0; mi < kMA; ++mi) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
         // A row that has seen only masked keys keeps max -inf: use 0 as the offset so that
         // exp2(-inf - offset) = 0 instead of exp2(-inf + inf) = NaN.
         const float offset = row_max[mi][hf] == kNegInf ? 0.f : row_max[mi][hf];
@@ -300,7 +312,6 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         row_sum[mi][hf] = row_sum[mi][hf] * corr[mi][hf] + sum;
       }
     }
-    return __any_sync(0xffffffffu, moved);
   };
 
   auto rescale = [&] {
@@ -374,7 +385,8 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         compute_s(s, 0);
         mask(s, n);
         uint32_t p[kMA][kSA][2];
-        const bool moved = softmax(s, p);
+        const bool moved = new_max(s);
+        exponentiate(s, p);
         cp_async_wait<0>();
         // V[n] is visible to all; every warp has finished reading s_k: K[n-1] may overwrite it.
         __syncthreads();
@@ -401,7 +413,8 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         compute_s(s, st);
         mask(s, n);
         uint32_t p[kMA][kSA][2];
-        rescale_if(softmax(s, p));
+        rescale_if(new_max(s));  // before the exp2s, which then run beside P.V's MMAs
+        exponentiate(s, p);
         pv(p, st);
       };
       for (int n = n0;;) {
