@@ -70,8 +70,8 @@ bool make_params(AttnParams& p, const void* q, const void* k, const void* v, voi
 }
 
 // The tensor-core ceiling the mma.sync (sm_80) kernel is judged against: every warp issues
-// m16n8k16 bf16 MMAs with fp32 accumulators and nothing else, kAcc independent accumulators so
-// that no MMA waits on the one before. ldsm = 0: all operands in registers; ldsm = 1: each
+// m16n8k16 bf16 MMAs with fp32 accumulators and nothing else, kPeakAcc independent accumulators
+// so that no MMA waits on the one before. ldsm = 0: all operands in registers; ldsm = 1: each
 // k16 step's B fragments come from shared memory by one ldmatrix.x4 that feeds 4 MMAs (2 m16
 // atoms x 2 n8 atoms), the attention kernel's Q.K^T with Q in registers. Inputs are non-zero
 // bf16 bit patterns from the thread index; the sums go to sink so nothing is dead code.
@@ -130,12 +130,14 @@ int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, int iters, double* flop
   }
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
   if (err != cudaSuccess) {
     g_error = cudaGetErrorString(err);
     return err;
   }
-  static float* sink = nullptr;
+  static float* sink = nullptr;  // on the device of the first call (the benchmark uses one)
   if (!sink && (err = cudaMalloc(&sink, 32 * 32 * sizeof(float))) != cudaSuccess) {
     g_error = cudaGetErrorString(err);
     return err;

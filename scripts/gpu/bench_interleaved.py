@@ -330,8 +330,8 @@ def main():
                       f"{f[0]:>8.2f}" +
                       (f" {b[0]:>6.3f} [{b[1]:.3f}, {b[2]:.3f}]" if b else ""))
         if args.mma_peak:
-            print("\nFLOP rate over the mma.sync ceiling's (2 CTAs x 4 warps an SM, same rotation): "
-                  "median [min, max] of the per-round ratios")
+            print("\nFLOP rate over the mma.sync ceiling's (2 CTAs x 4 warps an SM, same "
+                  "rotation): median [min, max] of the per-round ratios")
             for r in rows:
                 cells = [f"{n.replace('ours_', '')} {r[n + '_over_mma'][0]:.3f} "
                          f"[{r[n + '_over_mma'][1]:.3f}, {r[n + '_over_mma'][2]:.3f}]"
