@@ -13,6 +13,7 @@
 // (cudaErrorInvalidValue) and burst_attn_last_error() says why.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -121,11 +122,12 @@ __global__ void mma_peak_kernel(float* sink, int iters, int ldsm) {
 extern "C" {
 
 // Launches mma_peak_kernel on ctas_per_sm x (this device's SMs) CTAs of `warps` warps, each
-// warp `iters` x 16 MMAs; *flops gets the launch's FLOPs (2 x 16 x 8 x 16 an MMA).
-int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, int iters, double* flops,
+// warp as many rounds of 16 MMAs as bring the launch nearest `target_flops` (at least one);
+// *flops gets the launch's FLOPs (2 x 16 x 8 x 16 an MMA).
+int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, double target_flops, double* flops,
                    void* stream) {
-  if (ctas_per_sm < 1 || warps < 1 || warps > 32 || iters < 1 || !flops) {
-    g_error = "ctas_per_sm >= 1, warps 1-32, iters >= 1, flops non-null";
+  if (ctas_per_sm < 1 || warps < 1 || warps > 32 || !(target_flops > 0) || !flops) {
+    g_error = "ctas_per_sm >= 1, warps 1-32, target_flops > 0, flops non-null";
     return cudaErrorInvalidValue;
   }
   int device = 0, sms = 0;
@@ -143,9 +145,11 @@ int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, int iters, double* flop
     return err;
   }
   const int ctas = ctas_per_sm * sms;
+  const double per_iter = 2.0 * 16 * 8 * 16 * kPeakMmasPerIter * warps * ctas;
+  const int iters = static_cast<int>(std::clamp(std::round(target_flops / per_iter), 1.0, 1e9));
   mma_peak_kernel<<<ctas, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(sink, iters,
                                                                              ldsm ? 1 : 0);
-  *flops = 2.0 * 16 * 8 * 16 * kPeakMmasPerIter * double(iters) * warps * ctas;
+  *flops = per_iter * iters;
   err = cudaGetLastError();
   if (err != cudaSuccess) g_error = cudaGetErrorString(err);
   return err;

@@ -353,11 +353,6 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
     }
   };
 
-  // acc *= corr, skipped where it is the identity (no row of the warp moved its max).
-  auto rescale_if = [&](bool moved) {
-    if (moved) rescale();
-  };
-
   if (n_blocks > 0) {
     const int n0 = n_blocks - 1;
     load_tile<kBlockM, kD, kThreads>(s_q, q_base, a.q_row_stride, rows_valid, tid);
@@ -394,7 +389,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
           load_k(n - 1, 0);
           cp_async_commit();
         }
-        rescale_if(moved);
+        if (moved) rescale();  // else corr is 1 for every row of the warp
         pv(p, 0);
       }
     } else {
@@ -413,7 +408,7 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         compute_s(s, st);
         mask(s, n);
         uint32_t p[kMA][kSA][2];
-        rescale_if(new_max(s));  // before the exp2s, which then run beside P.V's MMAs
+        if (new_max(s)) rescale();  // before the exp2s, which then run beside P.V's MMAs
         exponentiate(s, p);
         pv(p, st);
       };

@@ -53,19 +53,17 @@ class Lib:
         self.lib.burst_attention_decode_workspace.argtypes = [i] * 6 + [i64p]
         self.lib.burst_attention_decode_workspace.restype = ctypes.c_size_t
         self.lib.burst_attn_last_error.restype = ctypes.c_char_p
-        self.lib.burst_mma_peak.argtypes = [i, i, i, i, ctypes.POINTER(ctypes.c_double), p]
+        self.lib.burst_mma_peak.argtypes = [i, i, i, ctypes.c_double,
+                                            ctypes.POINTER(ctypes.c_double), p]
 
     def mma_peak(self, ldsm, ctas_per_sm, warps, flops):
         """A launch of the mma.sync ceiling kernel (bench/attn_capi.cu) sized to about `flops`
-        FLOPs; returns (run, its exact FLOPs)."""
-        per_iter = 2 * 16 * 8 * 16 * 16 * warps * ctas_per_sm * \
-            torch.cuda.get_device_properties(0).multi_processor_count
-        iters = max(1, round(flops / per_iter))
+        FLOPs; returns (run, its exact FLOPs, which the first launch, made here, reports)."""
         out = ctypes.c_double()
         stream = torch.cuda.current_stream().cuda_stream
 
         def run():
-            self.check(self.lib.burst_mma_peak(ldsm, ctas_per_sm, warps, iters,
+            self.check(self.lib.burst_mma_peak(ldsm, ctas_per_sm, warps, float(flops),
                                                ctypes.byref(out), stream), "mma peak")
         run()
         return run, out.value
