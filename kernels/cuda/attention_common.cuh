@@ -82,8 +82,19 @@ __device__ __forceinline__ KeyRange visible_keys(const Args& a, int m0, int rows
           static_cast<int>(std::clamp<int64_t>(m0 + a.delta, -1, a.n_kv - 1))};
 }
 
+// The multiprocessor count of the current device (the prefill launches plan by it).
+inline cudaError_t multiprocessors(int& sms) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+}
+
 // Prefill launchers by architecture, for parameters attention_cuda() has validated.
 cudaError_t attention_sm80(const AttnParams& p, cudaStream_t stream);
+// Whether attention_sm80 on a device with `sms` multiprocessors starts the CTAs heads first
+// (kernels/attention_cuda.h: attention_sm80_heads_first).
+bool attention_sm80_heads_first(const AttnParams& p, int sms);
 // head_dim 128 or 64, and only on a compute capability 9.0 device (the sm_90a build). rows: the
 // query tile (128, or 192 at head_dim 64), 0 to let the launch choose.
 cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows);

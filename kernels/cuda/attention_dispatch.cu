@@ -65,6 +65,10 @@ Sm90Schedule attention_sm90_schedule(const AttnParams& p, AttnKernel kernel, int
   return schedule;
 }
 
+bool attention_sm80_heads_first(const AttnParams& p, int sms) {
+  return validate(p).empty() && detail::attention_sm80_heads_first(p, sms);
+}
+
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
   if (!validate(p).empty()) return cudaErrorInvalidValue;
   if (p.kv_pages) return cudaErrorInvalidValue;  // paged K/V: the decode kernel only

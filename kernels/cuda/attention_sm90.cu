@@ -1013,13 +1013,6 @@ bool plan_launch(const AttnParams& p, int block_m, int sms, Plan& plan) {
   return true;
 }
 
-cudaError_t multiprocessors(int& sms) {
-  int device = 0;
-  const cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-}
-
 template <typename T, typename OutT, int kD, int kWG>
 cudaError_t launch(const AttnParams& p, const Plan& plan, cudaStream_t stream) {
   using Tl = Sm90Tile<kD, kWG>;

@@ -603,6 +603,88 @@ TEST(Sm90Schedule, EveryKeyBlockOnceAndPiecesMerge) {
   EXPECT_GT(across, 0) << "no CTA's share went on from one tile into the next";
 }
 
+// The mma.sync kernel starts causal CTAs heads first where each CTA slot's share of the work
+// is short, head after head otherwise (attention_sm80_heads_first). A causal GQA launch of
+// enough heads to go head after head on this device: sampled heads carry the bits of the same
+// head launched alone (heads first), and meet the fp32 reference by the 2x-naive rule.
+TEST_F(GpuAttention, Sm80CausalOrderKeepsTheBits) {
+  int device = 0, sms = 0;
+  CUDA_ASSERT(cudaGetDevice(&device));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Two query blocks (the second of one row), the diagonal 40 keys in.
+  const Case one{"sm80-order-one", 129, 169, 1, 1, 64, MaskKind::kCausal, 40, 0};
+  ASSERT_TRUE(attention_sm80_heads_first(plan_params(one), sms));
+  Case c = one;
+  c.name = "sm80-order";
+  c.heads = 256;
+  while (attention_sm80_heads_first(plan_params(c), sms)) c.heads += 256;
+  c.kv_heads = c.heads / 2;
+  ASSERT_FALSE(attention_sm80_heads_first(plan_params(c), sms)) << describe(c);
+  SCOPED_TRACE(describe(c));
+
+  const Inputs in = make_inputs(c, 41);
+  Device dev;
+  to_device(in, c, dev);
+  if (HasFatalFailure()) return;
+  poison(dev, c);
+  if (HasFatalFailure()) return;
+  CUDA_ASSERT(attention_cuda(dev.p, nullptr, AttnKernel::kSm80));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  Outputs all;
+  fetch(dev, c, all);
+  if (HasFatalFailure()) return;
+
+  const int d = c.head_dim, group = c.heads / c.kv_heads;
+  const size_t elem = testing::dtype_bytes(c.dtype);
+  for (int h : {0, 1, c.heads / 2 + 1, c.heads - 1}) {
+    SCOPED_TRACE("head " + std::to_string(h));
+    // Head h alone: its rows of q, its group's k and v, through the big launch's strides.
+    Device alone;
+    alone.p = dev.p;
+    alone.p.heads = alone.p.kv_heads = 1;
+    alone.p.q = static_cast<const char*>(dev.p.q) + h * dev.p.q_head_stride * elem;
+    alone.p.k = static_cast<const char*>(dev.p.k) + (h / group) * dev.p.k_head_stride * elem;
+    alone.p.v = static_cast<const char*>(dev.p.v) + (h / group) * dev.p.v_head_stride * elem;
+    alone.p.o_row_stride = alone.p.o_head_stride = d;
+    alone.p.lse_head_stride = c.n_q;
+    ASSERT_TRUE(attention_sm80_heads_first(alone.p, sms));
+    ASSERT_EQ(cudaMalloc(&alone.o.ptr, size_t(c.n_q) * d * elem), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&alone.lse.ptr, size_t(c.n_q) * sizeof(float)), cudaSuccess);
+    alone.p.o = alone.o.ptr;
+    alone.p.lse = static_cast<float*>(alone.lse.ptr);
+    CUDA_ASSERT(attention_cuda(alone.p, nullptr, AttnKernel::kSm80));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    Case c1 = one;
+    Outputs got, by_itself;
+    fetch(alone, c1, by_itself);
+    if (HasFatalFailure()) return;
+
+    // Head h of the big launch, and its inputs as a one-head case for the references.
+    Inputs in1;
+    in1.p = case_params(c1);
+    for (int i = 0; i < c.n_q; ++i) {
+      const float* row = in.q.data() + i * in.p.q_row_stride + h * in.p.q_head_stride;
+      in1.q.insert(in1.q.end(), row, row + d);
+      for (int j = 0; j < d; ++j) {
+        got.o.push_back(all.o[(size_t(i) * c.heads + h) * d + j]);
+      }
+      got.lse.push_back(all.lse[size_t(h) * dev.p.lse_head_stride + i]);
+    }
+    for (int i = 0; i < c.n_kv; ++i) {
+      const float* k = in.k.data() + i * in.p.k_row_stride + (h / group) * in.p.k_head_stride;
+      const float* v = in.v.data() + i * in.p.v_row_stride + (h / group) * in.p.v_head_stride;
+      in1.k.insert(in1.k.end(), k, k + d);
+      in1.v.insert(in1.v.end(), v, v + d);
+    }
+    EXPECT_TRUE(got.o == by_itself.o) << "O differs from the head launched alone";
+    EXPECT_TRUE(got.lse == by_itself.lse) << "LSE differs from the head launched alone";
+    Outputs ref, naive;
+    references(in1, c.dtype, c.o_dtype, ref, naive);
+    expect_within_rule(compare(in1.p, got, ref, "ours"), compare(in1.p, naive, ref, "naive"),
+                       describe(c1));
+  }
+}
+
 TEST_F(GpuAttention, GqaLlamaShapes) {
   run_case({"gqa32/8", 769, 769, 32, 8, 128, MaskKind::kCausal}, Kernel::kPrefill, 11);
   run_case({"gqa32/8", 127, 4095, 32, 8, 128, MaskKind::kNone}, Kernel::kPrefill, 12);

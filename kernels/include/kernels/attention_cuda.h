@@ -69,6 +69,11 @@ struct Sm90Schedule {
 // shapes small. Empty (ctas 0) where p is outside the Hopper kernel's contract or kernel is
 // kSm80.
 Sm90Schedule attention_sm90_schedule(const AttnParams& p, AttnKernel kernel, int sms);
+// Whether the mma.sync kernel (kSm80, and kAuto off Hopper) on a device with `sms`
+// multiprocessors starts p's CTAs heads first (every head's heaviest causal query block, then
+// every head's next) rather than head after head: causal launches whose CTA slots each get a
+// short share of the work. Either order gives the same bits. For tests.
+bool attention_sm80_heads_first(const AttnParams& p, int sms);
 // Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
 // in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
 bool attention_merges_into_o(const AttnParams& p);
