@@ -489,8 +489,8 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
 // wave and the busy time grows by up to one of them. Heads first (every head's heaviest
 // block, then every head's next: longest first) ends on the lightest blocks. Measured on an
 // H100 (32 heads), heads first against head after head: head_dim 128 +22 % at 4K tokens, +10 %
-// at 8K, +5 % at 16K; head_dim 64 +10 %, +5.5 %, +3 %; but at 64K head_dim 64 -8 % (128:
-// even): there each of the 264 CTA slots runs 31 heaviest blocks' worth of work, so the
+// at 8K, +5 % at 16K; head_dim 64 +10 %, +5.5 %, +3 %; but at 64K head_dim 64 -8 % (128: no
+// change): there each of the 264 CTA slots runs 31 heaviest blocks' worth of work, so the
 // head-major tail is short beside it, while heads first the two CTAs of a multiprocessor
 // start together with equal work. So heads first only where a slot's share, heads x m_count
 // / (2 slots) heaviest blocks, is under kHeadsFirstShare (32K at 32 heads: 15.5 on an H100,
