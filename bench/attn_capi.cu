@@ -53,7 +53,12 @@ bool make_params(AttnParams& p, const void* q, const void* k, const void* v, voi
   p.heads = heads;
   p.kv_heads = kv_heads;
   p.head_dim = head_dim;
+  if (causal < 0 || causal > 2) {
+    g_error = "causal must be 0 (none), 1 (from position 0) or 2 (the queries the last n_q keys)";
+    return false;
+  }
   p.mask = causal ? MaskKind::kCausal : MaskKind::kNone;
+  if (causal == 2) p.q_start = int64_t{n_kv} - n_q;  // a chunk of prefill after a prefix
   p.scale = head_dim > 0 ? 1.f / std::sqrt(static_cast<float>(head_dim)) : 0.f;
   p.dtype = dtype % 2 == 0 ? DType::kBF16 : DType::kF16;
   if (dtype >= 2) p.o_dtype = DType::kF32;
@@ -158,7 +163,9 @@ int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, double target_flops, do
 const char* burst_attn_last_error() { return g_error.c_str(); }
 
 // kernel: 0 what the engine runs (kAuto), 1 the mma.sync kernel (an A100's), 2 Hopper with
-// 128-row tiles, 3 Hopper with 192-row tiles (head_dim 64).
+// 128-row tiles, 3 Hopper with 192-row tiles (head_dim 64). causal: 0 no mask, 1 queries and
+// keys both from position 0, 2 the queries the last n_q positions of the keys (a chunk of
+// prefill after a prefix).
 int burst_attention(const void* q, const void* k, const void* v, void* o, float* lse, int n_q,
                     int n_kv, int heads, int kv_heads, int head_dim, int causal, int dtype,
                     const int64_t* strides9, int kernel, void* stream) {

@@ -503,8 +503,18 @@ static_assert(Tile<64>::kMinBlocks == kSlotsPerSm, "one CTA count a multiprocess
 
 bool attention_sm80_heads_first(const AttnParams& p, int sms) {
   if (p.mask != MaskKind::kCausal) return false;
-  const int64_t m_count = (p.n_q + Tile<128>::kBlockM - 1) / Tile<128>::kBlockM;
-  static_assert(Tile<64>::kBlockM == Tile<128>::kBlockM, "one query tile");
+  constexpr int64_t kBlockM = Tile<128>::kBlockM;
+  static_assert(Tile<64>::kBlockM == kBlockM, "one query tile");
+  // Only where the blocks' work differs: the last query block sees at least 1.5x the keys of
+  // the first. A chunk after a longer prefix (the engine's chunked prefill) has blocks of
+  // nearly equal work; heads first there measured -5 % to +2 % (8192 queries after 57K-123K
+  // keys), and +4 to +11 % where the last block saw 2x the first's keys (scripts/gpu/
+  // bench_chunks.py, docs/benchmarks.md).
+  const int64_t delta = p.q_start - p.kv_start;
+  const int64_t first_keys = std::clamp<int64_t>(delta + kBlockM, 0, p.n_kv);
+  const int64_t last_keys = std::clamp<int64_t>(delta + p.n_q, 0, p.n_kv);
+  if (2 * last_keys < 3 * first_keys) return false;
+  const int64_t m_count = (p.n_q + kBlockM - 1) / kBlockM;
   const int64_t slots = int64_t{sms} * kSlotsPerSm;
   return int64_t{p.heads} * m_count < 2 * kHeadsFirstShare * slots &&
          m_count <= 65535;  // a grid's z extent

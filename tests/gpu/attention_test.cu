@@ -611,9 +611,13 @@ TEST_F(GpuAttention, Sm80CausalOrderKeepsTheBits) {
   int device = 0, sms = 0;
   CUDA_ASSERT(cudaGetDevice(&device));
   CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // Two query blocks (the second of one row), the diagonal 40 keys in.
-  const Case one{"sm80-order-one", 129, 169, 1, 1, 64, MaskKind::kCausal, 40, 0};
+  // Three query blocks (the last of 44 rows) from position 0: the first sees 128 keys, the
+  // last 300 (heads first needs the last to see at least 1.5x the first's).
+  const Case one{"sm80-order-one", 300, 300, 1, 1, 64, MaskKind::kCausal, 0, 0};
   ASSERT_TRUE(attention_sm80_heads_first(plan_params(one), sms));
+  // A chunk after a longer prefix (blocks of nearly equal work) goes head after head.
+  const Case chunk{"sm80-order-chunk", 300, 700, 1, 1, 64, MaskKind::kCausal, 400, 0};
+  EXPECT_FALSE(attention_sm80_heads_first(plan_params(chunk), sms));
   Case c = one;
   c.name = "sm80-order";
   c.heads = 256;

@@ -71,8 +71,9 @@ struct Sm90Schedule {
 Sm90Schedule attention_sm90_schedule(const AttnParams& p, AttnKernel kernel, int sms);
 // Whether the mma.sync kernel (kSm80, and kAuto off Hopper) on a device with `sms`
 // multiprocessors starts p's CTAs heads first (every head's heaviest causal query block, then
-// every head's next) rather than head after head: causal launches whose CTA slots each get a
-// short share of the work. Either order gives the same bits. For tests.
+// every head's next) rather than head after head: causal launches whose last query block sees
+// at least 1.5x the keys of the first and whose CTA slots each get a short share of the work.
+// Either order gives the same bits. For tests.
 bool attention_sm80_heads_first(const AttnParams& p, int sms);
 // Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
 // in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
