@@ -135,11 +135,8 @@ int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, double target_flops, do
     g_error = "ctas_per_sm >= 1, warps 1-32, target_flops > 0, flops non-null";
     return cudaErrorInvalidValue;
   }
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
+  int sms = 0;
+  cudaError_t err = burst::kernels::detail::multiprocessors(sms);
   if (err != cudaSuccess) {
     g_error = cudaGetErrorString(err);
     return err;

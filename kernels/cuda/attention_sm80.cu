@@ -162,28 +162,22 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
   const LdmBases<kD, T> v_ldm(s_v, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, lane);
 
   const T* q_base = a.q + int64_t{m0} * a.q_row_stride + int64_t{h} * a.q_head_stride;
-  // Key block n of K (or V) of this head's group: from a base held in registers, or (not
-  // kKvBaseInRegs) recomputed from the parameters each time, the group index passed through an
-  // opaque move so that the compiler cannot hoist the product out of the loop.
-  const T* const k_base = a.k + int64_t{g} * a.k_head_stride;
-  const T* const v_base = a.v + int64_t{g} * a.v_head_stride;
-  auto kv_block = [&](const T* base, const T* tensor, int64_t head_stride, int64_t row_stride,
-                      int n) {
-    if constexpr (!Tl::kKvBaseInRegs) {
-      int g_opaque;
-      asm volatile("mov.b32 %0, %1;" : "=r"(g_opaque) : "r"(g));
-      base = tensor + int64_t{g_opaque} * head_stride;
-    }
-    return base + int64_t{n} * kBlockN * row_stride;
+  // Key block n of K (or V) of this head's group. Not kKvBaseInRegs: the group index passes
+  // through an opaque move, so the compiler recomputes the head base at each load instead of
+  // hoisting it out of the loop into registers.
+  auto kv_block = [&](const T* tensor, int64_t head_stride, int64_t row_stride, int n) {
+    int group = g;
+    if constexpr (!Tl::kKvBaseInRegs) asm volatile("mov.b32 %0, %1;" : "=r"(group) : "r"(g));
+    return tensor + int64_t{group} * head_stride + int64_t{n} * kBlockN * row_stride;
   };
   auto load_k = [&](int n, int st) {
     load_tile<kBlockN, kD, kThreads>(s_k + st * kTile,
-                                     kv_block(k_base, a.k, a.k_head_stride, a.k_row_stride, n),
+                                     kv_block(a.k, a.k_head_stride, a.k_row_stride, n),
                                      a.k_row_stride, a.n_kv - n * kBlockN, tid);
   };
   auto load_v = [&](int n, int st) {
     load_tile<kBlockN, kD, kThreads>(s_v + st * kTile,
-                                     kv_block(v_base, a.v, a.v_head_stride, a.v_row_stride, n),
+                                     kv_block(a.v, a.v_head_stride, a.v_row_stride, n),
                                      a.v_row_stride, a.n_kv - n * kBlockN, tid);
   };
 
