@@ -52,6 +52,13 @@ std::vector<float> random_values(size_t n, float lo, float hi, DType t, std::mt1
   return x;
 }
 
+// The current device's multiprocessor count (the launch planners' input).
+void device_sms(int& sms) {
+  int device = 0;
+  CUDA_ASSERT(cudaGetDevice(&device));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+}
+
 void upload(DevBuf& d, const std::vector<uint8_t>& h) {
   ASSERT_EQ(cudaMalloc(&d.ptr, std::max<size_t>(h.size(), 16)), cudaSuccess);
   CUDA_ASSERT(cudaMemcpy(d.ptr, h.data(), h.size(), cudaMemcpyHostToDevice));
@@ -480,9 +487,9 @@ TEST_F(GpuAttention, SplitTailOverKeysMatchesReference) {
   shapes[1].c.dtype = DType::kF16;
   shapes[1].c.o_dtype = DType::kF32;
   shapes[2].c.padded = true;
-  int sms = 0, device = 0;
-  CUDA_ASSERT(cudaGetDevice(&device));
-  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int sms = 0;
+  device_sms(sms);
+  if (HasFatalFailure()) return;
   uint32_t seed = 401;
   for (Shape& s : shapes) {
     Case& c = s.c;
@@ -608,9 +615,9 @@ TEST(Sm90Schedule, EveryKeyBlockOnceAndPiecesMerge) {
 // enough heads to go head after head on this device: sampled heads carry the bits of the same
 // head launched alone (heads first), and meet the fp32 reference by the 2x-naive rule.
 TEST_F(GpuAttention, Sm80CausalOrderKeepsTheBits) {
-  int device = 0, sms = 0;
-  CUDA_ASSERT(cudaGetDevice(&device));
-  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int sms = 0;
+  device_sms(sms);
+  if (HasFatalFailure()) return;
   // Three query blocks (the last of 44 rows) from position 0: the first sees 128 keys, the
   // last 300 (heads first needs the last to see at least 1.5x the first's).
   const Case one{"sm80-order-one", 300, 300, 1, 1, 64, MaskKind::kCausal, 0, 0};
