@@ -10,10 +10,10 @@
 // up to 255 per thread); shared memory stays within an A100's 164 KB for both.
 //
 // head_dim 128: Q stays in shared memory (re-read with ldmatrix each key block; in registers
-// it would not fit beside the 128 fp32 accumulators of O). One K and one V buffer (64 KB in
-// all; two of each would not fit twice on an A100), loaded in a cp.async pipeline that
-// alternates them: V[n] streams in while S = Q.K[n]^T and the softmax run, K[n-1] while
-// O += P.V[n] runs.
+// it would not fit beside the 128 fp32 accumulators of O). K and V share a ring of three
+// tiles (Q and the ring: 80 KB, twice within an A100's 164 KB; two of each would not fit),
+// loaded in a cp.async pipeline a whole block ahead: K[n-1] streams in while S = Q.K[n]^T and
+// the softmax run, V[n-1] while O += P.V[n] runs.
 // head_dim 64: Q fragments in registers (loaded once), two K and two V buffers: block n-1
 // streams in while block n is computed, one barrier per block (48 KB).
 //
@@ -52,12 +52,14 @@ struct Tile {
   static constexpr int kWarps = 4;
   static constexpr int kMinBlocks = 2;  // CTAs per SM
   // Head_dim 64: Q fragments in registers, two buffers of K and of V. Head_dim 128: neither
-  // fits (registers, an A100's shared memory); there the K and V head bases are recomputed
+  // fits (registers, an A100's shared memory: K and V share a ring of three buffers instead,
+  // s_k = s_v); there the K and V head bases are recomputed
   // from the kernel parameters at every load instead of held in registers through the main
   // loop: the 4 registers that frees are what the rescale skip needs (held, ptxas spilled 8
   // bytes for sm_90a, reloaded every key block, and the skip gained nothing).
   static constexpr bool kSmallHead = kD == 64;
-  static constexpr int kStages = kSmallHead ? 2 : 1;  // K (and V) buffers
+  static constexpr bool kRing = !kSmallHead;
+  static constexpr int kKvTiles = kRing ? 3 : 4;
   static constexpr bool kQInRegs = kSmallHead;
   static constexpr bool kKvBaseInRegs = kSmallHead;
   static constexpr int kThreads = kWarps * 32;
@@ -67,7 +69,7 @@ struct Tile {
   static constexpr int kOAtoms = kD / 8;              // n8 atoms of O per m atom
   static constexpr int kChunks = kD / 8;              // 16-byte chunks per smem row
   static constexpr int kTileElems = kBlockN * kD;
-  static constexpr int kSmemElems = kBlockM * kD + 2 * kStages * kTileElems;
+  static constexpr int kSmemElems = kBlockM * kD + kKvTiles * kTileElems;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   // The XOR swizzle permutes 8 chunks of a row: rows need at least 8 chunks of 16 bytes.
@@ -117,8 +119,8 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
 
   extern __shared__ uint4 smem_raw[];  // uint4: 16-byte alignment for cp.async and ldmatrix
   T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_k = s_q + kBlockM * kD;         // kStages tiles
-  T* s_v = s_k + Tl::kStages * kTile;  // kStages tiles
+  T* s_k = s_q + kBlockM * kD;
+  T* s_v = Tl::kRing ? s_k : s_k + 2 * kTile;
 
   // The grid is (query blocks, heads, 1) or, heads first, (1, heads, query blocks) (see
   // launch()); query blocks from the last, which see the most keys under a causal mask. Read
@@ -355,7 +357,12 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
     const int n0 = n_blocks - 1;
     load_tile<kBlockM, kD, kThreads>(s_q, q_base, a.q_row_stride, rows_valid, tid);
     load_k(n0, 0);
-    if constexpr (Tl::kStages == 2) load_v(n0, 0);
+    if constexpr (Tl::kRing) {
+      cp_async_commit();
+      load_v(n0, 1);
+    } else {
+      load_v(n0, 0);
+    }
     cp_async_commit();
     if constexpr (Tl::kQInRegs) {
       cp_async_wait<0>();
@@ -363,32 +370,42 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
       load_q_regs();
     }
 
-    if constexpr (Tl::kStages == 1) {
-      // One K and one V buffer, loads alternating: V[n] streams in while S = Q.K[n]^T and the
-      // softmax run, K[n-1] while O += P.V[n] runs. O's rescale comes after the barrier, right
-      // before P.V (placed after the softmax it gained nothing: ptxas then left the barrier
-      // after the exp2s instead of hoisting it above them).
-      for (int n = n0; n >= 0; --n) {
-        cp_async_wait<0>();
-        // K[n] is visible to all; every warp has finished reading s_v: V[n] may overwrite it.
+    if constexpr (Tl::kRing) {
+      // A ring of three tiles: K[n0], V[n0], K[n0-1], V[n0-1], ... take buffers 0, 1, 2, 0, ...
+      // A block's loads go out a whole block before it runs: K[n-1] while S = Q.K[n]^T and
+      // the softmax run, V[n-1] while O += P.V[n] runs (with one K and one V buffer, K[n-1]
+      // had only P.V's time). Every step commits a group, empty at the end, so that waiting
+      // for all but the newest group is always the tile needed next.
+      // The buffers rotate at run time: unrolled by three so that they were constants, ptxas
+      // spilled 80-116 bytes and the kernel ran 7 % slower on an H100. Against one K and one
+      // V buffer (V[n] loaded during S, K[n-1] during P.V): +1.2 % at 4K-16K on an H100.
+      auto step = [&](int n, int kb, int vb, int fb) {
+        cp_async_wait<1>();
+        // K[n] is visible to all; every warp has finished P.V of block n+1 (buffer fb).
         __syncthreads();
-        load_v(n, 0);
+        if (n > 0) load_k(n - 1, fb);
         cp_async_commit();
         float s[kMA][kSA][4];
-        compute_s(s, 0);
+        compute_s(s, kb);
         mask(s, n);
         uint32_t p[kMA][kSA][2];
         const bool moved = new_max(s);
         exponentiate(s, p);
-        cp_async_wait<0>();
-        // V[n] is visible to all; every warp has finished reading s_k: K[n-1] may overwrite it.
+        cp_async_wait<1>();
+        // V[n] is visible to all; every warp has finished S of block n (buffer kb).
         __syncthreads();
-        if (n > 0) {
-          load_k(n - 1, 0);
-          cp_async_commit();
-        }
+        if (n > 0) load_v(n - 1, kb);
+        cp_async_commit();
         if (moved) rescale();  // else corr is 1 for every row of the warp
-        pv(p, 0);
+        pv(p, vb);
+      };
+      int kb = 0, vb = 1, fb = 2;
+      for (int n = n0; n >= 0; --n) {
+        step(n, kb, vb, fb);
+        const int t = fb;
+        fb = vb;
+        vb = kb;
+        kb = t;
       }
     } else {
       // Two buffers of each: block n-1 streams into buffer st^1 while block n is computed.
