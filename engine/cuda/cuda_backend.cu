@@ -26,6 +26,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -673,7 +674,8 @@ class CudaBackend final : public Backend {
                                                      compute_),
                       describe(p));
     }
-    return launched("attention", kernels::attention_cuda(p, compute_), describe(p));
+    return launched("attention", kernels::attention_cuda(p, compute_, prefill_kernel_),
+                    describe(p));
   }
 
   // The prefill kernels (not the decode kernel: one row, or per-row K/V), fp32 o.
@@ -925,6 +927,9 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::string gpu_name_;
+  // The prefill kernel (BURST_ATTN_KERNEL): auto, or the mma.sync one that an A100 runs,
+  // forced on a Hopper GPU to rehearse an A100 deployment's attention path.
+  kernels::AttnKernel prefill_kernel_ = kernels::AttnKernel::kAuto;
   cudaStream_t compute_ = nullptr;
   cudaStream_t comm_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -976,6 +981,13 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     return Status::error("cuda:" + std::to_string(device) + " (" + b->gpu_name_ + ", sm_" +
                          std::to_string(prop.major * 10 + prop.minor) +
                          "): the CUDA backend needs sm_80 or newer (bf16 tensor cores)");
+  }
+  if (const char* k = std::getenv("BURST_ATTN_KERNEL"); k && *k && std::strcmp(k, "auto") != 0) {
+    if (std::strcmp(k, "sm80") != 0) {
+      return Status::error(std::string("BURST_ATTN_KERNEL must be auto or sm80, got '") + k +
+                           "'");
+    }
+    b->prefill_kernel_ = kernels::AttnKernel::kSm80;
   }
   int least = 0, greatest = 0;
   BURST_CUDA_TRY(device, op, cudaDeviceGetStreamPriorityRange(&least, &greatest));

@@ -41,6 +41,7 @@
 #include "engine/dtype_convert.h"
 #include "engine/random.h"
 #include "kernels/attention.h"
+#include "kernels/attention_cuda.h"
 #include "kernels/ops.h"
 #include "models/config.h"
 #include "models/generator.h"
@@ -549,6 +550,108 @@ TEST_F(CudaBackendTest, AttentionRejectsUnsupportedHeadDimClearly) {
   EXPECT_NE(st.message().find("head_dim 16 is not supported"), std::string::npos)
       << st.message();
   EXPECT_TRUE(gpu_->synchronize().ok()) << "a rejected call must not poison the device";
+}
+
+// BURST_ATTN_KERNEL picks the backend's prefill kernel: sm80 (what an A100 runs; forced on
+// Hopper to rehearse an A100 deployment) or auto. The backend's launch must give the bits of
+// the kernel it names, launched directly on the same buffers; any other value fails at make.
+TEST_F(CudaBackendTest, PrefillKernelFromTheEnvironment) {
+  struct EnvGuard {
+    std::string old;
+    bool had;
+    EnvGuard() {
+      const char* v = std::getenv("BURST_ATTN_KERNEL");
+      had = v != nullptr;
+      if (had) old = v;
+    }
+    ~EnvGuard() {
+      if (had) setenv("BURST_ATTN_KERNEL", old.c_str(), 1);
+      else unsetenv("BURST_ATTN_KERNEL");
+    }
+  } guard;
+  setenv("BURST_ATTN_KERNEL", "sm100", 1);
+  auto bad = engine::make_cuda_backend(0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("BURST_ATTN_KERNEL must be auto or sm80, got 'sm100'"),
+            std::string::npos)
+      << bad.message();
+
+  const int n_q = 769, n_kv = 869, heads = 8, kv_heads = 2, d = 128;
+  const auto q = round_bf16(random_vector(size_t(n_q) * heads * d, -2.f, 2.f, 51));
+  const auto k = round_bf16(random_vector(size_t(n_kv) * kv_heads * d, -2.f, 2.f, 52));
+  const auto v = round_bf16(random_vector(size_t(n_kv) * kv_heads * d, -1.f, 1.f, 53));
+  const std::pair<const char*, kernels::AttnKernel> modes[] = {
+      {"sm80", kernels::AttnKernel::kSm80}, {"auto", kernels::AttnKernel::kAuto}};
+  for (const auto& [name, kernel] : modes) {
+    SCOPED_TRACE(name);
+    setenv("BURST_ATTN_KERNEL", name, 1);
+    auto made = engine::make_cuda_backend(0);
+    ASSERT_TRUE(made.ok()) << made.message();
+    std::unique_ptr<Backend> b = made.take();
+    auto upload = [&](std::vector<int64_t> shape, const std::vector<float>& host) {
+      return make(*b, std::move(shape), host, DType::kBF16);
+    };
+    Tensor gq = upload({n_q, heads * d}, q), gk = upload({n_kv, kv_heads * d}, k),
+           gv = upload({n_kv, kv_heads * d}, v);
+    auto o_backend = b->alloc({n_q, heads * d}, DType::kF32);
+    auto o_direct = b->alloc({n_q, heads * d}, DType::kF32);
+    auto lse_backend = b->alloc({heads * n_q}, DType::kF32);
+    auto lse_direct = b->alloc({heads * n_q}, DType::kF32);
+    ASSERT_TRUE(o_backend.ok() && o_direct.ok() && lse_backend.ok() && lse_direct.ok());
+    kernels::AttnParams p;
+    p.q = gq.data;
+    p.k = gk.data;
+    p.v = gv.data;
+    p.n_q = n_q;
+    p.n_kv = n_kv;
+    p.heads = heads;
+    p.kv_heads = kv_heads;
+    p.head_dim = d;
+    p.q_start = n_kv - n_q;  // a chunk after a prefix, as chunked prefill launches it
+    p.mask = kernels::MaskKind::kCausal;
+    p.scale = 1.f / std::sqrt(float(d));
+    p.dtype = DType::kBF16;
+    p.o_dtype = DType::kF32;  // a ring step's fp32 O
+    kernels::set_packed_strides(p);
+    kernels::AttnParams pb = p, pd = p;
+    pb.o = o_backend.value().data;
+    pb.lse = lse_backend.value().as<float>();
+    pd.o = o_direct.value().data;
+    pd.lse = lse_direct.value().as<float>();
+    const Status st = b->attention(pb);
+    ASSERT_TRUE(st.ok()) << st.message();
+    auto streams = engine::cuda_streams(*b);
+    ASSERT_TRUE(streams.ok()) << streams.message();
+    ASSERT_EQ(kernels::attention_cuda(pd, streams.value().compute, kernel), cudaSuccess);
+    const auto ob = fetch(*b, o_backend.value()), od = fetch(*b, o_direct.value());
+    const auto lb = fetch(*b, lse_backend.value()), ld = fetch(*b, lse_direct.value());
+    ASSERT_EQ(ob.size(), od.size());
+    EXPECT_EQ(std::memcmp(ob.data(), od.data(), ob.size() * sizeof(float)), 0)
+        << "the backend's O differs from the " << name << " kernel's";
+    EXPECT_EQ(std::memcmp(lb.data(), ld.data(), lb.size() * sizeof(float)), 0)
+        << "the backend's LSE differs from the " << name << " kernel's";
+    // And the answer is attention: within the 2x-naive rule of the fp32 reference.
+    Tensor cq = cpu({n_q, heads * d}, q), ck = cpu({n_kv, kv_heads * d}, k),
+           cv = cpu({n_kv, kv_heads * d}, v);
+    auto co = cpu_->alloc({n_q, heads * d}, DType::kF32);
+    auto cl = cpu_->alloc({heads * n_q}, DType::kF32);
+    kernels::AttnParams pc = p;
+    pc.q = cq.data;
+    pc.k = ck.data;
+    pc.v = cv.data;
+    pc.o = co.value().data;
+    pc.lse = cl.value().as<float>();
+    pc.dtype = DType::kF32;
+    pc.o_dtype = DType::kF32;
+    ASSERT_TRUE(cpu_->attention(pc).ok());
+    std::vector<float> naive_o, naive_lse;
+    attention_naive(pc, naive_o, naive_lse);
+    const auto ref_o = fetch(*cpu_, co.value()), ref_lse = fetch(*cpu_, cl.value());
+    const AttnErrors ours = attn_errors(ob, lb, ref_o, ref_lse);
+    const AttnErrors naive = attn_errors(naive_o, naive_lse, ref_o, ref_lse);
+    EXPECT_LE(ours.max_abs, 2 * naive.max_abs + 1e-6) << "naive " << naive.max_abs;
+    EXPECT_LE(ours.lse_max_abs, 2 * naive.lse_max_abs + 1e-4) << "naive " << naive.lse_max_abs;
+  }
 }
 
 TEST_F(CudaBackendTest, MergeMatchesCpu) {
