@@ -820,10 +820,18 @@ Status WorkerGroup::open_session_locked() {
   return {};
 }
 
-Status WorkerGroup::session_broken_locked(size_t r, const std::string& what) {
+Status WorkerGroup::session_broken_locked(size_t r, const std::string& what, bool read_failed) {
+  // A rank that fails a step ends its session with a status that says why, then exits. After a
+  // failed Read that status has arrived: take it before the cancels, which would otherwise
+  // replace it with "Cancelled". After a failed Write it may not have: cancel first, since
+  // Finish waits for it.
+  grpc::Status st;
+  if (read_failed) st = session_->streams[r]->Finish();
   for (auto& c : session_->ctx) c->TryCancel();
+  if (!read_failed) st = session_->streams[r]->Finish();
+  const bool said = !st.ok() && st.error_code() != grpc::StatusCode::CANCELLED &&
+                    !st.error_message().empty();
   std::string why;
-  grpc::Status st = session_->streams[r]->Finish();
   // The supervisor (waitpid every 20 ms) or the registry names a dead rank better than a
   // cancelled stream does: give it a moment.
   for (int i = 0; i < 25 && healthy_; ++i) {
@@ -838,6 +846,9 @@ Status WorkerGroup::session_broken_locked(size_t r, const std::string& what) {
     why = rank_name(*ranks_[r]) + " " + what + ": " + st.error_message();
     if (remote()) options_.registry->dissolve(why);
     mark_dead(why);
+  } else if (said) {
+    // E.g. "worker rank 0 (pid 7) exited with code 3 (burst-worker rank 0: ... out of memory)".
+    why += " (" + st.error_message() + ")";
   }
   for (size_t o = 0; o < session_->streams.size(); ++o) {
     if (o != r) session_->streams[o]->Finish();
@@ -871,7 +882,9 @@ Status WorkerGroup::send_locked(const models::StepPlan& plan, bool report_progre
   arm_step_deadline(plan);
   ++steps_sent_;
   for (size_t r = 0; r < n; ++r) {
-    if (!session_->streams[r]->Write(req)) return session_broken_locked(r, "did not take the step");
+    if (!session_->streams[r]->Write(req)) {
+      return session_broken_locked(r, "did not take the step", false);
+    }
   }
   return {};
 }
@@ -896,7 +909,9 @@ Result<StepOutcome> WorkerGroup::receive_locked(const LayerProgress& on_layer) {
   for (size_t r = 0; r < n; ++r) {
     pb::StepReply reply;
     while (true) {
-      if (!session_->streams[r]->Read(&reply)) return session_broken_locked(r, "ended its session");
+      if (!session_->streams[r]->Read(&reply)) {
+        return session_broken_locked(r, "ended its session", true);
+      }
       if (reply.final()) break;
       if (r == 0 && on_layer) on_layer(reply.layers_done(), reply.layers());
     }

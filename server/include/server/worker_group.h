@@ -207,8 +207,10 @@ class WorkerGroup {
   // The Session streams of every rank, opened on the first step (or after a broken one).
   Status open_session_locked();
   // Rank r's stream broke (it died or cannot be reached): cancels the session, names the cause
-  // (the supervisor's or registry's word when it has one), marks the group dead.
-  Status session_broken_locked(size_t r, const std::string& what);
+  // (the supervisor's or registry's word when it has one, with the status rank r ended its
+  // session with: a step's own error, such as an out-of-memory), marks the group dead.
+  // read_failed: a Read ended the stream (its status has arrived), else a Write failed.
+  Status session_broken_locked(size_t r, const std::string& what, bool read_failed);
   // Arms the step deadline the monitor watches (step_timeout plus a time per token).
   void arm_step_deadline(const models::StepPlan& plan);
   void end_session_locked();
