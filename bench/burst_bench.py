@@ -803,7 +803,8 @@ class GrpcTarget:
         a = self.args
         sampling = self.pb2.SamplingParams(temperature=a.temperature, top_k=a.top_k or 0,
                                            top_p=a.top_p or 0)
-        req = self.pb2.GenerateRequest(max_tokens=spec.output_len, sampling=sampling)
+        req = self.pb2.GenerateRequest(max_tokens=spec.output_len, sampling=sampling,
+                                       ignore_eos=a.ignore_eos)
         if a.model:
             req.model = a.model
         if spec.ids is not None:
@@ -1430,8 +1431,8 @@ def parse_args(argv):
     w.add_argument("--long-len", type=parse_count, default=32768)
     w.add_argument("--output-len", type=parse_count, default=128, help="max_tokens")
     w.add_argument("--ignore-eos", action="store_true",
-                   help="ask for exactly --output-len tokens (vLLM's ignore_eos; burst ignores "
-                        "it, see the warning)")
+                   help="ask for exactly --output-len tokens (vLLM's ignore_eos: EOS does not "
+                        "end a request; a server that ends some early anyway gets a warning)")
     w.add_argument("--prompt-format", default="auto", choices=["auto", "ids", "text"],
                    help="send token ids (completions and gRPC accept them; auto: ids for "
                         "random, text for kjv/text) or text")
@@ -1577,7 +1578,7 @@ async def main_async(args):
         short = sum(1 for r in results if r.success and r.output_len < r.output_len_req)
         if short:
             log(f"burst-bench: warning: {short} of {j['completed']} requests ended before "
-                "--output-len: the server does not honour ignore_eos (burst stops at EOS)")
+                "--output-len: the server does not honour ignore_eos")
     mism = [(r.input_len, r.server_input_len) for r in results
             if r.success and r.server_input_len is not None and r.input_len
             and r.server_input_len != r.input_len and not (target.kind == "http" and
