@@ -140,6 +140,16 @@ class ExitSignal {
   int code_ = -1;
 };
 ExitSignal g_exit;
+
+std::string g_who = "burst-worker";  // how messages name this process
+
+int fail(const std::string& msg) {
+  std::cerr << g_who << ": error: " << msg << std::endl;
+  return 1;
+}
+
+void say(const std::string& msg) { std::cerr << g_who << ": " << msg << std::endl; }
+
 std::atomic<bool> g_in_group{false};
 // SIGTERM came / this process is about to re-execute itself (rejoin). Each side sets its flag
 // first and then reads the other's (sequentially consistent), so a SIGTERM that arrives while a
@@ -401,6 +411,9 @@ class WorkerService final : public pb::WorkerControl::Service {
       // short of KV pages is no exception: the others may be inside the forward already. The
       // coordinator keeps the same page ledger as the ranks, so this means a bug, not load.
       broken_ = true;
+      // Said here too: the coordinator often learns of the exit (and cancels the session)
+      // before this status reaches it, and then names only the exit code.
+      say("a step failed, leaving the group: " + st.message());
       g_exit.request(kExitBroken);
       return grpc::Status(grpc::StatusCode::INTERNAL, where() + st.message());
     };
@@ -513,15 +526,6 @@ class WorkerService final : public pb::WorkerControl::Service {
   bool broken_ = false;
   const std::string token_;
 };
-
-std::string g_who = "burst-worker";  // how messages name this process
-
-int fail(const std::string& msg) {
-  std::cerr << g_who << ": error: " << msg << std::endl;
-  return 1;
-}
-
-void say(const std::string& msg) { std::cerr << g_who << ": " << msg << std::endl; }
 
 // Joins the communicator: NCCL for a CUDA backend, Gloo otherwise. `store` (multi-node) or
 // `store_dir` (one host) is the rendezvous; `host` is what Gloo binds and advertises.
