@@ -82,6 +82,9 @@ std::vector<float> random_vector(size_t n, float lo, float hi, uint32_t seed) {
   return v;
 }
 
+// The naive same-precision attention of the tolerance rule (defined below).
+void attention_naive(const kernels::AttnParams& p, std::vector<float>& o, std::vector<float>& lse);
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -115,6 +118,38 @@ class CudaBackendTest : public ::testing::Test {
     const Status st = b.download(t, host);
     EXPECT_TRUE(st.ok()) << st.message();
     return host;
+  }
+
+  // The fp32 reference of p's attention (the CPU backend) and the naive same-precision one
+  // (attention_naive), from host q [n_q, heads x d], k and v [n_kv, kv_heads x d].
+  struct AttnRefs {
+    std::vector<float> o, lse, naive_o, naive_lse;
+  };
+  AttnRefs attention_refs(const kernels::AttnParams& p, const std::vector<float>& q,
+                          const std::vector<float>& k, const std::vector<float>& v) {
+    const int64_t qw = int64_t{p.heads} * p.head_dim, kw = int64_t{p.kv_heads} * p.head_dim;
+    Tensor cq = cpu({p.n_q, qw}, q), ck = cpu({p.n_kv, kw}, k), cv = cpu({p.n_kv, kw}, v);
+    auto co = cpu_->alloc({p.n_q, qw}, DType::kF32);
+    auto cl = cpu_->alloc({int64_t{p.heads} * p.n_q}, DType::kF32);
+    AttnRefs r;
+    if (!co.ok() || !cl.ok()) {
+      ADD_FAILURE() << "reference buffers: " << co.message() << cl.message();
+      return r;
+    }
+    kernels::AttnParams pc = p;
+    pc.q = cq.data;
+    pc.k = ck.data;
+    pc.v = cv.data;
+    pc.o = co.value().data;
+    pc.lse = cl.value().as<float>();
+    pc.dtype = DType::kF32;
+    pc.o_dtype = DType::kF32;
+    const Status st = cpu_->attention(pc);
+    EXPECT_TRUE(st.ok()) << st.message();
+    attention_naive(pc, r.naive_o, r.naive_lse);
+    r.o = fetch(*cpu_, co.value());
+    r.lse = fetch(*cpu_, cl.value());
+    return r;
   }
 
   std::unique_ptr<Backend> gpu_, cpu_;
@@ -485,19 +520,7 @@ TEST_F(CudaBackendTest, AttentionPrefillDecodeGqaAndEmptyRows) {
     kernels::set_packed_strides(p);
 
     // Reference: the CPU backend in fp32, and the naive bf16 implementation.
-    Tensor cq = cpu({c.n_q, qw}, q), ck = cpu({c.n_kv, kw}, k), cv = cpu({c.n_kv, kw}, v);
-    auto co = cpu_->alloc({c.n_q, qw}, DType::kF32);
-    auto cl = cpu_->alloc({int64_t{c.heads} * c.n_q}, DType::kF32);
-    kernels::AttnParams pc = p;
-    pc.q = cq.data;
-    pc.k = ck.data;
-    pc.v = cv.data;
-    pc.o = co.value().data;
-    pc.lse = cl.value().as<float>();
-    pc.dtype = DType::kF32;
-    ASSERT_TRUE(cpu_->attention(pc).ok());
-    std::vector<float> naive_o, naive_lse;
-    attention_naive(pc, naive_o, naive_lse);
+    const AttnRefs ref = attention_refs(p, q, k, v);
 
     Tensor gq = gpu({c.n_q, qw}, q), gk = gpu({c.n_kv, kw}, k), gv = gpu({c.n_kv, kw}, v);
     auto go = gpu_->alloc({c.n_q, qw}, DType::kBF16);
@@ -512,10 +535,9 @@ TEST_F(CudaBackendTest, AttentionPrefillDecodeGqaAndEmptyRows) {
     const Status st = gpu_->attention(pg);
     ASSERT_TRUE(st.ok()) << st.message();
 
-    const auto ref_o = fetch(*cpu_, co.value()), ref_lse = fetch(*cpu_, cl.value());
     const AttnErrors ours = attn_errors(fetch(*gpu_, go.value()), fetch(*gpu_, gl.value()),
-                                        ref_o, ref_lse);
-    const AttnErrors naive = attn_errors(naive_o, naive_lse, ref_o, ref_lse);
+                                        ref.o, ref.lse);
+    const AttnErrors naive = attn_errors(ref.naive_o, ref.naive_lse, ref.o, ref.lse);
     EXPECT_EQ(ours.bad_empty, 0) << "empty rows must have lse -inf, no NaN";
     EXPECT_LE(ours.max_abs, 2 * naive.max_abs + 1e-6) << "naive " << naive.max_abs;
     // 1e-4 nats: a 1e-4 relative error in a merge weight, 40x below bf16 resolution.
@@ -631,24 +653,9 @@ TEST_F(CudaBackendTest, PrefillKernelFromTheEnvironment) {
     EXPECT_EQ(std::memcmp(lb.data(), ld.data(), lb.size() * sizeof(float)), 0)
         << "the backend's LSE differs from the " << name << " kernel's";
     // And the answer is attention: within the 2x-naive rule of the fp32 reference.
-    Tensor cq = cpu({n_q, heads * d}, q), ck = cpu({n_kv, kv_heads * d}, k),
-           cv = cpu({n_kv, kv_heads * d}, v);
-    auto co = cpu_->alloc({n_q, heads * d}, DType::kF32);
-    auto cl = cpu_->alloc({heads * n_q}, DType::kF32);
-    kernels::AttnParams pc = p;
-    pc.q = cq.data;
-    pc.k = ck.data;
-    pc.v = cv.data;
-    pc.o = co.value().data;
-    pc.lse = cl.value().as<float>();
-    pc.dtype = DType::kF32;
-    pc.o_dtype = DType::kF32;
-    ASSERT_TRUE(cpu_->attention(pc).ok());
-    std::vector<float> naive_o, naive_lse;
-    attention_naive(pc, naive_o, naive_lse);
-    const auto ref_o = fetch(*cpu_, co.value()), ref_lse = fetch(*cpu_, cl.value());
-    const AttnErrors ours = attn_errors(ob, lb, ref_o, ref_lse);
-    const AttnErrors naive = attn_errors(naive_o, naive_lse, ref_o, ref_lse);
+    const AttnRefs ref = attention_refs(p, q, k, v);
+    const AttnErrors ours = attn_errors(ob, lb, ref.o, ref.lse);
+    const AttnErrors naive = attn_errors(ref.naive_o, ref.naive_lse, ref.o, ref.lse);
     EXPECT_LE(ours.max_abs, 2 * naive.max_abs + 1e-6) << "naive " << naive.max_abs;
     EXPECT_LE(ours.lse_max_abs, 2 * naive.lse_max_abs + 1e-4) << "naive " << naive.lse_max_abs;
   }
