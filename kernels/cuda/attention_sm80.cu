@@ -53,10 +53,10 @@ struct Tile {
   static constexpr int kMinBlocks = 2;  // CTAs per SM
   // Head_dim 64: Q fragments in registers, two buffers of K and of V. Head_dim 128: neither
   // fits (registers, an A100's shared memory: K and V share a ring of three buffers instead,
-  // s_k = s_v); there the K and V head bases are recomputed
-  // from the kernel parameters at every load instead of held in registers through the main
-  // loop: the 4 registers that frees are what the rescale skip needs (held, ptxas spilled 8
-  // bytes for sm_90a, reloaded every key block, and the skip gained nothing).
+  // s_k = s_v); there the K and V head bases are recomputed from the kernel parameters at
+  // every load instead of held in registers through the main loop: the 4 registers that frees
+  // are what the rescale skip needs (held, ptxas spilled 8 bytes for sm_90a, reloaded every
+  // key block, and the skip gained nothing).
   static constexpr bool kSmallHead = kD == 64;
   static constexpr bool kRing = !kSmallHead;
   static constexpr int kKvTiles = kRing ? 3 : 4;
@@ -396,6 +396,8 @@ __global__ void __launch_bounds__(Tile<kHeadDim>::kThreads, Tile<kHeadDim>::kMin
         __syncthreads();
         if (n > 0) load_v(n - 1, kb);
         cp_async_commit();
+        // O's rescale after the barrier, right before P.V (after the softmax it gained
+        // nothing: ptxas then left the barrier after the exp2s instead of hoisting it).
         if (moved) rescale();  // else corr is 1 for every row of the warp
         pv(p, vb);
       };
