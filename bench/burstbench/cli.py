@@ -1,0 +1,154 @@
+# Contract: burst-bench's command line. parse_args(argv) returns the argparse Namespace (flags,
+# defaults and help as documented in --help; --report skips the run's checks; a bad
+# combination exits with argparse's usage error, code 2); parse_count / parse_range /
+# parse_list / key_value are the value parsers; parse_goodput turns --goodput's METRIC:MS items
+# into {metric: ms}.
+import argparse
+import json
+import os
+
+from . import __doc__ as TOOL_DOC
+from .common import ROOT
+
+
+def parse_count(s):
+    """'4096', '4K', '4k' (x1024), '1M' (x1048576) -> int."""
+    s = str(s).strip()
+    mult = 1
+    if s[-1:] in ("k", "K"):
+        mult, s = 1024, s[:-1]
+    elif s[-1:] in ("m", "M"):
+        mult, s = 1024 * 1024, s[:-1]
+    v = int(float(s) * mult)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{s!r}: must be > 0")
+    return v
+
+
+def parse_range(s):
+    lo, _, hi = s.partition(":")
+    if not hi:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected LO:HI")
+    lo, hi = parse_count(lo), parse_count(hi)
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"{s!r}: LO > HI")
+    return lo, hi
+
+
+def parse_list(s):
+    return [parse_count(x) for x in s.split(",") if x.strip()]
+
+
+def key_value(s):
+    if "=" not in s:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected KEY=VALUE")
+    return tuple(s.split("=", 1))
+
+
+def parse_goodput(items):
+    slos = {}
+    for it in items or []:
+        k, _, v = it.partition(":")
+        if k not in ("ttft", "tpot", "e2el") or not v:
+            raise SystemExit(f"burst-bench: --goodput {it!r}: expected ttft:MS, tpot:MS or "
+                             "e2el:MS")
+        slos[k] = float(v)
+    return slos
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="burst-bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Load generator for burst (gRPC or HTTP) and any OpenAI-compatible server.",
+        epilog=TOOL_DOC.split("\n\n", 1)[1])
+    t = p.add_argument_group("target")
+    t.add_argument("--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
+    t.add_argument("--endpoint", default="/v1/completions",
+                   choices=["/v1/completions", "/v1/chat/completions"])
+    t.add_argument("--grpc", metavar="HOST:PORT", help="burst's gRPC API (burst.v1.Burst)")
+    t.add_argument("--api-key", default=os.environ.get("BURST_API_KEY"),
+                   help="sent as 'Authorization: Bearer KEY' (default: $BURST_API_KEY)")
+    t.add_argument("--model", help="model name to send (default: the server's first model)")
+    t.add_argument("--proto-dir", default=os.path.join(ROOT, "proto"),
+                   help="where burst/v1/burst.proto is (for --grpc)")
+    t.add_argument("--wait-ready", type=float, default=0, metavar="S",
+                   help="wait up to S seconds for the server's /health (gRPC: ModelInfo)")
+    t.add_argument("--request-timeout", type=float, default=3600.0, metavar="S")
+    w = p.add_argument_group("workload")
+    w.add_argument("--dataset-name", default="random", choices=["random", "kjv", "text", "jsonl"],
+                   help="random token ids (default), the KJV text (Debian bible-kjv), a text "
+                        "file (--dataset-path) cut to exact lengths, or a JSONL file of "
+                        "{\"prompt\": str | [ids], \"output_len\": n}")
+    w.add_argument("--dataset-path")
+    w.add_argument("--input-len", type=parse_count, default=1024,
+                   help="exact prompt length in tokens, BOS included (4K = 4096)")
+    w.add_argument("--input-len-range", type=parse_range, metavar="LO:HI",
+                   help="uniformly random prompt lengths")
+    w.add_argument("--input-lens", type=parse_list, metavar="A,B,...",
+                   help="a list of prompt lengths, used in turn")
+    w.add_argument("--long-fraction", type=float, default=0.0,
+                   help="mixed workload: this share of the requests has --long-len tokens")
+    w.add_argument("--long-len", type=parse_count, default=32768)
+    w.add_argument("--output-len", type=parse_count, default=128, help="max_tokens")
+    w.add_argument("--ignore-eos", action="store_true",
+                   help="ask for exactly --output-len tokens (vLLM's ignore_eos: EOS does not "
+                        "end a request; a server that ends some early anyway gets a warning)")
+    w.add_argument("--prompt-format", default="auto", choices=["auto", "ids", "text"],
+                   help="send token ids (completions and gRPC accept them; auto: ids for "
+                        "random, text for kjv/text) or text")
+    w.add_argument("--tokenizer", default="auto",
+                   help="'server' (the target's /tokenize or Tokenize), or a SentencePiece "
+                        "model file (auto: the server's, else models/kjv-tiny/tokenizer.model)")
+    w.add_argument("--token-id-range", type=parse_range, default=(259, 32000), metavar="LO:HI",
+                   help="random token ids are drawn from [LO, HI) (default 259:32000, LLaMA-2)")
+    w.add_argument("--bos-id", type=int, default=1,
+                   help="first id of a random-id prompt (-1: none)")
+    w.add_argument("--temperature", type=float, default=0.0)
+    w.add_argument("--top-p", type=float)
+    w.add_argument("--top-k", type=int)
+    w.add_argument("--extra-body", type=json.loads, default={},
+                   help="JSON object merged into every HTTP request body")
+    ld = p.add_argument_group("load")
+    ld.add_argument("--num-requests", "--num-prompts", type=int, default=100)
+    ld.add_argument("--max-concurrency", type=int, default=None)
+    ld.add_argument("--request-rate", type=float, default=float("inf"),
+                    help="requests/s, Poisson (gamma with --burstiness) arrivals; inf: all at once")
+    ld.add_argument("--burstiness", type=float, default=1.0,
+                    help="gamma shape of the inter-arrival times: 1 Poisson, <1 burstier")
+    ld.add_argument("--num-warmups", type=int, default=0)
+    ld.add_argument("--seed", type=int, default=None,
+                    help="workload seed (default: a fresh one per run, printed and saved)")
+    r = p.add_argument_group("results")
+    r.add_argument("--result-json", metavar="FILE")
+    r.add_argument("--label")
+    r.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE", type=key_value,
+                   help="saved in the result JSON's metadata")
+    r.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                   help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
+    r.add_argument("--metric-percentiles", default="90,99",
+                   type=lambda s: [float(x) for x in s.split(",")])
+    r.add_argument("--plot", metavar="DIR", help="write PNG plots there (matplotlib)")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--report", nargs="+", metavar="JSON",
+                   help="no run: combine result files into a table (--markdown) and --plot")
+    r.add_argument("--markdown", metavar="FILE", help="with --report: write the table there")
+    a = p.parse_args(argv)
+    if a.report:
+        return a
+    if bool(a.base_url) == bool(a.grpc):
+        p.error("give exactly one of --base-url URL and --grpc HOST:PORT")
+    if a.grpc and "chat" in a.endpoint:
+        p.error("--endpoint is for --base-url")
+    if a.dataset_name in ("jsonl", "text") and not a.dataset_path:
+        p.error(f"--dataset-name {a.dataset_name} needs --dataset-path")
+    if not 0 <= a.long_fraction <= 1:
+        p.error("--long-fraction must be in [0, 1]")
+    if a.num_requests < 0 or a.num_warmups < 0:
+        p.error("--num-requests and --num-warmups must be >= 0")
+    if a.request_rate <= 0 or a.burstiness <= 0:
+        p.error("--request-rate and --burstiness must be > 0")
+    if a.max_concurrency is not None and a.max_concurrency <= 0:
+        p.error("--max-concurrency must be > 0")
+    if not isinstance(a.extra_body, dict):
+        p.error("--extra-body must be a JSON object")
+    return a
