@@ -1,5 +1,7 @@
-// The parts of Communicator shared by every implementation.
+// The parts of Communicator shared by every implementation, and the one-rank communicator.
 #include "engine/communicator.h"
+
+#include <cstring>
 
 namespace burst::engine {
 
@@ -20,7 +22,36 @@ class PairHandle final : public CommHandle {
   std::unique_ptr<CommHandle> a_, b_;
 };
 
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  Result<std::unique_ptr<CommHandle>> isend(const void*, size_t, int peer, int) override {
+    return Status::error("local communicator: a send to rank " + std::to_string(peer) +
+                         " in a group of one");
+  }
+  Result<std::unique_ptr<CommHandle>> irecv(void*, size_t, int peer, int) override {
+    return Status::error("local communicator: a receive from rank " + std::to_string(peer) +
+                         " in a group of one");
+  }
+  Status all_gather(const void* in, void* out, size_t bytes) override {
+    if (in != out && bytes > 0) std::memmove(out, in, bytes);
+    return {};
+  }
+  Status broadcast(void*, size_t, int root) override {
+    if (root != 0) return Status::error("local communicator: broadcast from rank " +
+                                        std::to_string(root) + " in a group of one");
+    return {};
+  }
+  Status barrier() override { return {}; }
+  std::string transport() const override { return "local (one rank)"; }
+};
+
 }  // namespace
+
+std::unique_ptr<Communicator> make_local_communicator() {
+  return std::make_unique<LocalCommunicator>();
+}
 
 Result<std::unique_ptr<CommHandle>> Communicator::isendrecv(const void* send, int send_peer,
                                                             void* recv, int recv_peer,

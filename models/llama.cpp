@@ -148,24 +148,17 @@ Status LlamaModel::ensure_scratch(int64_t rows) {
   return {};
 }
 
-Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                           std::vector<float>& logits, int64_t seq_len,
-                           const LayerHook& after_layer) {
-  if (ids.empty()) return Status::error("forward: no tokens");
-  if (positions.size() != ids.size()) return Status::error("forward: one position per token");
-  if (seq_len <= 0) seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
-  return forward(ids, positions, attn, logit_rows, logits,
-                 {{0, static_cast<int64_t>(ids.size()), seq_len}}, after_layer);
-}
-
-Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                           std::vector<float>& logits, const std::vector<RopeSpan>& spans,
-                           const LayerHook& after_layer) {
-  std::vector<int32_t> none;
-  return forward(ids, positions, attn, logit_rows, logits, SampleRows{}, none, spans,
-                 after_layer);
+ForwardBatch ForwardBatch::of_sequence(std::vector<int32_t> ids, std::vector<int64_t> positions,
+                                       std::vector<int64_t> logit_rows, int64_t seq_len) {
+  ForwardBatch b;
+  if (seq_len <= 0 && !positions.empty()) {
+    seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
+  }
+  b.spans = {{0, static_cast<int64_t>(ids.size()), seq_len}};
+  b.ids = std::move(ids);
+  b.positions = std::move(positions);
+  b.logit_rows = std::move(logit_rows);
+  return b;
 }
 
 Status LlamaModel::rope_runs(const std::vector<int64_t>& positions,
@@ -275,20 +268,26 @@ Status LlamaModel::lm_head(int64_t rows, const std::vector<int64_t>& head_rows, 
   return {};
 }
 
-Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                           engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                           std::vector<float>& logits, const SampleRows& sample,
-                           std::vector<int32_t>& sampled, const std::vector<RopeSpan>& spans,
-                           const LayerHook& after_layer) {
+Status LlamaModel::forward(const ForwardBatch& batch, engine::AttentionContext& attn,
+                           ForwardOutput& out, const LayerHook& after_layer) {
+  const std::vector<int32_t>& ids = batch.ids;
+  const std::vector<int64_t>& positions = batch.positions;
+  const SampleRows& sample = batch.sample;
+  out.logits.clear();
+  out.sampled.clear();
   const auto rows = static_cast<int64_t>(ids.size());
   if (rows == 0) return Status::error("forward: no tokens");
   if (positions.size() != ids.size()) return Status::error("forward: one position per token");
   // RoPE runs per run of rows that share their frequencies (only dynamic scaling makes them
   // differ between sequences); the runs must tile the rows.
   std::vector<RopeRun> runs;
-  BURST_RETURN_IF_ERROR(rope_runs(positions, spans, runs));
+  std::vector<RopeSpan> whole;  // no spans: one sequence of length max(positions) + 1
+  if (batch.spans.empty()) {
+    whole.push_back({0, rows, *std::max_element(positions.begin(), positions.end()) + 1});
+  }
+  BURST_RETURN_IF_ERROR(rope_runs(positions, batch.spans.empty() ? whole : batch.spans, runs));
   // The LM head's rows: the logit rows, then the sampled rows.
-  std::vector<int64_t> head_rows = logit_rows;
+  std::vector<int64_t> head_rows = batch.logit_rows;
   head_rows.insert(head_rows.end(), sample.rows.begin(), sample.rows.end());
   for (int64_t r : head_rows) {
     if (r < 0 || r >= rows) return Status::error("forward: logit row outside the batch");
@@ -305,8 +304,8 @@ Status LlamaModel::forward(const std::vector<int32_t>& ids, const std::vector<in
   }
   if (head_rows.empty()) return backend_.synchronize();
   // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
-  return lm_head(rows, head_rows, static_cast<int64_t>(logit_rows.size()), sample, logits,
-                 sampled);
+  return lm_head(rows, head_rows, static_cast<int64_t>(batch.logit_rows.size()), sample,
+                 out.logits, out.sampled);
 }
 
 Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,

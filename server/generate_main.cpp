@@ -11,7 +11,7 @@
 
 #include "engine/backend.h"
 #include "engine/random.h"
-#include "models/generator.h"
+#include "runtime/driver.h"
 #include "server/logging.h"
 #include "server/tokenizer.h"
 #include "server/worker_group.h"
@@ -38,7 +38,7 @@ constexpr const char* kUsage =
   --workers N          shard the prompt over N burst-worker processes (BurstAttention ring);
                        without it, one in-process engine
   --layout L           sequence sharding across workers: zigzag (default) or contiguous
-  --prefill-chunk N    with --workers: prefill the prompt N tokens at a time (each chunk one
+  --prefill-chunk N    prefill the prompt N tokens at a time (each chunk one
                        ring pass over the cached prefix; less activation memory for prompts
                        near the KV capacity); default: the whole prompt in one pass
   --version            print the version and build, then exit
@@ -112,7 +112,6 @@ Args parse_args(int argc, char** argv) {
   if (a.prompt_tokens < 0) usage_error("--prompt-tokens must be > 0");
   if (a.workers < 0 || a.workers > 64) usage_error("--workers must be in 1..64");
   if (a.prefill_chunk < 0) usage_error("--prefill-chunk must be > 0");
-  if (a.prefill_chunk > 0 && a.workers == 0) usage_error("--prefill-chunk needs --workers");
   if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) usage_error(bad);
   if (a.tokenizer.empty() && !a.model_dir.empty()) {
     // The model's own tokenizer when it ships one; without it only --prompt-tokens works.
@@ -142,9 +141,11 @@ int main(int argc, char** argv) {
     if (!t.ok()) return fail(t.message());
     tok = t.take();
   }
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.max_tokens = a.max_tokens;
   req.sampling = a.sampling;
+  req.prefill_chunk = a.prefill_chunk;
+  req.layout = a.layout;
   if (a.prompt_tokens > 0) {
     // Random ids from the normal range of the vocabulary (skipping control and byte pieces).
     req.prompt.push_back(1);
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
     return true;
   };
   const models::ModelSpec spec{a.model_dir, a.preset, a.random_seed.value_or(0)};
-  Result<models::GenerateStats> stats = Status::error("not run");
+  Result<runtime::GenerateStats> stats = Status::error("not run");
   std::string where;
   if (a.workers > 0) {
     // N worker processes, the prompt sharded by sequence, BurstAttention ring per layer.
@@ -192,19 +193,14 @@ int main(int argc, char** argv) {
     opt.prefill_chunk = a.prefill_chunk;
     auto group = server::WorkerGroup::start(opt);
     if (!group.ok()) return fail(group.message());
-    auto g = group.value()->generate(req, print_token);
-    if (g.ok()) {
-      stats = g.value().stats;
-      // Host clock: on the CPU the ring's compute and its waits; on a GPU only the time to
-      // queue the launches, so nothing is printed there (burst-bench-ring times the ring on
-      // GPUs with events).
-      if (a.device == "cpu") {
-        std::fprintf(stderr, "burst-generate: ring attention %.1f ms compute, %.1f ms exposed "
-                     "communication (rank 0)\n", g.value().ring_compute_ms,
-                     g.value().ring_wait_ms);
-      }
-    } else {
-      stats = g.status();
+    stats = runtime::generate(*group.value(), req, print_token);
+    // Host clock: on the CPU the ring's compute and its waits; on a GPU only the time to
+    // queue the launches, so nothing is printed there (burst-bench-ring times the ring on
+    // GPUs with events).
+    if (stats.ok() && a.device == "cpu") {
+      std::fprintf(stderr, "burst-generate: ring attention %.1f ms compute, %.1f ms exposed "
+                   "communication (rank 0)\n", stats.value().ring_compute_ms,
+                   stats.value().ring_wait_ms);
     }
     where = std::to_string(a.workers) + " workers on " + group.value()->info().device;
   } else {
@@ -212,10 +208,9 @@ int main(int argc, char** argv) {
     if (!backend.ok()) return fail(backend.message());
     auto model = models::load_model(*backend.value(), spec);
     if (!model.ok()) return fail(model.message());
-    auto cache = engine::LocalKvCache::create(*backend.value(),
-                                              model.value()->attention_shape(), capacity);
-    if (!cache.ok()) return fail(cache.message());
-    stats = models::generate(*model.value(), *cache.value(), req, print_token);
+    auto runner = runtime::LocalStepRunner::create(*model.value(), capacity);
+    if (!runner.ok()) return fail(runner.message());
+    stats = runtime::generate(*runner.value(), req, print_token);
     where = "device " + backend.value()->name();
   }
   if (stream) std::cout << stream->flush();
@@ -228,6 +223,7 @@ int main(int argc, char** argv) {
                "(%.0f tok/s), generated %lld tokens, decode %.1f tok/s, finish %s\n",
                where.c_str(), static_cast<long long>(s.prompt_tokens), s.prefill_ms,
                s.prompt_tokens * 1000.0 / s.prefill_ms,
-               static_cast<long long>(s.generated_tokens), tps, s.finish_reason.c_str());
+               static_cast<long long>(s.generated_tokens), tps,
+               runtime::finish_reason_name(s.finish_reason));
   return 0;
 }

@@ -540,8 +540,8 @@ void Scheduler::drop_finished() {
 
 // The step's work: decode first (every sequence past its prompt advances one token), then
 // prefill chunks while the token budget lasts. chunks gets the prefill chunks, in plan order.
-models::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
-  models::StepPlan plan;
+runtime::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
+  runtime::StepPlan plan;
   plan.layout = options_.group.layout;
   plan.release.swap(to_release_);
   int64_t budget = options_.max_batched_tokens;
@@ -550,7 +550,7 @@ models::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
   for (auto& sp : running_) {
     Seq& s = *sp;
     if (s.prefilled < s.prompt_len()) continue;
-    models::SeqWork w = models::decode_work(s.id, s.last_token,
+    runtime::SeqWork w = runtime::decode_work(s.id, s.last_token,
                                             s.prompt_len() + s.generated - 1, s.prompt_len(),
                                             s.job.request.sampling);
     w.adjust = s.job.request.adjust;
@@ -589,8 +589,8 @@ models::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
     }
     const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), s.prompt_len() - s.prefilled);
     if (len > budget && !plan.seqs.empty()) continue;
-    models::SeqWork w =
-        models::prefill_work(s.id, s.job.request.prompt, s.prefilled, len, s.job.request.sampling);
+    runtime::SeqWork w =
+        runtime::prefill_work(s.id, s.job.request.prompt, s.prefilled, len, s.job.request.sampling);
     w.adjust = s.job.request.adjust;
     w.logprobs = s.job.request.logprobs;
     w.prompt_logprobs = s.job.request.prompt_logprobs;
@@ -607,7 +607,7 @@ models::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
 // A sampled token, on the output thread: TTFT/TPOT metrics, detokenizing, the stop strings.
 void Scheduler::process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
                               Clock::time_point now, bool is_eos,
-                              const models::SampledToken& st, Metrics& metrics) {
+                              const runtime::SampledToken& st, Metrics& metrics) {
   if (out.stop_hit || out.stream->cancelled()) return;
   ++out.completion;
   if (out.completion == 1) {
@@ -651,7 +651,7 @@ void Scheduler::process_token(Output& out, std::atomic<bool>& stop_flag, int32_t
   }
 }
 
-void Scheduler::observe_step(const models::StepPlan& plan, const std::vector<Chunk>& chunks) {
+void Scheduler::observe_step(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks) {
   if (plan.seqs.empty()) return;
   // One token per decoding sequence, and the chunks' tokens.
   auto tokens = static_cast<int64_t>(plan.seqs.size() - chunks.size());
@@ -662,7 +662,7 @@ void Scheduler::observe_step(const models::StepPlan& plan, const std::vector<Chu
 // Whether the step after `plan` (in flight, its tokens not read yet) can be sent now: every
 // running sequence decodes (so `plan` is decode rows only) and no request waits for admission
 // (it would join the next planned step, one step later than without the lookahead otherwise).
-bool Scheduler::can_look_ahead(const models::StepPlan& plan, const std::vector<Chunk>& chunks) {
+bool Scheduler::can_look_ahead(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks) {
   if (!options_.decode_lookahead || plan.seqs.empty() || !chunks.empty() || cancel_all_) {
     return false;
   }
@@ -676,18 +676,18 @@ bool Scheduler::can_look_ahead(const models::StepPlan& plan, const std::vector<C
 // The decode step after `plan`: each of its sequences that is still running and will not end
 // by max_tokens at `plan` feeds the token `plan` draws (kPreviousToken; a sequence `plan`
 // ends by EOS runs one wasted row, its token is dropped and it is released a step later).
-models::StepPlan Scheduler::continue_decode(const models::StepPlan& plan) {
-  models::StepPlan next;
+runtime::StepPlan Scheduler::continue_decode(const runtime::StepPlan& plan) {
+  runtime::StepPlan next;
   next.layout = plan.layout;
   next.release.swap(to_release_);
-  for (const models::SeqWork& w : plan.seqs) {
+  for (const runtime::SeqWork& w : plan.seqs) {
     const auto it = std::find_if(running_.begin(), running_.end(),
                                  [&](const std::unique_ptr<Seq>& sp) { return sp->id == w.id; });
     if (it == running_.end()) continue;
     const Seq& s = **it;
     // `plan` draws token number generated + 1; the next row feeds it.
     if (s.generated + 1 >= s.job.request.max_tokens) continue;
-    models::SeqWork n = models::decode_work(s.id, models::kPreviousToken,
+    runtime::SeqWork n = runtime::decode_work(s.id, runtime::kPreviousToken,
                                             s.prompt_len() + s.generated, s.prompt_len(),
                                             s.job.request.sampling);
     n.adjust = s.job.request.adjust;
@@ -711,7 +711,7 @@ bool Scheduler::run_step() {
   const int32_t eos = group_->info().eos_token_id;
   drop_finished();
   std::vector<Chunk> chunks;
-  models::StepPlan plan;
+  runtime::StepPlan plan;
   LayerProgress on_layer;
   if (ahead_) {
     // Sent by the step before, while that one ran: now its tokens are read.
@@ -741,7 +741,7 @@ bool Scheduler::run_step() {
     }
   }
   if (can_look_ahead(plan, chunks)) {
-    models::StepPlan next = continue_decode(plan);
+    runtime::StepPlan next = continue_decode(plan);
     if (!next.seqs.empty()) {
       observe_step(next, {});
       if (Status st = group_->send_step(next); !st.ok()) {
@@ -787,7 +787,7 @@ bool Scheduler::run_step() {
       sp->job.stream->push(std::move(e));
     }
   }
-  std::unordered_map<uint64_t, const models::SampledToken*> sampled;
+  std::unordered_map<uint64_t, const runtime::SampledToken*> sampled;
   for (const auto& t : out.tokens) sampled[t.id] = &t;
   size_t taken = 0;
   for (size_t i = 0; i < running_.size();) {
@@ -799,7 +799,7 @@ bool Scheduler::run_step() {
     }
     ++taken;
     const int32_t token = it->second->token;
-    models::SampledToken st = *it->second;
+    runtime::SampledToken st = *it->second;
     ++s.generated;
     s.last_token = token;
     ++metrics_.generation_tokens;

@@ -725,7 +725,7 @@ void WorkerGroup::end_session_locked() {
   steps_sent_ = 0;
 }
 
-Result<StepOutcome> WorkerGroup::step(const models::StepPlan& plan,
+Result<StepOutcome> WorkerGroup::step(const runtime::StepPlan& plan,
                                       const LayerProgress& on_layer) {
   std::lock_guard<std::mutex> lock(run_mu_);
   return step_locked(plan, on_layer);
@@ -734,11 +734,11 @@ Result<StepOutcome> WorkerGroup::step(const models::StepPlan& plan,
 namespace {
 
 // The plan as the ranks' Session stream carries it.
-pb::StepRequest step_request(const models::StepPlan& plan, bool report_progress) {
+pb::StepRequest step_request(const runtime::StepPlan& plan, bool report_progress) {
   pb::StepRequest req;
   req.set_layout(plan.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS : pb::ZIGZAG);
   req.mutable_release()->Add(plan.release.begin(), plan.release.end());
-  for (const models::SeqWork& s : plan.seqs) {
+  for (const runtime::SeqWork& s : plan.seqs) {
     pb::SeqWork* w = req.add_seqs();
     w->set_id(s.id);
     w->set_decode(s.decode);
@@ -770,7 +770,7 @@ pb::StepRequest step_request(const models::StepPlan& plan, bool report_progress)
 // Rank 0's reply: the sampled tokens, the prompt logprobs and the step's ring timings.
 void take_results(const pb::StepReply& reply, StepOutcome& out) {
   for (const auto& t : reply.tokens()) {
-    models::SampledToken st;
+    runtime::SampledToken st;
     st.id = t.id();
     st.token = t.token();
     st.has_logprob = t.has_logprob();
@@ -779,10 +779,10 @@ void take_results(const pb::StepReply& reply, StepOutcome& out) {
     out.tokens.push_back(std::move(st));
   }
   for (const auto& pl : reply.prompt_logprobs()) {
-    models::PromptLogprobs m;
+    runtime::PromptLogprobs m;
     m.id = pl.id();
     for (const auto& e : pl.entries()) {
-      models::PromptTokenLogprob me;
+      runtime::PromptTokenLogprob me;
       me.pos = e.pos();
       me.token = e.token();
       me.logprob = e.logprob();
@@ -858,10 +858,10 @@ Status WorkerGroup::session_broken_locked(size_t r, const std::string& what, boo
   return Status::error(StatusCode::kUnavailable, "request failed: " + why);
 }
 
-void WorkerGroup::arm_step_deadline(const models::StepPlan& plan) {
+void WorkerGroup::arm_step_deadline(const runtime::StepPlan& plan) {
   if (options_.step_timeout.count() <= 0) return;
   int64_t tokens = 0;
-  for (const models::SeqWork& s : plan.seqs) tokens += static_cast<int64_t>(s.tokens.size());
+  for (const runtime::SeqWork& s : plan.seqs) tokens += static_cast<int64_t>(s.tokens.size());
   const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       options_.step_timeout + std::chrono::duration<double, std::milli>(
                                   options_.step_ms_per_token * static_cast<double>(tokens)));
@@ -871,7 +871,7 @@ void WorkerGroup::arm_step_deadline(const models::StepPlan& plan) {
   step_deadline_ = std::chrono::steady_clock::now() + budget;
 }
 
-Status WorkerGroup::send_locked(const models::StepPlan& plan, bool report_progress) {
+Status WorkerGroup::send_locked(const runtime::StepPlan& plan, bool report_progress) {
   const size_t n = ranks_.size();
   BURST_RETURN_IF_ERROR(open_session_locked());
   const pb::StepRequest req = step_request(plan, report_progress);
@@ -929,13 +929,13 @@ Result<StepOutcome> WorkerGroup::receive_locked(const LayerProgress& on_layer) {
   return out;
 }
 
-Result<StepOutcome> WorkerGroup::step_locked(const models::StepPlan& plan,
+Result<StepOutcome> WorkerGroup::step_locked(const runtime::StepPlan& plan,
                                              const LayerProgress& on_layer) {
   BURST_RETURN_IF_ERROR(send_locked(plan, static_cast<bool>(on_layer)));
   return receive_locked(on_layer);
 }
 
-Status WorkerGroup::send_step(const models::StepPlan& plan, bool report_progress) {
+Status WorkerGroup::send_step(const runtime::StepPlan& plan, bool report_progress) {
   std::lock_guard<std::mutex> lock(run_mu_);
   return send_locked(plan, report_progress);
 }
@@ -945,90 +945,18 @@ Result<StepOutcome> WorkerGroup::receive_step(const LayerProgress& on_layer) {
   return receive_locked(on_layer);
 }
 
-Result<GroupStats> WorkerGroup::generate(const models::GenerateRequest& request,
-                                         const models::TokenCallback& on_token,
-                                         const models::ProgressCallback& on_progress) {
-  std::lock_guard<std::mutex> run_lock(run_mu_);
-  const auto n = static_cast<int64_t>(request.prompt.size());
-  const int64_t need = n + request.max_tokens;
-  if (need > kv_capacity_tokens()) {
-    return Status::error(StatusCode::kResourceExhausted,
-                         "the request needs " + std::to_string(need) +
-                             " KV tokens (prompt + max_tokens); the group holds " +
-                             std::to_string(kv_capacity_tokens()));
-  }
-  if (n == 0) return Status::error(StatusCode::kInvalidArgument, "the prompt is empty");
-  if (request.max_tokens <= 0) {
-    return Status::error(StatusCode::kInvalidArgument, "max_tokens must be > 0");
-  }
-  if (const std::string bad = engine::validate(request.sampling); !bad.empty()) {
-    return Status::error(StatusCode::kInvalidArgument, bad);
-  }
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-  };
-  const uint64_t id = next_seq_++;
-  const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
-  GroupStats out;
-  out.stats.prompt_tokens = n;
-  auto t0 = Clock::now();
-  bool cancelled = false;
-  Result<StepOutcome> r = StepOutcome{};
-  for (int64_t start = 0; start < n && !cancelled; start += chunk) {
-    const int64_t len = std::min(chunk, n - start);
-    models::StepPlan plan;
-    plan.layout = options_.layout;
-    plan.seqs.push_back(models::prefill_work(id, request.prompt, start, len, request.sampling));
-    LayerProgress layer;
-    if (on_progress) {
-      layer = [&](int done, int layers) {
-        const double f = (static_cast<double>(start) + static_cast<double>(len) * done / layers) /
-                         static_cast<double>(n);
-        if (!cancelled && !on_progress(f)) cancelled = true;
-      };
-    }
-    r = step_locked(plan, layer);
-    if (!r.ok()) break;
-    if (on_progress && !cancelled && !on_progress(static_cast<double>(start + len) / n)) {
-      cancelled = true;
-    }
-  }
-  out.stats.prefill_ms = ms_since(t0);
-  t0 = Clock::now();
-  int64_t pos = n;
-  while (r.ok() && !cancelled) {
-    const int32_t token = r.value().tokens.at(0).token;
-    ++out.stats.generated_tokens;
-    if (!on_token(token)) {
-      cancelled = true;
-      break;
-    }
-    if (request.stop_at_eos && token == info_.eos_token_id) {
-      out.stats.finish_reason = "stop";
-      break;
-    }
-    if (out.stats.generated_tokens >= request.max_tokens) {
-      out.stats.finish_reason = "length";
-      break;
-    }
-    models::StepPlan plan;
-    plan.seqs.push_back(models::decode_work(id, token, pos++, n, request.sampling));
-    r = step_locked(plan, nullptr);
-  }
-  if (!r.ok()) {
-    end_session_locked();
-    return r.status();
-  }
+Result<runtime::StepResult> WorkerGroup::run_step(const runtime::StepPlan& plan,
+                                                  const runtime::StepProgress& on_layer) {
+  LayerProgress layer;
+  if (on_layer) layer = [&](int done, int layers) { (void)on_layer(done, layers); };
+  auto r = step(plan, layer);
+  if (!r.ok()) return r.status();
+  runtime::StepResult out;
+  out.tokens = std::move(r.value().tokens);
+  out.rows = r.value().rows;
+  out.prompt_logprobs = std::move(r.value().prompt_logprobs);
   out.ring_compute_ms = r.value().ring_compute_ms;
   out.ring_wait_ms = r.value().ring_wait_ms;
-  out.stats.decode_ms = ms_since(t0);
-  if (cancelled) out.stats.finish_reason = "cancelled";
-  // Free the sequence's pages on every rank now.
-  models::StepPlan done;
-  done.release.push_back(id);
-  auto freed = step_locked(done, nullptr);
-  if (!freed.ok()) return freed.status();
   return out;
 }
 

@@ -44,7 +44,7 @@
 #include "burst/v1/worker.grpc.pb.h"
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
-#include "models/batch.h"
+#include "runtime/batch_runner.h"
 #include "server/logging.h"
 #include "server/worker_group.h"  // kv_rows_from_memory
 #include "server/worker_registry.h"
@@ -240,13 +240,13 @@ int kv_page_size(const engine::Backend& backend) {
   return backend.device() == engine::DeviceKind::kCuda ? 256 : engine::kDefaultKvPageSize;
 }
 
-models::StepPlan to_plan(const pb::StepRequest& req) {
-  models::StepPlan plan;
+runtime::StepPlan to_plan(const pb::StepRequest& req) {
+  runtime::StepPlan plan;
   plan.layout = req.layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
                                                : engine::ShardLayout::kZigzag;
   plan.release.assign(req.release().begin(), req.release().end());
   for (const pb::SeqWork& w : req.seqs()) {
-    models::SeqWork s;
+    runtime::SeqWork s;
     s.id = w.id();
     s.decode = w.decode();
     s.tokens.assign(w.tokens().begin(), w.tokens().end());
@@ -429,7 +429,7 @@ class WorkerService final : public pb::WorkerControl::Service {
         }
         break;  // the stream ended
       }
-      const models::StepPlan plan = to_plan(req);
+      const runtime::StepPlan plan = to_plan(req);
       bool progress = false;
       for (const auto& w : req.seqs()) progress = progress || w.report_progress();
       // Refuse what cannot run before any collective: every rank holds the same state and sees
@@ -484,7 +484,7 @@ class WorkerService final : public pb::WorkerControl::Service {
     }
   }
 
-  pb::StepReply step_reply(const models::StepResult& r, const engine::RingStats& ring,
+  pb::StepReply step_reply(const runtime::StepResult& r, const engine::RingStats& ring,
                            int layers) const {
     pb::StepReply reply;
     reply.set_final(true);
@@ -521,7 +521,7 @@ class WorkerService final : public pb::WorkerControl::Service {
   models::LlamaModel& model_;
   engine::Communicator& comm_;
   engine::RingAttention& ring_;
-  models::BatchRunner runner_;
+  runtime::BatchRunner runner_;
   std::mutex run_mu_;
   bool broken_ = false;
   const std::string token_;

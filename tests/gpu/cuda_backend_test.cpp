@@ -44,7 +44,7 @@
 #include "kernels/attention_cuda.h"
 #include "kernels/ops.h"
 #include "models/config.h"
-#include "models/generator.h"
+#include "runtime/driver.h"
 #include "models/llama.h"
 #include "server/tokenizer.h"
 #include "gpu_test_util.h"
@@ -57,6 +57,18 @@ using engine::Backend;
 using engine::DType;
 using engine::Tensor;
 namespace fs = std::filesystem;
+
+// One sequence's forward with the logits of logit_rows (seq_len 0: max(positions) + 1).
+Status forward_logits(models::LlamaModel& m, const std::vector<int32_t>& ids,
+                      const std::vector<int64_t>& pos, engine::AttentionContext& attn,
+                      const std::vector<int64_t>& logit_rows, std::vector<float>& logits,
+                      int64_t seq_len = 0, const models::LayerHook& hook = nullptr) {
+  models::ForwardOutput out;
+  BURST_RETURN_IF_ERROR(
+      m.forward(models::ForwardBatch::of_sequence(ids, pos, logit_rows, seq_len), attn, out, hook));
+  logits = std::move(out.logits);
+  return {};
+}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // The source tree (models, fixtures): BURST_SOURCE_DIR from the environment when set (a test
@@ -890,7 +902,8 @@ TEST_F(CudaBackendTest, FixtureWithHeadDim16FailsClearly) {
     auto cache = engine::LocalKvCache::create(*gpu_, model.value()->attention_shape(), 16);
     ASSERT_TRUE(cache.ok()) << cache.message();
     std::vector<float> logits;
-    const Status st = model.value()->forward({1, 5, 9}, {0, 1, 2}, *cache.value(), {2}, logits);
+    const Status st = forward_logits(*model.value(), {1, 5, 9}, {0, 1, 2}, *cache.value(), {2},
+                                     logits);
     ASSERT_FALSE(st.ok()) << name;
     EXPECT_NE(st.message().find("head_dim 16 is not supported"), std::string::npos)
         << st.message();
@@ -909,8 +922,8 @@ Status greedy(models::LlamaModel& m, const std::vector<int32_t>& prompt, int ste
   std::vector<int32_t> ids = prompt;
   for (int s = 0; s < steps; ++s) {
     std::vector<float> logits;
-    BURST_RETURN_IF_ERROR(m.forward(ids, pos, *cache.value(),
-                                    {static_cast<int64_t>(ids.size()) - 1}, logits));
+    BURST_RETURN_IF_ERROR(forward_logits(m, ids, pos, *cache.value(),
+                                         {static_cast<int64_t>(ids.size()) - 1}, logits));
     const auto best = std::max_element(logits.begin(), logits.end()) - logits.begin();
     tokens.push_back(static_cast<int32_t>(best));
     step_logits.push_back(std::move(logits));
@@ -932,8 +945,8 @@ Status forced(models::LlamaModel& m, const std::vector<int32_t>& prompt,
   std::vector<int32_t> ids = prompt;
   for (size_t s = 0; s < tokens.size(); ++s) {
     std::vector<float> logits;
-    BURST_RETURN_IF_ERROR(m.forward(ids, pos, *cache.value(),
-                                    {static_cast<int64_t>(ids.size()) - 1}, logits));
+    BURST_RETURN_IF_ERROR(forward_logits(m, ids, pos, *cache.value(),
+                                         {static_cast<int64_t>(ids.size()) - 1}, logits));
     step_logits.push_back(std::move(logits));
     const int64_t next = pos.back() + 1;
     ids = {tokens[s]};
@@ -1009,16 +1022,18 @@ TEST_F(CudaBackendTest, KjvTinyGenerateOnDeviceEqualsHostSampler) {
   constexpr int kTokens = 40;
   auto cache = engine::LocalKvCache::create(*gpu_, m.attention_shape(), n + kTokens + 1);
   ASSERT_TRUE(cache.ok()) << cache.message();
+  auto local = runtime::LocalStepRunner::create(m, n + kTokens + 1);
+  ASSERT_TRUE(local.ok()) << local.message();
   for (const engine::SamplingParams& sp :
        {engine::SamplingParams{0.f, 0, 1.f, 0}, engine::SamplingParams{0.9f, 0, 0.95f, 42},
         engine::SamplingParams{1.2f, 50, 1.f, 7}}) {
-    models::GenerateRequest req;
+    runtime::GenerateRequest req;
     req.prompt = prompt;
     req.max_tokens = kTokens;
     req.sampling = sp;
     req.stop_at_eos = false;
     std::vector<int32_t> got;
-    auto stats = models::generate(m, *cache.value(), req, [&](int32_t t) {
+    auto stats = runtime::generate(*local.value(), req, [&](int32_t t) {
       got.push_back(t);
       return true;
     });
@@ -1032,8 +1047,8 @@ TEST_F(CudaBackendTest, KjvTinyGenerateOnDeviceEqualsHostSampler) {
     cache.value()->clear();
     while (static_cast<int>(want.size()) < kTokens) {
       std::vector<float> logits;
-      const Status st = m.forward(ids, pos, *cache.value(),
-                                  {static_cast<int64_t>(ids.size()) - 1}, logits);
+      const Status st = forward_logits(m, ids, pos, *cache.value(),
+                                       {static_cast<int64_t>(ids.size()) - 1}, logits);
       ASSERT_TRUE(st.ok()) << st.message();
       want.push_back(sampler.sample(logits.data(), m.config().vocab_size));
       ids = {want.back()};
@@ -1174,9 +1189,9 @@ TEST_F(CudaBackendTest, TwoLayer7bShapeMatchesCpu) {
     std::vector<int32_t> a(ids.begin(), ids.begin() + 250), z(ids.begin() + 250, ids.end());
     std::vector<int64_t> pa(pos.begin(), pos.begin() + 250), pz(pos.begin() + 250, pos.end());
     std::vector<float> unused;
-    Status st = m.value()->forward(a, pa, *cache.value(), {}, unused);
+    Status st = forward_logits(*m.value(), a, pa, *cache.value(), {}, unused);
     ASSERT_TRUE(st.ok()) << st.message();
-    st = m.value()->forward(z, pz, *cache.value(), {49}, logits);
+    st = forward_logits(*m.value(), z, pz, *cache.value(), {49}, logits);
     ASSERT_TRUE(st.ok()) << st.message();
   };
   std::vector<float> ref, loaded, random;
@@ -1292,10 +1307,10 @@ TEST(CudaPrefillBench, Preset7b) {
 
   auto model = models::LlamaModel::random(b, c, 0);
   ASSERT_TRUE(model.ok()) << model.message();
-  auto cache = engine::LocalKvCache::create(b, model.value()->attention_shape(), max_len + 1);
-  ASSERT_TRUE(cache.ok()) << cache.message();
+  auto local = runtime::LocalStepRunner::create(*model.value(), max_len + 1);
+  ASSERT_TRUE(local.ok()) << local.message();
   for (int64_t n : lengths) {
-    models::GenerateRequest req;
+    runtime::GenerateRequest req;
     req.max_tokens = 1;
     req.sampling = engine::SamplingParams{0.f, 0, 1.f, 0};
     req.prompt.push_back(1);
@@ -1306,7 +1321,7 @@ TEST(CudaPrefillBench, Preset7b) {
     std::vector<double> ms;
     int32_t first = -1;
     for (int rep = 0; rep <= reps; ++rep) {  // rep 0 is the warm-up
-      auto stats = models::generate(*model.value(), *cache.value(), req, [&](int32_t t) {
+      auto stats = runtime::generate(*local.value(), req, [&](int32_t t) {
         first = t;
         return true;
       });
@@ -1457,7 +1472,7 @@ TEST(CudaDecodeBench, HostOverhead7b) {
       pos[static_cast<size_t>(i)] = i;
     }
     std::vector<float> logits;
-    ASSERT_TRUE(m.forward(ids, pos, *cache.value(), {n - 1}, logits).ok());
+    ASSERT_TRUE(forward_logits(m, ids, pos, *cache.value(), {n - 1}, logits).ok());
     int64_t at = n;
     for (const Way& w : ways) {
       engine::Sampler sampler(w.sampling);
@@ -1474,12 +1489,13 @@ TEST(CudaDecodeBench, HostOverhead7b) {
         const auto t0 = Clock::now();
         Status st;
         if (w.on_device) {
-          const models::SampleRows rows{{0}, {w.sampling}, {sampler.draw_uniform()}};
-          st = m.forward({token}, {at}, *cache.value(), {}, logits, rows, sampled,
-                         {{0, 1, at + 1}}, hook);
-          if (st.ok()) token = sampled.at(0);
+          auto batch = models::ForwardBatch::of_sequence({token}, {at}, {}, at + 1);
+          batch.sample = models::SampleRows{{0}, {w.sampling}, {sampler.draw_uniform()}};
+          models::ForwardOutput out;
+          st = m.forward(batch, *cache.value(), out, hook);
+          if (st.ok()) token = out.sampled.at(0);
         } else {
-          st = m.forward({token}, {at}, *cache.value(), {0}, logits, at + 1, hook);
+          st = forward_logits(m, {token}, {at}, *cache.value(), {0}, logits, at + 1, hook);
           if (st.ok()) token = sampler.sample(logits.data(), c.vocab_size);
         }
         const auto t1 = Clock::now();

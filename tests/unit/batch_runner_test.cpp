@@ -1,4 +1,4 @@
-// models::BatchRunner on 2 and 3 ranks (real processes, Gloo): a step that mixes decode tokens
+// runtime::BatchRunner on 2 and 3 ranks (real processes, Gloo): a step that mixes decode tokens
 // and prefill chunks in any row order (decodes NOT on consecutive rows, so the ring takes its
 // one-launch-per-token decode path, and prefill chunks between them) gives every sequence the
 // greedy tokens it gets when it runs alone, and so does a decode whose tokens are left to the
@@ -18,11 +18,14 @@
 
 #include "engine/attention_context.h"
 #include "engine/backend.h"
-#include "models/batch.h"
+#include "models/llama.h"
+#include "runtime/batch_runner.h"
 #include "multiprocess.h"
 
 namespace burst::models {
 namespace {
+
+using namespace ::burst::runtime;
 
 using burst::testing::make_temp_dir;
 using burst::testing::run_ranks;
@@ -308,8 +311,11 @@ std::vector<int32_t> host_reference(engine::Backend& b, LlamaModel& m,
   if (!cache.ok()) return {};
   std::vector<int64_t> pos(prompt.size());
   std::iota(pos.begin(), pos.end(), 0);
-  std::vector<float> logits;
-  if (!m.forward(prompt, pos, *cache.value(), {n - 1}, logits, n).ok()) return {};
+  ForwardOutput fwd;
+  if (!m.forward(ForwardBatch::of_sequence(prompt, pos, {n - 1}, n), *cache.value(), fwd).ok()) {
+    return {};
+  }
+  std::vector<float>& logits = fwd.logits;
   engine::Sampler sampler(q.sampling);
   engine::TokenHistory h;
   if (q.adjust.repetition_penalty != 1.f) h.add_prompt(prompt.data(), prompt.size());
@@ -323,8 +329,8 @@ std::vector<int32_t> host_reference(engine::Backend& b, LlamaModel& m,
     if (q.adjust.active()) h.add_generated(token);
     logprobs.push_back(engine::log_softmax_at(logits.data(), vocab, token, 0, nullptr));
     out.push_back(token);
-    logits.clear();
-    if (!m.forward({token}, {n + t}, *cache.value(), {0}, logits, n + t + 1).ok()) return {};
+    const auto next = ForwardBatch::of_sequence({token}, {n + t}, {0}, n + t + 1);
+    if (!m.forward(next, *cache.value(), fwd).ok()) return {};
   }
   return out;
 }

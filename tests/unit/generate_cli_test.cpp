@@ -37,7 +37,6 @@ TEST(GenerateCli, BadArgumentsExitTwoWithUsage) {
         "--model " + kModel + " --prompt-tokens 5 --top-p 0",
         "--model " + kModel + " --prompt-tokens 5 --max-tokens abc",
         "--model " + kModel + " --prompt-tokens 5 --bogus 1",
-        "--model " + kModel + " --prompt-tokens 5 --prefill-chunk 4",
         "--model " + kModel + " --prompt-tokens 5 --workers 2 --prefill-chunk -1"}) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
@@ -64,6 +63,7 @@ TEST(GenerateCli, RunsAFixtureModelFromTokenIds) {
   EXPECT_NE(w.out.find("ring attention"), std::string::npos) << w.out;
   EXPECT_NE(w.out.find("exposed communication"), std::string::npos) << w.out;
 }
+
 
 }  // namespace
 
@@ -97,6 +97,17 @@ TEST(GenerateCli, TinyModelTextIdenticalForOneToFourWorkers) {
   // Chunked prefill (each chunk one ring pass over the cached prefix) gives the same text; 3
   // tokens a chunk leaves a short last chunk and chunks smaller than the ring.
   EXPECT_EQ(stdout_of(base + " --workers 3 --prefill-chunk 3"), want) << "3 workers, chunk 3";
+}
+
+// The in-process engine prefills in chunks too (the same driver as the workers'): chunks of 5
+// over a 12-token prompt give the unchunked run's greedy tokens.
+TEST(GenerateCli, InProcessChunkedPrefillGivesTheSameTokens) {
+  const std::string args =
+      "--model " + kModel + " --prompt-tokens 12 --max-tokens 6 --temperature 0";
+  const std::string whole = stdout_of(args);
+  const std::string chunked = stdout_of(args + " --prefill-chunk 5");
+  ASSERT_GT(whole.size(), 6u) << whole;  // ids, each followed by a space
+  EXPECT_EQ(chunked, whole);
 }
 
 }  // namespace

@@ -10,11 +10,13 @@
 #include <numeric>
 
 #include "engine/backend.h"
-#include "models/generator.h"
+#include "runtime/driver.h"
 #include "models/llama.h"
 
 namespace burst::models {
 namespace {
+
+using namespace ::burst::runtime;
 
 struct Fixture {
   const char* name;
@@ -69,30 +71,32 @@ TEST_P(Golden, MatchesTransformers) {
   // flipped argmax cannot hide a numeric error later on) and keep the last step's logits.
   std::vector<int64_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), 0);
-  std::vector<float> logits;
-  ASSERT_TRUE(m.forward(prompt, pos, *cache.value(), {n - 1}, logits).ok());
-  expect_close(logits, ref_prefill, "prefill logits");
+  ForwardOutput out;
+  ASSERT_TRUE(m.forward(ForwardBatch::of_sequence(prompt, pos, {n - 1}), *cache.value(), out).ok());
+  expect_close(out.logits, ref_prefill, "prefill logits");
   for (size_t i = 0; i + 1 < ref_tokens.size(); ++i) {
-    logits.clear();
-    auto st = m.forward({ref_tokens[i]}, {n + static_cast<int64_t>(i)}, *cache.value(), {0},
-                        logits);
+    auto st = m.forward(
+        ForwardBatch::of_sequence({ref_tokens[i]}, {n + static_cast<int64_t>(i)}, {0}),
+        *cache.value(), out);
     ASSERT_TRUE(st.ok()) << st.message();
   }
-  expect_close(logits, ref_decode, "last decode-step logits");
+  expect_close(out.logits, ref_decode, "last decode-step logits");
 
   // The generator's own greedy run must give exactly the reference tokens.
-  GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt;
   req.max_tokens = static_cast<int>(ref_tokens.size());
   req.stop_at_eos = false;
   std::vector<int32_t> got;
-  auto stats = generate(m, *cache.value(), req, [&](int32_t t) {
+  auto local = runtime::LocalStepRunner::create(m, n + static_cast<int64_t>(ref_tokens.size()));
+  ASSERT_TRUE(local.ok()) << local.message();
+  auto stats = runtime::generate(*local.value(), req, [&](int32_t t) {
     got.push_back(t);
     return true;
   });
   ASSERT_TRUE(stats.ok()) << stats.message();
   EXPECT_EQ(got, ref_tokens);
-  EXPECT_EQ(stats.value().finish_reason, "length");
+  EXPECT_EQ(stats.value().finish_reason, runtime::FinishReason::kLength);
 }
 
 INSTANTIATE_TEST_SUITE_P(

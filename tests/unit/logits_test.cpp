@@ -1,4 +1,4 @@
-// Logprobs and logits processing on rank 0 (models::BatchRunner, engine::adjust_logits):
+// Logprobs and logits processing on rank 0 (runtime::BatchRunner, engine::adjust_logits):
 // - the logprobs BatchRunner returns (prefill's last row and decode steps) equal a naive
 //   log-softmax, in double, of the logits of an independent full forward of kjv-tiny;
 // - logit_bias, presence/frequency/repetition penalties and min_tokens change the logits as
@@ -13,11 +13,14 @@
 
 #include "engine/backend.h"
 #include "engine/sampler.h"
-#include "models/batch.h"
+#include "models/llama.h"
+#include "runtime/batch_runner.h"
 #include "multiprocess.h"
 
 namespace burst::models {
 namespace {
+
+using namespace ::burst::runtime;
 
 const std::vector<int32_t> kPrompt = {1, 1126, 4177, 1497, 29892, 2803, 727, 367};
 
@@ -65,11 +68,11 @@ struct Fixture {
     }
     int64_t last = 0;
     plan.owner(n - 1, &last);
-    std::vector<float> logits;
-    const Status st = model->forward(rows, pos, *r.value(), {last}, logits, n);
+    ForwardOutput out;
+    const Status st = model->forward(ForwardBatch::of_sequence(rows, pos, {last}, n), *r.value(), out);
     EXPECT_TRUE(st.ok()) << st.message();
-    logits.resize(static_cast<size_t>(model->config().vocab_size));
-    return logits;
+    out.logits.resize(static_cast<size_t>(model->config().vocab_size));
+    return out.logits;
   }
 };
 

@@ -1,6 +1,6 @@
 // The LLaMA model over N ranks (real processes, Gloo over loopback, BurstAttention ring): the
 // prefill logits at the last prompt position match Hugging Face's within the golden tolerance,
-// and the 32-token greedy continuation equals Hugging Face's, for N = 1, 2, 3, 4 and both
+// and the 32-token greedy continuation (prompt in one step and in chunks) equals Hugging Face's, for N = 1, 2, 3, 4 and both
 // sharding layouts.
 #include <gtest/gtest.h>
 
@@ -10,12 +10,15 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
-#include "models/batch.h"
-#include "models/generator.h"
+#include "models/llama.h"
+#include "runtime/batch_runner.h"
+#include "runtime/driver.h"
 #include "multiprocess.h"
 
 namespace burst::models {
 namespace {
+
+using namespace ::burst::runtime;
 
 using burst::testing::make_temp_dir;
 using burst::testing::run_ranks;
@@ -64,12 +67,14 @@ int rank_main(const Case& c, int rank, const std::string& store) {
   }
   int64_t row = 0;
   const int owner = plan.owner(n - 1, &row);
-  std::vector<float> logits;
   ring.value()->begin_prefill(plan);
-  auto st = model.value()->forward(ids, pos, *ring.value(),
-                                   owner == rank ? std::vector<int64_t>{row}
-                                                 : std::vector<int64_t>{},
-                                   logits, n);
+  ForwardOutput out;
+  auto st = model.value()->forward(
+      ForwardBatch::of_sequence(ids, pos,
+                                owner == rank ? std::vector<int64_t>{row} : std::vector<int64_t>{},
+                                n),
+      *ring.value(), out);
+  const std::vector<float>& logits = out.logits;
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, st.message().c_str());
     return 34;
@@ -87,74 +92,45 @@ int rank_main(const Case& c, int rank, const std::string& store) {
     }
   }
 
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.max_tokens = static_cast<int>(ref_tokens.size());
-  req.stop_at_eos = false;
-  std::vector<int32_t> got;
-  auto stats = generate_sharded(*model.value(), *ring.value(), *comm.value(), c.layout, req,
-                                [&](int32_t t) {
-                                  got.push_back(t);
-                                  return true;
-                                });
-  if (!stats.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, stats.message().c_str());
-    return 36;
-  }
-  if (stats.value().generated_tokens != static_cast<int64_t>(ref_tokens.size())) return 37;
-  if (rank == 0 && got != ref_tokens) {
-    std::fprintf(stderr, "rank 0: greedy tokens differ from transformers'\n");
-    return 38;
-  }
-
-  // Chunked prefill (chunks of 7: they divide neither the prompt nor 2N) through the batch
-  // runner, then decode steps: the same greedy tokens as transformers' unchunked run.
+  // The prompt in one step, then in chunks of 7 (they divide neither the prompt nor 2N),
+  // through the batch runner, then decode steps: transformers' greedy tokens both ways.
   BatchRunner runner(*model.value(), *ring.value(), *comm.value());
-  constexpr int64_t kChunk = 7;
+  runner.release_all();  // the logits' forward above left its sequence in the ring
   constexpr uint64_t kSeq = 42;
-  std::vector<int32_t> chunked;
-  int32_t token = 0;
-  for (int64_t start = 0; start < n; start += kChunk) {
-    StepPlan plan;
-    plan.layout = c.layout;
-    SeqWork w;
-    w.id = kSeq;
-    w.start = start;
-    w.tokens.assign(prompt.begin() + start, prompt.begin() + std::min(n, start + kChunk));
-    w.prompt_len = n;
-    w.sample = start + kChunk >= n;
-    plan.seqs.push_back(w);
-    auto r = runner.step(plan);
-    if (!r.ok()) {
-      std::fprintf(stderr, "rank %d: chunk at %lld: %s\n", rank, (long long)start,
-                   r.message().c_str());
-      return 39;
+  for (const int64_t chunk : {n, int64_t{7}}) {
+    std::vector<int32_t> chunked;
+    int32_t token = 0;
+    for (int64_t start = 0; start < n; start += chunk) {
+      StepPlan plan;
+      plan.layout = c.layout;
+      SeqWork w = prefill_work(kSeq, prompt, start, std::min(chunk, n - start), {});
+      plan.seqs.push_back(w);
+      auto r = runner.step(plan);
+      if (!r.ok()) {
+        std::fprintf(stderr, "rank %d: chunk at %lld: %s\n", rank, (long long)start,
+                     r.message().c_str());
+        return 39;
+      }
+      if (w.sample && rank == 0) token = r.value().tokens.at(0).token;
     }
-    if (w.sample && rank == 0) token = r.value().tokens.at(0).token;
+    for (size_t i = 0; i < ref_tokens.size(); ++i) {
+      if (comm.value()->broadcast(&token, sizeof token, 0).ok() == false) return 40;
+      chunked.push_back(token);
+      if (i + 1 == ref_tokens.size()) break;
+      StepPlan plan;
+      plan.seqs.push_back(decode_work(kSeq, token, n + static_cast<int64_t>(i), n, {}));
+      auto r = runner.step(plan);
+      if (!r.ok()) return 41;
+      if (rank == 0) token = r.value().tokens.at(0).token;
+    }
+    if (rank == 0 && chunked != ref_tokens) {
+      std::fprintf(stderr, "rank 0: greedy tokens (chunks of %lld) differ from transformers'\n",
+                   (long long)chunk);
+      return 42;
+    }
+    runner.release(kSeq);
+    if (ring.value()->cache().usage().used_pages != 0) return 43;
   }
-  for (size_t i = 0; i < ref_tokens.size(); ++i) {
-    if (comm.value()->broadcast(&token, sizeof token, 0).ok() == false) return 40;
-    chunked.push_back(token);
-    if (i + 1 == ref_tokens.size()) break;
-    StepPlan plan;
-    SeqWork w;
-    w.id = kSeq;
-    w.decode = true;
-    w.tokens = {token};
-    w.start = n + static_cast<int64_t>(i);
-    w.prompt_len = n;
-    w.sample = true;
-    plan.seqs.push_back(w);
-    auto r = runner.step(plan);
-    if (!r.ok()) return 41;
-    if (rank == 0) token = r.value().tokens.at(0).token;
-  }
-  if (rank == 0 && chunked != ref_tokens) {
-    std::fprintf(stderr, "rank 0: chunked prefill's greedy tokens differ from transformers'\n");
-    return 42;
-  }
-  runner.release(kSeq);
-  if (ring.value()->cache().usage().used_pages != 0) return 43;
   return 0;
 }
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "engine/backend.h"
-#include "models/generator.h"
+#include "runtime/driver.h"
 #include "engine/sharding.h"
 #include "server/scheduler.h"  // kv_pages_needed
 #include "server/worker_group.h"
@@ -89,7 +89,7 @@ TEST(WorkerGroup, KvPagesHoldAnyMixOfChunkSizes) {
 }
 
 TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(53, 4099);
   req.max_tokens = 16;
   req.stop_at_eos = false;
@@ -97,9 +97,10 @@ TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
   auto backend = engine::make_cpu_backend();
   auto model = models::LlamaModel::load(*backend, kModel);
   ASSERT_TRUE(model.ok()) << model.message();
-  auto cache = engine::LocalKvCache::create(*backend, model.value()->attention_shape(), 128);
+  auto local = runtime::LocalStepRunner::create(*model.value(), 128);
+  ASSERT_TRUE(local.ok()) << local.message();
   std::vector<int32_t> want;
-  ASSERT_TRUE(models::generate(*model.value(), *cache.value(), req, [&](int32_t t) {
+  ASSERT_TRUE(runtime::generate(*local.value(), req, [&](int32_t t) {
                 want.push_back(t);
                 return true;
               }).ok());
@@ -112,14 +113,14 @@ TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
       auto group = WorkerGroup::start(opt);
       ASSERT_TRUE(group.ok()) << group.message();
       std::vector<int32_t> got;
-      auto r = group.value()->generate(req, [&](int32_t t) {
+      auto r = runtime::generate(*group.value(), req, [&](int32_t t) {
         got.push_back(t);
         return true;
       });
       ASSERT_TRUE(r.ok()) << n << " workers: " << r.message();
       EXPECT_EQ(got, want) << n << " workers";
-      EXPECT_EQ(r.value().stats.finish_reason, "length");
-      EXPECT_EQ(r.value().stats.prompt_tokens, 53);
+      EXPECT_EQ(r.value().finish_reason, runtime::FinishReason::kLength);
+      EXPECT_EQ(r.value().prompt_tokens, 53);
     }
   }
 }
@@ -127,18 +128,18 @@ TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
 TEST(WorkerGroup, CancelStopsEveryRankAndTheGroupStaysUsable) {
   auto group = WorkerGroup::start(options(2, 256));
   ASSERT_TRUE(group.ok()) << group.message();
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(20, 4099);
   req.max_tokens = 200;
   req.stop_at_eos = false;
   int seen = 0;
-  auto r = group.value()->generate(req, [&](int32_t) { return ++seen < 5; });
+  auto r = runtime::generate(*group.value(), req, [&](int32_t) { return ++seen < 5; });
   ASSERT_TRUE(r.ok()) << r.message();
-  EXPECT_EQ(r.value().stats.finish_reason, "cancelled");
+  EXPECT_EQ(r.value().finish_reason, runtime::FinishReason::kCancelled);
   EXPECT_LT(seen, 10);
   seen = 0;
   req.max_tokens = 7;
-  r = group.value()->generate(req, [&](int32_t) { return ++seen, true; });
+  r = runtime::generate(*group.value(), req, [&](int32_t) { return ++seen, true; });
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(seen, 7);
   EXPECT_TRUE(group.value()->healthy());
@@ -150,13 +151,13 @@ TEST(WorkerGroup, CancelStopsEveryRankAndTheGroupStaysUsable) {
 TEST(WorkerGroup, PrefillProgressPerLayerAndCancelMidPrefill) {
   auto group = WorkerGroup::start(options(2, 9000));
   ASSERT_TRUE(group.ok()) << group.message();
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(40, 4099);
   req.max_tokens = 3;
   req.stop_at_eos = false;
   std::vector<double> seen;
   int tokens = 0;
-  auto r = group.value()->generate(
+  auto r = runtime::generate(*group.value(), 
       req, [&](int32_t) { return ++tokens, true; },
       [&](double f) {
         EXPECT_EQ(tokens, 0) << "progress comes before the first token";
@@ -174,17 +175,17 @@ TEST(WorkerGroup, PrefillProgressPerLayerAndCancelMidPrefill) {
   tokens = 0;
   int calls = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  r = group.value()->generate(req, [&](int32_t) { return ++tokens, true; },
+  r = runtime::generate(*group.value(), req, [&](int32_t) { return ++tokens, true; },
                               [&](double) { return ++calls < 1; });  // cancel at layer 1
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.ok()) << r.message();
-  EXPECT_EQ(r.value().stats.finish_reason, "cancelled");
+  EXPECT_EQ(r.value().finish_reason, runtime::FinishReason::kCancelled);
   EXPECT_EQ(tokens, 0);
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(group.value()->healthy());
   std::printf("[ info     ] cancelled after layer 1 of 3 in %.2f s\n", s);
   req.prompt = prompt_of(30, 4099);
-  r = group.value()->generate(req, [&](int32_t) { return ++tokens, true; });
+  r = runtime::generate(*group.value(), req, [&](int32_t) { return ++tokens, true; });
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(tokens, 3);
 }
@@ -193,7 +194,7 @@ TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   auto group = WorkerGroup::start(options(2, 9000));
   ASSERT_TRUE(group.ok()) << group.message();
   WorkerGroup& g = *group.value();
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(8000, 4099);  // seconds of CPU prefill: the kill lands inside it
   req.max_tokens = 8;
   const int victim = g.pids()[1];
@@ -203,7 +204,7 @@ TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   });
   int tokens = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  auto r = runtime::generate(g, req, [&](int32_t) { return ++tokens, true; });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   killer.join();
   ASSERT_FALSE(r.ok());
@@ -213,7 +214,7 @@ TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   EXPECT_NE(r.message().find("signal 9"), std::string::npos) << r.message();
   EXPECT_FALSE(g.healthy());
   // Refused while unhealthy, with the reason.
-  auto refused = g.generate(req, [](int32_t) { return true; });
+  auto refused = runtime::generate(g, req, [](int32_t) { return true; });
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("unavailable"), std::string::npos) << refused.message();
 
@@ -221,7 +222,7 @@ TEST(WorkerGroup, KilledWorkerFailsTheRequestFastAndRestartRecovers) {
   EXPECT_TRUE(g.healthy());
   req.prompt = prompt_of(30, 4099);
   tokens = 0;
-  r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  r = runtime::generate(g, req, [&](int32_t) { return ++tokens, true; });
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(tokens, 8);
 }
@@ -235,7 +236,7 @@ TEST(WorkerGroup, StoppedWorkerIsFoundByHeartbeatsAndRestartRecovers) {
   auto group = WorkerGroup::start(o);
   ASSERT_TRUE(group.ok()) << group.message();
   WorkerGroup& g = *group.value();
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(8000, 4099);
   req.max_tokens = 8;
   const int victim = g.pids()[1];
@@ -244,7 +245,7 @@ TEST(WorkerGroup, StoppedWorkerIsFoundByHeartbeatsAndRestartRecovers) {
     kill(victim, SIGSTOP);
   });
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = g.generate(req, [](int32_t) { return true; });
+  auto r = runtime::generate(g, req, [](int32_t) { return true; });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stopper.join();
   ASSERT_FALSE(r.ok());
@@ -257,7 +258,7 @@ TEST(WorkerGroup, StoppedWorkerIsFoundByHeartbeatsAndRestartRecovers) {
   EXPECT_NE(kill(victim, 0), 0) << "the stopped rank is gone";
   req.prompt = prompt_of(30, 4099);
   int tokens = 0;
-  r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  r = runtime::generate(g, req, [&](int32_t) { return ++tokens, true; });
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(tokens, 8);
 }
@@ -271,10 +272,10 @@ TEST(WorkerGroup, StepPastItsDeadlineFailsTheGroup) {
   auto group = WorkerGroup::start(o);
   ASSERT_TRUE(group.ok()) << group.message();
   WorkerGroup& g = *group.value();
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(8000, 4099);  // seconds of CPU prefill
   req.max_tokens = 2;
-  auto r = g.generate(req, [](int32_t) { return true; });
+  auto r = runtime::generate(g, req, [](int32_t) { return true; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.code(), StatusCode::kUnavailable);
   EXPECT_NE(r.message().find("deadline"), std::string::npos) << r.message();
@@ -289,22 +290,22 @@ TEST(WorkerGroup, RefusedRequestsLeaveTheGroupHealthy) {
   auto group = WorkerGroup::start(options(2, 64));
   ASSERT_TRUE(group.ok()) << group.message();
   WorkerGroup& g = *group.value();
-  models::GenerateRequest req;
+  runtime::GenerateRequest req;
   req.prompt = prompt_of(60, 4099);
   req.max_tokens = 10;  // 70 > 64
-  auto r = g.generate(req, [](int32_t) { return true; });
+  auto r = runtime::generate(g, req, [](int32_t) { return true; });
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("KV tokens"), std::string::npos) << r.message();
   req.prompt = prompt_of(10, 4099);
   req.max_tokens = 0;  // reaches the workers, which refuse it
-  r = g.generate(req, [](int32_t) { return true; });
+  r = runtime::generate(g, req, [](int32_t) { return true; });
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("max_tokens"), std::string::npos) << r.message();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a dying worker would show
   EXPECT_TRUE(g.healthy());
   req.max_tokens = 4;
   int tokens = 0;
-  r = g.generate(req, [&](int32_t) { return ++tokens, true; });
+  r = runtime::generate(g, req, [&](int32_t) { return ++tokens, true; });
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(tokens, 4);
 }

@@ -73,4 +73,9 @@ struct GlooOptions {
 // Joins the group; returns once every rank has connected (or the timeout passed).
 Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& options);
 
+// A group of one rank in this process (the single-request driver, tests): all_gather copies
+// (host memory), broadcast and barrier do nothing, a send or receive is an error (a rank has
+// no peer). Code that branches on world_size() == 1 never reaches it with device pointers.
+std::unique_ptr<Communicator> make_local_communicator();
+
 }  // namespace burst::engine

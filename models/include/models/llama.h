@@ -11,36 +11,13 @@
 
 #include "engine/attention_context.h"
 #include "engine/backend.h"
-#include "engine/sampler.h"
 #include "models/config.h"
+#include "models/model.h"
 
 namespace burst::models {
 
 struct LayerWeights {
   engine::Tensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
-};
-
-// Called after each layer of a forward with the number of layers done; an error stops the
-// forward and is returned by it (how a prefill is cancelled between layers).
-using LayerHook = std::function<Status(int64_t layers_done)>;
-
-// Rows [row, row + rows) of a forward belong to one sequence of length seq_len (what dynamic
-// RoPE scales by): a batch of several sequences passes one span per sequence.
-struct RopeSpan {
-  int64_t row = 0, rows = 0, seq_len = 0;
-};
-
-// Rows of a forward whose next token is drawn on the backend (Backend::sample) rather than
-// returned as logits: no logits leave the device for them, only the ids. Row rows[i] of the
-// batch is sampled with params[i] and uniforms[i] (Sampler::draw_uniform of its sequence).
-struct SampleRows {
-  std::vector<int64_t> rows;
-  std::vector<engine::SamplingParams> params;
-  std::vector<double> uniforms;
-  // Queue the draw and return without its ids (Backend::sample_queued): `sampled` stays empty
-  // and Backend::sampled() hands them over later.
-  bool queued = false;
-  size_t size() const { return rows.size(); }
 };
 
 // Called after each weight is loaded or generated: bytes of the model's weights (in the
@@ -49,7 +26,7 @@ using LoadProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)
 
 struct WeightSpec;  // one weight: name, shape, destination (llama.cpp)
 
-class LlamaModel {
+class LlamaModel final : public Model {
  public:
   // Loads config.json and the safetensors weights of an HF model directory onto the backend.
   static Result<std::unique_ptr<LlamaModel>> load(engine::Backend& backend,
@@ -61,34 +38,16 @@ class LlamaModel {
                                                     const LlamaConfig& config, uint64_t seed,
                                                     const LoadProgress& on_progress = nullptr);
 
-  const LlamaConfig& config() const { return config_; }
-  engine::Backend& backend() const { return backend_; }
-  engine::AttentionShape attention_shape() const;
+  const LlamaConfig& config() const override { return config_; }
+  engine::Backend& backend() const override { return backend_; }
+  engine::AttentionShape attention_shape() const override;
   // Rows of MLP work per chunk in long prefills (bounds activation memory).
   void set_mlp_chunk_rows(int64_t rows) { mlp_chunk_rows_ = rows; }
 
-  // Runs `ids` at absolute `positions` through every layer. For each index r in logit_rows
-  // (an index into ids), appends vocab_size fp32 logits to `logits`. seq_len is the length of
-  // the whole sequence this forward belongs to (dynamic RoPE depends on it; a shard sees only
-  // part of the positions); 0 means max(positions) + 1. after_layer, when set, runs after every
-  // layer.
-  Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                 engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                 std::vector<float>& logits, int64_t seq_len = 0,
-                 const LayerHook& after_layer = nullptr);
-  // The same over a batch of sequences: `spans` cover every row, each with its sequence's
-  // length for RoPE.
-  Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                 engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                 std::vector<float>& logits, const std::vector<RopeSpan>& spans,
-                 const LayerHook& after_layer = nullptr);
-  // The same, and for each row of `sample` a token drawn on the backend, appended to `sampled`
-  // (the LM head runs once over the logit rows and the sampled rows together).
-  Status forward(const std::vector<int32_t>& ids, const std::vector<int64_t>& positions,
-                 engine::AttentionContext& attn, const std::vector<int64_t>& logit_rows,
-                 std::vector<float>& logits, const SampleRows& sample,
-                 std::vector<int32_t>& sampled, const std::vector<RopeSpan>& spans,
-                 const LayerHook& after_layer = nullptr);
+  // Runs the batch through every layer (Model::forward); the LM head runs once over the logit
+  // rows and the sampled rows together, and only over them.
+  Status forward(const ForwardBatch& batch, engine::AttentionContext& attn, ForwardOutput& out,
+                 const LayerHook& after_layer = nullptr) override;
 
  private:
   LlamaModel(engine::Backend& backend, LlamaConfig config)

@@ -94,7 +94,7 @@ struct Event {
   bool has_logprob = false;   // kToken with request.logprobs >= 0 (not on held-back text)
   float logprob = 0;          // kToken: log-softmax of the raw logits at `token`
   std::vector<std::pair<int32_t, float>> top_logprobs;  // kToken: the most likely ids
-  std::vector<models::PromptTokenLogprob> prompt_logprobs;  // kPromptLogprobs: a chunk's
+  std::vector<runtime::PromptTokenLogprob> prompt_logprobs;  // kPromptLogprobs: a chunk's
   FinishInfo finish;          // kFinished
   ApiError error;             // kError
 };
@@ -124,7 +124,7 @@ struct SchedulerOptions {
   int64_t prefill_chunk_decoding = 0;
   // While every running sequence decodes and nothing waits, the step after the one in flight
   // is sent before that one's tokens are read (each decoding sequence's next row with
-  // models::kPreviousToken): the workers start it the moment they finish, and the round trip
+  // runtime::kPreviousToken): the workers start it the moment they finish, and the round trip
   // through this process (replies, output processing, planning) leaves the critical path.
   bool decode_lookahead = true;
   int64_t max_context = 0;  // longest prompt
@@ -222,14 +222,14 @@ class Scheduler {
   // when nothing was runnable.
   bool run_step();
   void drop_finished();
-  models::StepPlan plan_step(std::vector<Chunk>& chunks);
-  void observe_step(const models::StepPlan& plan, const std::vector<Chunk>& chunks);
-  bool can_look_ahead(const models::StepPlan& plan, const std::vector<Chunk>& chunks);
-  models::StepPlan continue_decode(const models::StepPlan& plan);
+  runtime::StepPlan plan_step(std::vector<Chunk>& chunks);
+  void observe_step(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks);
+  bool can_look_ahead(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks);
+  runtime::StepPlan continue_decode(const runtime::StepPlan& plan);
   void step_failed(size_t seqs, const Status& st);
   static void process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
                             std::chrono::steady_clock::time_point now, bool is_eos,
-                            const models::SampledToken& st, Metrics& metrics);
+                            const runtime::SampledToken& st, Metrics& metrics);
   // The sequence leaves the batch: its output gets `reason` (or the error), its pages are
   // released on every rank in the next step.
   void finish(Seq& s, const std::string& reason, const ApiError* error = nullptr);
@@ -253,7 +253,7 @@ class Scheduler {
   std::vector<uint64_t> to_release_;
   std::vector<int64_t> free_pages_;  // the page ledger, per rank (mirrors the ranks' caches)
   bool deferred_full_ = false;       // the last step left a full prefill chunk for this one
-  std::optional<models::StepPlan> ahead_;  // the lookahead step: sent, its tokens not read
+  std::optional<runtime::StepPlan> ahead_;  // the lookahead step: sent, its tokens not read
   uint64_t next_id_ = 1;
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> kv_capacity_{0};

@@ -12,8 +12,8 @@
 // both treat a dead rank the same way: the step in flight fails within a fraction of a second
 // (not a hang), the group is marked unhealthy, and restart() brings up a fresh group (local:
 // new processes; remote: the registry tells the survivors to leave, and the group re-forms
-// when N workers joined again). generate() runs one request alone through the same steps
-// (burst-generate, tests).
+// when N workers joined again). As a runtime::StepRunner it runs the single-request driver's
+// steps (burst-generate --workers N, tests).
 #pragma once
 
 #include <atomic>
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "engine/sharding.h"
-#include "models/batch.h"
-#include "models/generator.h"
 #include "models/llama.h"
+#include "runtime/driver.h"
+#include "runtime/step.h"
 
 namespace grpc {
 class ClientContext;
@@ -61,7 +61,7 @@ struct WorkerGroupOptions {
   // what the ranks hold.
   double kv_memory_fraction = 0.9;
   int64_t kv_reserve_bytes = 0;
-  int64_t prefill_chunk = 0;   // generate(): prefill in chunks of this many tokens (0: whole)
+  int64_t prefill_chunk = 0;   // the largest prefill chunk a step carries (0: whole prompts)
   engine::ShardLayout layout = engine::ShardLayout::kZigzag;
   // From the spawn until every rank answers (loading the weights included): see
   // default_start_timeout().
@@ -115,23 +115,16 @@ struct WorkerGroupInfo {
 
 // What one step returned: rank 0's tokens, and the KV pages in use after it.
 struct StepOutcome {
-  std::vector<models::SampledToken> tokens;
+  std::vector<runtime::SampledToken> tokens;
   std::vector<int64_t> kv_used_pages;  // per rank
   int64_t rows = 0;                    // rows of rank 0's forward
   double ring_compute_ms = 0, ring_wait_ms = 0;  // rank 0, cumulative
-  std::vector<models::PromptLogprobs> prompt_logprobs;  // rank 0's
+  std::vector<runtime::PromptLogprobs> prompt_logprobs;  // rank 0's
 };
 // Called on rank 0's progress replies during a step: layers done of all layers.
 using LayerProgress = std::function<void(int layers_done, int layers)>;
 
-// Per-request numbers beyond GenerateStats, from rank 0.
-struct GroupStats {
-  models::GenerateStats stats;
-  double ring_compute_ms = 0;
-  double ring_wait_ms = 0;
-};
-
-class WorkerGroup {
+class WorkerGroup final : public runtime::StepRunner {
  public:
   static Result<std::unique_ptr<WorkerGroup>> start(WorkerGroupOptions options);
   ~WorkerGroup();
@@ -142,22 +135,21 @@ class WorkerGroup {
   // Errors carry their code: kInvalidArgument when the ranks refused the plan (nothing ran,
   // the group stays usable), kUnavailable when a rank died or its stream broke (the group is
   // unhealthy; restart() next).
-  Result<StepOutcome> step(const models::StepPlan& plan, const LayerProgress& on_layer = nullptr);
+  Result<StepOutcome> step(const runtime::StepPlan& plan, const LayerProgress& on_layer = nullptr);
   // step() in two halves, for a caller that keeps a second step in flight (the scheduler's
   // lookahead): send_step() hands the plan to every rank and returns; receive_step() waits for
   // the replies of the oldest step sent and not yet received. The ranks run the steps in the
   // order sent, each as soon as the one before ends, whoever reads the replies. After an error
   // of either, steps still in flight are lost: end_session() (or the restart) clears them.
-  Status send_step(const models::StepPlan& plan, bool report_progress = false);
+  Status send_step(const runtime::StepPlan& plan, bool report_progress = false);
   Result<StepOutcome> receive_step(const LayerProgress& on_layer = nullptr);
   // Closes the Session streams: every rank frees every sequence's pages.
   void end_session();
-  // Runs one request alone through steps (burst-generate; tests). on_token runs on this thread
-  // for each token, on_progress (optional) after every prefill layer; either returning false
-  // cancels the request on every rank (during the prefill: after the current chunk).
-  Result<GroupStats> generate(const models::GenerateRequest& request,
-                              const models::TokenCallback& on_token,
-                              const models::ProgressCallback& on_progress = nullptr);
+  // runtime::StepRunner, for the single-request driver: step() as rank 0's StepResult (the
+  // ranks cannot stop a step mid-way: on_layer's "stop" takes effect after it).
+  Result<runtime::StepResult> run_step(const runtime::StepPlan& plan,
+                                       const runtime::StepProgress& on_layer) override;
+  int32_t eos_token_id() const override { return info_.eos_token_id; }
   bool healthy() const { return healthy_.load(); }
   // Stops whatever is left of the group and starts a fresh one. Remote mode: dissolves the
   // group (the survivors leave and rejoin) and returns at once; await_remote() waits for it.
@@ -174,7 +166,7 @@ class WorkerGroup {
   const WorkerGroupInfo& info() const { return info_; }
   // KV tokens the group holds: options().kv_capacity, or (sized from memory) the rows the
   // ranks report, summed (the exact per-rank need of a request is the scheduler's ledger's).
-  int64_t kv_capacity_tokens() const;
+  int64_t kv_capacity_tokens() const override;
   const WorkerGroupOptions& options() const { return options_; }
   // Worker pids, for tests that kill one.
   std::vector<int> pids() const;
@@ -201,8 +193,8 @@ class WorkerGroup {
   void start_monitor();
   void stop_monitor();
   void monitor();
-  Result<StepOutcome> step_locked(const models::StepPlan& plan, const LayerProgress& on_layer);
-  Status send_locked(const models::StepPlan& plan, bool report_progress);
+  Result<StepOutcome> step_locked(const runtime::StepPlan& plan, const LayerProgress& on_layer);
+  Status send_locked(const runtime::StepPlan& plan, bool report_progress);
   Result<StepOutcome> receive_locked(const LayerProgress& on_layer);
   // The Session streams of every rank, opened on the first step (or after a broken one).
   Status open_session_locked();
@@ -212,7 +204,7 @@ class WorkerGroup {
   // read_failed: a Read ended the stream (its status has arrived), else a Write failed.
   Status session_broken_locked(size_t r, const std::string& what, bool read_failed);
   // Arms the step deadline the monitor watches (step_timeout plus a time per token).
-  void arm_step_deadline(const models::StepPlan& plan);
+  void arm_step_deadline(const runtime::StepPlan& plan);
   void end_session_locked();
 
   WorkerGroupOptions options_;
@@ -239,10 +231,9 @@ class WorkerGroup {
   bool step_running_ = false;
   int64_t step_tokens_ = 0;
   std::atomic<uint64_t> generation_{0};  // remote: the registry generation connected to
-  std::mutex run_mu_;  // one step (or generate) at a time
+  std::mutex run_mu_;  // one step at a time
   std::unique_ptr<Session> session_;  // under run_mu_
   int steps_sent_ = 0;                // under run_mu_: sent to the session, replies not read
-  uint64_t next_seq_ = 1;             // generate(): sequence ids, under run_mu_
 };
 
 // The path of burst-worker next to the running executable.

@@ -11,97 +11,26 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/ring_attention.h"
 #include "engine/sampler.h"
-#include "models/llama.h"
+#include "models/model.h"
+#include "runtime/step.h"
 
-namespace burst::models {
+namespace burst::runtime {
 
-// A decode token that is not known yet where the plan is made: the token this sequence drew
-// in the step right before this one (which must have sampled it). Rank 0 knows it and hands it
-// to the other ranks at the step's start, so a planner can send the next decode step before
-// the replies of the current one come back (the scheduler's lookahead).
-constexpr int32_t kPreviousToken = -1;
-
-struct SeqWork {
-  uint64_t id = 0;
-  bool decode = false;
-  // Prefill: the chunk's tokens, at positions [start, start + tokens.size()); the sequence's
-  // earlier chunks (positions [0, start)) must be cached already. Decode: one token at `start`,
-  // which must be the sequence's next position (or kPreviousToken).
-  std::vector<int32_t> tokens;
-  int64_t start = 0;
-  int64_t prompt_len = 0;  // the whole prompt: RoPE's sequence length for every chunk of it
-  bool sample = false;     // sample from the last row (the prompt's last chunk; every decode)
-  // Rank 0 makes the sequence's sampler from these at its first sample and keeps it (one
-  // random stream per sequence, as a single-process run has).
-  engine::SamplingParams sampling;
-  // Rank 0 applies these to a copy of the logits before sampling (penalties need the
-  // sequence's history, which rank 0 keeps: its prompt chunks and sampled tokens).
-  engine::LogitAdjust adjust;
-  // -1: none; n >= 0: rank 0 returns the sampled token's log-probability (log-softmax of the
-  // model's raw logits, before adjust and temperature) and the n most likely ids'.
-  int logprobs = -1;
-  // Prefill chunks: -1: none; k >= 0: the log-probability of every prompt token this chunk's
-  // rows predict (row p predicts token p + 1; the chunk's last row predicts next_token, the
-  // first token of the next chunk) and the k most likely ids. Each rank computes its own rows'
-  // (its shard of the chunk) and rank 0 gathers them in position order.
-  int prompt_logprobs = -1;
-  int32_t next_token = -1;
-};
-
-// The work of prefilling prompt tokens [start, start + len) of sequence id (sampling after
-// the prompt's last chunk), and of feeding `token` at position pos after a prompt_len-token
-// prompt: what every step planner (the scheduler, WorkerGroup::generate, generate_sharded)
-// builds; adjust and logprobs stay at their defaults for the caller to set.
-SeqWork prefill_work(uint64_t id, const std::vector<int32_t>& prompt, int64_t start, int64_t len,
-                     const engine::SamplingParams& sampling);
-SeqWork decode_work(uint64_t id, int32_t token, int64_t pos, int64_t prompt_len,
-                    const engine::SamplingParams& sampling);
-
-struct PromptTokenLogprob {
-  int64_t pos = 0;  // of the token (>= 1: the first prompt token has none)
-  int32_t token = 0;
-  float logprob = 0.f;
-  std::vector<std::pair<int32_t, float>> top;
-};
-
-struct PromptLogprobs {
-  uint64_t id = 0;
-  std::vector<PromptTokenLogprob> entries;  // in position order
-};
-
-struct StepPlan {
-  std::vector<uint64_t> release;  // sequences to forget first (finished, cancelled)
-  std::vector<SeqWork> seqs;
-  engine::ShardLayout layout = engine::ShardLayout::kZigzag;  // of the prefill chunks
-};
-
-struct SampledToken {
-  uint64_t id = 0;
-  int32_t token = 0;
-  bool has_logprob = false;  // SeqWork.logprobs >= 0
-  float logprob = 0.f;
-  std::vector<std::pair<int32_t, float>> top;  // the SeqWork.logprobs most likely ids
-};
-
-struct StepResult {
-  std::vector<SampledToken> tokens;  // rank 0: one per SeqWork with sample, in plan order
-  engine::KvUsage kv;                // this rank's cache after the step
-  int64_t rows = 0;                  // rows of this rank's forward
-  std::vector<PromptLogprobs> prompt_logprobs;  // rank 0: SeqWorks with prompt_logprobs >= 0
-};
+using models::LayerHook;
+using models::SampleRows;
 
 class BatchRunner {
  public:
-  BatchRunner(LlamaModel& model, engine::RingAttention& ring, engine::Communicator& comm)
+  BatchRunner(models::Model& model, engine::RingAttention& ring, engine::Communicator& comm)
       : model_(model), ring_(ring), comm_(comm) {}
 
   // What is wrong with the plan for this rank's state (empty: nothing). Every rank holds the
@@ -180,21 +109,30 @@ class BatchRunner {
                         const std::vector<float>& logits, const std::vector<int32_t>& device_ids,
                         StepResult& result);
 
-  LlamaModel& model_;
+  // What this rank keeps of one sequence between steps (release() drops it whole).
+  struct SeqState {
+    int64_t next_pos = 0;                        // the position its next step starts at
+    std::optional<engine::Sampler> sampler;      // rank 0: made at its first sample
+    std::optional<engine::TokenHistory> history;  // rank 0, with an adjust: prompt + drawn ids
+    // The last step's draw (a kPreviousToken of the next plan is resolved from it): whether
+    // it sampled (every rank: it follows from the plans), the id (rank 0, once known), and its
+    // index among rank 0's backend's draws, which stay in its memory (every rank; -1: drawn
+    // elsewhere).
+    bool sampled_last = false;
+    std::optional<int32_t> drawn_last;
+    int64_t drawn_index = -1;
+  };
+  // The state of `id` (made on first use).
+  SeqState& seq(uint64_t id) { return seqs_[id]; }
+  // Forgets every sequence's last draw (a new step is launched).
+  void clear_last_draws();
+
+  models::Model& model_;
   engine::RingAttention& ring_;
   engine::Communicator& comm_;
-  std::unordered_map<uint64_t, engine::Sampler> samplers_;  // rank 0
-  std::unordered_map<uint64_t, int64_t> next_pos_;          // next position of each sequence
-  std::unordered_map<uint64_t, engine::TokenHistory> histories_;  // rank 0, with an adjust
-  // The sequences that sampled in the last step (every rank: it follows from the plans), and
-  // what they drew (rank 0): a kPreviousToken of the next step is resolved from these.
-  std::unordered_set<uint64_t> sampled_last_;
-  std::unordered_map<uint64_t, int32_t> drawn_last_;
-  // Of those, the ones rank 0's backend drew (every rank): their index among its draws, which
-  // stay in its memory (Backend::drawn_ids), and how many it drew.
-  std::unordered_map<uint64_t, int64_t> drawn_index_;
-  int64_t drawn_count_ = 0;
+  std::unordered_map<uint64_t, SeqState> seqs_;
+  int64_t drawn_count_ = 0;  // draws of rank 0's backend in the last step
   std::deque<Launched> launched_;  // launched, not finished; oldest first
 };
 
-}  // namespace burst::models
+}  // namespace burst::runtime

@@ -1,34 +1,9 @@
-#include "models/batch.h"
+#include "runtime/batch_runner.h"
 
 #include <algorithm>
 #include <unordered_set>
 
-namespace burst::models {
-
-SeqWork prefill_work(uint64_t id, const std::vector<int32_t>& prompt, int64_t start, int64_t len,
-                     const engine::SamplingParams& sampling) {
-  SeqWork w;
-  w.id = id;
-  w.tokens.assign(prompt.begin() + start, prompt.begin() + start + len);
-  w.start = start;
-  w.prompt_len = static_cast<int64_t>(prompt.size());
-  w.sample = start + len == w.prompt_len;
-  w.sampling = sampling;
-  return w;
-}
-
-SeqWork decode_work(uint64_t id, int32_t token, int64_t pos, int64_t prompt_len,
-                    const engine::SamplingParams& sampling) {
-  SeqWork w;
-  w.id = id;
-  w.decode = true;
-  w.tokens = {token};
-  w.start = pos;
-  w.prompt_len = prompt_len;
-  w.sample = true;
-  w.sampling = sampling;
-  return w;
-}
+namespace burst::runtime {
 
 Status BatchRunner::validate(const StepPlan& plan) const {
   const auto& c = model_.config();
@@ -44,7 +19,9 @@ Status BatchRunner::validate(const StepPlan& plan) const {
     if (s.tokens.empty()) return bad(who + "no tokens");
     if (s.decode && s.tokens.size() != 1) return bad(who + "a decode step has one token");
     const bool previous = s.decode && s.tokens[0] == kPreviousToken;
-    if (previous && sampled_last_.count(s.id) == 0) {
+    const auto it = seqs_.find(s.id);
+    const SeqState* state = it == seqs_.end() ? nullptr : &it->second;
+    if (previous && !(state && state->sampled_last)) {
       return bad(who + "asks for the token of the step before, which did not sample it");
     }
     for (int32_t t : s.tokens) {
@@ -53,8 +30,7 @@ Status BatchRunner::validate(const StepPlan& plan) const {
         return bad(who + "token id " + std::to_string(t) + " outside the vocabulary");
       }
     }
-    const auto it = next_pos_.find(s.id);
-    const int64_t next = it == next_pos_.end() ? 0 : it->second;
+    const int64_t next = state ? state->next_pos : 0;
     if (s.start != next) {
       return bad(who + "starts at position " + std::to_string(s.start) + ", its next is " +
                  std::to_string(next));
@@ -84,12 +60,16 @@ Status BatchRunner::validate(const StepPlan& plan) const {
 
 void BatchRunner::release(uint64_t id) {
   ring_.release(id);
-  samplers_.erase(id);
-  next_pos_.erase(id);
-  histories_.erase(id);
-  sampled_last_.erase(id);
-  drawn_last_.erase(id);
-  drawn_index_.erase(id);
+  seqs_.erase(id);
+}
+
+void BatchRunner::clear_last_draws() {
+  for (auto& [id, st] : seqs_) {
+    st.sampled_last = false;
+    st.drawn_last.reset();
+    st.drawn_index = -1;
+  }
+  drawn_count_ = 0;
 }
 
 void BatchRunner::release_all() {
@@ -100,12 +80,7 @@ void BatchRunner::release_all() {
   }
   launched_.clear();
   ring_.clear();
-  samplers_.clear();
-  next_pos_.clear();
-  histories_.clear();
-  sampled_last_.clear();
-  drawn_last_.clear();
-  drawn_index_.clear();
+  seqs_.clear();
   drawn_count_ = 0;
 }
 
@@ -115,7 +90,7 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
   for (SeqWork& s : plan.seqs) {
     if (s.decode && s.tokens[0] == kPreviousToken) {
       asked.push_back(&s);
-      on_rank0_device = on_rank0_device && drawn_index_.count(s.id) > 0;
+      on_rank0_device = on_rank0_device && seq(s.id).drawn_index >= 0;
     }
   }
   if (asked.empty()) return {};
@@ -130,7 +105,7 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
       BURST_RETURN_IF_ERROR(
           comm_.broadcast(where, static_cast<size_t>(drawn_count_) * sizeof(int32_t), 0));
     }
-    for (SeqWork* s : asked) s->tokens[0] = -1 - static_cast<int32_t>(drawn_index_.at(s->id));
+    for (SeqWork* s : asked) s->tokens[0] = -1 - static_cast<int32_t>(seq(s->id).drawn_index);
     return {};
   }
   // Some token was drawn on another rank or on rank 0's host: rank 0 knows them all once the
@@ -138,7 +113,11 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
   for (Launched& l : launched_) BURST_RETURN_IF_ERROR(settle(l, &l == &launched_.back()));
   std::vector<int32_t> ids(asked.size(), 0);
   if (comm_.rank() == 0) {
-    for (size_t k = 0; k < asked.size(); ++k) ids[k] = drawn_last_.at(asked[k]->id);
+    for (size_t k = 0; k < asked.size(); ++k) {
+      const std::optional<int32_t>& drawn = seq(asked[k]->id).drawn_last;
+      if (!drawn) return Status::error("batch: the token of the step before is not known");
+      ids[k] = *drawn;
+    }
   }
   if (comm_.world_size() > 1) {
     BURST_RETURN_IF_ERROR(comm_.broadcast(ids.data(), ids.size() * sizeof(int32_t), 0));
@@ -174,7 +153,9 @@ Status BatchRunner::draw_uniforms(const StepPlan& plan, const std::vector<Sample
     for (const Sample& sm : samples) {
       const SeqWork& s = plan.seqs[sm.seq];
       // Made at a sequence's first sample and kept: one stream per sequence, as one process.
-      engine::Sampler& sampler = samplers_.try_emplace(s.id, s.sampling).first->second;
+      std::optional<engine::Sampler>& made = seq(s.id).sampler;
+      if (!made) made.emplace(s.sampling);
+      engine::Sampler& sampler = *made;
       if (!sm.on_device) continue;  // sample_on_host draws it
       const double u = sampler.draw_uniform();  // greedy draws nothing (0)
       if (sm.owner == 0) {
@@ -254,8 +235,12 @@ Status BatchRunner::sample_on_host(const StepPlan& plan, const std::vector<Sampl
   std::vector<engine::TokenHistory*> histories(samples.size(), nullptr);
   for (size_t k = 0; k < samples.size(); ++k) {
     const SeqWork& s = plan.seqs[samples[k].seq];
-    samplers[k] = &samplers_.at(s.id);
-    if (s.adjust.active()) histories[k] = &histories_[s.id];
+    SeqState& st = seq(s.id);
+    samplers[k] = &*st.sampler;
+    if (s.adjust.active()) {
+      if (!st.history) st.history.emplace();
+      histories[k] = &*st.history;
+    }
   }
   std::vector<SampledToken> drawn(samples.size());
   const int32_t eos = model_.config().eos_token_id;
@@ -289,12 +274,10 @@ Status BatchRunner::sample_on_host(const StepPlan& plan, const std::vector<Sampl
 
 // This rank's rows of a step: each sequence's share, in plan order, and what is drawn or scored.
 struct BatchRunner::StepInputs {
-  std::vector<int32_t> ids;
-  std::vector<int64_t> positions;
+  // This rank's forward: its rows of every sequence, the rows whose logits come back to the
+  // host (logit_rows) and the rows its backend draws (sample).
+  models::ForwardBatch batch;
   std::vector<engine::SeqRows> rows;
-  std::vector<RopeSpan> spans;
-  std::vector<int64_t> logit_rows;  // rows whose logits come back to the host
-  SampleRows device;                // this rank's rows drawn by its backend
   std::vector<Sample> samples;
   size_t remote = 0, remote_u = 0;  // device-drawn samples owned by ranks > 0 (not greedy)
   // Prompt logprobs: per such sequence (plan order), this rank's (position, logit index).
@@ -308,13 +291,13 @@ struct BatchRunner::StepInputs {
       if (s.sampling.temperature > 0.f) sm.remote_u = static_cast<int64_t>(remote_u++);
     }
     if (rank == owner && sm.on_device) {
-      sm.index = static_cast<int64_t>(device.size());
-      device.rows.push_back(row);
-      device.params.push_back(s.sampling);
-      device.uniforms.push_back(0.0);  // draw_uniforms fills it
+      sm.index = static_cast<int64_t>(batch.sample.size());
+      batch.sample.rows.push_back(row);
+      batch.sample.params.push_back(s.sampling);
+      batch.sample.uniforms.push_back(0.0);  // draw_uniforms fills it
     } else if (rank == owner) {
-      sm.index = static_cast<int64_t>(logit_rows.size());
-      logit_rows.push_back(row);
+      sm.index = static_cast<int64_t>(batch.logit_rows.size());
+      batch.logit_rows.push_back(row);
     }
     samples.push_back(sm);
   }
@@ -326,14 +309,14 @@ void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
     const SeqWork& s = plan.seqs[i];
     engine::SeqRows sr;
     sr.seq = s.id;
-    sr.row = static_cast<int64_t>(in.ids.size());
+    sr.row = static_cast<int64_t>(in.batch.ids.size());
     const auto n = static_cast<int64_t>(s.tokens.size());
     if (s.decode) {
       sr.decode = true;
       sr.pos = s.start;
-      in.ids.push_back(s.tokens[0]);
-      in.positions.push_back(s.start);
-      in.spans.push_back({sr.row, 1, s.start + 1});
+      in.batch.ids.push_back(s.tokens[0]);
+      in.batch.positions.push_back(s.start);
+      in.batch.spans.push_back({sr.row, 1, s.start + 1});
       // Every rank runs the decode token; rank 0 samples it.
       if (s.sample) in.add_sample(plan, rank, i, 0, sr.row);
       in.rows.push_back(std::move(sr));
@@ -344,11 +327,12 @@ void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
     for (const auto& sg : sr.plan.segments(rank)) {
       for (int64_t j = 0; j < sg.len; ++j) {
         const int64_t pos = sg.pos + j;
-        in.ids.push_back(pos < s.start + n ? s.tokens[static_cast<size_t>(pos - s.start)] : 0);
-        in.positions.push_back(pos);
+        const bool real = pos < s.start + n;
+        in.batch.ids.push_back(real ? s.tokens[static_cast<size_t>(pos - s.start)] : 0);
+        in.batch.positions.push_back(pos);
       }
     }
-    in.spans.push_back({sr.row, sr.plan.local_rows(rank), s.prompt_len});
+    in.batch.spans.push_back({sr.row, sr.plan.local_rows(rank), s.prompt_len});
     if (s.sample) {
       int64_t local = 0;
       const int owner = sr.plan.owner(s.start + n - 1, &local);
@@ -362,8 +346,8 @@ void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
         for (int64_t j = 0; j < sg.len; ++j, ++row) {
           const int64_t pos = sg.pos + j;
           if (pos < s.start + n && pos + 1 < s.prompt_len) {
-            mine.emplace_back(pos, static_cast<int64_t>(in.logit_rows.size()));
-            in.logit_rows.push_back(row);
+            mine.emplace_back(pos, static_cast<int64_t>(in.batch.logit_rows.size()));
+            in.batch.logit_rows.push_back(row);
           }
         }
       }
@@ -450,10 +434,7 @@ Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) 
   const StepPlan& plan = previous ? resolved : given;
   Launched l;
   StepResult& result = l.result;
-  sampled_last_.clear();
-  drawn_last_.clear();
-  drawn_index_.clear();
-  drawn_count_ = 0;
+  clear_last_draws();
   if (plan.seqs.empty()) {
     result.kv = ring_.cache().usage();
     launched_.push_back(std::move(l));
@@ -461,46 +442,48 @@ Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) 
   }
   StepInputs in;
   build_inputs(plan, in);
-  in.device.queued = device_only(in) && !in.device.rows.empty();
-  BURST_RETURN_IF_ERROR(draw_uniforms(plan, in.samples, in.remote_u, in.device));
+  in.batch.sample.queued = device_only(in) && !in.batch.sample.rows.empty();
+  BURST_RETURN_IF_ERROR(draw_uniforms(plan, in.samples, in.remote_u, in.batch.sample));
   BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(in.rows)));
-  std::vector<float> logits;
-  std::vector<int32_t> sampled;
-  Status st = model_.forward(in.ids, in.positions, ring_, in.logit_rows, logits, in.device,
-                             sampled, in.spans, after_layer);
-  if (!st.ok()) return st;  // the caller treats the group as broken: the ring may be mid-step
+  models::ForwardOutput out;
+  // On an error the caller treats the group as broken: the ring may be mid-step.
+  BURST_RETURN_IF_ERROR(model_.forward(in.batch, ring_, out, after_layer));
   ring_.end_step();
   for (const SeqWork& s : plan.seqs) {
-    next_pos_[s.id] = s.start + static_cast<int64_t>(s.tokens.size());
+    SeqState& state = seq(s.id);
+    state.next_pos = s.start + static_cast<int64_t>(s.tokens.size());
     // Repetition penalty counts the prompt's ids too: rank 0 sees every chunk's tokens.
     if (comm_.rank() == 0 && !s.decode && s.adjust.repetition_penalty != 1.f) {
-      histories_[s.id].add_prompt(s.tokens.data(), s.tokens.size());
+      if (!state.history) state.history.emplace();
+      state.history->add_prompt(s.tokens.data(), s.tokens.size());
     }
   }
-  if (in.device.queued) {
+  if (in.batch.sample.queued) {
     // Rank 0, every draw its backend's, in sample order: settle() reads the ids.
     for (const Sample& sm : in.samples) l.draws.push_back(plan.seqs[sm.seq].id);
   } else {
     std::vector<int32_t> device_ids;
-    BURST_RETURN_IF_ERROR(gather_ids(in.samples, in.remote, sampled, device_ids));
-    BURST_RETURN_IF_ERROR(sample_on_host(plan, in.samples, logits, device_ids, result));
+    BURST_RETURN_IF_ERROR(gather_ids(in.samples, in.remote, out.sampled, device_ids));
+    BURST_RETURN_IF_ERROR(sample_on_host(plan, in.samples, out.logits, device_ids, result));
     // Prompt logprobs: each rank scores its rows; one all-gather of fixed-size records per
     // sequence (every rank knows every rank's row count from the plan), merged on rank 0.
     for (const auto& [i, mine] : in.prompt_rows) {
-      BURST_RETURN_IF_ERROR(score_prompt(plan, plan.seqs[i], mine, logits, result));
+      BURST_RETURN_IF_ERROR(score_prompt(plan, plan.seqs[i], mine, out.logits, result));
     }
-    for (const SampledToken& t : result.tokens) drawn_last_[t.id] = t.token;
+    for (const SampledToken& t : result.tokens) seq(t.id).drawn_last = t.token;
   }
   for (const SeqWork& s : plan.seqs) {
-    if (s.sample) sampled_last_.insert(s.id);
+    if (s.sample) seq(s.id).sampled_last = true;
   }
   // Rank 0's backend drew its device samples in this order (its SampleRows): every rank
   // knows the order from the plan.
   for (const Sample& sm : in.samples) {
-    if (sm.owner == 0 && sm.on_device) drawn_index_[plan.seqs[sm.seq].id] = drawn_count_++;
+    if (sm.owner == 0 && sm.on_device) seq(plan.seqs[sm.seq].id).drawn_index = drawn_count_++;
   }
   result.kv = ring_.cache().usage();
-  result.rows = static_cast<int64_t>(in.ids.size());
+  result.rows = static_cast<int64_t>(in.batch.ids.size());
+  result.ring_compute_ms = ring_.stats().compute_ms;
+  result.ring_wait_ms = ring_.stats().wait_ms;
   launched_.push_back(std::move(l));
   return {};
 }
@@ -517,7 +500,7 @@ bool BatchRunner::queues(const StepPlan& plan) const {
   }
   StepInputs in;
   build_inputs(plan, in);
-  return device_only(in) && !in.device.rows.empty();
+  return device_only(in) && !in.batch.sample.rows.empty();
 }
 
 Status BatchRunner::settle(Launched& l, bool latest) {
@@ -535,7 +518,8 @@ Status BatchRunner::settle(Launched& l, bool latest) {
     t.id = draws[k];
     t.token = ids[k];
     l.result.tokens.push_back(std::move(t));
-    if (latest) drawn_last_[draws[k]] = ids[k];
+    const auto it = seqs_.find(draws[k]);  // a sequence released meanwhile keeps nothing
+    if (latest && it != seqs_.end()) it->second.drawn_last = ids[k];
   }
   return {};
 }
@@ -552,4 +536,4 @@ bool BatchRunner::finish_ready() const {
   return launched_.empty() || launched_.front().draws.empty() || model_.backend().sampled_ready();
 }
 
-}  // namespace burst::models
+}  // namespace burst::runtime
