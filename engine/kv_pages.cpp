@@ -154,4 +154,18 @@ void PagedKvCache::release_all() {
   for (uint64_t id : ids) release(id);
 }
 
+int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk) {
+  const int64_t chunks = chunk > 0 ? (total + chunk - 1) / chunk : 1;
+  return (total + ranks - 1) / ranks + 2 * chunks + 4;
+}
+
+int64_t kv_rows_from_memory(int64_t free_bytes, int64_t total_bytes, double fraction,
+                            int64_t reserve_bytes, int64_t bytes_per_row, int page_size) {
+  if (bytes_per_row <= 0 || page_size <= 0) return 0;
+  const auto others = static_cast<int64_t>((1.0 - fraction) * static_cast<double>(total_bytes));
+  const int64_t budget = free_bytes - others - reserve_bytes;
+  if (budget <= 0) return 0;
+  return budget / bytes_per_row / page_size * page_size;
+}
+
 }  // namespace burst::engine

@@ -8,7 +8,9 @@ namespace burst::runtime {
 Status BatchRunner::validate(const StepPlan& plan) const {
   const auto& c = model_.config();
   std::unordered_set<uint64_t> seen;
-  auto bad = [](std::string m) { return Status::error(StatusCode::kInvalidArgument, std::move(m)); };
+  auto bad = [](std::string m) {
+    return Status::error(StatusCode::kInvalidArgument, std::move(m));
+  };
   if (plan.seqs.empty() && plan.release.empty()) return bad("an empty step");
   for (const SeqWork& s : plan.seqs) {
     const std::string who = "sequence " + std::to_string(s.id) + ": ";

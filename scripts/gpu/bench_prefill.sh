@@ -3,7 +3,7 @@
 # On the GPU machine, from the repository root, with .devpack carried (scripts/gpu/pack.sh
 # BUILD_DIR first):
 #   scripts/gpu/bench_prefill.sh            # LENGTHS=4096,16384,32768,65536 REPS=3
-# 1. burst, warm: the GPU test binary's CudaPrefillBench (models::generate with max_tokens 1,
+# 1. burst, warm: the GPU test binary's CudaPrefillBench (runtime::generate (one-rank LocalStepRunner) with max_tokens 1,
 #    exactly what burst-generate times as TTFT; one warm-up, median of REPS, one process).
 # 2. burst-generate --device cuda, one cold process per length (model init, cuBLAS and kernel
 #    loading included in the first forward): the CLI path end to end.

@@ -45,9 +45,10 @@
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
 #include "runtime/batch_runner.h"
-#include "server/logging.h"
-#include "server/worker_group.h"  // kv_rows_from_memory
-#include "server/worker_registry.h"
+#include "common/logging.h"
+#include "engine/kv_pages.h"
+#include "group/step_codec.h"
+#include "group/worker_registry.h"
 #ifdef BURST_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/nccl_communicator.h"
@@ -57,6 +58,9 @@ namespace {
 
 namespace pb = burst::v1::internal;
 using namespace burst;
+using server::decode_plan;
+using server::encode_result;
+using server::reports_progress;
 
 constexpr int kExitBroken = 3;
 constexpr int kExitRefused = 4;  // --join: the coordinator refused this worker
@@ -240,33 +244,6 @@ int kv_page_size(const engine::Backend& backend) {
   return backend.device() == engine::DeviceKind::kCuda ? 256 : engine::kDefaultKvPageSize;
 }
 
-runtime::StepPlan to_plan(const pb::StepRequest& req) {
-  runtime::StepPlan plan;
-  plan.layout = req.layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
-                                               : engine::ShardLayout::kZigzag;
-  plan.release.assign(req.release().begin(), req.release().end());
-  for (const pb::SeqWork& w : req.seqs()) {
-    runtime::SeqWork s;
-    s.id = w.id();
-    s.decode = w.decode();
-    s.tokens.assign(w.tokens().begin(), w.tokens().end());
-    s.start = w.start();
-    s.prompt_len = w.prompt_len();
-    s.sample = w.sample();
-    s.sampling = {w.temperature(), w.top_k(), w.top_p(), w.seed()};
-    s.adjust.presence_penalty = w.presence_penalty();
-    s.adjust.frequency_penalty = w.frequency_penalty();
-    s.adjust.repetition_penalty = w.repetition_penalty() == 0.f ? 1.f : w.repetition_penalty();
-    for (const auto& b : w.logit_bias()) s.adjust.logit_bias.emplace_back(b.token(), b.bias());
-    s.adjust.min_tokens = w.min_tokens();
-    s.logprobs = w.logprobs() - 1;
-    s.prompt_logprobs = w.prompt_logprobs() - 1;
-    s.next_token = w.next_token() - 1;
-    plan.seqs.push_back(std::move(s));
-  }
-  return plan;
-}
-
 class WorkerService final : public pb::WorkerControl::Service {
  public:
   WorkerService(models::LlamaModel& model, engine::Communicator& comm,
@@ -395,14 +372,14 @@ class WorkerService final : public pb::WorkerControl::Service {
       const char* env = std::getenv("BURST_OVERLAP");
       return env == nullptr || std::string(env) != "0";
     }();
-    std::deque<engine::RingStats> stats;  // of each launched step, at its launch
+    int pending = 0;  // steps launched whose reply is not written yet
     bool write_failed = false;
     // Finishes the oldest launched step and writes its reply; an error means a broken group.
     auto reply_oldest = [&]() -> Status {
       auto result = runner_.finish();
       if (!result.ok()) return result.status();
-      pb::StepReply reply = step_reply(result.value(), stats.front(), layers);
-      stats.pop_front();
+      --pending;
+      pb::StepReply reply = encode_result(result.value(), layers);
       if (!stream.Write(reply)) write_failed = true;
       return {};
     };
@@ -429,9 +406,8 @@ class WorkerService final : public pb::WorkerControl::Service {
         }
         break;  // the stream ended
       }
-      const runtime::StepPlan plan = to_plan(req);
-      bool progress = false;
-      for (const auto& w : req.seqs()) progress = progress || w.report_progress();
+      const runtime::StepPlan plan = decode_plan(req);
+      const bool progress = reports_progress(req);
       // Refuse what cannot run before any collective: every rank holds the same state and sees
       // the same plan, so all refuse together and the ring stays usable.
       const Status bad = runner_.validate(plan);
@@ -464,56 +440,14 @@ class WorkerService final : public pb::WorkerControl::Service {
         };
       }
       if (Status st = runner_.launch(plan, hook); !st.ok()) return broken(st);
-      stats.push_back(ring_.stats());
+      ++pending;
       // The step before (if any) is answered now, behind this one's queued work; this one
       // once its ids are in or the next request was launched behind it (the loop's wait).
-      while (runner_.launched() && (stats.size() > 1 || !overlap)) {
+      while (runner_.launched() && (pending > 1 || !overlap)) {
         if (Status st = reply_oldest(); !st.ok()) return broken(st);
       }
     }
     return grpc::Status::OK;
-  }
-
-  // The most likely ids with their logprobs, onto a sampled token or a prompt position.
-  template <typename Msg>
-  static void add_top(Msg* m, const std::vector<std::pair<int32_t, float>>& top) {
-    for (const auto& [id, lp] : top) {
-      auto* t = m->add_top();
-      t->set_token(id);
-      t->set_logprob(lp);
-    }
-  }
-
-  pb::StepReply step_reply(const runtime::StepResult& r, const engine::RingStats& ring,
-                           int layers) const {
-    pb::StepReply reply;
-    reply.set_final(true);
-    reply.set_layers(layers);
-    for (const auto& t : r.tokens) {
-      auto* o = reply.add_tokens();
-      o->set_id(t.id);
-      o->set_token(t.token);
-      o->set_has_logprob(t.has_logprob);
-      o->set_logprob(t.logprob);
-      add_top(o, t.top);
-    }
-    for (const auto& pl : r.prompt_logprobs) {
-      auto* o = reply.add_prompt_logprobs();
-      o->set_id(pl.id);
-      for (const auto& e : pl.entries) {
-        auto* oe = o->add_entries();
-        oe->set_pos(e.pos);
-        oe->set_token(e.token);
-        oe->set_logprob(e.logprob);
-        add_top(oe, e.top);
-      }
-    }
-    reply.set_kv_used_pages(r.kv.used_pages);
-    reply.set_kv_total_pages(r.kv.total_pages);
-    reply.set_rows(r.rows);
-    reply.set_ring_compute_ms(ring.compute_ms);
-    reply.set_ring_wait_ms(ring.wait_ms);
-    return reply;
   }
 
   std::string where() const { return "burst-worker rank " + std::to_string(comm_.rank()) + ": "; }
@@ -621,7 +555,7 @@ models::LoadProgress load_reporter(const std::string& progress_file) {
 }
 
 // The rows of this rank's KV pool: --kv-capacity, or (0) what the GPU holds once the weights
-// are in (server::kv_rows_from_memory), said in the log.
+// are in (engine::kv_rows_from_memory), said in the log.
 Result<int64_t> kv_rows(const Args& a, engine::Backend& backend,
                         const models::LlamaModel& model) {
   if (a.kv_capacity > 0) return a.kv_capacity;
@@ -632,7 +566,7 @@ Result<int64_t> kv_rows(const Args& a, engine::Backend& backend,
     const engine::AttentionShape s = model.attention_shape();
     const int64_t row_bytes = int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
                               static_cast<int64_t>(engine::dtype_size(backend.compute_dtype()));
-    const int64_t rows = burst::server::kv_rows_from_memory(
+    const int64_t rows = engine::kv_rows_from_memory(
         mem.value().free, mem.value().total, a.kv_memory_fraction, a.kv_reserve_bytes,
         row_bytes, kv_page_size(backend));
     auto gib = [](double bytes) {

@@ -46,7 +46,7 @@
 #include "models/config.h"
 #include "runtime/driver.h"
 #include "models/llama.h"
-#include "server/tokenizer.h"
+#include "common/tokenizer.h"
 #include "gpu_test_util.h"
 #include "../queued_draws_check.h"
 
@@ -1008,8 +1008,8 @@ TEST_F(CudaBackendTest, KjvTinyGreedyMatchesCpu) {
               tok.value()->decode(std::vector<int>(got.begin(), got.end())).c_str());
 }
 
-// models::generate draws every token on the device (no logits to the host): on the tiny model
-// on CUDA, seeded, it gives the tokens of the path it replaced on the same GPU model (each
+// runtime::generate (one-rank LocalStepRunner) draws every token on the device (no logits to
+// the host): on the tiny model on CUDA, seeded, it gives the tokens of the path it replaced on the same GPU model (each
 // step's logits downloaded, engine::Sampler on the host), greedy and sampled.
 TEST_F(CudaBackendTest, KjvTinyGenerateOnDeviceEqualsHostSampler) {
   const std::string dir = kRoot + "/models/kjv-tiny";
@@ -1269,8 +1269,8 @@ void make_bench_7b(Bench7b& out) {
 }
 
 // TTFT of the 7B preset (random weights, seed 0) on one GPU at the lengths in
-// BURST_BENCH_PREFILL (comma separated): models::generate with max_tokens 1 and the prompt
-// burst-generate --prompt-tokens N builds, one warm-up then BURST_BENCH_REPS (3) timed runs in
+// BURST_BENCH_PREFILL (comma separated): runtime::generate (one-rank LocalStepRunner) with
+// max_tokens 1 and the prompt burst-generate --prompt-tokens N builds, one warm-up then BURST_BENCH_REPS (3) timed runs in
 // one process; JSON lines to BURST_BENCH_OUT (or stdout). Skipped unless asked for.
 TEST(CudaPrefillBench, Preset7b) {
   std::string skip;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "server/server_config.h"
+#include "frontend/server_config.h"
 
 namespace burst::models {
 namespace {

@@ -9,7 +9,7 @@
 #include "engine/backend.h"
 #include "models/config.h"
 #include "models/llama.h"
-#include "server/worker_group.h"
+#include "group/worker_group.h"
 
 namespace burst::models {
 namespace {

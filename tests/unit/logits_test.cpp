@@ -69,7 +69,8 @@ struct Fixture {
     int64_t last = 0;
     plan.owner(n - 1, &last);
     ForwardOutput out;
-    const Status st = model->forward(ForwardBatch::of_sequence(rows, pos, {last}, n), *r.value(), out);
+    const Status st =
+        model->forward(ForwardBatch::of_sequence(rows, pos, {last}, n), *r.value(), out);
     EXPECT_TRUE(st.ok()) << st.message();
     out.logits.resize(static_cast<size_t>(model->config().vocab_size));
     return out.logits;

@@ -1,7 +1,7 @@
 // The LLaMA model over N ranks (real processes, Gloo over loopback, BurstAttention ring): the
 // prefill logits at the last prompt position match Hugging Face's within the golden tolerance,
-// and the 32-token greedy continuation (prompt in one step and in chunks) equals Hugging Face's, for N = 1, 2, 3, 4 and both
-// sharding layouts.
+// and the 32-token greedy continuation (the prompt in one step, and in chunks) equals Hugging
+// Face's, for N = 1, 2, 3, 4 and both sharding layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>

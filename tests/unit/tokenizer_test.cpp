@@ -2,7 +2,7 @@
 // SentencePiece that Meta's tokenizer.model was made for) on a varied corpus of our own text in
 // tests/fixtures/tokenizer_corpus/, plus known ids, decode identities, streaming detokenization,
 // and the error paths (invalid UTF-8, missing or garbage model files).
-#include "server/tokenizer.h"
+#include "common/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -14,8 +14,8 @@
 #include "engine/backend.h"
 #include "runtime/driver.h"
 #include "engine/sharding.h"
-#include "server/scheduler.h"  // kv_pages_needed
-#include "server/worker_group.h"
+#include "frontend/scheduler.h"  // kv_pages_needed
+#include "group/worker_group.h"
 
 namespace burst::server {
 namespace {
@@ -44,18 +44,18 @@ std::vector<int32_t> prompt_of(int n, int vocab) {
 TEST(WorkerGroup, KvRowsFromMemory) {
   const int64_t gib = int64_t{1} << 30, row = 512 * 1024, page = 256;  // the 7B's 512 KiB/token
   // An H200 after the 7B's weights: 128 GiB free of 140, 90 %, 8 GiB reserve.
-  const int64_t rows = kv_rows_from_memory(128 * gib, 140 * gib, 0.9, 8 * gib, row, page);
+  const int64_t rows = engine::kv_rows_from_memory(128 * gib, 140 * gib, 0.9, 8 * gib, row, page);
   const int64_t budget = 128 * gib - static_cast<int64_t>(0.1 * 140 * gib) - 8 * gib;
   EXPECT_EQ(rows, budget / row / page * page);
   EXPECT_EQ(rows % page, 0);
   EXPECT_GT(rows, 200000);  // room for a 128K prompt and more beside it
   EXPECT_LE(rows * row, budget);
   // Fraction 1 leaves nothing to others; a reserve larger than what is left gives nothing.
-  EXPECT_EQ(kv_rows_from_memory(10 * gib, 80 * gib, 1.0, 0, row, page),
+  EXPECT_EQ(engine::kv_rows_from_memory(10 * gib, 80 * gib, 1.0, 0, row, page),
             10 * gib / row / page * page);
-  EXPECT_EQ(kv_rows_from_memory(10 * gib, 80 * gib, 0.9, 3 * gib, row, page), 0);
-  EXPECT_EQ(kv_rows_from_memory(row * (page - 1), row * page, 1.0, 0, row, page), 0);
-  EXPECT_EQ(kv_rows_from_memory(10 * gib, 80 * gib, 1.0, 0, 0, page), 0);
+  EXPECT_EQ(engine::kv_rows_from_memory(10 * gib, 80 * gib, 0.9, 3 * gib, row, page), 0);
+  EXPECT_EQ(engine::kv_rows_from_memory(row * (page - 1), row * page, 1.0, 0, row, page), 0);
+  EXPECT_EQ(engine::kv_rows_from_memory(10 * gib, 80 * gib, 1.0, 0, 0, page), 0);
 }
 
 // Admission with a smaller chunk while others decode (Scheduler's prefill_chunk_decoding): a

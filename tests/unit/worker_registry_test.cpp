@@ -1,4 +1,4 @@
-// The multi-node rendezvous (server/worker_registry.h): the coordinator's store (set, get that
+// The multi-node rendezvous (server/group/include/group/worker_registry.h): the coordinator's store (set, get that
 // waits for a later set, wait, timeouts naming the key, a dissolved generation failing its
 // waiters at once), the WorkerRegistry gRPC service as a `burst-worker --join` sees it (model
 // mismatch and one-worker-too-many refusals, ranks once the group is complete, leave on
@@ -14,8 +14,8 @@
 
 #include "burst/v1/worker.grpc.pb.h"
 #include "engine/communicator.h"
-#include "server/server_config.h"
-#include "server/worker_registry.h"
+#include "frontend/server_config.h"
+#include "group/worker_registry.h"
 
 namespace burst::server {
 namespace {

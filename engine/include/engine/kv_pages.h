@@ -89,4 +89,16 @@ class PagedKvCache {
   std::unordered_map<uint64_t, Seq> seqs_;
 };
 
+// KV rows each rank caches for a group holding `total` tokens: its share (zigzag: each chunk of
+// a prompt gives a rank at most 2 rows over its exact share) plus that slack for prompts cut in
+// chunks of `chunk` tokens (0: whole prompts).
+int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk = 0);
+
+// KV rows a rank holds when its pool is sized from its GPU's memory (--kv-capacity 0): what is
+// free once the weights are in, less what the process leaves to others ((1 - fraction) of the
+// device) and the activations' reserve, in whole pages of bytes_per_row each; 0 when that is
+// not one page.
+int64_t kv_rows_from_memory(int64_t free_bytes, int64_t total_bytes, double fraction,
+                            int64_t reserve_bytes, int64_t bytes_per_row, int page_size);
+
 }  // namespace burst::engine

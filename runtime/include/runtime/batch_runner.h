@@ -64,8 +64,8 @@ class BatchRunner {
   engine::RingAttention& ring() { return ring_; }
 
  private:
-  struct Sample;      // a sampled row of a step (batch.cpp)
-  struct StepInputs;  // this rank's rows of a step and what they feed (batch.cpp)
+  struct Sample;      // a sampled row of a step (batch_runner.cpp)
+  struct StepInputs;  // this rank's rows of a step and what they feed (batch_runner.cpp)
   // A launched step: its result, and the sequences (draw order) of its draws whose ids
   // Backend::sampled() has still to hand over (rank 0's queued draws; empty once settled).
   struct Launched {

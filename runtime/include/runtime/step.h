@@ -49,7 +49,8 @@ struct SeqWork {
 
 // The work of prefilling prompt tokens [start, start + len) of sequence id (sampling after
 // the prompt's last chunk), and of feeding `token` at position pos after a prompt_len-token
-// prompt: what every step planner (the scheduler, the single-request driver) builds; adjust and logprobs stay at their defaults for the caller to set.
+// prompt: what every step planner (the scheduler, the single-request driver) builds; adjust and
+// logprobs stay at their defaults for the caller to set.
 SeqWork prefill_work(uint64_t id, const std::vector<int32_t>& prompt, int64_t start, int64_t len,
                      const engine::SamplingParams& sampling);
 SeqWork decode_work(uint64_t id, int32_t token, int64_t pos, int64_t prompt_len,

@@ -1,0 +1,565 @@
+#include "frontend/grpc_api.h"
+
+#include <google/protobuf/unknown_field_set.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+
+#include "burst/v1/burst.grpc.pb.h"
+#include "common/auth.h"
+#include "common/chat_template.h"
+#include "common/logging.h"
+
+namespace burst::server {
+
+namespace pb = burst::v1;
+
+namespace {
+
+grpc::StatusCode grpc_code(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kInvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
+    case ErrorCode::kUnauthenticated: return grpc::StatusCode::UNAUTHENTICATED;
+    case ErrorCode::kNotFound: return grpc::StatusCode::INVALID_ARGUMENT;
+    case ErrorCode::kTooLarge: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case ErrorCode::kUnavailable: return grpc::StatusCode::UNAVAILABLE;
+    case ErrorCode::kInternal: return grpc::StatusCode::INTERNAL;
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+std::string request_id() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "req-%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+// Why `bytes` are not a valid message of type `desc` (`path` names it in the message), or "".
+// Protobuf's own parser only says "failed" (and logs invalid UTF-8 on stderr itself, which a
+// client could use to write lines into the server's log), so the bytes are checked first: walked
+// as an UnknownFieldSet (which accepts any well-formed encoding), checking what the typed parser
+// also checks: every string field (nested messages, repeated fields and map entries included)
+// must be well-formed UTF-8 (proto3).
+std::string diagnose_request(const std::string& bytes, const google::protobuf::Descriptor* desc,
+                             const std::string& path, int depth) {
+  namespace gp = google::protobuf;
+  gp::UnknownFieldSet fields;
+  if (!fields.ParseFromString(bytes)) {
+    return "malformed protobuf: " + path +
+           " is not a valid encoding (truncated, a bad tag or wire type, or a length past the "
+           "end)";
+  }
+  std::map<int, int> seen;  // field number -> occurrences so far, to name repeated elements
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const gp::UnknownField& f = fields.field(i);
+    const int index = seen[f.number()]++;
+    const gp::FieldDescriptor* fd = desc->FindFieldByNumber(f.number());
+    if (f.type() != gp::UnknownField::TYPE_LENGTH_DELIMITED || fd == nullptr) continue;
+    const std::string name =
+        path + "." + fd->name() + (fd->is_repeated() ? "[" + std::to_string(index) + "]" : "");
+    if (fd->type() == gp::FieldDescriptor::TYPE_STRING) {
+      if (Status st = validate_utf8(f.length_delimited()); !st.ok()) {
+        return "field " + name + " (a string) is not valid UTF-8: " + st.message() +
+               " (send text as UTF-8, or token ids)";
+      }
+    } else if (fd->type() == gp::FieldDescriptor::TYPE_MESSAGE) {
+      if (depth >= 32) return "malformed protobuf: " + name + " is nested too deeply";
+      std::string why = diagnose_request(f.length_delimited(), fd->message_type(), name, depth + 1);
+      if (!why.empty()) return why;
+    }
+  }
+  return "";
+}
+
+// Parses a request as received. The methods take raw bytes (see Service's constructor) so that
+// a request that does not parse gets INVALID_ARGUMENT with the reason, not gRPC's own INTERNAL
+// with empty details.
+grpc::Status parse_request(const grpc::ByteBuffer& raw, google::protobuf::Message* msg) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (raw.Valid() && raw.Dump(&slices).ok()) {
+    bytes.reserve(raw.Length());
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  const google::protobuf::Descriptor* desc = msg->GetDescriptor();
+  std::string why = diagnose_request(bytes, desc, desc->full_name(), 0);
+  if (why.empty() && msg->ParseFromString(bytes)) return grpc::Status::OK;
+  if (why.empty()) why = "malformed protobuf: not a valid " + desc->full_name();
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
+}
+
+}  // namespace
+
+const char* code_name(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    default: return "OTHER";
+  }
+}
+
+// One call's access-log record (as HTTP's): method, status, latency, request id (the client's
+// x-request-id metadata when printable, else a fresh one), tokens.
+struct CallLog {
+  std::string path, id, peer;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t prompt_tokens = -1, completion_tokens = 0;
+  std::string finish;
+
+  CallLog(grpc::ServerContext* ctx, const char* method)
+      : path(std::string("/burst.v1.Burst/") + method), peer(ctx->peer()) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("x-request-id");
+    if (it != md.end()) id.assign(it->second.data(), it->second.size());
+    const bool printable =
+        std::all_of(id.begin(), id.end(), [](char ch) { return ch > 0x20 && ch < 0x7f; });
+    if (id.empty() || id.size() > 200 || !printable) id = request_id();
+  }
+  grpc::Status done(grpc::Status st) const {
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start).count();
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f", ms);
+    std::string line = std::string("access gRPC ") + path + " " + code_name(st.error_code()) +
+                       " " + buf + " ms request_id=" + id + " client=" + peer;
+    std::string fields = "\"method\":\"gRPC\",\"path\":" + json_quote(path) +
+                         ",\"status\":" + json_quote(code_name(st.error_code())) +
+                         ",\"latency_ms\":" + buf + ",\"request_id\":" + json_quote(id) +
+                         ",\"client\":" + json_quote(peer);
+    if (prompt_tokens >= 0) {
+      line += " prompt_tokens=" + std::to_string(prompt_tokens) +
+              " completion_tokens=" + std::to_string(completion_tokens) + " finish=" + finish;
+      fields += ",\"prompt_tokens\":" + std::to_string(prompt_tokens) +
+                ",\"completion_tokens\":" + std::to_string(completion_tokens) +
+                ",\"finish\":" + json_quote(finish);
+    }
+    if (!st.ok()) {
+      line += " error=" + json_quote(st.error_message().substr(0, 200));
+      fields += ",\"error\":" + json_quote(st.error_message().substr(0, 200));
+    }
+    log_access(st.error_code() == grpc::StatusCode::INTERNAL ? SPDLOG_LEVEL_WARN
+                                                             : SPDLOG_LEVEL_INFO,
+               line, fields);
+    return st;
+  }
+};
+
+class GrpcApi::Service final : public pb::Burst::Service {
+ public:
+  // Every method is installed with a raw-bytes request: gRPC's generated handlers parse the
+  // request before the method runs and answer a parse failure (malformed protobuf, invalid
+  // UTF-8 in a proto3 string field) with INTERNAL and empty details, which tells the client
+  // neither that the fault is theirs nor what it is. The handlers below are the ones the
+  // generated WithSplitStreamingMethod_* / WithStreamedUnaryMethod_* classes install, with
+  // grpc::ByteBuffer as the request type; parse_request turns the bytes into the message or
+  // into INVALID_ARGUMENT naming the field. (Declaring the fields `bytes` in the .proto would
+  // be wire-compatible, but the generated clients and grpcurl's JSON would then take base64 and
+  // byte strings instead of text; a generic service would lose the typed responses.)
+  using Streamer = grpc::ServerSplitStreamer<grpc::ByteBuffer, pb::GenerateResponse>;
+
+  template <typename Resp>
+  using RawStreaming = grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, Resp>;
+  template <typename Resp>
+  using RawUnary = grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Resp>;
+  template <typename Resp>
+  using UnaryStreamer = grpc::ServerUnaryStreamer<grpc::ByteBuffer, Resp>;
+
+  Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
+      : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {
+    MarkMethodStreamed(
+        method_index("Generate"),
+        new RawStreaming<pb::GenerateResponse>([this](grpc::ServerContext* ctx, Streamer* s) {
+          return streamed(ctx, s, "Generate", &Service::generate);
+        }));
+    MarkMethodStreamed(method_index("Chat"), new RawStreaming<pb::GenerateResponse>(
+                                                 [this](grpc::ServerContext* ctx, Streamer* s) {
+                                                   return streamed(ctx, s, "Chat", &Service::chat);
+                                                 }));
+    MarkMethodStreamed(
+        method_index("Tokenize"),
+        new RawUnary<pb::TokenizeResponse>(
+            [this](grpc::ServerContext* ctx, UnaryStreamer<pb::TokenizeResponse>* s) {
+              return unary(ctx, s, "Tokenize", &Service::tokenize);
+            }));
+    MarkMethodStreamed(
+        method_index("ModelInfo"),
+        new RawUnary<pb::ModelInfoResponse>(
+            [this](grpc::ServerContext* ctx, UnaryStreamer<pb::ModelInfoResponse>* s) {
+              return unary(ctx, s, "ModelInfo", &Service::model_info);
+            }));
+  }
+
+  // The index the generated Service registered the rpc `name` under: the .proto's order, which
+  // is the service descriptor's.
+  static int method_index(const char* name) {
+    const google::protobuf::MethodDescriptor* m =
+        pb::GenerateRequest::descriptor()->file()->FindServiceByName("Burst")->FindMethodByName(
+            name);
+    if (m == nullptr) {
+      spdlog::critical("burst.v1.Burst has no rpc {}", name);
+      std::abort();
+    }
+    return m->index();
+  }
+
+  // The typed entry points are replaced by the raw handlers above and never called.
+  grpc::Status Generate(grpc::ServerContext*, const pb::GenerateRequest*,
+                        grpc::ServerWriter<pb::GenerateResponse>*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status Chat(grpc::ServerContext*, const pb::ChatRequest*,
+                    grpc::ServerWriter<pb::GenerateResponse>*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status Tokenize(grpc::ServerContext*, const pb::TokenizeRequest*,
+                        pb::TokenizeResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status ModelInfo(grpc::ServerContext*, const pb::ModelInfoRequest*,
+                         pb::ModelInfoResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+
+  // What every call starts with: the API key (before any byte of the request is looked at),
+  // then the one request message, read raw and parsed.
+  template <typename Req, typename Reader>
+  grpc::Status receive(grpc::ServerContext* ctx, Reader* reader, Req* req) const {
+    if (grpc::Status st = check_auth(ctx); !st.ok()) return st;
+    grpc::ByteBuffer raw;
+    if (!reader->Read(&raw)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message");
+    }
+    return parse_request(raw, req);
+  }
+
+  // A server-streaming call: receives the request, runs `body`.
+  template <typename Req>
+  grpc::Status streamed(grpc::ServerContext* ctx, Streamer* stream, const char* method,
+                        grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Streamer*,
+                                                      CallLog*)) {
+    CallLog log(ctx, method);
+    Req req;
+    if (grpc::Status st = receive(ctx, stream, &req); !st.ok()) return log.done(st);
+    return guarded(log, [&] { return (this->*body)(ctx, &req, stream, &log); });
+  }
+
+  // A unary call: receives the request, runs `body`, sends the response when OK.
+  template <typename Req, typename Resp>
+  grpc::Status unary(grpc::ServerContext* ctx, UnaryStreamer<Resp>* s, const char* method,
+                     grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Resp*)) {
+    CallLog log(ctx, method);
+    Req req;
+    if (grpc::Status st = receive(ctx, s, &req); !st.ok()) return log.done(st);
+    Resp resp;
+    grpc::Status st = guarded(log, [&] { return (this->*body)(ctx, &req, &resp); });
+    if (st.ok()) s->Write(resp);
+    return st;
+  }
+
+  // Runs a call's body: no exception leaves the service (it would end the process), and the
+  // access log gets the final status either way.
+  template <typename F>
+  static grpc::Status guarded(CallLog& log, F&& body) {
+    try {
+      return log.done(body());
+    } catch (const std::exception& e) {
+      return log.done(
+          grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what()));
+    }
+  }
+
+ private:
+  grpc::Status tokenize(grpc::ServerContext*, const pb::TokenizeRequest* req,
+                        pb::TokenizeResponse* resp) {
+    if (auto e = scheduler_.check_prompt_text(req->text().size())) {
+      return grpc::Status(grpc_code(e->code), e->message);
+    }
+    auto ids = tokenizer_.encode(req->text(), req->add_bos(), false);
+    if (!ids.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text: " + ids.message());
+    }
+    resp->mutable_ids()->Add(ids.value().begin(), ids.value().end());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status model_info(grpc::ServerContext*, const pb::ModelInfoRequest*,
+                          pb::ModelInfoResponse* resp) {
+    resp->set_model(config_.model_name);
+    resp->set_vocab_size(scheduler_.vocab_size());
+    resp->set_max_context(scheduler_.max_context());
+    resp->set_workers(scheduler_.workers());
+    resp->set_device(scheduler_.device());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status check_auth(grpc::ServerContext* ctx) const {
+    if (config_.api_key.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it == md.end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing API key (metadata authorization: Bearer KEY)");
+    }
+    if (!token_equal("Bearer " + config_.api_key,
+                     std::string(it->second.data(), it->second.size()))) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong API key");
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req, Streamer* writer,
+                        CallLog* log) {
+    if (auto st = check_model(req->model()); !st.ok()) return st;
+    ScheduledRequest r;
+    r.id = log->id;
+    switch (req->prompt_case()) {
+      case pb::GenerateRequest::kText: {
+        if (req->text().empty()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
+        }
+        if (auto e = scheduler_.check_prompt_text(req->text().size())) {
+          return grpc::Status(grpc_code(e->code), e->message);
+        }
+        auto ids = tokenizer_.encode(req->text(), true, false);
+        if (!ids.ok()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: " + ids.message());
+        }
+        r.prompt.assign(ids.value().begin(), ids.value().end());
+        break;
+      }
+      case pb::GenerateRequest::kTokenIds:
+        r.prompt.assign(req->token_ids().ids().begin(), req->token_ids().ids().end());
+        break;
+      default:
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
+    }
+    r.max_tokens = req->max_tokens();
+    return submit(*req, std::move(r), ctx, writer, log);
+  }
+
+  grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req, Streamer* writer,
+                    CallLog* log) {
+    if (auto st = check_model(req->model()); !st.ok()) return st;
+    std::vector<std::string> roles, contents;
+    size_t text_bytes = 0;
+    for (const auto& m : req->messages()) {
+      roles.push_back(m.role());
+      contents.push_back(m.content());
+      text_bytes += m.content().size();
+    }
+    if (auto e = scheduler_.check_prompt_text(text_bytes)) {
+      return grpc::Status(grpc_code(e->code), e->message);
+    }
+    auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
+    if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());
+    ScheduledRequest r;
+    r.id = log->id;
+    r.prompt = ids.take();
+    r.max_tokens = req->max_tokens();
+    if (r.max_tokens == 0) {
+      // As HTTP chat: until EOS, bounded by what is left of the KV capacity.
+      r.max_tokens = scheduler_.default_max_tokens(static_cast<int64_t>(r.prompt.size()),
+                                                   scheduler_.max_tokens_limit());
+    }
+    return submit(*req, std::move(r), ctx, writer, log);
+  }
+
+  // What Generate and Chat share after the prompt: the options, stop strings, progress, and
+  // the run.
+  template <typename Req>
+  grpc::Status submit(const Req& req, ScheduledRequest r, grpc::ServerContext* ctx,
+                      Streamer* writer, CallLog* log) {
+    if (auto st = apply_options(req.sampling(), req.min_tokens(), req.ignore_eos(),
+                                req.logprobs(), req.top_logprobs(), &r);
+        !st.ok()) {
+      return st;
+    }
+    r.stop.assign(req.stop().begin(), req.stop().end());
+    r.return_progress = req.return_progress();
+    return run(ctx, std::move(r), writer, log);
+  }
+
+  // The model a request names: this server's, or none.
+  grpc::Status check_model(const std::string& model) const {
+    if (model.empty() || model == config_.model_name) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "unknown model '" + model + "'; this server serves '" +
+                            config_.model_name + "'");
+  }
+
+  // Sampling, logits processing and logprobs, with HTTP's defaults and checks.
+  grpc::Status apply_options(const pb::SamplingParams& sp, int32_t min_tokens, bool ignore_eos,
+                             bool logprobs, int32_t top_logprobs, ScheduledRequest* out) {
+    ScheduledRequest& r = *out;
+    // HTTP's defaults: temperature 1 and a random seed when unset.
+    r.sampling.temperature = sp.has_temperature() ? sp.temperature() : 1.f;
+    r.sampling.top_k = sp.top_k();
+    // proto3 cannot tell an unset top_p from 0; 0 is documented as "off".
+    r.sampling.top_p = sp.top_p() == 0.f ? 1.f : sp.top_p();
+    r.sampling.seed = sp.has_seed() ? sp.seed() : std::random_device{}();
+    auto bad = [](const std::string& m) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
+    };
+    if (!(r.sampling.temperature >= 0)) return bad("temperature must be >= 0");
+    if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) return bad("top_p must be in (0, 1]");
+    if (r.sampling.top_k < 0) return bad("top_k must be >= 0");
+    r.adjust.presence_penalty = sp.presence_penalty();
+    r.adjust.frequency_penalty = sp.frequency_penalty();
+    r.adjust.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.f;
+    for (const auto& [id, bias] : sp.logit_bias()) r.adjust.logit_bias.emplace_back(id, bias);
+    std::sort(r.adjust.logit_bias.begin(), r.adjust.logit_bias.end());
+    if (min_tokens < 0) return bad("min_tokens must be >= 0");
+    if (r.max_tokens > 0 && min_tokens > r.max_tokens) {
+      return bad("min_tokens must not exceed max_tokens");
+    }
+    r.adjust.min_tokens = min_tokens;
+    if (const std::string why = engine::validate(r.adjust, scheduler_.vocab_size());
+        !why.empty()) {
+      return bad(why);
+    }
+    r.ignore_eos = ignore_eos;
+    if (top_logprobs < 0 || top_logprobs > 20) return bad("top_logprobs must be in [0, 20]");
+    if (top_logprobs > 0 && !logprobs) return bad("top_logprobs needs logprobs");
+    r.logprobs = logprobs ? top_logprobs : -1;
+    return grpc::Status::OK;
+  }
+
+  // Submits and streams the events until the end.
+  grpc::Status run(grpc::ServerContext* ctx, ScheduledRequest r, Streamer* writer, CallLog* log) {
+    const std::string id = r.id;
+    ApiError err;
+    auto stream = scheduler_.submit(std::move(r), &err);
+    if (!stream) return grpc::Status(grpc_code(err.code), err.message);
+    for (;;) {
+      // Polls the call's cancellation between events: a cancelled call (or a gone client)
+      // stops generation at the next token.
+      if (ctx->IsCancelled()) {
+        stream->cancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      }
+      auto ev = stream->next(std::chrono::milliseconds(100));
+      if (!ev) continue;
+      pb::GenerateResponse out;
+      switch (ev->kind) {
+        case Event::Kind::kStarted: {
+          auto* s = out.mutable_started();
+          s->set_request_id(id);
+          s->set_prompt_tokens(static_cast<int32_t>(ev->prompt_tokens));
+          s->set_queue_ms(ev->queue_ms);
+          break;
+        }
+        case Event::Kind::kProgress:
+          out.mutable_progress()->set_prefilled_fraction(ev->fraction);
+          break;
+        case Event::Kind::kToken: {
+          auto* t = out.mutable_token();
+          t->set_id(ev->token);
+          t->set_text(ev->text);
+          if (ev->ttft_ms >= 0) t->set_ttft_ms(ev->ttft_ms);
+          if (ev->has_logprob) {
+            t->set_logprob(ev->logprob);
+            for (const auto& [id, lp] : ev->top_logprobs) {
+              auto* a = t->add_top_logprobs();
+              a->set_id(id);
+              a->set_text(tokenizer_.piece_text(id));  // byte pieces stay <0xNN>: valid UTF-8
+              a->set_logprob(lp);
+            }
+          }
+          break;
+        }
+        case Event::Kind::kFinished: {
+          auto* f = out.mutable_finished();
+          const FinishInfo& fi = ev->finish;
+          log->prompt_tokens = fi.prompt_tokens;
+          log->completion_tokens = fi.completion_tokens;
+          log->finish = fi.reason;
+          f->set_finish_reason(fi.reason);
+          f->set_prompt_tokens(static_cast<int32_t>(fi.prompt_tokens));
+          f->set_completion_tokens(static_cast<int32_t>(fi.completion_tokens));
+          f->set_prefill_ms(fi.prefill_ms);
+          f->set_decode_tokens_per_s(fi.decode_tokens_per_s);
+          f->set_ttft_ms(fi.ttft_ms);
+          f->set_queue_ms(fi.queue_ms);
+          writer->Write(out);
+          return grpc::Status::OK;
+        }
+        case Event::Kind::kError:
+          return grpc::Status(grpc_code(ev->error.code), ev->error.message);
+        case Event::Kind::kPromptLogprobs:
+          continue;  // not requested by this API
+      }
+      if (!writer->Write(out)) {
+        stream->cancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client is gone");
+      }
+    }
+  }
+
+  const ServerConfig& config_;
+  Scheduler& scheduler_;
+  const Tokenizer& tokenizer_;
+};
+
+GrpcApi::GrpcApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
+    : config_(config), scheduler_(scheduler), tokenizer_(tokenizer),
+      service_(std::make_unique<Service>(config, scheduler, tokenizer)) {}
+
+GrpcApi::~GrpcApi() { stop(); }
+
+Result<int> GrpcApi::start() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string host = config_.host.find(':') != std::string::npos
+                               ? "[" + config_.host + "]"
+                               : config_.host;
+  builder.AddListeningPort(host + ":" + std::to_string(config_.grpc_port),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_body_bytes));
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) {
+    return Status::error("cannot bind gRPC on " + config_.host + ":" +
+                         std::to_string(config_.grpc_port));
+  }
+  health_thread_ = std::thread([this] {
+    int last = -1;
+    while (!stop_) {
+      const int now = scheduler_.healthy() && !scheduler_.draining() ? 1 : 0;
+      if (now != last) {
+        server_->GetHealthCheckService()->SetServingStatus(now == 1);
+        server_->GetHealthCheckService()->SetServingStatus("burst.v1.Burst", now == 1);
+        last = now;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  return port;
+}
+
+void GrpcApi::stop() {
+  if (!server_) return;
+  stop_ = true;
+  if (health_thread_.joinable()) health_thread_.join();
+  server_->GetHealthCheckService()->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace burst::server

@@ -1,0 +1,44 @@
+// The public gRPC API (proto/burst/v1/burst.proto): Generate (server streaming), Tokenize,
+// ModelInfo, plus the standard grpc.health.v1.Health service (SERVING only while the worker
+// group serves) and server reflection, so grpcurl works without the proto file. Requests are
+// translated into plain ScheduledRequest structs here: protobuf never reaches the scheduler.
+// With an API key set, every Burst call needs "authorization: Bearer KEY" metadata (health and
+// reflection stay open, as load balancers and grpcurl discovery need them).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "frontend/scheduler.h"
+#include "frontend/server_config.h"
+#include "common/tokenizer.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace burst::server {
+
+class GrpcApi {
+ public:
+  GrpcApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer);
+  ~GrpcApi();
+  // Binds config.host:config.grpc_port (0: any free port) and serves.
+  Result<int> start();
+  // Stops accepting calls; calls still running get until the deadline.
+  void stop();
+
+  class Service;
+
+ private:
+  const ServerConfig& config_;
+  Scheduler& scheduler_;
+  const Tokenizer& tokenizer_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread health_thread_;  // mirrors scheduler health into grpc.health.v1
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace burst::server

@@ -1,0 +1,341 @@
+#include "frontend/server_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "group/worker_registry.h"
+
+namespace burst::server {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// One table drives both the JSON keys and the flags, so the two can never disagree.
+struct Field {
+  enum class Kind { kString, kInt, kInt64, kPath };
+  Kind kind;
+  void* target;
+};
+
+std::map<std::string, Field> fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
+      {"model", {K::kPath, &c->model}},
+      {"preset", {K::kString, &c->preset}},
+      {"random_weights", {K::kInt64, &c->random_weights}},
+      {"tokenizer", {K::kPath, &c->tokenizer}},
+      {"model_name", {K::kString, &c->model_name}},
+      {"device", {K::kString, &c->device}},
+      {"workers", {K::kInt, &c->workers}},
+      {"threads_per_worker", {K::kInt, &c->threads_per_worker}},
+      {"layout", {K::kString, &c->layout}},
+      {"host", {K::kString, &c->host}},
+      {"grpc_port", {K::kInt, &c->grpc_port}},
+      {"http_port", {K::kInt, &c->http_port}},
+      {"port_file", {K::kString, &c->port_file}},
+      {"api_key", {K::kString, &c->api_key}},
+      {"api_key_file", {K::kPath, &c->api_key_file}},
+      {"remote_workers", {K::kInt, &c->remote_workers}},
+      {"worker_listen", {K::kString, &c->worker_listen}},
+      {"max_context", {K::kInt64, &c->max_context}},
+      {"kv_capacity", {K::kInt64, &c->kv_capacity}},
+      {"kv_memory_percent", {K::kInt, &c->kv_memory_percent}},
+      {"max_tokens_limit", {K::kInt, &c->max_tokens_limit}},
+      {"max_queue", {K::kInt, &c->max_queue}},
+      {"max_running", {K::kInt, &c->max_running}},
+      {"max_batched_tokens", {K::kInt64, &c->max_batched_tokens}},
+      {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
+      {"prefill_chunk_decoding", {K::kInt64, &c->prefill_chunk_decoding}},
+      {"decode_lookahead", {K::kInt, &c->decode_lookahead}},
+      {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
+      {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
+      {"http_backlog", {K::kInt, &c->http_backlog}},
+      {"http_max_connections", {K::kInt, &c->http_max_connections}},
+      {"http_header_timeout_ms", {K::kInt, &c->http_header_timeout_ms}},
+      {"http_body_timeout_ms", {K::kInt, &c->http_body_timeout_ms}},
+      {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
+      {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
+      {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
+      {"log_level", {K::kString, &c->log_level}},
+      {"log_format", {K::kString, &c->log_format}},
+  };
+}
+
+// A relative path from a config file: as given if it exists from here, else from the config
+// file's parent directory (configs/x.json -> the repository root).
+std::string resolve(const std::string& p, const fs::path& config_path) {
+  if (p.empty() || fs::path(p).is_absolute() || fs::exists(p)) return p;
+  const fs::path alt = fs::absolute(config_path).parent_path().parent_path() / p;
+  return fs::exists(alt) ? alt.lexically_normal().string() : p;
+}
+
+Status set_from_string(const std::string& key, const Field& f, const std::string& text) {
+  try {
+    size_t used = 0;
+    switch (f.kind) {
+      case Field::Kind::kString:
+      case Field::Kind::kPath:
+        *static_cast<std::string*>(f.target) = text;
+        return {};
+      case Field::Kind::kInt:
+        *static_cast<int*>(f.target) = std::stoi(text, &used);
+        break;
+      case Field::Kind::kInt64:
+        *static_cast<int64_t*>(f.target) = std::stoll(text, &used);
+        break;
+    }
+    if (used != text.size()) return Status::error("bad value '" + text + "' for " + key);
+  } catch (const std::exception&) {
+    return Status::error("bad value '" + text + "' for " + key);
+  }
+  return {};
+}
+
+Status validate(const ServerConfig& c) {
+  if (c.model.empty() && c.preset.empty()) {
+    return Status::error("no model (set \"model\" or --model, or --preset)");
+  }
+  if (c.workers < 1 || c.workers > 64) return Status::error("workers must be in 1..64");
+  if (c.layout != "zigzag" && c.layout != "contiguous") {
+    return Status::error("layout must be zigzag or contiguous");
+  }
+  for (int p : {c.grpc_port, c.http_port}) {
+    if (p < -1 || p > 65535) return Status::error("ports must be in -1..65535");
+  }
+  if (c.grpc_port == -1 && c.http_port == -1) return Status::error("both APIs are disabled");
+  if (c.max_queue < 0) return Status::error("max_queue must be >= 0");
+  if (c.max_running < 1) return Status::error("max_running must be >= 1");
+  if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
+  if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
+  if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
+  if (c.decode_lookahead != 0 && c.decode_lookahead != 1) {
+    return Status::error("decode_lookahead must be 0 or 1");
+  }
+  if (c.kv_memory_percent < 1 || c.kv_memory_percent > 100) {
+    return Status::error("kv_memory_percent must be in 1..100");
+  }
+  if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
+  if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
+  if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");
+  if (c.http_backlog < 1) return Status::error("http_backlog must be >= 1");
+  if (c.http_max_connections < 1) return Status::error("http_max_connections must be >= 1");
+  if (c.http_header_timeout_ms < 10 || c.http_body_timeout_ms < 10) {
+    return Status::error("http_header_timeout_ms and http_body_timeout_ms must be >= 10");
+  }
+  if (c.drain_timeout_ms < 0) return Status::error("drain_timeout_ms must be >= 0");
+  if (c.start_timeout_ms < 0) {
+    return Status::error("start_timeout_ms must be >= 0 (0: scaled to the model's size)");
+  }
+  if (c.remote_workers < 0 || c.remote_workers > 64) {
+    return Status::error("remote_workers must be in 0..64");
+  }
+  if (c.remote_workers > 0) {
+    auto hp = split_host_port(c.worker_listen);
+    if (!hp.ok()) return Status::error("worker_listen: " + hp.message());
+  }
+  if (c.log_format != "text" && c.log_format != "json") {
+    return Status::error("log_format must be text or json");
+  }
+  for (const char* l : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    if (c.log_level == l) break;
+    if (std::string(l) == "off") {
+      return Status::error("log_level must be trace, debug, info, warn, error, critical or off");
+    }
+  }
+  if (c.max_context < 0 || c.kv_capacity < 0 || c.max_tokens_limit < 0) {
+    return Status::error("max_context, kv_capacity and max_tokens_limit must be >= 0");
+  }
+  return {};
+}
+
+}  // namespace
+
+Status apply_config_file(const std::string& path, ServerConfig* config) {
+  std::ifstream f(path);
+  if (!f) return Status::error("cannot read config file " + path);
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    return Status::error(path + ": " + e.what());
+  }
+  if (!j.is_object()) return Status::error(path + ": the config must be a JSON object");
+  auto table = fields(config);
+  for (const auto& [key, value] : j.items()) {
+    auto it = table.find(key);
+    if (it == table.end()) return Status::error(path + ": unknown key \"" + key + "\"");
+    const Field& fd = it->second;
+    const bool want_string = fd.kind == Field::Kind::kString || fd.kind == Field::Kind::kPath;
+    if (want_string ? !value.is_string() : !value.is_number_integer()) {
+      return Status::error(path + ": \"" + key + "\" must be " +
+                           (want_string ? "a string" : "an integer"));
+    }
+    if (want_string) {
+      std::string s = value.get<std::string>();
+      if (fd.kind == Field::Kind::kPath) s = resolve(s, path);
+      *static_cast<std::string*>(fd.target) = s;
+    } else if (fd.kind == Field::Kind::kInt) {
+      *static_cast<int*>(fd.target) = value.get<int>();
+    } else {
+      *static_cast<int64_t*>(fd.target) = value.get<int64_t>();
+    }
+  }
+  return {};
+}
+
+Result<std::string> find_data_dir(const std::string& explicit_dir, const fs::path& exe,
+                                  std::vector<std::string>* looked) {
+  auto tried = [&](const fs::path& p) {
+    if (looked) looked->push_back(p.string());
+  };
+  // An explicit choice is taken as given (or refused), never silently replaced by another.
+  const char* env = std::getenv("BURST_DATA_DIR");
+  const std::pair<const char*, std::string> explicit_choices[] = {
+      {"--data-dir", explicit_dir}, {"BURST_DATA_DIR", env != nullptr ? env : ""}};
+  for (const auto& [what, dir] : explicit_choices) {
+    if (dir.empty()) continue;
+    tried(dir);
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      return Status::error(std::string(what) + ": " + dir + " is not a directory");
+    }
+    return fs::absolute(dir).lexically_normal().string();
+  }
+  std::vector<fs::path> candidates;
+  if (!exe.empty()) candidates.push_back(exe.parent_path().parent_path() / "share" / "burst");
+#ifdef BURST_SOURCE_DATA_DIR
+  candidates.emplace_back(BURST_SOURCE_DATA_DIR);
+#endif
+#ifdef BURST_INSTALL_DATA_DIR
+  candidates.emplace_back(BURST_INSTALL_DATA_DIR);
+#endif
+  for (const auto& dir : candidates) {
+    if (dir.empty()) continue;
+    tried(dir);
+    std::error_code ec;
+    if (fs::exists(dir / "configs" / "cpu-tiny.json", ec)) return dir.lexically_normal().string();
+  }
+  return std::string();
+}
+
+std::string config_to_json(const ServerConfig& config) {
+  ServerConfig copy = config;
+  json j = json::object();
+  for (const auto& [key, f] : fields(&copy)) {
+    switch (f.kind) {
+      case Field::Kind::kString:
+      case Field::Kind::kPath:
+        j[key] = *static_cast<std::string*>(f.target);
+        break;
+      case Field::Kind::kInt:
+        j[key] = *static_cast<int*>(f.target);
+        break;
+      case Field::Kind::kInt64:
+        j[key] = *static_cast<int64_t*>(f.target);
+        break;
+    }
+  }
+  if (!config.api_key.empty()) j["api_key"] = "(set)";
+  return j.dump(2);
+}
+
+Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
+  *help = false;
+  ServerConfig c;
+  std::string config_path, data_dir_flag;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--config") config_path = argv[i + 1];
+    if (std::string(argv[i]) == "--data-dir") data_dir_flag = argv[i + 1];
+  }
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<std::string> looked;
+  auto data_dir = find_data_dir(data_dir_flag, ec ? fs::path() : self, &looked);
+  if (!data_dir.ok()) return data_dir.status();
+  c.data_dir = data_dir.value();
+  // The embedded default: the data directory's configs/cpu-tiny.json.
+  if (config_path.empty() && !c.data_dir.empty()) {
+    const fs::path embedded = fs::path(c.data_dir) / "configs" / "cpu-tiny.json";
+    if (fs::exists(embedded, ec)) config_path = embedded.string();
+  }
+  if (!config_path.empty()) BURST_RETURN_IF_ERROR(apply_config_file(config_path, &c));
+
+  auto table = fields(&c);
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      *help = true;
+      return c;
+    }
+    if (flag.rfind("--", 0) != 0) return Status::error("unexpected argument " + flag);
+    if (i + 1 >= argc) return Status::error("missing value for " + flag);
+    const std::string val = argv[++i];
+    if (flag == "--config" || flag == "--data-dir") continue;
+    std::string key = flag.substr(2);
+    for (char& ch : key) ch = ch == '-' ? '_' : ch;
+    auto it = table.find(key);
+    if (it == table.end() && flag == "--join") {
+      return Status::error("unknown flag --join: it is burst-worker's (burst-worker --join "
+                           "HOST:PORT); the server waits for such workers with "
+                           "--remote-workers N --worker-listen HOST:PORT");
+    }
+    if (it == table.end()) return Status::error("unknown flag " + flag);
+    BURST_RETURN_IF_ERROR(set_from_string(flag, it->second, val));
+  }
+  if (!c.api_key_file.empty()) {
+    if (!c.api_key.empty()) {
+      return Status::error("give the API key once: --api-key (or \"api_key\") or --api-key-file "
+                           "(or \"api_key_file\"), not both");
+    }
+    auto key = read_token_file(c.api_key_file);
+    if (!key.ok()) return Status::error("--api-key-file: " + key.message());
+    c.api_key = key.value();
+  }
+  if (c.api_key.empty()) {
+    if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;
+  }
+  if (c.model.empty() && c.preset.empty()) {
+    std::string where;
+    for (const auto& l : looked) where += (where.empty() ? "" : ", ") + l;
+    return Status::error("no model: set \"model\" or --model DIR (or --preset NAME "
+                         "--random-weights SEED); no default config was found (looked for "
+                         "configs/cpu-tiny.json in " + (where.empty() ? "nothing" : where) +
+                         "): name the data directory with --data-dir DIR or BURST_DATA_DIR");
+  }
+  if (c.tokenizer.empty() && !c.preset.empty()) {
+    // A preset needs no model directory: its tokenizer is the model directory's when a config
+    // also names one that has it, else the shipped LLaMA-2 tokenizer.
+    const fs::path from_model = c.model.empty() ? fs::path() : fs::path(c.model) / "tokenizer.model";
+    const fs::path shipped = c.data_dir.empty() ? fs::path()
+                                                : fs::path(c.data_dir) / "models" / "kjv-tiny" /
+                                                      "tokenizer.model";
+    if (!from_model.empty() && fs::exists(from_model, ec)) {
+      c.tokenizer = from_model.string();
+    } else if (!shipped.empty() && fs::exists(shipped, ec)) {
+      c.tokenizer = shipped.string();
+    } else {
+      return Status::error("no tokenizer for --preset " + c.preset +
+                           ": set --tokenizer FILE (a LLaMA-2 tokenizer.model), or the data "
+                           "directory (--data-dir DIR or BURST_DATA_DIR) that ships "
+                           "models/kjv-tiny/tokenizer.model");
+    }
+  }
+  if (c.tokenizer.empty()) c.tokenizer = c.model + "/tokenizer.model";
+  if (c.model_name.empty() && !c.preset.empty()) c.model_name = "llama-2-" + c.preset + "-random";
+  // The preset takes the model directory's place (one from the default config included).
+  if (!c.preset.empty()) c.model.clear();
+  if (c.model_name.empty()) c.model_name = fs::path(c.model).lexically_normal().filename();
+  if (c.model_name.empty()) c.model_name = fs::path(c.model).parent_path().filename();
+  BURST_RETURN_IF_ERROR(validate(c));
+  return c;
+}
+
+}  // namespace burst::server

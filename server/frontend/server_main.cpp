@@ -1,0 +1,341 @@
+// burst-server: the frontend process. Reads the config (--config FILE, flags override; default
+// configs/cpu-tiny.json), loads the tokenizer, starts the scheduler (which spawns and supervises
+// the worker group, or with --remote-workers N waits for N `burst-worker --join` to register
+// with the WorkerRegistry started here), then serves HTTP (OpenAI-compatible) and gRPC. Binds
+// 127.0.0.1 unless told otherwise. SIGTERM/SIGINT drain: new requests get 503/UNAVAILABLE,
+// requests in flight get drain_timeout_ms to finish and are then cancelled, the listeners close,
+// the workers stop, and the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
+// the config and flags, prints the resolved settings and exits (deployment checks, CI).
+#include <malloc.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "models/config.h"
+#include "models/llama.h"
+#include "frontend/grpc_api.h"
+#include "engine/kv_pages.h"
+#include "common/heap.h"
+#include "frontend/http_api.h"
+#include "common/logging.h"
+#include "frontend/metrics.h"
+#include "frontend/scheduler.h"
+#include "frontend/server_config.h"
+#include "common/tokenizer.h"
+#include "group/worker_registry.h"
+
+namespace {
+
+// A flag, not sigwait: blocking the signals would be inherited by the forked workers.
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+int fail(const std::string& msg) {
+  spdlog::error("{}", msg);
+  return 1;
+}
+
+bool is_cuda(const burst::server::ServerConfig& cfg) { return cfg.device.rfind("cuda", 0) == 0; }
+
+// --check-config: the server config is valid once parsed; the model's config.json and the
+// tokenizer are checked where they exist (a deployment's model often lives on another host or
+// volume), and a preset's shape always. 0: usable; 2: refused.
+int check_config(const burst::server::ServerConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::cout << burst::server::config_to_json(cfg) << "\n";
+  std::error_code ec;
+  if (!cfg.preset.empty()) {
+    auto m = burst::models::preset_config(cfg.preset);
+    if (!m.ok()) {
+      std::cerr << "burst-server: " << m.message() << "\n";
+      return 2;
+    }
+  } else if (fs::is_directory(cfg.model, ec)) {
+    auto m = burst::models::load_config(cfg.model);
+    if (!m.ok()) {
+      std::cerr << "burst-server: " << m.message() << "\n";
+      return 2;
+    }
+  } else {
+    std::cerr << "burst-server: note: model directory " << cfg.model
+              << " is not on this host (not checked)\n";
+  }
+  if (!fs::exists(cfg.tokenizer, ec)) {
+    std::cerr << "burst-server: note: tokenizer " << cfg.tokenizer
+              << " is not on this host (not checked)\n";
+  }
+  std::cerr << "burst-server: config ok (data directory: "
+            << (cfg.data_dir.empty() ? "none" : cfg.data_dir) << ")\n";
+  return 0;
+}
+
+// What a GPU rank keeps free beside its KV pool (--kv-capacity 0) for a prefill chunk's
+// activations and the cached prefix gathered for the ring (one layer's K and V of the rank's
+// share of the longest prompt), twice over, plus 1 GiB for libraries' workspaces.
+int64_t kv_activation_reserve(const burst::models::LlamaConfig& m, int64_t max_context,
+                              int workers, int64_t chunk) {
+  const int64_t bf16 = 2;
+  const int64_t kv_row = 2 * m.num_kv_heads * m.head_dim * bf16;
+  const int64_t prefix = (max_context + workers - 1) / std::max(1, workers) * kv_row;
+  const int64_t per_token = 8 * m.hidden_size * bf16 + 3 * m.intermediate_size * bf16;
+  return (int64_t{1} << 30) + 2 * (prefix + chunk * per_token);
+}
+
+// The flags: --version and --check-config (no value, unlike every config flag) are taken out
+// before parsing. Returns the config, or the exit code when the process is done already.
+std::variant<burst::server::ServerConfig, int> parse_flags(int argc, char** argv) {
+  using namespace burst::server;
+  bool check_only = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]) == "--version") {
+      std::cout << version_string("burst-server") << "\n";
+      return 0;
+    }
+    if (i > 0 && std::string(argv[i]) == "--check-config") {
+      check_only = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  bool help = false;
+  auto parsed = parse_server_args(static_cast<int>(args.size()), args.data(), &help);
+  if (help) {
+    std::cout << kServerUsage;
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << "burst-server: " << parsed.message() << "\n" << kServerUsage;
+    return 2;
+  }
+  ServerConfig cfg = parsed.take();
+  if (check_only) return check_config(cfg);
+  if (burst::Status st = setup_logging("burst-server", cfg.log_level, cfg.log_format); !st.ok()) {
+    std::cerr << "burst-server: " << st.message() << "\n" << kServerUsage;
+    return 2;
+  }
+  return cfg;
+}
+
+// The limits left at 0 in the config, from the model and the tokenizer. Returns whether the KV
+// pool is sized from GPU memory.
+bool resolve_limits(burst::server::ServerConfig& cfg, const burst::models::LlamaConfig& model,
+                    const burst::server::Tokenizer& tokenizer) {
+  if (cfg.max_context == 0) cfg.max_context = model.max_position_embeddings;
+  // The KV pool: on GPUs (spawned here or joined), by default as large as each GPU holds once
+  // the weights are in (kv_memory_percent of the device, less a reserve for activations), so a
+  // long prompt leaves room for others; else kv_capacity tokens, by default the max context.
+  const bool kv_from_memory = cfg.kv_capacity == 0 && is_cuda(cfg);
+  if (cfg.kv_capacity == 0 && !kv_from_memory) cfg.kv_capacity = cfg.max_context;
+  if (cfg.max_tokens_limit == 0) {
+    cfg.max_tokens_limit = static_cast<int>(kv_from_memory ? cfg.max_context : cfg.kv_capacity);
+  }
+  // No token stands for more text than the vocabulary's longest piece, so longer text can never
+  // fit max_context tokens: refusing it untokenized never refuses a prompt that would fit.
+  if (cfg.max_prompt_bytes == 0) {
+    cfg.max_prompt_bytes = cfg.max_context * static_cast<int64_t>(tokenizer.max_piece_bytes());
+  }
+  return kv_from_memory;
+}
+
+// The scheduler's and the worker group's options from the resolved config.
+burst::server::SchedulerOptions scheduler_options(const burst::server::ServerConfig& cfg,
+                                                  const burst::models::LlamaConfig& model,
+                                                  bool kv_from_memory, int64_t weight_bytes) {
+  using namespace burst;
+  const bool cuda = is_cuda(cfg);
+  server::SchedulerOptions so;
+  so.group.model = cfg.preset.empty()
+                       ? models::ModelSpec{cfg.model, "", 0}
+                       : models::ModelSpec{"", cfg.preset,
+                                           static_cast<uint64_t>(cfg.random_weights)};
+  so.group.workers = cfg.workers;
+  so.group.device = cfg.device;
+  so.group.kv_capacity = cfg.kv_capacity;
+  so.group.threads_per_worker = cfg.threads_per_worker;
+  so.group.start_timeout = cfg.start_timeout_ms > 0
+                               ? std::chrono::milliseconds(cfg.start_timeout_ms)
+                               : server::default_start_timeout(weight_bytes);
+  so.group.layout = cfg.layout == "contiguous" ? engine::ShardLayout::kContiguous
+                                               : engine::ShardLayout::kZigzag;
+  so.max_context = cfg.max_context;
+  so.max_prompt_bytes = cfg.max_prompt_bytes;
+  so.max_tokens_limit = cfg.max_tokens_limit;
+  so.max_queue = cfg.max_queue;
+  so.max_running = cfg.max_running;
+  so.max_batched_tokens = cfg.max_batched_tokens;
+  // A chunk bounds how long decoding sequences and short prompts wait for a long prefill (one
+  // step); larger chunks run the ring more efficiently. On GPUs: 2048 rows per GPU on 2 or
+  // more (on 2 H200s a 128K prompt 7 % slower than unchunked, a 100-token request beside it
+  // answered in 0.07-0.19 s instead of 0.33 s at 8192), 8192 on one (128K +2 % on an H200).
+  // docs/benchmarks.md has the trade-off.
+  const int world = cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers;
+  const int64_t gpu_chunk = world > 1 ? int64_t{2048} * world : 8192;
+  so.group.prefill_chunk = cfg.prefill_chunk > 0 ? cfg.prefill_chunk : cuda ? gpu_chunk : 256;
+  // Decoding sequences advance one token per step, so while any decode, a step's prefill chunk
+  // is smaller: their inter-token time stays near a 2048-token step instead of an 8192-token
+  // one (0.7 s late in a 128K prefill on one H200), and the long prefill loses little.
+  so.prefill_chunk_decoding = cfg.prefill_chunk_decoding > 0 ? cfg.prefill_chunk_decoding
+                              : cuda ? 2048
+                                     : so.group.prefill_chunk;
+  so.decode_lookahead = cfg.decode_lookahead == 1;
+  so.vocab_size = static_cast<int>(model.vocab_size);
+  if (kv_from_memory) {
+    so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;
+    so.group.kv_reserve_bytes = kv_activation_reserve(
+        model, cfg.max_context, cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers,
+        so.group.prefill_chunk);
+  }
+  return so;
+}
+
+// Multi-node: the registry `burst-worker --join` registers with; the group is theirs.
+burst::Result<std::shared_ptr<burst::server::WorkerRegistry>> start_registry(
+    const burst::server::ServerConfig& cfg, const burst::models::LlamaConfig& model,
+    bool kv_from_memory, burst::server::SchedulerOptions& so) {
+  using namespace burst::server;
+  RegistryOptions ro;
+  ro.listen = cfg.worker_listen;
+  ro.world_size = cfg.remote_workers;
+  ro.fingerprint = model_fingerprint(model, so.group.model);
+  ro.device_kind = is_cuda(cfg) ? "cuda" : "cpu";
+  ro.kv_capacity_per_rank =
+      kv_from_memory
+          ? 0
+          : burst::engine::kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
+  ro.kv_memory_fraction = so.group.kv_memory_fraction;
+  ro.kv_reserve_bytes = so.group.kv_reserve_bytes;
+  ro.comm_timeout = so.group.comm_timeout;
+  auto r = WorkerRegistry::start(ro);
+  if (!r.ok()) return r.status();
+  std::shared_ptr<WorkerRegistry> registry = r.take();
+  so.group.workers = cfg.remote_workers;
+  so.group.registry = registry;
+  spdlog::info("multi-node: waiting for {} `burst-worker --join` on {} (port {}); model [{}]",
+               cfg.remote_workers, cfg.worker_listen, registry->port(), ro.fingerprint);
+  return registry;
+}
+
+void install_signal_handlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a process kill
+}
+
+// Written whole then renamed, so a reader never sees half a file.
+bool write_port_file(const std::string& path, int http_port, int grpc_port, int worker_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << "{\"http_port\": " << http_port << ", \"grpc_port\": " << grpc_port
+      << ", \"worker_port\": " << worker_port << ", \"pid\": " << getpid() << "}\n";
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace burst;
+  using namespace burst::server;
+  // First, before any thread exists (the arena bound applies to threads created after it).
+  HeapKeeper heap;
+  (void)setup_logging("burst-server", "info", "text");
+  auto flags = parse_flags(argc, argv);
+  if (const int* code = std::get_if<int>(&flags)) return *code;
+  ServerConfig cfg = std::get<ServerConfig>(std::move(flags));
+  spdlog::info("{}", version_string("burst-server"));
+
+  // A preset (random weights, for benchmarks) takes the place of the model directory.
+  auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
+                                      : models::preset_config(cfg.preset);
+  if (!model_cfg.ok()) return fail(model_cfg.message());
+  auto tok = Tokenizer::load(cfg.tokenizer);
+  if (!tok.ok()) return fail("tokenizer: " + tok.message());
+  std::unique_ptr<Tokenizer> tokenizer = tok.take();
+  const bool kv_from_memory = resolve_limits(cfg, model_cfg.value(), *tokenizer);
+  // Every rank holds the whole model (sharded by sequence) in the backend's compute dtype.
+  const int64_t weight_bytes = models::model_weight_bytes(
+      model_cfg.value(), is_cuda(cfg) ? engine::DType::kBF16 : engine::DType::kF32);
+  SchedulerOptions so = scheduler_options(cfg, model_cfg.value(), kv_from_memory, weight_bytes);
+  std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
+  if (cfg.remote_workers > 0) {
+    auto r = start_registry(cfg, model_cfg.value(), kv_from_memory, so);
+    if (!r.ok()) return fail(r.message());
+    registry = r.take();
+  }
+
+  install_signal_handlers();
+  // Request bodies of megabytes come and go on many connection threads. glibc raises its mmap
+  // threshold after the first large free, and from then on keeps such buffers in per-thread
+  // arenas: five refused 8 MB prompts left 140 MB resident. A fixed threshold keeps every
+  // allocation of 1 MiB or more mmapped, so it goes back to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+
+  Metrics metrics;
+  metrics.model_name = cfg.model_name;
+  Scheduler scheduler(so, *tokenizer, metrics);
+  std::optional<HttpApi> http;
+  std::optional<GrpcApi> grpc_api;
+  int http_port = -1, grpc_port = -1;
+  if (cfg.http_port >= 0) {
+    http.emplace(cfg, scheduler, *tokenizer, metrics);
+    auto p = http->start();
+    if (!p.ok()) return fail(p.message());
+    http_port = p.value();
+  }
+  if (cfg.grpc_port >= 0) {
+    grpc_api.emplace(cfg, scheduler, *tokenizer);
+    auto p = grpc_api->start();
+    if (!p.ok()) return fail(p.message());
+    grpc_port = p.value();
+  }
+  spdlog::info("serving model '{}' ({}, {:.2f} GB of weights per worker, start timeout {} s): "
+               "HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, max context {}, KV capacity {}, "
+               "prompt text limit {} bytes, auth {}",
+               cfg.model_name,
+               cfg.preset.empty() ? cfg.model
+                                  : "preset " + cfg.preset + ", random weights, seed " +
+                                        std::to_string(cfg.random_weights),
+               static_cast<double>(weight_bytes) / 1e9,
+               std::chrono::duration_cast<std::chrono::seconds>(so.group.start_timeout).count(),
+               cfg.host, http_port, cfg.host, grpc_port,
+               registry ? cfg.remote_workers : cfg.workers,
+               cfg.device, cfg.max_context,
+               kv_from_memory ? "from GPU memory (" + std::to_string(cfg.kv_memory_percent) +
+                                    " % of each GPU)"
+                              : std::to_string(cfg.kv_capacity) + " tokens",
+               cfg.max_prompt_bytes,
+               cfg.api_key.empty() ? "off" : "on");
+  if (!cfg.port_file.empty() &&
+      !write_port_file(cfg.port_file, http_port, grpc_port, registry ? registry->port() : -1)) {
+    return fail("cannot write the port file " + cfg.port_file);
+  }
+
+  while (g_signal == 0) usleep(50 * 1000);
+  spdlog::info("signal {}: draining", static_cast<int>(g_signal));
+  scheduler.drain(std::chrono::milliseconds(cfg.drain_timeout_ms));
+  // The streams have their final events queued; give the API threads a moment to write them
+  // before the listeners close.
+  usleep(300 * 1000);
+  if (grpc_api) grpc_api->stop();
+  if (http) http->stop();
+  spdlog::info("stopped");
+  return 0;
+}
