@@ -112,6 +112,7 @@ Result<std::unique_ptr<LocalStepRunner>> LocalStepRunner::create(models::Model& 
                                                                  int page_size) {
   std::unique_ptr<LocalStepRunner> r(new LocalStepRunner(model));
   r->comm_ = engine::make_local_communicator();
+  if (page_size <= 0) page_size = engine::kv_page_size(model.backend());
   auto ring = engine::RingAttention::create(model.backend(), *r->comm_, model.attention_shape(),
                                             capacity, page_size);
   if (!ring.ok()) return ring.status();

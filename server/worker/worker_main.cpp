@@ -237,12 +237,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Which page size a rank's KV cache uses: GPUs copy a sequence's prefix page by page when it
-// travels the ring, so larger pages mean fewer copies; CPU ranks serve small models and many
-// short requests.
-int kv_page_size(const engine::Backend& backend) {
-  return backend.device() == engine::DeviceKind::kCuda ? 256 : engine::kDefaultKvPageSize;
-}
+using engine::kv_page_size;
 
 class WorkerService final : public pb::WorkerControl::Service {
  public:

@@ -1020,8 +1020,6 @@ TEST_F(CudaBackendTest, KjvTinyGenerateOnDeviceEqualsHostSampler) {
   const std::vector<int32_t> prompt = {1, 512, 4177, 1497, 29892, 2803, 727, 367, 6};
   const auto n = static_cast<int64_t>(prompt.size());
   constexpr int kTokens = 40;
-  auto cache = engine::LocalKvCache::create(*gpu_, m.attention_shape(), n + kTokens + 1);
-  ASSERT_TRUE(cache.ok()) << cache.message();
   auto local = runtime::LocalStepRunner::create(m, n + kTokens + 1);
   ASSERT_TRUE(local.ok()) << local.message();
   for (const engine::SamplingParams& sp :
@@ -1038,23 +1036,22 @@ TEST_F(CudaBackendTest, KjvTinyGenerateOnDeviceEqualsHostSampler) {
       return true;
     });
     ASSERT_TRUE(stats.ok()) << stats.message();
-    // The host path, step by step.
-    engine::Sampler sampler(sp);
+    // The host path, step by step, through the same runner and attention (the logits must be
+    // the same bits: a sampled draw turns on them): asking for logprobs brings every sampled
+    // row's logits to the host, where the sequence's engine::Sampler draws from them.
     std::vector<int32_t> want;
-    std::vector<int32_t> ids = prompt;
-    std::vector<int64_t> pos(prompt.size());
-    std::iota(pos.begin(), pos.end(), 0);
-    cache.value()->clear();
-    while (static_cast<int>(want.size()) < kTokens) {
-      std::vector<float> logits;
-      const Status st = forward_logits(m, ids, pos, *cache.value(),
-                                       {static_cast<int64_t>(ids.size()) - 1}, logits);
-      ASSERT_TRUE(st.ok()) << st.message();
-      want.push_back(sampler.sample(logits.data(), m.config().vocab_size));
-      ids = {want.back()};
-      pos = {pos.back() + 1};
+    constexpr uint64_t kSeq = 7;
+    for (int64_t at = 0; static_cast<int>(want.size()) < kTokens; ++at) {
+      runtime::StepPlan plan;
+      plan.seqs.push_back(at == 0 ? runtime::prefill_work(kSeq, prompt, 0, n, sp)
+                                  : runtime::decode_work(kSeq, want.back(), n + at - 1, n, sp));
+      plan.seqs[0].logprobs = 0;
+      auto r = local.value()->batch().step(plan);
+      ASSERT_TRUE(r.ok()) << r.message();
+      ASSERT_TRUE(r.value().tokens.at(0).has_logprob);
+      want.push_back(r.value().tokens.at(0).token);
     }
-    cache.value()->clear();
+    local.value()->batch().release(kSeq);
     EXPECT_EQ(got, want) << "temperature " << sp.temperature << " top_k " << sp.top_k
                          << " top_p " << sp.top_p;
   }

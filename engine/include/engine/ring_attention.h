@@ -60,6 +60,12 @@ struct SeqRows {
 // CPU workers: small pages (tiny models, many short requests). GPU workers pass a larger one:
 // a page is copied in one call when a prefix travels, so fewer, larger pages mean fewer copies.
 constexpr int kDefaultKvPageSize = 16;
+constexpr int kCudaKvPageSize = 256;
+// The page size a rank's KV cache uses on `backend` (the CUDA decode kernel reads whole
+// 256-row pages; CPU ranks serve small models and many short requests).
+inline int kv_page_size(const Backend& backend) {
+  return backend.device() == DeviceKind::kCuda ? kCudaKvPageSize : kDefaultKvPageSize;
+}
 
 // Which ring a prefill chunk uses (tests and benchmarks force one; kAuto picks per chunk).
 enum class RingPass { kAuto, kKv, kQ };
