@@ -52,30 +52,6 @@ void RequestStream::push(Event e) {
 }
 
 
-std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
-                                     int world, engine::ShardLayout layout, int page_size,
-                                     bool mixed_chunks) {
-  std::vector<int64_t> rows(static_cast<size_t>(world), 0);
-  if (chunk <= 0) chunk = prompt;
-  for (int64_t start = 0; start < prompt; start += chunk) {
-    const auto plan = engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
-    for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
-  }
-  if (mixed_chunks) {
-    for (auto& n : rows) n = std::max(n, std::min(prompt, prompt / world + 2));
-  }
-  // Decode tokens at positions prompt .. prompt + max_tokens - 1 (the last one is never fed
-  // back, counted anyway): rank p mod N caches position p.
-  for (int r = 0; r < world; ++r) {
-    const int64_t first = prompt + ((r - prompt % world) % world + world) % world;
-    const int64_t end = prompt + max_tokens;
-    rows[static_cast<size_t>(r)] += first < end ? (end - first + world - 1) / world : 0;
-  }
-  std::vector<int64_t> pages(rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) pages[r] = (rows[r] + page_size - 1) / page_size;
-  return pages;
-}
-
 // A request's output processing, touched by the output thread only (after admission).
 struct Scheduler::Output {
   Output(const Tokenizer& tok, const ScheduledRequest& r, std::shared_ptr<RequestStream> s,
@@ -93,16 +69,12 @@ struct Scheduler::Output {
   bool stop_hit = false;
 };
 
-// A running sequence, touched by the step loop only.
-struct Scheduler::Seq {
-  uint64_t id = 0;
+// A running request as the step loop delivers it (its scheduling state is the planner's).
+struct Scheduler::Running {
   Job job;
   std::shared_ptr<Output> out;
   std::shared_ptr<std::atomic<bool>> stop_hit;  // set by output processing
-  std::vector<int64_t> pages;                   // reserved per rank
-  int64_t prefilled = 0;
   int64_t generated = 0;
-  int32_t last_token = -1;
   Clock::time_point admitted, prefill_done;
   double queue_ms = 0, prefill_ms = 0;
   int64_t prompt_len() const { return static_cast<int64_t>(job.request.prompt.size()); }
@@ -132,6 +104,15 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
         options_.group.prefill_chunk > 0 ? options_.group.prefill_chunk : options_.max_context;
     options_.max_batched_tokens = chunk + std::max<int64_t>(options_.max_running, chunk / 4);
   }
+  PlannerOptions po;
+  po.world = std::max(options_.group.workers, 1);
+  po.layout = options_.group.layout;
+  po.prefill_chunk = options_.group.prefill_chunk;
+  po.prefill_chunk_decoding = options_.prefill_chunk_decoding;
+  po.max_batched_tokens = options_.max_batched_tokens;
+  po.max_running = options_.max_running;
+  po.decode_lookahead = options_.decode_lookahead;
+  planner_ = Planner(po);
   kv_capacity_ = options_.group.kv_capacity;
   metrics_.kv_capacity_tokens = options_.group.kv_capacity;
   if (!options_.group.start_progress) {
@@ -302,11 +283,10 @@ Scheduler::GroupState Scheduler::ensure_group() {
                "per rank",
                options_.group.workers, group_->info().device, group_->info().vocab_size,
                group_->info().kv_pages, group_->info().kv_page_size);
-  // A fresh group holds nothing: the ledger starts full.
-  free_pages_.assign(static_cast<size_t>(options_.group.workers), group_->info().kv_pages);
+  // A fresh group holds nothing: the ledger starts full, nothing is left to release.
+  planner_.reset(group_->info().kv_pages, group_->info().kv_page_size);
   kv_capacity_ = group_->kv_capacity_tokens();
   metrics_.kv_capacity_tokens = kv_capacity_.load();
-  to_release_.clear();
   healthy_ = true;
   metrics_.healthy = 1;
   started_once_ = true;
@@ -348,37 +328,29 @@ void Scheduler::publish_gauges() {
 void Scheduler::admit() {
   if (!group_) return;
   const auto& info = group_->info();
-  const int world = options_.group.workers;
-  while (static_cast<int>(running_.size()) < options_.max_running) {
+  while (!planner_.full()) {
     enum class What { kRun, kCancelled, kNever } what = What::kRun;
     std::vector<int64_t> need;
-    auto seq = std::make_unique<Seq>();
+    auto run = std::make_unique<Running>();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (queue_.empty()) break;
       Job& head = queue_.front();
-      const ScheduledRequest& r = head.request;
       if (head.stream->cancelled()) {
         what = What::kCancelled;
       } else {
-        need = kv_pages_needed(static_cast<int64_t>(r.prompt.size()), r.max_tokens,
-                               options_.group.prefill_chunk, world, options_.group.layout,
-                               info.kv_page_size, options_.prefill_chunk_decoding > 0);
-        bool later = false;
-        for (size_t k = 0; k < need.size(); ++k) {
-          if (need[k] > info.kv_pages) what = What::kNever;
-          later = later || need[k] > free_pages_[k];
-        }
+        const Planner::Fit fit = planner_.fits(head.request, &need);
         // FIFO: the head waits for pages (finishing sequences free them); nothing passes it.
-        if (what == What::kRun && later) break;
+        if (fit == Planner::Fit::kLater) break;
+        if (fit == Planner::Fit::kNever) what = What::kNever;
       }
-      seq->job = std::move(head);
+      run->job = std::move(head);
       queue_.pop_front();
       ++in_flight_;
     }
-    seq->queue_ms = ms_between(seq->job.arrival, Clock::now());
+    run->queue_ms = ms_between(run->job.arrival, Clock::now());
     if (what == What::kCancelled) {
-      finish(*seq, "cancelled");
+      finish(*run, 0, "cancelled");
       continue;
     }
     if (what == What::kNever) {
@@ -387,40 +359,39 @@ void Scheduler::admit() {
                          "the request needs more KV pages than a worker holds (" +
                              std::to_string(info.kv_pages) + " pages of " +
                              std::to_string(info.kv_page_size) + " tokens)"};
-      finish(*seq, "", &err);
+      finish(*run, 0, "", &err);
       continue;
     }
-    for (size_t k = 0; k < need.size(); ++k) free_pages_[k] -= need[k];
-    seq->pages = std::move(need);
-    Seq& s = *seq;
-    running_.push_back(std::move(seq));
-    s.id = next_id_++;
-    s.admitted = Clock::now();
-    s.stop_hit = std::make_shared<std::atomic<bool>>(false);
-    s.out = std::make_shared<Output>(tokenizer_, s.job.request, s.job.stream, s.job.arrival);
-    metrics_.queue.observe(s.queue_ms / 1000.0);
-    metrics_.prompt_tokens += static_cast<uint64_t>(s.prompt_len());
-    Event e;
-    e.kind = Event::Kind::kStarted;
-    e.prompt_tokens = s.prompt_len();
-    e.queue_ms = s.queue_ms;
-    s.job.stream->push(std::move(e));
-    if (s.job.request.return_progress) {
-      Event p;
-      p.kind = Event::Kind::kProgress;
-      p.fraction = 0;
-      s.job.stream->push(std::move(p));
-    }
+    Running& s = *run;
+    const uint64_t id = planner_.admit(s.job.request, std::move(need));
+    running_[id] = std::move(run);
+    started(s);
   }
   publish_gauges();
 }
 
-void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error) {
-  if (s.id != 0) to_release_.push_back(s.id);
-  for (size_t r = 0; r < s.pages.size() && r < free_pages_.size(); ++r) {
-    free_pages_[r] += s.pages[r];
+void Scheduler::started(Running& s) {
+  s.admitted = Clock::now();
+  s.stop_hit = std::make_shared<std::atomic<bool>>(false);
+  s.out = std::make_shared<Output>(tokenizer_, s.job.request, s.job.stream, s.job.arrival);
+  metrics_.queue.observe(s.queue_ms / 1000.0);
+  metrics_.prompt_tokens += static_cast<uint64_t>(s.prompt_len());
+  Event e;
+  e.kind = Event::Kind::kStarted;
+  e.prompt_tokens = s.prompt_len();
+  e.queue_ms = s.queue_ms;
+  s.job.stream->push(std::move(e));
+  if (s.job.request.return_progress) {
+    Event p;
+    p.kind = Event::Kind::kProgress;
+    p.fraction = 0;
+    s.job.stream->push(std::move(p));
   }
-  s.pages.clear();
+}
+
+void Scheduler::finish(Running& s, uint64_t id, const std::string& reason,
+                       const ApiError* error) {
+  planner_.finish(id);  // pages back, released in the next step (nothing for id 0 or twice)
   {
     std::lock_guard<std::mutex> lock(mu_);
     --in_flight_;
@@ -429,10 +400,10 @@ void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error)
   auto stream = s.job.stream;
   if (error) {
     ApiError err = *error;
-    const std::string id = s.job.request.id;
+    const std::string rid = s.job.request.id;
     ++metrics_.requests_failed;
-    enqueue_output([stream, err, id] {
-      spdlog::error("{} failed: {}", id, err.message);
+    enqueue_output([stream, err, rid] {
+      spdlog::error("{} failed: {}", rid, err.message);
       Event e;
       e.kind = Event::Kind::kError;
       e.error = err;
@@ -448,13 +419,13 @@ void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error)
   f.prefill_ms = s.prefill_ms;
   const double decode_ms = s.generated > 0 ? ms_between(s.prefill_done, end) : 0;
   const double e2e_s = ms_between(s.job.arrival, end) / 1000.0;
-  const std::string id = s.job.request.id;
+  const std::string rid = s.job.request.id;
   Metrics* m = &metrics_;
   if (s.generated > 0) {
     metrics_.prefill_time.observe(s.prefill_ms / 1000.0);
     metrics_.decode_time.observe(decode_ms / 1000.0);
   }
-  enqueue_output([out, stream, f, decode_ms, e2e_s, id, m]() mutable {
+  enqueue_output([out, stream, f, decode_ms, e2e_s, rid, m]() mutable {
     if (!out) {  // cancelled while waiting: nothing ran
       Event e;
       e.kind = Event::Kind::kFinished;
@@ -492,7 +463,7 @@ void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error)
     }
     spdlog::info("{} done: prompt {} tokens, queue {:.1f} ms, prefill {:.1f} ms, TTFT {:.1f} ms, "
                  "decode {:.1f} ms for {} tokens ({:.1f} tok/s), finish {}",
-                 id, f.prompt_tokens, f.queue_ms, f.prefill_ms, f.ttft_ms, decode_ms,
+                 rid, f.prompt_tokens, f.queue_ms, f.prefill_ms, f.ttft_ms, decode_ms,
                  f.completion_tokens, f.decode_tokens_per_s, f.reason);
     Event e;
     e.kind = Event::Kind::kFinished;
@@ -504,104 +475,38 @@ void Scheduler::finish(Seq& s, const std::string& reason, const ApiError* error)
 void Scheduler::fail_running(ErrorCode code, const std::string& why) {
   ahead_.reset();  // a step sent ahead belonged to the same session or group
   ApiError err{code, why};
-  for (auto& s : running_) finish(*s, "", &err);
+  for (auto& [id, s] : running_) finish(*s, id, "", &err);
   running_.clear();
-  to_release_.clear();  // the group is gone or its session ended: nothing to release
+  planner_.drop_all();  // the group is gone or its session ended: nothing to release
   publish_gauges();
 }
 
 // Sequences whose client left, or whose output hit a stop string, leave the batch first; after
 // a drain's timeout, every running sequence ends with an error that says so.
 void Scheduler::drop_finished() {
-  if (cancel_all_) {
-    // Drain ran out of time: what still runs ends with an error event that says so (never a
-    // silent finish_reason null, which a client reads as an empty normal answer).
-    for (auto& sp : running_) {
-      if (sp->job.stream->cancelled()) continue;  // the client left: a plain cancel
+  for (auto it = running_.begin(); it != running_.end();) {
+    Running& s = *it->second;
+    const bool cancelled = s.job.stream->cancelled();
+    if (cancel_all_ && !cancelled) {
+      // Drain ran out of time: what still runs ends with an error event that says so (never a
+      // silent finish_reason null, which a client reads as an empty normal answer).
       const ApiError err{ErrorCode::kUnavailable,
                          "the server is shutting down: the drain timeout ended this request "
-                         "after " + std::to_string(sp->generated) + " generated token(s)"};
-      finish(*sp, "", &err);
-      sp.reset();
-    }
-    running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
-  }
-  for (size_t i = 0; i < running_.size();) {
-    Seq& s = *running_[i];
-    const bool cancelled = s.job.stream->cancelled();
-    if (cancelled || s.stop_hit->load()) {
-      finish(s, cancelled ? "cancelled" : "stop");
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+                         "after " + std::to_string(s.generated) + " generated token(s)"};
+      finish(s, it->first, "", &err);
+    } else if (cancelled || s.stop_hit->load()) {
+      finish(s, it->first, cancelled ? "cancelled" : "stop");
     } else {
-      ++i;
+      ++it;
+      continue;
     }
+    it = running_.erase(it);
   }
 }
 
-// The step's work: decode first (every sequence past its prompt advances one token), then
-// prefill chunks while the token budget lasts. chunks gets the prefill chunks, in plan order.
-runtime::StepPlan Scheduler::plan_step(std::vector<Chunk>& chunks) {
-  runtime::StepPlan plan;
-  plan.layout = options_.group.layout;
-  plan.release.swap(to_release_);
-  int64_t budget = options_.max_batched_tokens;
-  int64_t chunk = options_.group.prefill_chunk;
-  // Decode first: every sequence past its prompt advances one token per step.
-  for (auto& sp : running_) {
-    Seq& s = *sp;
-    if (s.prefilled < s.prompt_len()) continue;
-    runtime::SeqWork w = runtime::decode_work(s.id, s.last_token,
-                                            s.prompt_len() + s.generated - 1, s.prompt_len(),
-                                            s.job.request.sampling);
-    w.adjust = s.job.request.adjust;
-    w.logprobs = s.job.request.logprobs;
-    plan.seqs.push_back(std::move(w));
-    --budget;
-  }
-  // Decoding sequences wait one step per token: while any decode, prefill in smaller chunks.
-  if (!plan.seqs.empty() && options_.prefill_chunk_decoding > 0) {
-    chunk = options_.prefill_chunk_decoding;
-  }
-  // Then prefill chunks, the prompt with the fewest tokens left first (shortest remaining work
-  // first: a 100-token prompt that arrives during a 128K prefill goes into the next step), in
-  // arrival order among equals, while the budget lasts; a chunk that does not fit waits for the
-  // next step, but a step always makes progress.
-  std::vector<Seq*> waiting_prefill;
-  for (auto& sp : running_) {
-    if (sp->prefilled < sp->prompt_len()) waiting_prefill.push_back(sp.get());
-  }
-  std::stable_sort(waiting_prefill.begin(), waiting_prefill.end(), [](Seq* a, Seq* b) {
-    return a->prompt_len() - a->prefilled < b->prompt_len() - b->prefilled;
-  });
-  // A prompt that fits in one chunk and waits while a long prompt's full chunk would share its
-  // step runs in a step of its own first (a few ms instead of a chunk's time: its TTFT), but
-  // never twice in a row, so a stream of short prompts cannot stall a long prefill.
-  const int64_t full = chunk > 0 ? chunk : std::numeric_limits<int64_t>::max();
-  bool short_waiting = false;
-  for (Seq* sp : waiting_prefill) short_waiting |= sp->prompt_len() - sp->prefilled < full;
-  const bool defer_full = short_waiting && !deferred_full_;
-  deferred_full_ = false;
-  for (Seq* sp : waiting_prefill) {
-    Seq& s = *sp;
-    if (defer_full && s.prompt_len() - s.prefilled >= full) {
-      deferred_full_ = true;
-      continue;
-    }
-    const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), s.prompt_len() - s.prefilled);
-    if (len > budget && !plan.seqs.empty()) continue;
-    runtime::SeqWork w =
-        runtime::prefill_work(s.id, s.job.request.prompt, s.prefilled, len, s.job.request.sampling);
-    w.adjust = s.job.request.adjust;
-    w.logprobs = s.job.request.logprobs;
-    w.prompt_logprobs = s.job.request.prompt_logprobs;
-    if (w.prompt_logprobs >= 0 && s.prefilled + len < s.prompt_len()) {
-      w.next_token = s.job.request.prompt[static_cast<size_t>(s.prefilled + len)];
-    }
-    plan.seqs.push_back(std::move(w));
-    chunks.push_back({&s, s.prefilled, len});
-    budget -= len;
-  }
-  return plan;
+Scheduler::Running* Scheduler::running(uint64_t id) {
+  const auto it = running_.find(id);
+  return it == running_.end() ? nullptr : it->second.get();
 }
 
 // A sampled token, on the output thread: TTFT/TPOT metrics, detokenizing, the stop strings.
@@ -651,50 +556,12 @@ void Scheduler::process_token(Output& out, std::atomic<bool>& stop_flag, int32_t
   }
 }
 
-void Scheduler::observe_step(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks) {
-  if (plan.seqs.empty()) return;
+void Scheduler::observe_step(const Planner::Plan& plan) {
+  if (plan.step.seqs.empty()) return;
   // One token per decoding sequence, and the chunks' tokens.
-  auto tokens = static_cast<int64_t>(plan.seqs.size() - chunks.size());
-  for (const Chunk& c : chunks) tokens += c.len;
+  auto tokens = static_cast<int64_t>(plan.step.seqs.size() - plan.chunks.size());
+  for (const Planner::Chunk& c : plan.chunks) tokens += c.len;
   metrics_.iteration_tokens.observe(static_cast<double>(tokens));
-}
-
-// Whether the step after `plan` (in flight, its tokens not read yet) can be sent now: every
-// running sequence decodes (so `plan` is decode rows only) and no request waits for admission
-// (it would join the next planned step, one step later than without the lookahead otherwise).
-bool Scheduler::can_look_ahead(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks) {
-  if (!options_.decode_lookahead || plan.seqs.empty() || !chunks.empty() || cancel_all_) {
-    return false;
-  }
-  for (const auto& sp : running_) {
-    if (sp->prefilled < sp->prompt_len()) return false;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  return queue_.empty();
-}
-
-// The decode step after `plan`: each of its sequences that is still running and will not end
-// by max_tokens at `plan` feeds the token `plan` draws (kPreviousToken; a sequence `plan`
-// ends by EOS runs one wasted row, its token is dropped and it is released a step later).
-runtime::StepPlan Scheduler::continue_decode(const runtime::StepPlan& plan) {
-  runtime::StepPlan next;
-  next.layout = plan.layout;
-  next.release.swap(to_release_);
-  for (const runtime::SeqWork& w : plan.seqs) {
-    const auto it = std::find_if(running_.begin(), running_.end(),
-                                 [&](const std::unique_ptr<Seq>& sp) { return sp->id == w.id; });
-    if (it == running_.end()) continue;
-    const Seq& s = **it;
-    // `plan` draws token number generated + 1; the next row feeds it.
-    if (s.generated + 1 >= s.job.request.max_tokens) continue;
-    runtime::SeqWork n = runtime::decode_work(s.id, runtime::kPreviousToken,
-                                            s.prompt_len() + s.generated, s.prompt_len(),
-                                            s.job.request.sampling);
-    n.adjust = s.job.request.adjust;
-    n.logprobs = s.job.request.logprobs;
-    next.seqs.push_back(std::move(n));
-  }
-  return next;
 }
 
 // A step failed (send or replies): what runs fails, and a step sent ahead is lost with it.
@@ -707,120 +574,131 @@ void Scheduler::step_failed(size_t seqs, const Status& st) {
   if (!dead) group_->end_session();  // the ranks free everything with the session
 }
 
+// Progress events of the step's chunks during its forward (rank 0 reports each layer).
+LayerProgress Scheduler::layer_progress(const Planner::Plan& plan, bool* any) {
+  *any = false;
+  for (const Planner::Chunk& c : plan.chunks) {
+    const Running* s = running(c.id);
+    *any = *any || (s && s->job.request.return_progress);
+  }
+  if (!*any) return nullptr;
+  return [this, chunks = plan.chunks](int done, int layers) {
+    for (const Planner::Chunk& c : chunks) {
+      Running* s = running(c.id);
+      if (!s || !s->job.request.return_progress) continue;
+      Event e;
+      e.kind = Event::Kind::kProgress;
+      e.fraction = (static_cast<double>(c.start) + static_cast<double>(c.len) * done / layers) /
+                   static_cast<double>(s->prompt_len());
+      s->job.stream->push(std::move(e));
+    }
+  };
+}
+
+// While every running sequence decodes and nothing waits, the next decode step goes out before
+// this one's tokens are read (false when sending it failed: the step failed).
+bool Scheduler::look_ahead(const Planner::Plan& plan) {
+  bool queue_empty = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_empty = queue_.empty();
+  }
+  if (cancel_all_ || !planner_.can_look_ahead(plan, queue_empty)) return true;
+  Planner::Plan next = planner_.continue_decode(plan);
+  if (next.step.seqs.empty()) {
+    planner_.keep_releases(std::move(next.step.release));  // they go with the next step
+    return true;
+  }
+  observe_step(next);
+  if (Status st = group_->send_step(next.step); !st.ok()) {
+    step_failed(plan.step.seqs.size(), st);
+    return false;
+  }
+  ahead_ = std::move(next);
+  ++metrics_.lookahead_steps;
+  return true;
+}
+
 bool Scheduler::run_step() {
-  const int32_t eos = group_->info().eos_token_id;
   drop_finished();
-  std::vector<Chunk> chunks;
-  runtime::StepPlan plan;
+  Planner::Plan plan;
   LayerProgress on_layer;
   if (ahead_) {
     // Sent by the step before, while that one ran: now its tokens are read.
     plan = std::move(*ahead_);
     ahead_.reset();
   } else {
-    plan = plan_step(chunks);
-    if (plan.seqs.empty() && plan.release.empty()) return false;
+    plan = planner_.plan();
+    if (plan.step.seqs.empty() && plan.step.release.empty()) return false;
     bool progress = false;
-    for (const Chunk& c : chunks) progress = progress || c.seq->job.request.return_progress;
-    if (progress) {
-      on_layer = [&](int done, int layers) {
-        for (const Chunk& c : chunks) {
-          if (!c.seq->job.request.return_progress) continue;
-          Event e;
-          e.kind = Event::Kind::kProgress;
-          e.fraction = (static_cast<double>(c.start) + static_cast<double>(c.len) * done / layers) /
-                       static_cast<double>(c.seq->prompt_len());
-          c.seq->job.stream->push(std::move(e));
-        }
-      };
-    }
-    observe_step(plan, chunks);
-    if (Status st = group_->send_step(plan, progress); !st.ok()) {
-      step_failed(plan.seqs.size(), st);
+    on_layer = layer_progress(plan, &progress);
+    observe_step(plan);
+    if (Status st = group_->send_step(plan.step, progress); !st.ok()) {
+      step_failed(plan.step.seqs.size(), st);
       return true;
     }
   }
-  if (can_look_ahead(plan, chunks)) {
-    runtime::StepPlan next = continue_decode(plan);
-    if (!next.seqs.empty()) {
-      observe_step(next, {});
-      if (Status st = group_->send_step(next); !st.ok()) {
-        step_failed(plan.seqs.size(), st);
-        return true;
-      }
-      ahead_ = std::move(next);
-      ++metrics_.lookahead_steps;
-    } else {
-      to_release_.swap(next.release);  // nothing to send: they go with the next step
-    }
-  }
+  if (!look_ahead(plan)) return true;
   auto result = group_->receive_step(on_layer);
   if (!result.ok()) {
-    step_failed(plan.seqs.size(), result.status());
+    step_failed(plan.step.seqs.size(), result.status());
     return true;
   }
-  const StepOutcome& out = result.value();
+  take_outcome(plan, result.value());
+  publish_gauges();
+  return true;
+}
+
+// A step's outcome: the chunks' progress, prompt logprobs, then each token to output processing
+// (in running order); sequences that end leave the batch.
+void Scheduler::take_outcome(const Planner::Plan& plan, const StepOutcome& out) {
   int64_t used = 0;
   for (int64_t p : out.kv_used_pages) used += p;
   metrics_.kv_used_tokens = used * group_->info().kv_page_size;
   const auto now = Clock::now();
-  for (const Chunk& c : chunks) {
-    c.seq->prefilled += c.len;
-    if (c.seq->job.request.return_progress) {
+  const Planner::Update u = planner_.update(plan, out.tokens, group_->info().eos_token_id);
+  for (const Planner::Progress& c : u.chunks) {
+    Running* s = running(c.id);
+    if (!s) continue;
+    if (s->job.request.return_progress) {
       Event e;
       e.kind = Event::Kind::kProgress;
-      e.fraction = static_cast<double>(c.seq->prefilled) / static_cast<double>(c.seq->prompt_len());
-      c.seq->job.stream->push(std::move(e));
+      e.fraction = static_cast<double>(c.prefilled) / static_cast<double>(s->prompt_len());
+      s->job.stream->push(std::move(e));
     }
-    if (c.seq->prefilled == c.seq->prompt_len()) {
-      c.seq->prefill_done = now;
-      c.seq->prefill_ms = ms_between(c.seq->admitted, now);
+    if (c.prefill_done) {
+      s->prefill_done = now;
+      s->prefill_ms = ms_between(s->admitted, now);
     }
   }
   // Prompt logprobs go out before the step's tokens (those pass through output processing).
   for (const auto& pl : out.prompt_logprobs) {
-    for (auto& sp : running_) {
-      if (sp->id != pl.id) continue;
+    if (Running* s = running(pl.id)) {
       Event e;
       e.kind = Event::Kind::kPromptLogprobs;
       e.prompt_logprobs = pl.entries;
-      sp->job.stream->push(std::move(e));
+      s->job.stream->push(std::move(e));
     }
   }
   std::unordered_map<uint64_t, const runtime::SampledToken*> sampled;
   for (const auto& t : out.tokens) sampled[t.id] = &t;
-  size_t taken = 0;
-  for (size_t i = 0; i < running_.size();) {
-    Seq& s = *running_[i];
-    const auto it = sampled.find(s.id);
-    if (it == sampled.end()) {
-      ++i;
-      continue;
-    }
-    ++taken;
-    const int32_t token = it->second->token;
-    runtime::SampledToken st = *it->second;
+  for (const Planner::Token& t : u.tokens) {
+    Running& s = *running_.at(t.id);
     ++s.generated;
-    s.last_token = token;
     ++metrics_.generation_tokens;
     auto o = s.out;
     auto stop_hit = s.stop_hit;
-    const ScheduledRequest* r = &s.job.request;
-    const bool is_eos = token == eos && !r->ignore_eos;
     Metrics* m = &metrics_;
-    enqueue_output([o, stop_hit, token, now, is_eos, m, st = std::move(st)] {
-      process_token(*o, *stop_hit, token, now, is_eos, st, *m);
+    enqueue_output([o, stop_hit, token = t.token, now, is_stop = t.is_stop, m,
+                    st = *sampled.at(t.id)] {
+      process_token(*o, *stop_hit, token, now, is_stop, st, *m);
     });
-    if (is_eos || s.generated >= r->max_tokens) {
-      finish(s, is_eos ? "stop" : "length");
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
+    if (t.ends) {
+      finish(s, t.id, runtime::finish_reason_name(t.reason));
+      running_.erase(t.id);
     }
   }
-  metrics_.lookahead_dropped += out.tokens.size() - taken;  // their sequences had ended
-  publish_gauges();
-  return true;
+  metrics_.lookahead_dropped += u.dropped;  // their sequences had ended
 }
 
 void Scheduler::loop() {

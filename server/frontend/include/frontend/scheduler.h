@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "frontend/planner.h"
 #include "frontend/metrics.h"
 #include "common/tokenizer.h"
 #include "group/worker_group.h"
@@ -70,6 +72,9 @@ struct ScheduledRequest {
   int logprobs = -1;           // -1: none; n >= 0: each token's logprob and the n most likely
   bool ignore_eos = false;     // EOS does not finish the sequence (max_tokens, stop do)
   int prompt_logprobs = -1;    // -1: none; k >= 0: kPromptLogprobs events (prompt tokens 1..)
+  // Sampling one of these ids finishes the sequence with "stop" (its text is not emitted, like
+  // EOS), once at least adjust.min_tokens tokens came before it; ignore_eos does not apply.
+  std::vector<int32_t> stop_token_ids;
 };
 
 struct FinishInfo {
@@ -136,18 +141,6 @@ struct SchedulerOptions {
   int64_t max_prompt_bytes = 0;    // prompt text beyond this is refused untokenized; 0: no limit
 };
 
-// KV pages each rank needs for a request of `prompt` tokens and `max_tokens` new ones, prefilled
-// in chunks of `chunk` tokens (0: whole) and sharded by `layout` over `world` ranks: exactly
-// what the ranks' paged caches will hold at its end (decode token p is cached on rank p mod N).
-// mixed_chunks: the chunks may be of any lengths that are multiples of 2 x world but the last
-// (SchedulerOptions::prefill_chunk_decoding): each chunk but the last then gives every rank
-// exactly len / world rows, and the last one (left tokens, padded to whole parts) at most
-// left / world + 2, so a rank holds at most floor(prompt / world) + 2 prompt rows, whatever the
-// chunking; the pages cover that bound.
-std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
-                                     int world, engine::ShardLayout layout, int page_size,
-                                     bool mixed_chunks = false);
-
 class Scheduler {
  public:
   Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metrics& metrics);
@@ -207,32 +200,30 @@ class Scheduler {
     std::shared_ptr<RequestStream> stream;
     std::chrono::steady_clock::time_point arrival;
   };
-  struct Output;  // a request's output processing state (scheduler.cpp)
-  struct Seq;     // a running sequence (scheduler.cpp)
+  struct Output;   // a request's output processing state (scheduler.cpp)
+  struct Running;  // a running request as the step loop delivers it (scheduler.cpp)
   enum class GroupState { kReady, kWaiting, kFailed };
   void loop();
   GroupState ensure_group();  // starts, restarts or awaits the group
   void admit();
-  // A prefill chunk of a step: rows [start, start + len) of seq's prompt.
-  struct Chunk {
-    Seq* seq;
-    int64_t start, len;
-  };
+  void started(Running& s);  // admitted: the kStarted event, its output state
+  Running* running(uint64_t id);
   // One step of the running sequences (its tokens read, a lookahead step perhaps sent); false
   // when nothing was runnable.
   bool run_step();
+  LayerProgress layer_progress(const Planner::Plan& plan, bool* any);
+  bool look_ahead(const Planner::Plan& plan);
+  void take_outcome(const Planner::Plan& plan, const StepOutcome& out);
   void drop_finished();
-  runtime::StepPlan plan_step(std::vector<Chunk>& chunks);
-  void observe_step(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks);
-  bool can_look_ahead(const runtime::StepPlan& plan, const std::vector<Chunk>& chunks);
-  runtime::StepPlan continue_decode(const runtime::StepPlan& plan);
+  void observe_step(const Planner::Plan& plan);
   void step_failed(size_t seqs, const Status& st);
   static void process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
                             std::chrono::steady_clock::time_point now, bool is_eos,
                             const runtime::SampledToken& st, Metrics& metrics);
-  // The sequence leaves the batch: its output gets `reason` (or the error), its pages are
-  // released on every rank in the next step.
-  void finish(Seq& s, const std::string& reason, const ApiError* error = nullptr);
+  // The request leaves (planner sequence `id`, 0 if never admitted): its output gets `reason`
+  // (or the error), its pages are released on every rank in the next step.
+  void finish(Running& s, uint64_t id, const std::string& reason,
+              const ApiError* error = nullptr);
   void fail_running(ErrorCode code, const std::string& why);
   void fail_queued(const std::string& why);
   void output_loop();
@@ -249,12 +240,9 @@ class Scheduler {
   std::deque<Job> queue_;  // under mu_
   int64_t in_flight_ = 0;  // under mu_: admitted and not finished (drain waits for 0)
   // Step loop only:
-  std::vector<std::unique_ptr<Seq>> running_;
-  std::vector<uint64_t> to_release_;
-  std::vector<int64_t> free_pages_;  // the page ledger, per rank (mirrors the ranks' caches)
-  bool deferred_full_ = false;       // the last step left a full prefill chunk for this one
-  std::optional<runtime::StepPlan> ahead_;  // the lookahead step: sent, its tokens not read
-  uint64_t next_id_ = 1;
+  Planner planner_{PlannerOptions{}};  // the policy: sequences, page ledger, plans
+  std::map<uint64_t, std::unique_ptr<Running>> running_;  // by planner id (admission order)
+  std::optional<Planner::Plan> ahead_;  // the lookahead step: sent, its tokens not read
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> kv_capacity_{0};
   std::atomic<bool> draining_{false};

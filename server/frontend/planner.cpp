@@ -1,0 +1,237 @@
+#include "frontend/planner.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include "frontend/scheduler.h"
+
+namespace burst::server {
+
+std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t chunk,
+                                     int world, engine::ShardLayout layout, int page_size,
+                                     bool mixed_chunks) {
+  std::vector<int64_t> rows(static_cast<size_t>(world), 0);
+  if (chunk <= 0) chunk = prompt;
+  for (int64_t start = 0; start < prompt; start += chunk) {
+    const auto plan = engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
+    for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
+  }
+  if (mixed_chunks) {
+    for (auto& n : rows) n = std::max(n, std::min(prompt, prompt / world + 2));
+  }
+  // Decode tokens at positions prompt .. prompt + max_tokens - 1 (the last one is never fed
+  // back, counted anyway): rank p mod N caches position p.
+  for (int r = 0; r < world; ++r) {
+    const int64_t first = prompt + ((r - prompt % world) % world + world) % world;
+    const int64_t end = prompt + max_tokens;
+    rows[static_cast<size_t>(r)] += first < end ? (end - first + world - 1) / world : 0;
+  }
+  std::vector<int64_t> pages(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) pages[r] = (rows[r] + page_size - 1) / page_size;
+  return pages;
+}
+
+int64_t Planner::Seq::prompt_len() const { return static_cast<int64_t>(request->prompt.size()); }
+
+void Planner::reset(int64_t pages, int page_size) {
+  pages_ = pages;
+  page_size_ = page_size;
+  free_pages_.assign(static_cast<size_t>(options_.world), pages);
+  seqs_.clear();
+  to_release_.clear();
+  deferred_full_ = false;
+}
+
+Planner::Fit Planner::fits(const ScheduledRequest& r, std::vector<int64_t>* need) const {
+  *need = kv_pages_needed(static_cast<int64_t>(r.prompt.size()), r.max_tokens,
+                          options_.prefill_chunk, options_.world, options_.layout, page_size_,
+                          options_.prefill_chunk_decoding > 0);
+  bool later = false;
+  for (size_t k = 0; k < need->size(); ++k) {
+    if ((*need)[k] > pages_) return Fit::kNever;
+    later = later || (*need)[k] > free_pages_[k];
+  }
+  return later ? Fit::kLater : Fit::kNow;
+}
+
+uint64_t Planner::admit(const ScheduledRequest& r, std::vector<int64_t> need) {
+  for (size_t k = 0; k < need.size() && k < free_pages_.size(); ++k) free_pages_[k] -= need[k];
+  auto s = std::make_unique<Seq>();
+  s->id = next_id_++;
+  s->request = &r;
+  s->pages = std::move(need);
+  const uint64_t id = s->id;
+  seqs_.push_back(std::move(s));
+  return id;
+}
+
+void Planner::finish(uint64_t id) {
+  const auto it = std::find_if(seqs_.begin(), seqs_.end(),
+                               [&](const std::unique_ptr<Seq>& s) { return s->id == id; });
+  if (it == seqs_.end()) return;
+  const Seq& s = **it;
+  for (size_t r = 0; r < s.pages.size() && r < free_pages_.size(); ++r) {
+    free_pages_[r] += s.pages[r];
+  }
+  to_release_.push_back(id);
+  seqs_.erase(it);
+}
+
+void Planner::drop_all() {
+  seqs_.clear();
+  to_release_.clear();
+  free_pages_.assign(static_cast<size_t>(options_.world), pages_);
+}
+
+const Planner::Seq* Planner::find(uint64_t id) const {
+  for (const auto& s : seqs_) {
+    if (s->id == id) return s.get();
+  }
+  return nullptr;
+}
+
+Planner::Seq* Planner::find_mut(uint64_t id) { return const_cast<Seq*>(find(id)); }
+
+runtime::SeqWork Planner::decode_row(const Seq& s, int32_t token, int64_t pos) const {
+  const ScheduledRequest& r = *s.request;
+  runtime::SeqWork w = runtime::decode_work(s.id, token, pos, s.prompt_len(), r.sampling);
+  w.adjust = r.adjust;
+  w.logprobs = r.logprobs;
+  return w;
+}
+
+runtime::SeqWork Planner::prefill_row(const Seq& s, int64_t len) const {
+  const ScheduledRequest& r = *s.request;
+  runtime::SeqWork w = runtime::prefill_work(s.id, r.prompt, s.prefilled, len, r.sampling);
+  w.adjust = r.adjust;
+  w.logprobs = r.logprobs;
+  w.prompt_logprobs = r.prompt_logprobs;
+  if (w.prompt_logprobs >= 0 && s.prefilled + len < s.prompt_len()) {
+    w.next_token = r.prompt[static_cast<size_t>(s.prefilled + len)];
+  }
+  return w;
+}
+
+Planner::Plan Planner::plan() {
+  Plan p;
+  p.step.layout = options_.layout;
+  p.step.release.swap(to_release_);
+  int64_t budget = options_.max_batched_tokens;
+  // Decode first: every sequence past its prompt advances one token per step.
+  for (const auto& sp : seqs_) {
+    const Seq& s = *sp;
+    if (!s.decoding()) continue;
+    p.step.seqs.push_back(decode_row(s, s.last_token, s.prompt_len() + s.generated - 1));
+    --budget;
+  }
+  // Decoding sequences wait one step per token: while any decode, prefill in smaller chunks.
+  int64_t chunk = options_.prefill_chunk;
+  if (!p.step.seqs.empty() && options_.prefill_chunk_decoding > 0) {
+    chunk = options_.prefill_chunk_decoding;
+  }
+  add_prefills(p, budget, chunk);
+  return p;
+}
+
+void Planner::add_prefills(Plan& p, int64_t budget, int64_t chunk) {
+  // The prompt with the fewest tokens left first (shortest remaining work first: a 100-token
+  // prompt that arrives during a 128K prefill goes into the next step), in arrival order among
+  // equals, while the budget lasts; a chunk that does not fit waits for the next step, but a
+  // step always makes progress.
+  std::vector<Seq*> waiting;
+  for (auto& sp : seqs_) {
+    if (!sp->decoding()) waiting.push_back(sp.get());
+  }
+  auto left = [](const Seq* s) { return s->prompt_len() - s->prefilled; };
+  std::stable_sort(waiting.begin(), waiting.end(),
+                   [&](Seq* a, Seq* b) { return left(a) < left(b); });
+  // A prompt that fits in one chunk and waits while a long prompt's full chunk would share its
+  // step runs in a step of its own first (a few ms instead of a chunk's time: its TTFT), but
+  // never twice in a row, so a stream of short prompts cannot stall a long prefill.
+  const int64_t full = chunk > 0 ? chunk : std::numeric_limits<int64_t>::max();
+  bool short_waiting = false;
+  for (Seq* s : waiting) short_waiting |= left(s) < full;
+  const bool defer_full = short_waiting && !deferred_full_;
+  deferred_full_ = false;
+  for (Seq* sp : waiting) {
+    Seq& s = *sp;
+    if (defer_full && left(&s) >= full) {
+      deferred_full_ = true;
+      continue;
+    }
+    const int64_t len = std::min(chunk > 0 ? chunk : s.prompt_len(), left(&s));
+    if (len > budget && !p.step.seqs.empty()) continue;
+    p.step.seqs.push_back(prefill_row(s, len));
+    p.chunks.push_back({s.id, s.prefilled, len});
+    budget -= len;
+  }
+}
+
+bool Planner::can_look_ahead(const Plan& p, bool queue_empty) const {
+  if (!options_.decode_lookahead || p.step.seqs.empty() || !p.chunks.empty()) return false;
+  for (const auto& s : seqs_) {
+    if (!s->decoding()) return false;
+  }
+  return queue_empty;
+}
+
+Planner::Plan Planner::continue_decode(const Plan& p) {
+  Plan next;
+  next.step.layout = p.step.layout;
+  next.step.release.swap(to_release_);
+  for (const runtime::SeqWork& w : p.step.seqs) {
+    const Seq* s = find(w.id);
+    // `p` draws token number generated + 1; the next row feeds it. A sequence `p` ends by EOS
+    // runs one wasted row: its token is dropped and it is released a step later.
+    if (s == nullptr || s->generated + 1 >= s->request->max_tokens) continue;
+    next.step.seqs.push_back(
+        decode_row(*s, runtime::kPreviousToken, s->prompt_len() + s->generated));
+  }
+  return next;
+}
+
+void Planner::keep_releases(std::vector<uint64_t> ids) {
+  to_release_.insert(to_release_.end(), ids.begin(), ids.end());
+}
+
+Planner::Update Planner::update(const Plan& p, const std::vector<runtime::SampledToken>& tokens,
+                                int32_t eos) {
+  Update u;
+  for (const Chunk& c : p.chunks) {
+    Seq* s = find_mut(c.id);
+    if (s == nullptr) continue;
+    s->prefilled += c.len;
+    u.chunks.push_back({s->id, s->prefilled, s->prefilled == s->prompt_len()});
+  }
+  std::unordered_map<uint64_t, int32_t> sampled;
+  for (const auto& t : tokens) sampled[t.id] = t.token;
+  std::vector<uint64_t> ended;
+  for (const auto& sp : seqs_) {
+    Seq& s = *sp;
+    const auto it = sampled.find(s.id);
+    if (it == sampled.end()) continue;
+    const ScheduledRequest& r = *s.request;
+    Token t;
+    t.id = s.id;
+    t.token = it->second;
+    ++s.generated;
+    s.last_token = t.token;
+    const bool stop_id =
+        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t.token) !=
+            r.stop_token_ids.end() &&
+        s.generated > r.adjust.min_tokens;
+    t.is_stop = (t.token == eos && !r.ignore_eos) || stop_id;
+    if (t.is_stop || s.generated >= r.max_tokens) {
+      t.ends = true;
+      t.reason = t.is_stop ? runtime::FinishReason::kStop : runtime::FinishReason::kLength;
+      ended.push_back(s.id);
+    }
+    u.tokens.push_back(t);
+  }
+  u.dropped = tokens.size() - u.tokens.size();
+  for (uint64_t id : ended) finish(id);
+  return u;
+}
+
+}  // namespace burst::server
