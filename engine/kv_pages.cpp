@@ -4,6 +4,26 @@
 
 namespace burst::engine {
 
+Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t capacity,
+                       std::vector<Tensor>& k, std::vector<Tensor>& v) {
+  if (capacity <= 0) return Status::error("kv cache: capacity must be > 0");
+  const int64_t width = int64_t{shape.kv_heads} * shape.head_dim;
+  BURST_RETURN_IF_ERROR(backend.check_fits(
+      2 * shape.layers * capacity * width * dtype_size(backend.compute_dtype()),
+      "KV cache of " + std::to_string(capacity) + " tokens"));
+  for (int l = 0; l < shape.layers; ++l) {
+    for (auto* list : {&k, &v}) {
+      auto t = backend.alloc({capacity, width}, backend.compute_dtype());
+      if (!t.ok()) {
+        return Status::error("kv cache of " + std::to_string(capacity) + " tokens: " +
+                             t.message());
+      }
+      list->push_back(t.take());
+    }
+  }
+  return {};
+}
+
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend, AttentionShape shape,
                                                            int64_t pages, int page_size) {
   if (page_size <= 0) return Status::error(StatusCode::kInvalidArgument, "kv page size must be > 0");

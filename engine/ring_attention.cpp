@@ -147,20 +147,11 @@ void RingAttention::release(uint64_t seq) {
   rows_.erase(seq);
 }
 
-void RingAttention::begin_prefill(const ShardPlan& plan) {
-  clear();
-  auto_ = Auto::kPrefill;
-  auto_plan_ = plan;
-}
-
-void RingAttention::begin_decode() { auto_ = Auto::kDecode; }
-
 void RingAttention::clear() {
   cache_->release_all();
   rows_.clear();
   step_.clear();
   in_step_ = false;
-  auto_ = Auto::kOff;
 }
 
 Status RingAttention::ensure(Tensor& t, std::vector<int64_t> shape, DType dtype) {
@@ -180,17 +171,6 @@ Status RingAttention::ensure(Tensor& t, std::vector<int64_t> shape, DType dtype)
 Status RingAttention::attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                              const std::vector<int64_t>& positions, Tensor& out) {
   if (layer < 0 || layer >= shape_.layers) return Status::error("ring: bad layer index");
-  if (!in_step_ && auto_ != Auto::kOff && layer == 0) {
-    SeqRows s;
-    if (auto_ == Auto::kDecode) {
-      if (q.dim(0) != 1) return Status::error("ring decode: one token per step");
-      s.decode = true;
-      s.pos = positions[0];
-    } else {
-      s.plan = auto_plan_;
-    }
-    BURST_RETURN_IF_ERROR(begin_step({s}));
-  }
   if (!in_step_) return Status::error("ring: attend outside a step (begin_step first)");
   const int rank = comm_.rank();
   int64_t rows = 0;
@@ -207,9 +187,7 @@ Status RingAttention::attend(int layer, const Tensor& q, const Tensor& k, const 
     BURST_RETURN_IF_ERROR(prefill(layer, s, q.rows(s.row, n), k.rows(s.row, n),
                                   v.rows(s.row, n), o));
   }
-  BURST_RETURN_IF_ERROR(decode(layer, q, k, v, positions, out));
-  if (auto_ != Auto::kOff && layer == shape_.layers - 1) end_step();
-  return {};
+  return decode(layer, q, k, v, positions, out);
 }
 
 Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {

@@ -189,10 +189,15 @@ int run_rank(const Opts& o, int rank, const std::string& store) {
       std::vector<double> ms;
       for (int r = 0; r < o.reps + 1; ++r) {
         BURST_RETURN_IF_ERROR(comm.value()->barrier());  // every rank starts the layer together
-        ring.value()->begin_prefill(plan);
+        // Each rep is the prefill of one fresh sequence: the whole prompt in one chunk.
+        ring.value()->clear();
+        engine::SeqRows whole;
+        whole.plan = plan;
+        BURST_RETURN_IF_ERROR(ring.value()->begin_step({whole}));
         cudaEventRecord(a, stream);
         BURST_RETURN_IF_ERROR(ring.value()->attend(0, q.value(), k.value(), v.value(), positions,
                                                    out.value()));
+        ring.value()->end_step();
         cudaEventRecord(b, stream);
         BURST_RETURN_IF_ERROR(be.synchronize());
         float t = 0;

@@ -39,6 +39,7 @@
 #include "engine/backend.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/dtype_convert.h"
+#include "engine/kv_pages.h"
 #include "engine/random.h"
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
@@ -48,6 +49,7 @@
 #include "models/llama.h"
 #include "common/tokenizer.h"
 #include "gpu_test_util.h"
+#include "../one_sequence.h"
 #include "../queued_draws_check.h"
 
 namespace burst {
@@ -58,16 +60,15 @@ using engine::DType;
 using engine::Tensor;
 namespace fs = std::filesystem;
 
-// One sequence's forward with the logits of logit_rows (seq_len 0: max(positions) + 1).
+using burst::testing::OneRank;
+
+// The sequence's next forward through its one-rank ring, the logits of logit_rows (seq_len 0:
+// max(positions) + 1).
 Status forward_logits(models::LlamaModel& m, const std::vector<int32_t>& ids,
-                      const std::vector<int64_t>& pos, engine::AttentionContext& attn,
+                      const std::vector<int64_t>& pos, OneRank& seq,
                       const std::vector<int64_t>& logit_rows, std::vector<float>& logits,
                       int64_t seq_len = 0, const models::LayerHook& hook = nullptr) {
-  models::ForwardOutput out;
-  BURST_RETURN_IF_ERROR(
-      m.forward(models::ForwardBatch::of_sequence(ids, pos, logit_rows, seq_len), attn, out, hook));
-  logits = std::move(out.logits);
-  return {};
+  return seq.forward(m, ids, pos, logit_rows, logits, seq_len, hook);
 }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -865,7 +866,7 @@ TEST_F(CudaBackendTest, OutOfMemoryIsAClearError) {
   EXPECT_FALSE(engine::cuda_check_fits(*cpu_, 1, "x").ok());
 
   // A KV cache that cannot fit fails with the cache named and the sizes in the message.
-  auto cache = engine::LocalKvCache::create(*gpu_, {2, 32, 32, 128}, 10 * 1000 * 1000);
+  auto cache = engine::PagedKvCache::create(*gpu_, {2, 32, 32, 128}, 625000, 16);
   ASSERT_FALSE(cache.ok());
   EXPECT_NE(cache.message().find("KV cache of 10000000 tokens needs"), std::string::npos)
       << cache.message();
@@ -899,10 +900,10 @@ TEST_F(CudaBackendTest, FixtureWithHeadDim16FailsClearly) {
     const std::string dir = kRoot + "/tests/fixtures/golden/" + name + "/model";
     auto model = models::LlamaModel::load(*gpu_, dir);
     ASSERT_TRUE(model.ok()) << model.message();  // loading is fine; attention is what cannot run
-    auto cache = engine::LocalKvCache::create(*gpu_, model.value()->attention_shape(), 16);
+    auto cache = OneRank::create(*model.value(), 16);
     ASSERT_TRUE(cache.ok()) << cache.message();
     std::vector<float> logits;
-    const Status st = forward_logits(*model.value(), {1, 5, 9}, {0, 1, 2}, *cache.value(), {2},
+    const Status st = forward_logits(*model.value(), {1, 5, 9}, {0, 1, 2}, cache.value(), {2},
                                      logits);
     ASSERT_FALSE(st.ok()) << name;
     EXPECT_NE(st.message().find("head_dim 16 is not supported"), std::string::npos)
@@ -914,15 +915,14 @@ TEST_F(CudaBackendTest, FixtureWithHeadDim16FailsClearly) {
 // the tokens and, per step, the logits that chose them.
 Status greedy(models::LlamaModel& m, const std::vector<int32_t>& prompt, int steps,
               std::vector<int32_t>& tokens, std::vector<std::vector<float>>& step_logits) {
-  auto cache = engine::LocalKvCache::create(m.backend(), m.attention_shape(),
-                                            static_cast<int64_t>(prompt.size()) + steps);
+  auto cache = OneRank::create(m, static_cast<int64_t>(prompt.size()) + steps);
   if (!cache.ok()) return cache.status();
   std::vector<int64_t> pos(prompt.size());
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<int32_t> ids = prompt;
   for (int s = 0; s < steps; ++s) {
     std::vector<float> logits;
-    BURST_RETURN_IF_ERROR(forward_logits(m, ids, pos, *cache.value(),
+    BURST_RETURN_IF_ERROR(forward_logits(m, ids, pos, cache.value(),
                                          {static_cast<int64_t>(ids.size()) - 1}, logits));
     const auto best = std::max_element(logits.begin(), logits.end()) - logits.begin();
     tokens.push_back(static_cast<int32_t>(best));
@@ -937,15 +937,14 @@ Status greedy(models::LlamaModel& m, const std::vector<int32_t>& prompt, int ste
 // Logits of every step when `tokens` are fed one at a time after the prompt (teacher forcing).
 Status forced(models::LlamaModel& m, const std::vector<int32_t>& prompt,
               const std::vector<int32_t>& tokens, std::vector<std::vector<float>>& step_logits) {
-  auto cache = engine::LocalKvCache::create(m.backend(), m.attention_shape(),
-                                            static_cast<int64_t>(prompt.size() + tokens.size()));
+  auto cache = OneRank::create(m, static_cast<int64_t>(prompt.size() + tokens.size()));
   if (!cache.ok()) return cache.status();
   std::vector<int64_t> pos(prompt.size());
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<int32_t> ids = prompt;
   for (size_t s = 0; s < tokens.size(); ++s) {
     std::vector<float> logits;
-    BURST_RETURN_IF_ERROR(forward_logits(m, ids, pos, *cache.value(),
+    BURST_RETURN_IF_ERROR(forward_logits(m, ids, pos, cache.value(),
                                          {static_cast<int64_t>(ids.size()) - 1}, logits));
     step_logits.push_back(std::move(logits));
     const int64_t next = pos.back() + 1;
@@ -1180,15 +1179,15 @@ TEST_F(CudaBackendTest, TwoLayer7bShapeMatchesCpu) {
   auto run = [&](Backend& b, bool random, std::vector<float>& logits) {
     auto m = random ? models::LlamaModel::random(b, c, kSeed) : models::LlamaModel::load(b, dir);
     ASSERT_TRUE(m.ok()) << m.message();
-    auto cache = engine::LocalKvCache::create(b, m.value()->attention_shape(), kPromptTokens);
+    auto cache = OneRank::create(*m.value(), kPromptTokens);
     ASSERT_TRUE(cache.ok()) << cache.message();
     // Two forwards (250 + 50 tokens): the second is a prefill against cached keys.
     std::vector<int32_t> a(ids.begin(), ids.begin() + 250), z(ids.begin() + 250, ids.end());
     std::vector<int64_t> pa(pos.begin(), pos.begin() + 250), pz(pos.begin() + 250, pos.end());
     std::vector<float> unused;
-    Status st = forward_logits(*m.value(), a, pa, *cache.value(), {}, unused);
+    Status st = forward_logits(*m.value(), a, pa, cache.value(), {}, unused);
     ASSERT_TRUE(st.ok()) << st.message();
-    st = forward_logits(*m.value(), z, pz, *cache.value(), {49}, logits);
+    st = forward_logits(*m.value(), z, pz, cache.value(), {49}, logits);
     ASSERT_TRUE(st.ok()) << st.message();
   };
   std::vector<float> ref, loaded, random;
@@ -1456,11 +1455,10 @@ TEST(CudaDecodeBench, HostOverhead7b) {
                       {"T=0.8 top_p=0.95, logits to host", {0.8f, 0, 0.95f, 1}, false},
                       {"T=0.8 top_p=0.95, on device", {0.8f, 0, 0.95f, 1}, true}};
   constexpr int kWays = sizeof(ways) / sizeof(ways[0]);
-  auto cache = engine::LocalKvCache::create(b, m.attention_shape(),
-                                            max_ctx + kWays * (kSteps + 1) + 2);
+  auto cache = OneRank::create(m, max_ctx + kWays * (kSteps + 1) + 2);
   ASSERT_TRUE(cache.ok()) << cache.message();
   for (int64_t n : contexts) {
-    cache.value()->clear();
+    cache.value().clear();
     std::vector<int32_t> ids(static_cast<size_t>(n));
     std::vector<int64_t> pos(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
@@ -1469,7 +1467,7 @@ TEST(CudaDecodeBench, HostOverhead7b) {
       pos[static_cast<size_t>(i)] = i;
     }
     std::vector<float> logits;
-    ASSERT_TRUE(forward_logits(m, ids, pos, *cache.value(), {n - 1}, logits).ok());
+    ASSERT_TRUE(forward_logits(m, ids, pos, cache.value(), {n - 1}, logits).ok());
     int64_t at = n;
     for (const Way& w : ways) {
       engine::Sampler sampler(w.sampling);
@@ -1477,7 +1475,6 @@ TEST(CudaDecodeBench, HostOverhead7b) {
       std::vector<double> enq, total;
       for (int s = 0; s <= kSteps; ++s, ++at) {  // step 0 is the warm-up
         logits.clear();
-        std::vector<int32_t> sampled;
         Clock::time_point t_enq{};
         const models::LayerHook hook = [&](int64_t layer) {
           if (layer == c.num_layers) t_enq = Clock::now();
@@ -1486,13 +1483,13 @@ TEST(CudaDecodeBench, HostOverhead7b) {
         const auto t0 = Clock::now();
         Status st;
         if (w.on_device) {
-          auto batch = models::ForwardBatch::of_sequence({token}, {at}, {}, at + 1);
-          batch.sample = models::SampleRows{{0}, {w.sampling}, {sampler.draw_uniform()}};
+          const models::SampleRows rows{{0}, {w.sampling}, {sampler.draw_uniform()}};
           models::ForwardOutput out;
-          st = m.forward(batch, *cache.value(), out, hook);
+          st = burst::testing::forward_decode(m, *cache.value().ring, OneRank::kSeq, token, at, {},
+                                              out, at + 1, hook, rows);
           if (st.ok()) token = out.sampled.at(0);
         } else {
-          st = forward_logits(m, {token}, {at}, *cache.value(), {0}, logits, at + 1, hook);
+          st = forward_logits(m, {token}, {at}, cache.value(), {0}, logits, at + 1, hook);
           if (st.ok()) token = sampler.sample(logits.data(), c.vocab_size);
         }
         const auto t1 = Clock::now();

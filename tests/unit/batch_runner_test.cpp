@@ -20,6 +20,7 @@
 #include "engine/backend.h"
 #include "models/llama.h"
 #include "runtime/batch_runner.h"
+#include "../one_sequence.h"
 #include "multiprocess.h"
 
 namespace burst::models {
@@ -303,19 +304,15 @@ std::vector<SampledSeq> sampled_seqs() {
 
 // Today's semantics, independently of BatchRunner: the sequence alone in one process, its
 // logits on the host, adjusted (with rank 0's history rules), drawn by its Sampler.
-std::vector<int32_t> host_reference(engine::Backend& b, LlamaModel& m,
-                                    const std::vector<int32_t>& prompt, const SampledSeq& q,
-                                    int n_new, std::vector<float>& logprobs) {
+std::vector<int32_t> host_reference(LlamaModel& m, const std::vector<int32_t>& prompt,
+                                    const SampledSeq& q, int n_new, std::vector<float>& logprobs) {
   const int64_t vocab = m.config().vocab_size, n = static_cast<int64_t>(prompt.size());
-  auto cache = engine::LocalKvCache::create(b, m.attention_shape(), 256);
-  if (!cache.ok()) return {};
+  auto one = burst::testing::OneRank::create(m, 256);
+  if (!one.ok()) return {};
   std::vector<int64_t> pos(prompt.size());
   std::iota(pos.begin(), pos.end(), 0);
-  ForwardOutput fwd;
-  if (!m.forward(ForwardBatch::of_sequence(prompt, pos, {n - 1}, n), *cache.value(), fwd).ok()) {
-    return {};
-  }
-  std::vector<float>& logits = fwd.logits;
+  std::vector<float> logits;
+  if (!one.value().forward(m, prompt, pos, {n - 1}, logits, n).ok()) return {};
   engine::Sampler sampler(q.sampling);
   engine::TokenHistory h;
   if (q.adjust.repetition_penalty != 1.f) h.add_prompt(prompt.data(), prompt.size());
@@ -329,8 +326,7 @@ std::vector<int32_t> host_reference(engine::Backend& b, LlamaModel& m,
     if (q.adjust.active()) h.add_generated(token);
     logprobs.push_back(engine::log_softmax_at(logits.data(), vocab, token, 0, nullptr));
     out.push_back(token);
-    const auto next = ForwardBatch::of_sequence({token}, {n + t}, {0}, n + t + 1);
-    if (!m.forward(next, *cache.value(), fwd).ok()) return {};
+    if (!one.value().forward(m, {token}, {n + t}, {0}, logits, n + t + 1).ok()) return {};
   }
   return out;
 }
@@ -391,7 +387,7 @@ int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store
   int bad = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     std::vector<float> lps;
-    const auto want = host_reference(*m.backend, *m.model, prompts[i], seqs[i], kNew, lps);
+    const auto want = host_reference(*m.model, prompts[i], seqs[i], kNew, lps);
     if (got[i] != want) {
       std::fprintf(stderr, "world %d: sequence %zu: tokens differ from the host sampler's\n",
                    c.world, i);
@@ -412,7 +408,7 @@ int sampling_rank_main(const SamplingCase& c, int rank, const std::string& store
   SampledSeq greedy = seqs[1];
   greedy.sampling = {};
   std::vector<float> unused;
-  if (host_reference(*m.backend, *m.model, prompts[1], greedy, kNew, unused) == got[1]) {
+  if (host_reference(*m.model, prompts[1], greedy, kNew, unused) == got[1]) {
     std::fprintf(stderr, "sequence 1 drew its greedy tokens\n");
     ++bad;
   }

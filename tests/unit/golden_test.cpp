@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "engine/backend.h"
+#include "../one_sequence.h"
 #include "runtime/driver.h"
 #include "models/llama.h"
 
@@ -63,24 +64,21 @@ TEST_P(Golden, MatchesTransformers) {
   ASSERT_TRUE(model.ok()) << model.message();
   LlamaModel& m = *model.value();
   const auto n = static_cast<int64_t>(prompt.size());
-  auto cache = engine::LocalKvCache::create(*backend, m.attention_shape(),
-                                            n + static_cast<int64_t>(ref_tokens.size()));
-  ASSERT_TRUE(cache.ok()) << cache.message();
+  auto one = burst::testing::OneRank::create(m, n + static_cast<int64_t>(ref_tokens.size()));
+  ASSERT_TRUE(one.ok()) << one.message();
 
   // Prefill logits, then decode the reference's own greedy tokens one at a time (so a single
   // flipped argmax cannot hide a numeric error later on) and keep the last step's logits.
   std::vector<int64_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), 0);
-  ForwardOutput out;
-  ASSERT_TRUE(m.forward(ForwardBatch::of_sequence(prompt, pos, {n - 1}), *cache.value(), out).ok());
-  expect_close(out.logits, ref_prefill, "prefill logits");
+  std::vector<float> logits;
+  ASSERT_TRUE(one.value().forward(m, prompt, pos, {n - 1}, logits).ok());
+  expect_close(logits, ref_prefill, "prefill logits");
   for (size_t i = 0; i + 1 < ref_tokens.size(); ++i) {
-    auto st = m.forward(
-        ForwardBatch::of_sequence({ref_tokens[i]}, {n + static_cast<int64_t>(i)}, {0}),
-        *cache.value(), out);
+    auto st = one.value().forward(m, {ref_tokens[i]}, {n + static_cast<int64_t>(i)}, {0}, logits);
     ASSERT_TRUE(st.ok()) << st.message();
   }
-  expect_close(out.logits, ref_decode, "last decode-step logits");
+  expect_close(logits, ref_decode, "last decode-step logits");
 
   // The generator's own greedy run must give exactly the reference tokens.
   runtime::GenerateRequest req;

@@ -15,6 +15,7 @@
 #include "engine/sampler.h"
 #include "models/llama.h"
 #include "runtime/batch_runner.h"
+#include "../one_sequence.h"
 #include "multiprocess.h"
 
 namespace burst::models {
@@ -57,7 +58,6 @@ struct Fixture {
     EXPECT_TRUE(r.ok());
     const auto n = static_cast<int64_t>(ids.size());
     const auto plan = engine::ShardPlan::make(engine::ShardLayout::kZigzag, n, 1);
-    r.value()->begin_prefill(plan);
     std::vector<int32_t> rows;  // the plan's rows: the ids, then padding (never attended to)
     std::vector<int64_t> pos;
     for (const auto& sg : plan.segments(0)) {
@@ -68,12 +68,12 @@ struct Fixture {
     }
     int64_t last = 0;
     plan.owner(n - 1, &last);
-    ForwardOutput out;
+    std::vector<float> logits;
     const Status st =
-        model->forward(ForwardBatch::of_sequence(rows, pos, {last}, n), *r.value(), out);
+        burst::testing::forward_chunk(*model, *r.value(), 0, plan, rows, pos, {last}, logits, n);
     EXPECT_TRUE(st.ok()) << st.message();
-    out.logits.resize(static_cast<size_t>(model->config().vocab_size));
-    return out.logits;
+    logits.resize(static_cast<size_t>(model->config().vocab_size));
+    return logits;
   }
 };
 

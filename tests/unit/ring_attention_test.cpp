@@ -141,16 +141,18 @@ int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayou
   if (!ring.ok()) return 11;
   const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
   Rows in(*backend, pr, plan, rank);
-  ring.value()->begin_prefill(plan);
-  Status st = ring.value()->attend(0, in.q, in.k, in.v, in.positions, in.o);
+  SeqRows whole;  // sequence 0: the prompt in one chunk
+  whole.plan = plan;
+  Status st = ring.value()->begin_step({whole});
+  if (st.ok()) st = ring.value()->attend(0, in.q, in.k, in.v, in.positions, in.o);
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, st.message().c_str());
     return 12;
   }
+  ring.value()->end_step();
   if (in.mismatches(pr, plan, rank, s.n)) return 13;
 
   // Decode: the token at position n attends to every real token and itself.
-  ring.value()->begin_decode();
   const int64_t pos = s.n;
   auto q1 = backend->alloc({1, qw}, DType::kF32).take();
   auto k1 = backend->alloc({1, kvw}, DType::kF32).take();
@@ -159,11 +161,16 @@ int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayou
   std::memcpy(q1.data, pr.q.data() + plan.padded_len * qw, qw * 4);
   std::memcpy(k1.data, pr.k.data() + plan.padded_len * kvw, kvw * 4);
   std::memcpy(v1.data, pr.v.data() + plan.padded_len * kvw, kvw * 4);
-  st = ring.value()->attend(0, q1, k1, v1, {pos}, o1);
+  SeqRows token;
+  token.decode = true;
+  token.pos = pos;
+  st = ring.value()->begin_step({token});
+  if (st.ok()) st = ring.value()->attend(0, q1, k1, v1, {pos}, o1);
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d decode: %s\n", rank, st.message().c_str());
     return 14;
   }
+  ring.value()->end_step();
   // Monolithic reference: keys 0..n-1 then the decode token's key.
   std::vector<float> kk(pr.k.begin(), pr.k.begin() + s.n * kvw), vv(pr.v.begin(), pr.v.begin() + s.n * kvw);
   kk.insert(kk.end(), pr.k.begin() + plan.padded_len * kvw, pr.k.begin() + (plan.padded_len + 1) * kvw);
@@ -403,7 +410,9 @@ TEST(RingAttentionOverlap, DoubleBufferHidesTheTransfer) {
     auto run = [&](Communicator& comm) {
       auto ring = RingAttention::create(*backend, comm, {1, s.heads, s.kv_heads, s.head_dim},
                                         rows).take();
-      ring->begin_prefill(plan);
+      SeqRows whole;
+      whole.plan = plan;
+      if (!ring->begin_step({whole}).ok()) return std::make_pair(-1.0, RingStats{});
       // Start together: a rank that starts late looks like a slow link to its neighbour.
       if (!comm.barrier().ok()) return std::make_pair(-1.0, RingStats{});
       const auto t0 = std::chrono::steady_clock::now();

@@ -13,6 +13,7 @@
 #include "models/llama.h"
 #include "runtime/batch_runner.h"
 #include "runtime/driver.h"
+#include "../one_sequence.h"
 #include "multiprocess.h"
 
 namespace burst::models {
@@ -67,14 +68,10 @@ int rank_main(const Case& c, int rank, const std::string& store) {
   }
   int64_t row = 0;
   const int owner = plan.owner(n - 1, &row);
-  ring.value()->begin_prefill(plan);
-  ForwardOutput out;
-  auto st = model.value()->forward(
-      ForwardBatch::of_sequence(ids, pos,
-                                owner == rank ? std::vector<int64_t>{row} : std::vector<int64_t>{},
-                                n),
-      *ring.value(), out);
-  const std::vector<float>& logits = out.logits;
+  std::vector<float> logits;
+  auto st = burst::testing::forward_chunk(
+      *model.value(), *ring.value(), 0, plan, ids, pos,
+      owner == rank ? std::vector<int64_t>{row} : std::vector<int64_t>{}, logits, n);
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, st.message().c_str());
     return 34;

@@ -1,7 +1,7 @@
 // Where a layer's attention finds its keys. The model computes q, k, v for the new tokens and
 // hands them here; a context stores k/v for later tokens and writes the attention output.
-// LocalKvCache serves one process; the ring context (BurstAttention) serves N ranks with the
-// same interface, so the model code does not know how the sequence is sharded.
+// The ring context (BurstAttention, engine/ring_attention.h) serves N ranks, one included, so
+// the model code does not know how the sequence is sharded.
 #pragma once
 
 #include <vector>
@@ -32,31 +32,8 @@ struct AttentionShape {
 };
 
 // Per-layer K and V buffers of `capacity` rows each, [capacity, kv_heads * head_dim] in the
-// backend's compute dtype: the storage of every attention context.
+// backend's compute dtype: the storage of the paged KV cache (engine/kv_pages.cpp).
 Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t capacity,
                        std::vector<Tensor>& k, std::vector<Tensor>& v);
-
-// A single-process KV cache of `capacity` tokens per layer. New tokens must continue the
-// sequence (positions length(), length() + 1, ...).
-class LocalKvCache final : public AttentionContext {
- public:
-  static Result<std::unique_ptr<LocalKvCache>> create(Backend& backend, AttentionShape shape,
-                                                      int64_t capacity);
-  Status attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                const std::vector<int64_t>& positions, Tensor& out) override;
-  int64_t length() const override { return lengths_.empty() ? 0 : lengths_[0]; }
-  int64_t capacity() const override { return capacity_; }
-  void clear() override;
-
- private:
-  LocalKvCache(Backend& backend, AttentionShape shape, int64_t capacity)
-      : backend_(backend), shape_(shape), capacity_(capacity) {}
-  Backend& backend_;
-  AttentionShape shape_;
-  int64_t capacity_;
-  std::vector<Tensor> k_, v_;      // per layer [capacity, kv_heads * head_dim]
-  std::vector<int64_t> lengths_;   // per layer
-  Tensor lse_;                     // scratch [heads, rows], grown on demand
-};
 
 }  // namespace burst::engine

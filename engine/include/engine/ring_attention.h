@@ -88,11 +88,6 @@ class RingAttention final : public AttentionContext {
   int64_t rows_on(uint64_t seq, int r) const;
   const PagedKvCache& cache() const { return *cache_; }
 
-  // One sequence at a time (tests, the ring benchmark): the next forward is the prefill of
-  // `plan` as sequence 0 (dropping what it held); later forwards are decode steps of it.
-  void begin_prefill(const ShardPlan& plan);
-  void begin_decode();
-
   Status attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                 const std::vector<int64_t>& positions, Tensor& out) override;
   int64_t length() const override { return cache_->length(0); }
@@ -189,9 +184,6 @@ class RingAttention final : public AttentionContext {
   std::unique_ptr<PagedKvCache> cache_;
   std::vector<SeqRows> step_;
   bool in_step_ = false;
-  // Legacy one-sequence mode: each forward is a step of sequence 0 begun by attend(layer 0).
-  enum class Auto { kOff, kPrefill, kDecode } auto_ = Auto::kOff;
-  ShardPlan auto_plan_;
   bool transfers_ = true;
   RingPass pass_ = RingPass::kAuto;
   // Rows of each sequence on every rank (the prefix sizes of the ring's blocks).
