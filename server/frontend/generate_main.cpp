@@ -126,12 +126,87 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+using namespace burst;
+
+// The prompt's ids: --prompt-tokens random ids from the normal range of the vocabulary
+// (skipping control and byte pieces), else the text (--prompt / --prompt-file) tokenized.
+Result<std::vector<int32_t>> prompt_ids(const Args& a, const models::LlamaConfig& config,
+                                        const server::Tokenizer* tok) {
+  std::vector<int32_t> ids;
+  if (a.prompt_tokens > 0) {
+    ids.push_back(1);
+    for (int64_t i = 1; i < a.prompt_tokens; ++i) {
+      const uint64_t r = engine::splitmix64(static_cast<uint64_t>(i));
+      ids.push_back(259 + static_cast<int32_t>(r % (config.vocab_size - 259)));
+    }
+    return ids;
+  }
+  if (!tok) return Status::error("a text prompt needs a tokenizer (--tokenizer FILE)");
+  std::string text = a.prompt;
+  if (!a.prompt_file.empty()) {
+    std::ifstream f(a.prompt_file, std::ios::binary);
+    if (!f) return Status::error("cannot read prompt file " + a.prompt_file);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto enc = tok->encode(text, /*add_bos=*/true, /*add_eos=*/false);
+  if (!enc.ok()) return Status::error("prompt: " + enc.message());
+  ids.assign(enc.value().begin(), enc.value().end());
+  return ids;
+}
+
+// The request through N worker processes (the prompt sharded by sequence, the BurstAttention
+// ring per layer), or (--workers 0) one in-process engine; *where names what ran it.
+Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest& req,
+                                   int64_t capacity, const runtime::TokenCallback& on_token,
+                                   std::string* where) {
+  const models::ModelSpec spec{a.model_dir, a.preset, a.random_seed.value_or(0)};
+  if (a.workers > 0) {
+    server::WorkerGroupOptions opt;
+    opt.model = spec;
+    opt.workers = a.workers;
+    opt.device = a.device;
+    opt.kv_capacity = capacity;
+    opt.layout = a.layout;
+    opt.prefill_chunk = a.prefill_chunk;
+    auto group = server::WorkerGroup::start(opt);
+    if (!group.ok()) return group.status();
+    *where = std::to_string(a.workers) + " workers on " + group.value()->info().device;
+    auto stats = runtime::generate(*group.value(), req, on_token);
+    // Host clock: on the CPU the ring's compute and its waits; on a GPU only the time to
+    // queue the launches, so nothing is printed there (burst-bench-ring times the ring on
+    // GPUs with events).
+    if (stats.ok() && a.device == "cpu") {
+      std::fprintf(stderr, "burst-generate: ring attention %.1f ms compute, %.1f ms exposed "
+                   "communication (rank 0)\n", stats.value().ring_compute_ms,
+                   stats.value().ring_wait_ms);
+    }
+    return stats;
+  }
+  auto backend = engine::make_backend(a.device);
+  if (!backend.ok()) return backend.status();
+  auto model = models::load_model(*backend.value(), spec);
+  if (!model.ok()) return model.status();
+  auto runner = runtime::LocalStepRunner::create(*model.value(), capacity);
+  if (!runner.ok()) return runner.status();
+  *where = "device " + backend.value()->name();
+  return runtime::generate(*runner.value(), req, on_token);
+}
+
+void print_stats(const runtime::GenerateStats& s, const std::string& where) {
+  const double tps = s.generated_tokens > 1 ? (s.generated_tokens - 1) * 1000.0 / s.decode_ms : 0;
+  std::fprintf(stderr,
+               "burst-generate: %s, prompt %lld tokens, prefill (TTFT) %.1f ms "
+               "(%.0f tok/s), generated %lld tokens, decode %.1f tok/s, finish %s\n",
+               where.c_str(), static_cast<long long>(s.prompt_tokens), s.prefill_ms,
+               s.prompt_tokens * 1000.0 / s.prefill_ms,
+               static_cast<long long>(s.generated_tokens), tps,
+               runtime::finish_reason_name(s.finish_reason));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace burst;
   Args a = parse_args(argc, argv);
-
   auto config = a.model_dir.empty() ? models::preset_config(a.preset)
                                     : models::load_config(a.model_dir);
   if (!config.ok()) return fail(config.message());
@@ -146,25 +221,9 @@ int main(int argc, char** argv) {
   req.sampling = a.sampling;
   req.prefill_chunk = a.prefill_chunk;
   req.layout = a.layout;
-  if (a.prompt_tokens > 0) {
-    // Random ids from the normal range of the vocabulary (skipping control and byte pieces).
-    req.prompt.push_back(1);
-    for (int64_t i = 1; i < a.prompt_tokens; ++i) {
-      const uint64_t r = engine::splitmix64(static_cast<uint64_t>(i));
-      req.prompt.push_back(259 + static_cast<int32_t>(r % (config.value().vocab_size - 259)));
-    }
-  } else {
-    if (!tok) return fail("a text prompt needs a tokenizer (--tokenizer FILE)");
-    std::string text = a.prompt;
-    if (!a.prompt_file.empty()) {
-      std::ifstream f(a.prompt_file, std::ios::binary);
-      if (!f) return fail("cannot read prompt file " + a.prompt_file);
-      text.assign(std::istreambuf_iterator<char>(f), {});
-    }
-    auto ids = tok->encode(text, /*add_bos=*/true, /*add_eos=*/false);
-    if (!ids.ok()) return fail("prompt: " + ids.message());
-    req.prompt.assign(ids.value().begin(), ids.value().end());
-  }
+  auto ids = prompt_ids(a, config.value(), tok.get());
+  if (!ids.ok()) return fail(ids.message());
+  req.prompt = ids.take();
   const int64_t capacity =
       a.kv_capacity > 0 ? a.kv_capacity : static_cast<int64_t>(req.prompt.size()) + a.max_tokens;
 
@@ -179,51 +238,11 @@ int main(int argc, char** argv) {
     std::cout << (stream ? stream->push(id) : std::to_string(id) + " ") << std::flush;
     return true;
   };
-  const models::ModelSpec spec{a.model_dir, a.preset, a.random_seed.value_or(0)};
-  Result<runtime::GenerateStats> stats = Status::error("not run");
   std::string where;
-  if (a.workers > 0) {
-    // N worker processes, the prompt sharded by sequence, BurstAttention ring per layer.
-    server::WorkerGroupOptions opt;
-    opt.model = spec;
-    opt.workers = a.workers;
-    opt.device = a.device;
-    opt.kv_capacity = capacity;
-    opt.layout = a.layout;
-    opt.prefill_chunk = a.prefill_chunk;
-    auto group = server::WorkerGroup::start(opt);
-    if (!group.ok()) return fail(group.message());
-    stats = runtime::generate(*group.value(), req, print_token);
-    // Host clock: on the CPU the ring's compute and its waits; on a GPU only the time to
-    // queue the launches, so nothing is printed there (burst-bench-ring times the ring on
-    // GPUs with events).
-    if (stats.ok() && a.device == "cpu") {
-      std::fprintf(stderr, "burst-generate: ring attention %.1f ms compute, %.1f ms exposed "
-                   "communication (rank 0)\n", stats.value().ring_compute_ms,
-                   stats.value().ring_wait_ms);
-    }
-    where = std::to_string(a.workers) + " workers on " + group.value()->info().device;
-  } else {
-    auto backend = engine::make_backend(a.device);
-    if (!backend.ok()) return fail(backend.message());
-    auto model = models::load_model(*backend.value(), spec);
-    if (!model.ok()) return fail(model.message());
-    auto runner = runtime::LocalStepRunner::create(*model.value(), capacity);
-    if (!runner.ok()) return fail(runner.message());
-    stats = runtime::generate(*runner.value(), req, print_token);
-    where = "device " + backend.value()->name();
-  }
+  auto stats = run(a, req, capacity, print_token, &where);
   if (stream) std::cout << stream->flush();
   std::cout << std::endl;
   if (!stats.ok()) return fail(stats.message());
-  const auto& s = stats.value();
-  const double tps = s.generated_tokens > 1 ? (s.generated_tokens - 1) * 1000.0 / s.decode_ms : 0;
-  std::fprintf(stderr,
-               "burst-generate: %s, prompt %lld tokens, prefill (TTFT) %.1f ms "
-               "(%.0f tok/s), generated %lld tokens, decode %.1f tok/s, finish %s\n",
-               where.c_str(), static_cast<long long>(s.prompt_tokens), s.prefill_ms,
-               s.prompt_tokens * 1000.0 / s.prefill_ms,
-               static_cast<long long>(s.generated_tokens), tps,
-               runtime::finish_reason_name(s.finish_reason));
+  print_stats(stats.value(), where);
   return 0;
 }

@@ -247,6 +247,46 @@ std::string config_to_json(const ServerConfig& config) {
   return j.dump(2);
 }
 
+// --api-key-file (or "api_key_file") read into api_key; else $BURST_API_KEY when no key is set.
+Status resolve_api_key(ServerConfig& c) {
+  if (!c.api_key_file.empty()) {
+    if (!c.api_key.empty()) {
+      return Status::error("give the API key once: --api-key (or \"api_key\") or --api-key-file "
+                           "(or \"api_key_file\"), not both");
+    }
+    auto key = read_token_file(c.api_key_file);
+    if (!key.ok()) return Status::error("--api-key-file: " + key.message());
+    c.api_key = key.value();
+  }
+  if (c.api_key.empty()) {
+    if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;
+  }
+  return {};
+}
+
+// A preset needs no model directory: its tokenizer is the model directory's when a config also
+// names one that has it, else the shipped LLaMA-2 tokenizer.
+Status resolve_preset_tokenizer(ServerConfig& c) {
+  std::error_code ec;
+  if (c.tokenizer.empty() && !c.preset.empty()) {
+    const fs::path from_model = c.model.empty() ? fs::path() : fs::path(c.model) / "tokenizer.model";
+    const fs::path shipped = c.data_dir.empty() ? fs::path()
+                                                : fs::path(c.data_dir) / "models" / "kjv-tiny" /
+                                                      "tokenizer.model";
+    if (!from_model.empty() && fs::exists(from_model, ec)) {
+      c.tokenizer = from_model.string();
+    } else if (!shipped.empty() && fs::exists(shipped, ec)) {
+      c.tokenizer = shipped.string();
+    } else {
+      return Status::error("no tokenizer for --preset " + c.preset +
+                           ": set --tokenizer FILE (a LLaMA-2 tokenizer.model), or the data "
+                           "directory (--data-dir DIR or BURST_DATA_DIR) that ships "
+                           "models/kjv-tiny/tokenizer.model");
+    }
+  }
+  return {};
+}
+
 Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
   *help = false;
   ServerConfig c;
@@ -290,18 +330,7 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
     if (it == table.end()) return Status::error("unknown flag " + flag);
     BURST_RETURN_IF_ERROR(set_from_string(flag, it->second, val));
   }
-  if (!c.api_key_file.empty()) {
-    if (!c.api_key.empty()) {
-      return Status::error("give the API key once: --api-key (or \"api_key\") or --api-key-file "
-                           "(or \"api_key_file\"), not both");
-    }
-    auto key = read_token_file(c.api_key_file);
-    if (!key.ok()) return Status::error("--api-key-file: " + key.message());
-    c.api_key = key.value();
-  }
-  if (c.api_key.empty()) {
-    if (const char* env = std::getenv("BURST_API_KEY")) c.api_key = env;
-  }
+  BURST_RETURN_IF_ERROR(resolve_api_key(c));
   if (c.model.empty() && c.preset.empty()) {
     std::string where;
     for (const auto& l : looked) where += (where.empty() ? "" : ", ") + l;
@@ -310,24 +339,7 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
                          "configs/cpu-tiny.json in " + (where.empty() ? "nothing" : where) +
                          "): name the data directory with --data-dir DIR or BURST_DATA_DIR");
   }
-  if (c.tokenizer.empty() && !c.preset.empty()) {
-    // A preset needs no model directory: its tokenizer is the model directory's when a config
-    // also names one that has it, else the shipped LLaMA-2 tokenizer.
-    const fs::path from_model = c.model.empty() ? fs::path() : fs::path(c.model) / "tokenizer.model";
-    const fs::path shipped = c.data_dir.empty() ? fs::path()
-                                                : fs::path(c.data_dir) / "models" / "kjv-tiny" /
-                                                      "tokenizer.model";
-    if (!from_model.empty() && fs::exists(from_model, ec)) {
-      c.tokenizer = from_model.string();
-    } else if (!shipped.empty() && fs::exists(shipped, ec)) {
-      c.tokenizer = shipped.string();
-    } else {
-      return Status::error("no tokenizer for --preset " + c.preset +
-                           ": set --tokenizer FILE (a LLaMA-2 tokenizer.model), or the data "
-                           "directory (--data-dir DIR or BURST_DATA_DIR) that ships "
-                           "models/kjv-tiny/tokenizer.model");
-    }
-  }
+  BURST_RETURN_IF_ERROR(resolve_preset_tokenizer(c));
   if (c.tokenizer.empty()) c.tokenizer = c.model + "/tokenizer.model";
   if (c.model_name.empty() && !c.preset.empty()) c.model_name = "llama-2-" + c.preset + "-random";
   // The preset takes the model directory's place (one from the default config included).

@@ -249,6 +249,29 @@ bool write_port_file(const std::string& path, int http_port, int grpc_port, int 
   return !ec;
 }
 
+// What this server serves, in one log line.
+void log_serving(const burst::server::ServerConfig& cfg,
+                 const burst::server::SchedulerOptions& so, int64_t weight_bytes,
+                 bool kv_from_memory, int http_port, int grpc_port, int workers) {
+  spdlog::info("serving model '{}' ({}, {:.2f} GB of weights per worker, start timeout {} s): "
+               "HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, max context {}, KV capacity {}, "
+               "prompt text limit {} bytes, auth {}",
+               cfg.model_name,
+               cfg.preset.empty() ? cfg.model
+                                  : "preset " + cfg.preset + ", random weights, seed " +
+                                        std::to_string(cfg.random_weights),
+               static_cast<double>(weight_bytes) / 1e9,
+               std::chrono::duration_cast<std::chrono::seconds>(so.group.start_timeout).count(),
+               cfg.host, http_port, cfg.host, grpc_port,
+               workers,
+               cfg.device, cfg.max_context,
+               kv_from_memory ? "from GPU memory (" + std::to_string(cfg.kv_memory_percent) +
+                                    " % of each GPU)"
+                              : std::to_string(cfg.kv_capacity) + " tokens",
+               cfg.max_prompt_bytes,
+               cfg.api_key.empty() ? "off" : "on");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,23 +329,8 @@ int main(int argc, char** argv) {
     if (!p.ok()) return fail(p.message());
     grpc_port = p.value();
   }
-  spdlog::info("serving model '{}' ({}, {:.2f} GB of weights per worker, start timeout {} s): "
-               "HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, max context {}, KV capacity {}, "
-               "prompt text limit {} bytes, auth {}",
-               cfg.model_name,
-               cfg.preset.empty() ? cfg.model
-                                  : "preset " + cfg.preset + ", random weights, seed " +
-                                        std::to_string(cfg.random_weights),
-               static_cast<double>(weight_bytes) / 1e9,
-               std::chrono::duration_cast<std::chrono::seconds>(so.group.start_timeout).count(),
-               cfg.host, http_port, cfg.host, grpc_port,
-               registry ? cfg.remote_workers : cfg.workers,
-               cfg.device, cfg.max_context,
-               kv_from_memory ? "from GPU memory (" + std::to_string(cfg.kv_memory_percent) +
-                                    " % of each GPU)"
-                              : std::to_string(cfg.kv_capacity) + " tokens",
-               cfg.max_prompt_bytes,
-               cfg.api_key.empty() ? "off" : "on");
+  log_serving(cfg, so, weight_bytes, kv_from_memory, http_port, grpc_port,
+              registry ? cfg.remote_workers : cfg.workers);
   if (!cfg.port_file.empty() &&
       !write_port_file(cfg.port_file, http_port, grpc_port, registry ? registry->port() : -1)) {
     return fail("cannot write the port file " + cfg.port_file);
