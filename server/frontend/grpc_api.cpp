@@ -15,6 +15,7 @@
 #include "common/auth.h"
 #include "common/chat_template.h"
 #include "common/logging.h"
+#include "frontend/request_options.h"
 
 namespace burst::server {
 
@@ -95,6 +96,80 @@ grpc::Status parse_request(const grpc::ByteBuffer& raw, google::protobuf::Messag
   if (why.empty() && msg->ParseFromString(bytes)) return grpc::Status::OK;
   if (why.empty()) why = "malformed protobuf: not a valid " + desc->full_name();
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
+}
+
+namespace gp = google::protobuf;
+
+// One value of a field (element `index` of a repeated one, -1: a singular one) as the request
+// options' table reads it: integers of any width are kInt (uint64 as its bits: a seed).
+RawValue raw_scalar(const gp::Message& m, const gp::FieldDescriptor* f, int index) {
+  const gp::Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case gp::FieldDescriptor::CPPTYPE_BOOL:
+      return RawValue::boolean(rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f));
+    case gp::FieldDescriptor::CPPTYPE_INT32:
+      return RawValue::integer(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
+    case gp::FieldDescriptor::CPPTYPE_INT64:
+      return RawValue::integer(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
+    case gp::FieldDescriptor::CPPTYPE_UINT32:
+      return RawValue::integer(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
+    case gp::FieldDescriptor::CPPTYPE_UINT64:
+      return RawValue::integer(static_cast<int64_t>(rep ? r->GetRepeatedUInt64(m, f, index)
+                                                        : r->GetUInt64(m, f)));
+    case gp::FieldDescriptor::CPPTYPE_FLOAT:
+      return RawValue::number(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
+    case gp::FieldDescriptor::CPPTYPE_DOUBLE:
+      return RawValue::number(rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
+    case gp::FieldDescriptor::CPPTYPE_STRING:
+      return RawValue::string(rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f));
+    default:
+      return {};  // enums, messages: no option has such a type (refused as the wrong type)
+  }
+}
+
+// A set field as a RawValue: a map is an object (keys as text), a repeated field an array.
+RawValue raw_field(const gp::Message& m, const gp::FieldDescriptor* f) {
+  const gp::Reflection* r = m.GetReflection();
+  if (f->is_map()) {
+    std::vector<std::pair<std::string, RawValue>> fields;
+    for (int i = 0; i < r->FieldSize(m, f); ++i) {
+      const gp::Message& entry = r->GetRepeatedMessage(m, f, i);
+      const gp::Descriptor* d = entry.GetDescriptor();
+      const RawValue key = raw_scalar(entry, d->map_key(), -1);
+      fields.emplace_back(key.kind == RawValue::Kind::kString ? key.s : std::to_string(key.i),
+                          raw_scalar(entry, d->map_value(), -1));
+    }
+    return RawValue::object(std::move(fields));
+  }
+  if (f->is_repeated()) {
+    std::vector<RawValue> items;
+    for (int i = 0; i < r->FieldSize(m, f); ++i) items.push_back(raw_scalar(m, f, i));
+    return RawValue::array(std::move(items));
+  }
+  return raw_scalar(m, f, -1);
+}
+
+// The request's values of the table's options, found by name in the request or its `sampling`
+// message. Unset is absent: an `optional` field not set, a repeated one empty, and (proto3
+// cannot tell them apart) any other scalar at its zero value, which is why 0 documents "unset".
+RawOptions raw_options(const gp::Message& req, Endpoint endpoint) {
+  RawOptions raw;
+  const gp::FieldDescriptor* sampling_field = req.GetDescriptor()->FindFieldByName("sampling");
+  for (const OptionSpec& o : option_table()) {
+    if (!(o.endpoints & endpoint)) continue;
+    const gp::Message* m = &req;
+    const gp::FieldDescriptor* f = req.GetDescriptor()->FindFieldByName(o.name);
+    if (f == nullptr && sampling_field != nullptr) {
+      m = &req.GetReflection()->GetMessage(req, sampling_field);
+      f = m->GetDescriptor()->FindFieldByName(o.name);
+    }
+    if (f == nullptr) continue;
+    const bool set = f->is_repeated() ? m->GetReflection()->FieldSize(*m, f) > 0
+                                      : m->GetReflection()->HasField(*m, f);
+    if (set) raw[o.name] = raw_field(*m, f);
+  }
+  return raw;
 }
 
 }  // namespace
@@ -347,8 +422,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
       default:
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
     }
-    r.max_tokens = req->max_tokens();
-    return submit(*req, std::move(r), ctx, writer, log);
+    return submit(*req, kGenerate, std::move(r), ctx, writer, log);
   }
 
   grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req, Streamer* writer,
@@ -369,28 +443,25 @@ class GrpcApi::Service final : public pb::Burst::Service {
     ScheduledRequest r;
     r.id = log->id;
     r.prompt = ids.take();
-    r.max_tokens = req->max_tokens();
-    if (r.max_tokens == 0) {
-      // As HTTP chat: until EOS, bounded by what is left of the KV capacity.
-      r.max_tokens = scheduler_.default_max_tokens(static_cast<int64_t>(r.prompt.size()),
-                                                   scheduler_.max_tokens_limit());
-    }
-    return submit(*req, std::move(r), ctx, writer, log);
+    return submit(*req, kGrpcChat, std::move(r), ctx, writer, log);
   }
 
-  // What Generate and Chat share after the prompt: the options, stop strings, progress, and
-  // the run.
-  template <typename Req>
-  grpc::Status submit(const Req& req, ScheduledRequest r, grpc::ServerContext* ctx,
-                      Streamer* writer, CallLog* log) {
-    if (auto st = apply_options(req.sampling(), req.min_tokens(), req.ignore_eos(),
-                                req.logprobs(), req.top_logprobs(), &r);
-        !st.ok()) {
-      return st;
+  // What Generate and Chat share after the prompt: the request options' table (the options
+  // HTTP takes, with its checks and defaults), Chat's default max_tokens, and the run.
+  grpc::Status submit(const google::protobuf::Message& req, Endpoint endpoint, ScheduledRequest r,
+                      grpc::ServerContext* ctx, Streamer* writer, CallLog* log) {
+    ParsedOptions o;
+    o.request = std::move(r);
+    if (auto e = parse_options(raw_options(req, endpoint), endpoint, scheduler_.vocab_size(), o)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e->message);
     }
-    r.stop.assign(req.stop().begin(), req.stop().end());
-    r.return_progress = req.return_progress();
-    return run(ctx, std::move(r), writer, log);
+    if (!o.max_tokens_given) {
+      // Chat (Generate requires max_tokens), as HTTP chat: until EOS, bounded by what is left
+      // of the KV capacity.
+      o.request.max_tokens = scheduler_.default_max_tokens(
+          static_cast<int64_t>(o.request.prompt.size()), scheduler_.max_tokens_limit());
+    }
+    return run(ctx, std::move(o.request), writer, log);
   }
 
   // The model a request names: this server's, or none.
@@ -399,43 +470,6 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "unknown model '" + model + "'; this server serves '" +
                             config_.model_name + "'");
-  }
-
-  // Sampling, logits processing and logprobs, with HTTP's defaults and checks.
-  grpc::Status apply_options(const pb::SamplingParams& sp, int32_t min_tokens, bool ignore_eos,
-                             bool logprobs, int32_t top_logprobs, ScheduledRequest* out) {
-    ScheduledRequest& r = *out;
-    // HTTP's defaults: temperature 1 and a random seed when unset.
-    r.sampling.temperature = sp.has_temperature() ? sp.temperature() : 1.f;
-    r.sampling.top_k = sp.top_k();
-    // proto3 cannot tell an unset top_p from 0; 0 is documented as "off".
-    r.sampling.top_p = sp.top_p() == 0.f ? 1.f : sp.top_p();
-    r.sampling.seed = sp.has_seed() ? sp.seed() : std::random_device{}();
-    auto bad = [](const std::string& m) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
-    };
-    if (!(r.sampling.temperature >= 0)) return bad("temperature must be >= 0");
-    if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) return bad("top_p must be in (0, 1]");
-    if (r.sampling.top_k < 0) return bad("top_k must be >= 0");
-    r.adjust.presence_penalty = sp.presence_penalty();
-    r.adjust.frequency_penalty = sp.frequency_penalty();
-    r.adjust.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.f;
-    for (const auto& [id, bias] : sp.logit_bias()) r.adjust.logit_bias.emplace_back(id, bias);
-    std::sort(r.adjust.logit_bias.begin(), r.adjust.logit_bias.end());
-    if (min_tokens < 0) return bad("min_tokens must be >= 0");
-    if (r.max_tokens > 0 && min_tokens > r.max_tokens) {
-      return bad("min_tokens must not exceed max_tokens");
-    }
-    r.adjust.min_tokens = min_tokens;
-    if (const std::string why = engine::validate(r.adjust, scheduler_.vocab_size());
-        !why.empty()) {
-      return bad(why);
-    }
-    r.ignore_eos = ignore_eos;
-    if (top_logprobs < 0 || top_logprobs > 20) return bad("top_logprobs must be in [0, 20]");
-    if (top_logprobs > 0 && !logprobs) return bad("top_logprobs needs logprobs");
-    r.logprobs = logprobs ? top_logprobs : -1;
-    return grpc::Status::OK;
   }
 
   // Submits and streams the events until the end.

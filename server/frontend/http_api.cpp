@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -15,6 +14,7 @@
 #include "common/auth.h"
 #include "common/chat_template.h"
 #include "frontend/http_frontend.h"
+#include "frontend/request_options.h"
 #include "common/logging.h"
 
 namespace burst::server {
@@ -178,13 +178,6 @@ const json* field(const json& body, const char* name) {
   throw HttpError{400, std::string("'") + name + "' must be " + want, "", name};
 }
 
-double get_number(const json& body, const char* name, double dflt) {
-  const json* v = field(body, name);
-  if (!v) return dflt;
-  if (!v->is_number()) bad_field(name, "a number");
-  return v->get<double>();
-}
-
 int64_t get_int(const json& body, const char* name, int64_t dflt) {
   const json* v = field(body, name);
   if (!v) return dflt;
@@ -235,25 +228,27 @@ std::vector<int32_t> encode_or_throw(const Tokenizer& tok, const std::string& te
   return {ids.value().begin(), ids.value().end()};
 }
 
-// The parameters each endpoint understands. Anything else is refused with a 400 naming it:
-// a parameter that is accepted must do what it says, never be silently ignored.
+Endpoint endpoint_of(bool chat) { return chat ? kChat : kCompletions; }
+
+// The parameters each endpoint understands: the request options' table's and HTTP's own.
+// Anything else is refused with a 400 naming it: a parameter that is accepted must do what it
+// says, never be silently ignored.
 const std::set<std::string>& known_keys(bool chat) {
-  static const std::set<std::string> common = {
-      "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options",
-      "stop", "seed", "return_progress", "presence_penalty", "frequency_penalty",
-      "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos", "user", "logprobs"};
-  static const std::set<std::string> completions = [] {
-    std::set<std::string> k = common;
-    k.insert({"prompt", "echo", "suffix", "best_of"});
+  static const auto keys = [](bool is_chat) {
+    std::set<std::string> k = {"model", "n", "stream", "stream_options", "user"};
+    if (is_chat) {
+      k.insert({"messages", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+                "functions", "function_call", "modalities", "audio", "prediction", "store",
+                "reasoning_effort", "web_search_options"});
+    } else {
+      k.insert({"prompt", "echo", "suffix", "best_of"});
+    }
+    for (const OptionSpec& o : option_table()) {
+      if (o.endpoints & endpoint_of(is_chat)) k.insert(o.name);
+    }
     return k;
-  }();
-  static const std::set<std::string> chat_keys = [] {
-    std::set<std::string> k = common;
-    k.insert({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-              "tool_choice", "parallel_tool_calls", "functions", "function_call", "modalities",
-              "audio", "prediction", "store", "reasoning_effort", "web_search_options"});
-    return k;
-  }();
+  };
+  static const std::set<std::string> completions = keys(false), chat_keys = keys(true);
   return chat ? chat_keys : completions;
 }
 
@@ -318,25 +313,55 @@ void refuse_unsupported(const json& body, bool chat) {
   }
 }
 
-// What both OpenAI endpoints share: the model check, sampling, max_tokens, stop, streaming.
 // Sequences one request may start (n choices of each prompt of a batch).
 constexpr int64_t kMaxChoices = 64;
 
-struct CommonParams {
-  ScheduledRequest request;
+// What both OpenAI endpoints share: the request options' table's (ParsedOptions: the request,
+// whether max_tokens and seed were given), plus HTTP's own choices and streaming.
+struct CommonParams : ParsedOptions {
   int n = 1;                // choices per prompt
   int best_of = 1;          // sequences per prompt (>= n; the n most likely are returned)
   bool echo = false;        // completions: the prompt's text precedes each choice's text
   bool logprobs = false;    // the client asked for logprobs (best_of also needs them inside)
-  bool seed_given = false;  // sequence i then uses seed + i
   bool stream = false;
   bool include_usage = false;
-  bool max_tokens_given = false;
 };
 
-// n, model, temperature, top_p, top_k, seed.
-void parse_choices_and_sampling(const json& body, const std::string& model_name,
-                                CommonParams& p) {
+// A JSON value as the request options' table reads it.
+RawValue raw_value(const json& v) {
+  switch (v.type()) {
+    case json::value_t::boolean: return RawValue::boolean(v.get<bool>());
+    case json::value_t::number_integer: return RawValue::integer(v.get<int64_t>());
+    case json::value_t::number_unsigned:
+      return RawValue::integer(static_cast<int64_t>(v.get<uint64_t>()));
+    case json::value_t::number_float: return RawValue::number(v.get<double>());
+    case json::value_t::string: return RawValue::string(v.get<std::string>());
+    case json::value_t::array: {
+      std::vector<RawValue> items;
+      for (const auto& x : v) items.push_back(raw_value(x));
+      return RawValue::array(std::move(items));
+    }
+    case json::value_t::object: {
+      std::vector<std::pair<std::string, RawValue>> fields;
+      for (const auto& [key, x] : v.items()) fields.emplace_back(key, raw_value(x));
+      return RawValue::object(std::move(fields));
+    }
+    default: return {};  // null (inside an array or object: refused as the wrong type)
+  }
+}
+
+// The body's values of the table's options (a null one is absent).
+RawOptions raw_options(const json& body, bool chat) {
+  RawOptions raw;
+  for (const OptionSpec& o : option_table()) {
+    if (!(o.endpoints & endpoint_of(chat))) continue;
+    if (const json* v = field(body, o.name)) raw[o.name] = raw_value(*v);
+  }
+  return raw;
+}
+
+// model, n.
+void parse_model_and_n(const json& body, const std::string& model_name, CommonParams& p) {
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) bad_field("model", "a string");
     if (m->get<std::string>() != model_name) {
@@ -350,52 +375,10 @@ void parse_choices_and_sampling(const json& body, const std::string& model_name,
   }
   p.n = static_cast<int>(n);
   p.best_of = p.n;
-  auto& s = p.request.sampling;
-  s.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
-  if (!(s.temperature >= 0)) throw HttpError{400, "'temperature' must be >= 0", "", "temperature"};
-  s.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
-  if (!(s.top_p > 0 && s.top_p <= 1)) {
-    throw HttpError{400, "'top_p' must be in (0, 1]", "", "top_p"};
-  }
-  const int64_t top_k = get_int(body, "top_k", 0);
-  if (top_k < 0 && top_k != -1) throw HttpError{400, "'top_k' must be >= 0", "", "top_k"};
-  s.top_k = top_k < 0 ? 0 : static_cast<int>(std::min<int64_t>(top_k, 1 << 30));
-  const json* seed = field(body, "seed");
-  s.seed = seed ? static_cast<uint64_t>(get_int(body, "seed", 0)) : std::random_device{}();
-  p.seed_given = seed != nullptr;
 }
 
-// max_tokens / max_completion_tokens, stop, stream, stream_options, return_progress.
-void parse_limits_and_stream(const json& body, CommonParams& p) {
-  // The newer name wins; both are validated.
-  const json* mct = field(body, "max_completion_tokens");
-  const json* mt = field(body, "max_tokens");
-  for (const auto& [v, name] : {std::pair{mt, "max_tokens"}, {mct, "max_completion_tokens"}}) {
-    if (!v) continue;
-    if (!v->is_number_integer()) bad_field(name, "an integer");
-    if (v->get<int64_t>() <= 0) {
-      throw HttpError{400, std::string("'") + name + "' must be > 0", "", name};
-    }
-  }
-  if (const json* use = mct ? mct : mt) {
-    p.request.max_tokens = static_cast<int>(std::min<int64_t>(use->get<int64_t>(), 1LL << 30));
-    p.max_tokens_given = true;
-  }
-  if (const json* stop = field(body, "stop")) {
-    if (stop->is_string()) {
-      p.request.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array() && stop->size() <= 4) {
-      for (const auto& s1 : *stop) {
-        if (!s1.is_string()) bad_field("stop", "a string or an array of up to 4 strings");
-        p.request.stop.push_back(s1.get<std::string>());
-      }
-    } else {
-      bad_field("stop", "a string or an array of up to 4 strings");
-    }
-    for (const auto& s1 : p.request.stop) {
-      if (s1.empty()) throw HttpError{400, "stop strings must not be empty", "", "stop"};
-    }
-  }
+// stream, stream_options.
+void parse_stream(const json& body, CommonParams& p) {
   p.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_field("stream_options", "an object");
@@ -404,106 +387,39 @@ void parse_limits_and_stream(const json& body, CommonParams& p) {
     }
     p.include_usage = get_bool(*so, "include_usage", false);
   }
-  p.request.return_progress = get_bool(body, "return_progress", false);
 }
 
-// Logits processing (rank 0, engine::LogitAdjust): penalties, logit_bias, min_tokens,
-// ignore_eos. After parse_limits_and_stream (min_tokens is checked against max_tokens).
-void parse_adjust(const json& body, int vocab_size, CommonParams& p) {
-  auto& a = p.request.adjust;
-  auto penalty = [&](const char* name, double lo, double hi, double dflt) {
-    const double v = get_number(body, name, dflt);
-    if (!(v >= lo && v <= hi)) {
-      throw HttpError{400, std::string("'") + name + "' must be in [" + json(lo).dump() + ", " +
-                               json(hi).dump() + "]", "", name};
-    }
-    return static_cast<float>(v);
-  };
-  a.presence_penalty = penalty("presence_penalty", -2, 2, 0);
-  a.frequency_penalty = penalty("frequency_penalty", -2, 2, 0);
-  a.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0));
-  if (!(a.repetition_penalty > 0 && std::isfinite(a.repetition_penalty))) {
-    throw HttpError{400, "'repetition_penalty' must be > 0", "", "repetition_penalty"};
+// Completions: echo and best_of, after the options (logprobs) and stream.
+void parse_echo_and_best_of(const json& body, CommonParams& p) {
+  p.echo = get_bool(body, "echo", false);
+  // echo with logprobs: the prompt's tokens' logprobs too, computed by every rank for its
+  // shard of each prefill chunk.
+  if (p.echo && p.logprobs) p.request.prompt_logprobs = p.request.logprobs;
+  const int64_t best_of = get_int(body, "best_of", p.n);
+  if (best_of < p.n || best_of > kMaxChoices) {
+    throw HttpError{400, "'best_of' must be in [n, " + std::to_string(kMaxChoices) + "]", "",
+                    "best_of"};
   }
-  if (const json* lb = field(body, "logit_bias")) {
-    if (!lb->is_object()) bad_field("logit_bias", "an object of token id -> bias");
-    for (const auto& [key, v] : lb->items()) {
-      size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(key, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != key.size() || id < 0 || id >= vocab_size) {
-        throw HttpError{400, "'logit_bias' key '" + key + "' is not a token id in [0, " +
-                                 std::to_string(vocab_size) + ")", "", "logit_bias"};
-      }
-      if (!v.is_number() || !(v.get<double>() >= -100 && v.get<double>() <= 100)) {
-        throw HttpError{400, "'logit_bias' values must be numbers in [-100, 100]", "",
-                        "logit_bias"};
-      }
-      a.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<float>());
-    }
+  if (best_of > p.n && p.stream) {
+    throw HttpError{400, "'best_of' > n cannot stream (the best are known at the end)", "",
+                    "best_of"};
   }
-  const int64_t min_tokens = get_int(body, "min_tokens", 0);
-  if (min_tokens < 0) throw HttpError{400, "'min_tokens' must be >= 0", "", "min_tokens"};
-  if (p.max_tokens_given && min_tokens > p.request.max_tokens) {
-    throw HttpError{400, "'min_tokens' must not exceed max_tokens", "", "min_tokens"};
-  }
-  a.min_tokens = static_cast<int>(std::min<int64_t>(min_tokens, 1 << 30));
-  p.request.ignore_eos = get_bool(body, "ignore_eos", false);
-}
-
-// logprobs / top_logprobs (chat), logprobs, echo and best_of (completions).
-void parse_logprobs(const json& body, bool chat, CommonParams& p) {
-  constexpr int64_t kMaxLogprobs = 20;
-  if (chat) {
-    const bool want = get_bool(body, "logprobs", false);
-    const int64_t top = get_int(body, "top_logprobs", 0);
-    if (top < 0 || top > kMaxLogprobs) {
-      throw HttpError{400, "'top_logprobs' must be in [0, 20]", "", "top_logprobs"};
-    }
-    if (field(body, "top_logprobs") && !want) {
-      throw HttpError{400, "'top_logprobs' needs 'logprobs': true", "", "top_logprobs"};
-    }
-    p.request.logprobs = want ? static_cast<int>(top) : -1;
-  } else if (field(body, "logprobs")) {
-    const int64_t lp = get_int(body, "logprobs", 0);
-    if (lp < 0 || lp > kMaxLogprobs) {
-      throw HttpError{400, "'logprobs' must be in [0, 20]", "", "logprobs"};
-    }
-    p.request.logprobs = static_cast<int>(lp);
-  }
-  p.logprobs = p.request.logprobs >= 0;
-  if (!chat) {
-    p.echo = get_bool(body, "echo", false);
-    // echo with logprobs: the prompt's tokens' logprobs too, computed by every rank for its
-    // shard of each prefill chunk.
-    if (p.echo && p.logprobs) p.request.prompt_logprobs = p.request.logprobs;
-    const int64_t best_of = get_int(body, "best_of", p.n);
-    if (best_of < p.n || best_of > kMaxChoices) {
-      throw HttpError{400, "'best_of' must be in [n, " + std::to_string(kMaxChoices) + "]", "",
-                      "best_of"};
-    }
-    if (best_of > p.n && p.stream) {
-      throw HttpError{400, "'best_of' > n cannot stream (the best are known at the end)", "",
-                      "best_of"};
-    }
-    p.best_of = static_cast<int>(best_of);
-    // Ranking by cumulative logprob needs each token's logprob.
-    if (p.best_of > p.n && !p.logprobs) p.request.logprobs = 0;
-  }
+  p.best_of = static_cast<int>(best_of);
+  // Ranking by cumulative logprob needs each token's logprob.
+  if (p.best_of > p.n && !p.logprobs) p.request.logprobs = 0;
 }
 
 CommonParams parse_common(const json& body, const std::string& model_name, bool chat,
                           int vocab_size) {
   refuse_unsupported(body, chat);
   CommonParams p;
-  parse_choices_and_sampling(body, model_name, p);
-  parse_limits_and_stream(body, p);
-  parse_adjust(body, vocab_size, p);
-  parse_logprobs(body, chat, p);
+  parse_model_and_n(body, model_name, p);
+  if (auto e = parse_options(raw_options(body, chat), endpoint_of(chat), vocab_size, p)) {
+    throw HttpError{400, e->message, "", e->param};
+  }
+  p.logprobs = p.request.logprobs >= 0;
+  parse_stream(body, p);
+  if (!chat) parse_echo_and_best_of(body, p);
   return p;
 }
 

@@ -94,6 +94,31 @@ def test_defaults_and_parameters_as_http():
     check(c == grpc.StatusCode.INVALID_ARGUMENT and "presence_penalty" in d, f"{c} {d}")
 
 
+def test_stop_token_ids():
+    """sampling.stop_token_ids: the generation ends with "stop" at the id, whose text is not
+    sent; an id outside the vocabulary is INVALID_ARGUMENT naming the field."""
+    def gen(**sampling):
+        req = burst_pb2.GenerateRequest(text=PROMPT, max_tokens=8, ignore_eos=True,
+                                        sampling=burst_pb2.SamplingParams(temperature=0,
+                                                                          **sampling))
+        events = list(stub.Generate(req, metadata=MD, timeout=60))
+        return [e.token for e in events if e.WhichOneof("event") == "token"], events[-1].finished
+
+    toks, _ = gen()
+    ids = [t.id for t in toks]
+    check(ids[2] not in ids[:2], f"the third id must be new for this test: {ids}")
+    got, fin = gen(stop_token_ids=[ids[2]])
+    check([t.id for t in got] == ids[:2] and "".join(t.text for t in got) ==
+          toks[0].text + toks[1].text, f"stopped at {ids[2]}: {got}")
+    check(fin.finish_reason == "stop" and fin.completion_tokens == 3, f"{fin}")
+    info = stub.ModelInfo(burst_pb2.ModelInfoRequest(), metadata=MD)
+    for bad, words in [([info.vocab_size], f"{info.vocab_size} is not one"),
+                       ([-3], "-3 is not one"), ([1] * 65, "up to 64")]:
+        c, d = code_of(lambda: gen(stop_token_ids=bad))
+        check(c == grpc.StatusCode.INVALID_ARGUMENT and "stop_token_ids" in d and words in d,
+              f"{bad}: {c} {d}")
+
+
 def test_chat():
     msgs = [burst_pb2.ChatMessage(role="user", content="Who made the heaven?")]
     req = burst_pb2.ChatRequest(messages=msgs, max_tokens=8,
@@ -245,7 +270,8 @@ if __name__ == "__main__":
     orig = srv.json
     srv.json = lambda m, p, b=None, h=None: orig(m, p, b, h or srv_headers)
     try:
-        run([test_generate_stream, test_defaults_and_parameters_as_http, test_chat,
+        run([test_generate_stream, test_defaults_and_parameters_as_http, test_stop_token_ids,
+             test_chat,
              test_access_log,
              test_tokenize_and_model_info, test_errors, test_malformed_requests, test_cancel,
              test_health_service])

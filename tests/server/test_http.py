@@ -518,17 +518,69 @@ def test_eos_bias_min_tokens_ignore_eos():
     check(r["choices"][0]["text"] == " world" * 3, f"bias +100: {r}")
 
 
+def test_stop_token_ids():
+    """vLLM's stop_token_ids: sampling one ends the choice with "stop" and its text is not sent;
+    an id outside the vocabulary is a 400 naming the parameter (both endpoints)."""
+    c = "/v1/completions"
+    base = {"prompt": PROMPT, "temperature": 0, "ignore_eos": True}
+    st, r = post(c, {**base, "max_tokens": 3, "logprobs": 0})
+    check(st == 200, f"{st} {r}")
+    pieces = r["choices"][0]["logprobs"]["tokens"]
+    # The generated ids: the prompt and the text tokenized together, checked against the pieces
+    # the model sampled (the prompt's ids echoed with logprobs name their pieces the same way).
+    prompt_ids = post("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    ids = post("/tokenize", {"prompt": PROMPT + r["choices"][0]["text"]})[1]["tokens"]
+    gen = ids[len(prompt_ids):]
+    st, e = post(c, {"prompt": prompt_ids + gen, "max_tokens": 1, "echo": True, "logprobs": 0})
+    check(ids[:len(prompt_ids)] == prompt_ids and len(gen) == 3 and
+          e["choices"][0]["logprobs"]["tokens"][len(prompt_ids):len(ids)] == pieces,
+          f"generated ids {gen} vs pieces {pieces}: {e}")
+    check(gen[2] not in gen[:2], f"the third id must be new for this test: {gen}")
+    two = post(c, {**base, "max_tokens": 2})[1]["choices"][0]["text"]
+    for extra in [{}, {"stream": True}]:
+        body = {**base, "max_tokens": 8, "stop_token_ids": [gen[2], 0], **extra}
+        if extra:
+            conn, resp = stream(c, body)
+            chunks = list(sse_chunks(resp))
+            conn.close()
+            text = "".join(ch["text"] for j in chunks for ch in j["choices"])
+            finish = [ch["finish_reason"] for j in chunks for ch in j["choices"]][-1]
+        else:
+            st, r = post(c, body)
+            check(st == 200, f"{st} {r}")
+            text, finish = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+            # The stop id is counted, as EOS is.
+            check(r["usage"]["completion_tokens"] == 3, f"usage: {r['usage']}")
+        check(text == two and finish == "stop", f"stop_token_ids {extra}: {text!r} {finish} "
+              f"(want {two!r}, stop)")
+    # min_tokens holds: the id does not stop the sequence before 3 tokens came.
+    st, r = post(c, {**base, "max_tokens": 4, "stop_token_ids": [gen[0]], "min_tokens": 3})
+    check(r["usage"]["completion_tokens"] == 4, f"min_tokens with stop_token_ids: {r}")
+    chat = {"messages": [{"role": "user", "content": "Who?"}]}
+    for path, b in [(c, {"prompt": PROMPT}), ("/v1/chat/completions", chat)]:
+        for bad, words in [([10 ** 6], "1000000 is not one"), ([-1], "-1 is not one"), (["5"], "token ids"),
+                           (5, "array"), ([1] * 65, "up to 64")]:
+            st, data, _ = srv.request("POST", path, json.dumps({**b, "stop_token_ids": bad}),
+                                      {**AUTH, "Content-Type": "application/json"})
+            err = json.loads(data)["error"]
+            check(st == 400 and err["param"] == "stop_token_ids" and words in err["message"]
+                  and "stop_token_ids" in err["message"], f"{path} {bad}: {st} {err}")
+
+
 def test_versions_and_help():
     for b in ["burst-server", "burst-generate", "burst-worker"]:
         out = subprocess.run([os.path.join(build_dir(), "bin", b), "--version"],
                              capture_output=True, check=True).stdout.decode()
         check(out.startswith(b + " ") and "build" in out, f"{b} --version: {out!r}")
-    # burst-worker --help exits 0 and names every flag its parser takes (read from the source,
-    # so a flag added without its help line fails here).
+    # burst-worker --help exits 0 and names every flag its parser takes (read from the sources
+    # of server/worker/, wherever the parser lives, so a flag added without its help line fails
+    # here).
+    import glob
     import re
     worker = subprocess.run([os.path.join(build_dir(), "bin", "burst-worker"), "--help"],
                             capture_output=True)
-    src = open(os.path.join(ROOT, "server", "worker", "worker_main.cpp")).read()
+    src = "".join(open(f).read() for f in sorted(glob.glob(
+        os.path.join(ROOT, "server", "worker", "*.cpp"))))
     flags = set(re.findall(r'f == "(--[a-z-]+)"', src))
     text = worker.stdout.decode()
     check(worker.returncode == 0 and len(flags) >= 15 and
@@ -762,7 +814,8 @@ if __name__ == "__main__":
              test_bad_inputs, test_refused_and_validated_parameters,
              test_n_and_prompt_batches, test_echo_prompt_logprobs_any_worker_count,
              test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
-             test_eos_bias_min_tokens_ignore_eos, test_versions_and_help, test_json_logs,
+             test_eos_bias_min_tokens_ignore_eos, test_stop_token_ids,
+             test_versions_and_help, test_json_logs,
              test_metrics, test_concurrent_clients,
              test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])
     finally:

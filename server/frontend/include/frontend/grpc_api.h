@@ -2,6 +2,8 @@
 // ModelInfo, plus the standard grpc.health.v1.Health service (SERVING only while the worker
 // group serves) and server reflection, so grpcurl works without the proto file. Requests are
 // translated into plain ScheduledRequest structs here: protobuf never reaches the scheduler.
+// The options (sampling, stop, logprobs, ...) are read by their names from the request and its
+// `sampling` message and checked by HTTP's table (request_options.h), so both APIs agree.
 // With an API key set, every Burst call needs "authorization: Bearer KEY" metadata (health and
 // reflection stay open, as load balancers and grpcurl discovery need them).
 #pragma once
