@@ -171,7 +171,6 @@ class CudaBackend final : public Backend {
     }
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (cublas_) cublasDestroy(cublas_);
-    if (comm_) cudaStreamDestroy(comm_);
     // compute_ and the pool belong to mem_, which the last tensor releases.
   }
 
@@ -179,7 +178,7 @@ class CudaBackend final : public Backend {
   DeviceKind device() const override { return DeviceKind::kCuda; }
   DType compute_dtype() const override { return DType::kBF16; }
 
-  CudaStreams streams() const { return {device_, compute_, comm_}; }
+  CudaStreams streams() const { return {device_, compute_}; }
 
   Result<CudaMemoryInfo> memory_info() const {
     BURST_RETURN_IF_ERROR(use_device("memory info"));
@@ -931,7 +930,6 @@ class CudaBackend final : public Backend {
   // forced on a Hopper GPU to rehearse an A100 deployment's attention path.
   kernels::AttnKernel prefill_kernel_ = kernels::AttnKernel::kAuto;
   cudaStream_t compute_ = nullptr;
-  cudaStream_t comm_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   Scratch staging_, ids_, positions_, inv_freq_, decode_ws_;
@@ -989,8 +987,6 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     }
     b->prefill_kernel_ = kernels::AttnKernel::kSm80;
   }
-  int least = 0, greatest = 0;
-  BURST_CUDA_TRY(device, op, cudaDeviceGetStreamPriorityRange(&least, &greatest));
   // Non-blocking: the legacy default stream (used by libraries we do not control) must not
   // serialise against our work.
   BURST_CUDA_TRY(device, op, cudaStreamCreateWithFlags(&b->compute_, cudaStreamNonBlocking));
@@ -1012,8 +1008,6 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   uint64_t keep = UINT64_MAX;
   BURST_CUDA_TRY(device, op,
                  cudaMemPoolSetAttribute(b->mem_->pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  BURST_CUDA_TRY(device, op,
-                 cudaStreamCreateWithPriority(&b->comm_, cudaStreamNonBlocking, greatest));
   BURST_CUBLAS_TRY(device, op, cublasCreate(&b->cublas_));
   BURST_CUBLAS_TRY(device, op, cublasSetStream(b->cublas_, b->compute_));
   BURST_CUDA_TRY(device, op, cudaMalloc(&b->cublas_workspace_, kCublasWorkspaceBytes));

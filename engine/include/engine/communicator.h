@@ -22,7 +22,10 @@ namespace burst::engine {
 class CommHandle {
  public:
   virtual ~CommHandle() = default;
-  // Blocks until the transfer is complete (the buffer may be reused / read).
+  // After wait(), work the caller queues next sees the transfer complete: on the host
+  // (Gloo) wait() blocks until it is; on a GPU (NCCL) it only orders the backend's compute
+  // stream after the transfer (stream-ordered, the host does not block), so device work queued
+  // afterwards may read the received buffer and reuse the sent one.
   virtual Status wait() = 0;
 };
 

@@ -1,13 +1,10 @@
 // What the CUDA backend (engine/cuda/cuda_backend.cu) exposes beyond engine::Backend: its
-// streams, for the ring (BurstAttention) that overlaps NCCL transfers with compute, and its
-// memory plan, for callers that want to know before allocating whether a model or KV cache fits.
+// compute stream, for the NCCL communicator (which queues its transfers on a stream of its own,
+// ordered against compute by CUDA events: engine/cuda/nccl_communicator.cpp), and its memory
+// plan, for callers that want to know before allocating whether a model or KV cache fits.
 // Only CUDA builds (BURST_HAVE_CUDA) have this header's functions.
 //
 // Streams: every Backend op of one CUDA backend is queued, in order, on its compute stream.
-// The communication stream runs nothing of the backend's; it exists so the ring can queue
-// transfers that overlap compute, ordering the two with CUDA events (record on one, wait on the
-// other). It is created with the device's highest priority so that small transfer kernels are
-// not starved behind long GEMMs.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +19,6 @@ namespace burst::engine {
 struct CudaStreams {
   int device = 0;
   cudaStream_t compute = nullptr;
-  cudaStream_t communication = nullptr;
 };
 
 // The streams of a backend made by make_cuda_backend; an error for any other backend.
