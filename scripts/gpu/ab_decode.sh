@@ -9,8 +9,10 @@
 # (random weights); extra server flags in SERVER_FLAGS; ENV_B, if set, is exported for the
 # second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), ENV_C for the third, and
 # FLAGS_B are server flags for the second only (e.g. FLAGS_B="--prefill-chunk 4096").
+# PREFILLS (e.g. "32768 65536"): after the decode runs, the client's time to first token of
+# one streamed request per length, twice (scripts/gpu/server_ttft.py), per server start.
 set -u
-[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 workers=${WORKERS:-2}
 prompts=${PROMPTS:-2048}
 # TOKENS, or OUT as earlier commands gave it when it is a number (the device tool's $OUT is a
@@ -19,7 +21,7 @@ out=${TOKENS:-128}
 if [ -z "${TOKENS:-}" ] && [[ "${OUT:-}" =~ ^[0-9]+$ ]]; then out=$OUT; fi
 runs=${RUNS:-2}
 longest=0
-for p in $prompts; do [ "$p" -gt "$longest" ] && longest=$p; done
+for p in $prompts ${PREFILLS:-}; do [ "$p" -gt "$longest" ] && longest=$p; done
 export NCCL_NVLS_ENABLE=0
 i=0
 rm -f /tmp/ab_text_*.txt
@@ -57,6 +59,11 @@ for round in 1 2; do
             | awk '{printf "server: %s ms / %s tokens = TPOT %.3f ms\n", $2, $5, $2 / ($5 - 1)}'
         done
       done
+      if [ -n "${PREFILLS:-}" ]; then
+        # shellcheck disable=SC2086
+        timeout 600 python3 scripts/gpu/server_ttft.py "$pf" $PREFILLS $PREFILLS \
+          | sed "s/^/$name round $round prefill: /"
+      fi
       # One greedy answer per server start: the builds (and flags) must agree on the tokens.
       port=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")
       curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
