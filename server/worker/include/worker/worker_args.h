@@ -1,0 +1,28 @@
+// burst-worker's command line: the two forms (spawned by a local coordinator, or --join).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/llama.h"
+
+namespace burst::worker {
+
+struct Args {
+  models::ModelSpec model;
+  int rank = -1, world = 0, threads = 0;
+  std::string store, port_file, progress_file, device = "cpu";
+  int64_t kv_capacity = 4096;  // 0: from the GPU's memory (kv_memory_fraction, kv_reserve_bytes)
+  double kv_memory_fraction = 0.9;
+  int64_t kv_reserve_bytes = 0;
+  int comm_timeout_ms = 30000;
+  std::string join, advertise_host;
+  std::string cluster_token_file;  // --join: the cluster token's file (else $BURST_CLUSTER_TOKEN)
+  bool local_flags = false;  // any of --rank --world --store --port-file --kv-capacity ...
+};
+
+// The arguments; --help and --version print and exit 0, a bad command line prints the usage
+// and exits 2.
+Args parse_args(int argc, char** argv);
+
+}  // namespace burst::worker

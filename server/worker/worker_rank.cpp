@@ -1,0 +1,107 @@
+#include "worker/worker_rank.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "common/logging.h"
+#include "engine/kv_pages.h"
+#ifdef BURST_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
+
+namespace burst::worker {
+
+models::LoadProgress load_reporter(const WorkerProcess& process,
+                                   const std::string& progress_file) {
+  using Clock = std::chrono::steady_clock;
+  auto last = std::make_shared<Clock::time_point>();
+  auto last_log = std::make_shared<Clock::time_point>(Clock::now());
+  return [&process, progress_file, last, last_log](int64_t done, int64_t total) {
+    const auto now = Clock::now();
+    if (!progress_file.empty()) {
+      if (done < total && now - *last < std::chrono::milliseconds(200)) return;
+      *last = now;
+      const std::string tmp = progress_file + ".tmp";
+      std::ofstream(tmp) << done << " " << total << "\n";
+      std::rename(tmp.c_str(), progress_file.c_str());
+    } else if (done == total || now - *last_log >= std::chrono::seconds(5)) {
+      *last_log = now;
+      process.say("loading the weights: " + burst::server::bytes_progress(done, total));
+    }
+  };
+}
+
+Result<std::unique_ptr<engine::Communicator>> join_communicator(
+    const WorkerProcess& process, engine::Backend& backend,
+    const engine::CommunicatorOptions& options) {
+  auto comm = engine::make_communicator(backend, options);
+  if (comm.ok() && options.world_size > 1 && options.rank == 0) {
+    process.say("communicator: " + comm.value()->transport());
+  }
+  return comm;
+}
+
+namespace {
+
+#ifdef BURST_HAVE_CUDA
+std::string gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return std::string(b);
+}
+
+// kv_rows with --kv-capacity 0 on a CUDA backend.
+Result<int64_t> kv_rows_from_gpu(const WorkerProcess& process, const Args& a,
+                                 engine::Backend& backend, const models::LlamaModel& model) {
+  auto mem = engine::cuda_memory_info(backend);
+  if (!mem.ok()) return mem.status();
+  const engine::AttentionShape s = model.attention_shape();
+  const int64_t row_bytes = int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
+                            static_cast<int64_t>(engine::dtype_size(backend.compute_dtype()));
+  const int64_t rows = engine::kv_rows_from_memory(
+      mem.value().free, mem.value().total, a.kv_memory_fraction, a.kv_reserve_bytes, row_bytes,
+      engine::kv_page_size(backend));
+  const double free = static_cast<double>(mem.value().free);
+  if (rows <= 0) {
+    return Status::error("no GPU memory left for the KV cache: " + gib(free) + " free of " +
+                         gib(static_cast<double>(mem.value().total)) +
+                         " with the weights in; " + std::to_string(a.kv_memory_fraction) +
+                         " of the device may be used, " +
+                         gib(static_cast<double>(a.kv_reserve_bytes)) +
+                         " is kept for activations (set --kv-capacity, or a larger fraction)");
+  }
+  process.say("KV cache sized from GPU memory: " + std::to_string(rows) + " tokens, " +
+              gib(static_cast<double>(rows * row_bytes)) + " (" + gib(free) + " were free)");
+  return rows;
+}
+#endif
+
+}  // namespace
+
+Result<int64_t> kv_rows(const WorkerProcess& process, const Args& a, engine::Backend& backend,
+                        const models::LlamaModel& model) {
+  if (a.kv_capacity > 0) return a.kv_capacity;
+#ifdef BURST_HAVE_CUDA
+  if (backend.device() == engine::DeviceKind::kCuda) {
+    return kv_rows_from_gpu(process, a, backend, model);
+  }
+#else
+  (void)process;
+  (void)backend;
+  (void)model;
+#endif
+  return Status::error("--kv-capacity 0 (from the GPU's memory) needs a CUDA device");
+}
+
+Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& process,
+                                                         const Args& a, engine::Backend& backend,
+                                                         const models::LlamaModel& model,
+                                                         engine::Communicator& comm) {
+  auto capacity = kv_rows(process, a, backend, model);
+  if (!capacity.ok()) return capacity.status();
+  return engine::RingAttention::create(backend, comm, model.attention_shape(), capacity.value(),
+                                       engine::kv_page_size(backend));
+}
+
+}  // namespace burst::worker
