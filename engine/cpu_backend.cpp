@@ -249,27 +249,4 @@ std::unique_ptr<Backend> make_cpu_backend(bool attention_merges) {
   return std::make_unique<CpuBackend>(attention_merges);
 }
 
-Result<std::unique_ptr<Backend>> make_backend(const std::string& spec) {
-  if (spec == "cpu") return make_cpu_backend();
-  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
-    int device = 0;
-    if (spec.size() > 5) {
-      char* end = nullptr;
-      const long d = std::strtol(spec.c_str() + 5, &end, 10);
-      if (*end != '\0' || d < 0 || d > 1024) {
-        return Status::error("bad device '" + spec + "' (expected cpu, cuda or cuda:N)");
-      }
-      device = static_cast<int>(d);
-    }
-    return make_cuda_backend(device);
-  }
-  return Status::error("unknown device '" + spec + "' (expected cpu, cuda or cuda:N)");
-}
-
-#ifndef BURST_HAVE_CUDA
-Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
-  return Status::error("this build of burst has no CUDA backend (nvcc was not found at build)");
-}
-#endif
-
 }  // namespace burst::engine
