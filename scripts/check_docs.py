@@ -28,8 +28,8 @@ git, every file under the root except .git/, build*/ and third_party/.
    - or it is a kConstant (`kPreviousToken`);
    - or it is snake_case with an underscore (`kv_pages_needed`, `attention_cuda`).
    Every part (A and B of `A::B`) must occur as a whole word in some *.h *.hpp *.cuh *.cpp
-   *.cc *.cu *.proto file of the repository (comments and strings included: a config key or a
-   proto field counts). Not checked: single lowercase words (`step`, `launch`: too common to
+   *.cc *.cu *.proto file or CMakeLists.txt of the repository (comments and strings included: a
+   config key, a proto field or a build target counts). Not checked: single lowercase words (`step`, `launch`: too common to
    mean anything), ALL_CAPS words (environment variables, macros, gRPC codes), numbers, and
    any span with whitespace, '=', '<', '>', '$', '"', ',' or a ':' that is not '::' (commands,
    flags with values, templates, key=value settings, URLs).
@@ -74,7 +74,7 @@ def source_words(root, files):
     """Every identifier-like word of the C++/CUDA/proto sources."""
     words = set()
     for p in files:
-        if not p.endswith(SOURCE_EXTENSIONS):
+        if not p.endswith(SOURCE_EXTENSIONS) and os.path.basename(p) != "CMakeLists.txt":
             continue
         try:
             with open(os.path.join(root, p), encoding="utf-8", errors="replace") as f:
