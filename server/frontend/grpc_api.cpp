@@ -520,8 +520,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
           const FinishInfo& fi = ev->finish;
           log->prompt_tokens = fi.prompt_tokens;
           log->completion_tokens = fi.completion_tokens;
-          log->finish = fi.reason;
-          f->set_finish_reason(fi.reason);
+          log->finish = runtime::finish_reason_name(fi.reason);
+          f->set_finish_reason(runtime::finish_reason_name(fi.reason));
           f->set_prompt_tokens(static_cast<int32_t>(fi.prompt_tokens));
           f->set_completion_tokens(static_cast<int32_t>(fi.completion_tokens));
           f->set_prefill_ms(fi.prefill_ms);

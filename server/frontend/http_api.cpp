@@ -109,7 +109,7 @@ void note_finish(const FinishInfo& f) {
   AccessInfo& a = access_info();
   a.prompt_tokens = f.prompt_tokens;
   a.completion_tokens = f.completion_tokens;
-  a.finish = f.reason;
+  a.finish = runtime::finish_reason_name(f.reason);
 }
 
 // The access-log line of the request on this thread (then forgotten): text, or a JSON record.
@@ -437,8 +437,10 @@ json timings_json(const FinishInfo& f) {
           {"decode_tokens_per_s", f.decode_tokens_per_s}};
 }
 
-json finish_reason_json(const std::string& r) {
-  return r == "cancelled" ? json(nullptr) : json(r);
+// OpenAI's finish_reason: "stop", "length", or null for a request the client cancelled.
+json finish_reason_json(runtime::FinishReason r) {
+  return r == runtime::FinishReason::kCancelled ? json(nullptr)
+                                                : json(runtime::finish_reason_name(r));
 }
 
 // A token's text as logprobs show it: the SentencePiece piece with U+2581 as a space and a

@@ -350,7 +350,7 @@ void Scheduler::admit() {
     }
     run->queue_ms = ms_between(run->job.arrival, Clock::now());
     if (what == What::kCancelled) {
-      finish(*run, 0, "cancelled");
+      finish(*run, 0, runtime::FinishReason::kCancelled);
       continue;
     }
     if (what == What::kNever) {
@@ -359,7 +359,7 @@ void Scheduler::admit() {
                          "the request needs more KV pages than a worker holds (" +
                              std::to_string(info.kv_pages) + " pages of " +
                              std::to_string(info.kv_page_size) + " tokens)"};
-      finish(*run, 0, "", &err);
+      fail(*run, 0, err);
       continue;
     }
     Running& s = *run;
@@ -389,28 +389,30 @@ void Scheduler::started(Running& s) {
   }
 }
 
-void Scheduler::finish(Running& s, uint64_t id, const std::string& reason,
-                       const ApiError* error) {
+void Scheduler::leave(uint64_t id) {
   planner_.finish(id);  // pages back, released in the next step (nothing for id 0 or twice)
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    --in_flight_;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  --in_flight_;
+}
+
+void Scheduler::fail(Running& s, uint64_t id, const ApiError& err) {
+  leave(id);
+  auto stream = s.job.stream;
+  const std::string rid = s.job.request.id;
+  ++metrics_.requests_failed;
+  enqueue_output([stream, err, rid] {
+    spdlog::error("{} failed: {}", rid, err.message);
+    Event e;
+    e.kind = Event::Kind::kError;
+    e.error = err;
+    stream->push(std::move(e));
+  });
+}
+
+void Scheduler::finish(Running& s, uint64_t id, runtime::FinishReason reason) {
+  leave(id);
   const auto end = Clock::now();
   auto stream = s.job.stream;
-  if (error) {
-    ApiError err = *error;
-    const std::string rid = s.job.request.id;
-    ++metrics_.requests_failed;
-    enqueue_output([stream, err, rid] {
-      spdlog::error("{} failed: {}", rid, err.message);
-      Event e;
-      e.kind = Event::Kind::kError;
-      e.error = err;
-      stream->push(std::move(e));
-    });
-    return;
-  }
   auto out = s.out;
   FinishInfo f;
   f.reason = reason;
@@ -447,24 +449,25 @@ void Scheduler::finish(Running& s, uint64_t id, const std::string& reason,
         stream->push(std::move(e));
       }
     }
-    if (out->stop_hit) f.reason = "stop";
-    if (stream->cancelled()) f.reason = "cancelled";
+    if (out->stop_hit) f.reason = runtime::FinishReason::kStop;
+    if (stream->cancelled()) f.reason = runtime::FinishReason::kCancelled;
     f.completion_tokens = out->completion;
     f.ttft_ms = out->completion > 0 ? ms_between(out->arrival, out->first) : 0;
     f.decode_tokens_per_s = out->completion > 1 && out->last > out->first
                                 ? (out->completion - 1) * 1000.0 / ms_between(out->first, out->last)
                                 : 0;
     m->e2e.observe(e2e_s);
-    if (f.reason == "cancelled") {
+    if (f.reason == runtime::FinishReason::kCancelled) {
       ++m->requests_cancelled;
     } else {
       ++m->requests_ok;
-      ++(f.reason == "length" ? m->success_length : m->success_stop);
+      ++(f.reason == runtime::FinishReason::kLength ? m->success_length : m->success_stop);
     }
     spdlog::info("{} done: prompt {} tokens, queue {:.1f} ms, prefill {:.1f} ms, TTFT {:.1f} ms, "
                  "decode {:.1f} ms for {} tokens ({:.1f} tok/s), finish {}",
                  rid, f.prompt_tokens, f.queue_ms, f.prefill_ms, f.ttft_ms, decode_ms,
-                 f.completion_tokens, f.decode_tokens_per_s, f.reason);
+                 f.completion_tokens, f.decode_tokens_per_s,
+                 runtime::finish_reason_name(f.reason));
     Event e;
     e.kind = Event::Kind::kFinished;
     e.finish = std::move(f);
@@ -475,7 +478,7 @@ void Scheduler::finish(Running& s, uint64_t id, const std::string& reason,
 void Scheduler::fail_running(ErrorCode code, const std::string& why) {
   ahead_.reset();  // a step sent ahead belonged to the same session or group
   ApiError err{code, why};
-  for (auto& [id, s] : running_) finish(*s, id, "", &err);
+  for (auto& [id, s] : running_) fail(*s, id, err);
   running_.clear();
   planner_.drop_all();  // the group is gone or its session ended: nothing to release
   publish_gauges();
@@ -493,9 +496,9 @@ void Scheduler::drop_finished() {
       const ApiError err{ErrorCode::kUnavailable,
                          "the server is shutting down: the drain timeout ended this request "
                          "after " + std::to_string(s.generated) + " generated token(s)"};
-      finish(s, it->first, "", &err);
+      fail(s, it->first, err);
     } else if (cancelled || s.stop_hit->load()) {
-      finish(s, it->first, cancelled ? "cancelled" : "stop");
+      finish(s, it->first, cancelled ? runtime::FinishReason::kCancelled : runtime::FinishReason::kStop);
     } else {
       ++it;
       continue;
@@ -694,7 +697,7 @@ void Scheduler::take_outcome(const Planner::Plan& plan, const StepOutcome& out) 
       process_token(*o, *stop_hit, token, now, is_stop, st, *m);
     });
     if (t.ends) {
-      finish(s, t.id, runtime::finish_reason_name(t.reason));
+      finish(s, t.id, t.reason);
       running_.erase(t.id);
     }
   }

@@ -78,7 +78,7 @@ struct ScheduledRequest {
 };
 
 struct FinishInfo {
-  std::string reason;  // "stop", "length", "cancelled"
+  runtime::FinishReason reason = runtime::FinishReason::kLength;  // the API says its name
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   double queue_ms = 0;
@@ -220,10 +220,12 @@ class Scheduler {
   static void process_token(Output& out, std::atomic<bool>& stop_flag, int32_t token,
                             std::chrono::steady_clock::time_point now, bool is_eos,
                             const runtime::SampledToken& st, Metrics& metrics);
-  // The request leaves (planner sequence `id`, 0 if never admitted): its output gets `reason`
-  // (or the error), its pages are released on every rank in the next step.
-  void finish(Running& s, uint64_t id, const std::string& reason,
-              const ApiError* error = nullptr);
+  // The request leaves (planner sequence `id`, 0 if never admitted): its pages are released on
+  // every rank in the next step, and its output gets the finish `reason` (finish) or an error
+  // event (fail).
+  void finish(Running& s, uint64_t id, runtime::FinishReason reason);
+  void fail(Running& s, uint64_t id, const ApiError& err);
+  void leave(uint64_t id);
   void fail_running(ErrorCode code, const std::string& why);
   void fail_queued(const std::string& why);
   void output_loop();
