@@ -283,7 +283,11 @@ Scheduler::GroupState Scheduler::ensure_group() {
                "per rank",
                options_.group.workers, group_->info().device, group_->info().vocab_size,
                group_->info().kv_pages, group_->info().kv_page_size);
-  // A fresh group holds nothing: the ledger starts full, nothing is left to release.
+  // A fresh group holds nothing: the ledger starts full, nothing is left to release. Whatever
+  // still ran belonged to the group before (its step failed and failed it, normally).
+  if (!running_.empty()) {
+    fail_running(ErrorCode::kUnavailable, "worker failure: the group restarted");
+  }
   planner_.reset(group_->info().kv_pages, group_->info().kv_page_size);
   kv_capacity_ = group_->kv_capacity_tokens();
   metrics_.kv_capacity_tokens = kv_capacity_.load();
@@ -498,7 +502,8 @@ void Scheduler::drop_finished() {
                          "after " + std::to_string(s.generated) + " generated token(s)"};
       fail(s, it->first, err);
     } else if (cancelled || s.stop_hit->load()) {
-      finish(s, it->first, cancelled ? runtime::FinishReason::kCancelled : runtime::FinishReason::kStop);
+      finish(s, it->first,
+             cancelled ? runtime::FinishReason::kCancelled : runtime::FinishReason::kStop);
     } else {
       ++it;
       continue;
