@@ -14,7 +14,8 @@ std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t
   std::vector<int64_t> rows(static_cast<size_t>(world), 0);
   if (chunk <= 0) chunk = prompt;
   for (int64_t start = 0; start < prompt; start += chunk) {
-    const auto plan = engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
+    const auto plan =
+        engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
     for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
   }
   if (mixed_chunks) {

@@ -16,7 +16,9 @@ namespace burst::server {
 
 struct WorkerGroup::Session {
   std::vector<std::unique_ptr<grpc::ClientContext>> ctx;  // per rank
-  std::vector<std::unique_ptr<grpc::ClientReaderWriter<burst::v1::internal::StepRequest, burst::v1::internal::StepReply>>> streams;
+  using Stream = grpc::ClientReaderWriter<burst::v1::internal::StepRequest,
+                                          burst::v1::internal::StepReply>;
+  std::vector<std::unique_ptr<Stream>> streams;
 };
 
 struct WorkerGroup::Rank {

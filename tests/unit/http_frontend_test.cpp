@@ -1,4 +1,4 @@
-// The HTTP front end's framing checks (server/frontend/include/frontend/http_frontend.h): every head a request smuggler
+// The HTTP front end's framing checks (frontend/http_frontend.h): every head a request smuggler
 // or a broken client sends is refused with its status and a message that names the fault, a
 // valid head yields its body framing, and chunked bodies are delimited exactly (the next
 // pipelined request's bytes are never part of the body). End to end: tests/server/test_hostile.py.

@@ -1,4 +1,4 @@
-// The multi-node rendezvous (server/group/include/group/worker_registry.h): the coordinator's store (set, get that
+// The multi-node rendezvous (group/worker_registry.h): the coordinator's store (set, get that
 // waits for a later set, wait, timeouts naming the key, a dissolved generation failing its
 // waiters at once), the WorkerRegistry gRPC service as a `burst-worker --join` sees it (model
 // mismatch and one-worker-too-many refusals, ranks once the group is complete, leave on

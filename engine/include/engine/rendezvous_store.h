@@ -1,7 +1,7 @@
 // RendezvousStore: the key-value store ranks meet through before their communicator exists
 // (Gloo's peer addresses, the NCCL unique id). Without one, a communicator uses a directory
 // every rank can see (GlooOptions::store_dir, NcclOptions::store_dir): one host only. Multi-node
-// groups pass a store served over the network by their coordinator (server/group/include/group/worker_registry.h).
+// groups pass a store served over the network by their coordinator (group/worker_registry.h).
 //
 // Contract: set() publishes a value under a key (set once per key); get() blocks until the key
 // exists or the timeout passes; wait() blocks until every key exists. Every call returns an
