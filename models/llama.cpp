@@ -281,11 +281,7 @@ Status LlamaModel::forward(const ForwardBatch& batch, engine::AttentionContext& 
   // RoPE runs per run of rows that share their frequencies (only dynamic scaling makes them
   // differ between sequences); the runs must tile the rows.
   std::vector<RopeRun> runs;
-  std::vector<RopeSpan> whole;  // no spans: one sequence of length max(positions) + 1
-  if (batch.spans.empty()) {
-    whole.push_back({0, rows, *std::max_element(positions.begin(), positions.end()) + 1});
-  }
-  BURST_RETURN_IF_ERROR(rope_runs(positions, batch.spans.empty() ? whole : batch.spans, runs));
+  BURST_RETURN_IF_ERROR(rope_runs(positions, batch.spans, runs));
   // The LM head's rows: the logit rows, then the sampled rows.
   std::vector<int64_t> head_rows = batch.logit_rows;
   head_rows.insert(head_rows.end(), sample.rows.begin(), sample.rows.end());

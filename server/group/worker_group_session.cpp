@@ -198,14 +198,7 @@ Result<StepOutcome> WorkerGroup::receive_locked(const LayerProgress& on_layer) {
       continue;
     }
     out.kv_used_pages[r] = reply.kv_used_pages();
-    if (r == 0) {
-      runtime::StepResult res = decode_result(reply);
-      out.tokens = std::move(res.tokens);
-      out.prompt_logprobs = std::move(res.prompt_logprobs);
-      out.rows = res.rows;
-      out.ring_compute_ms = res.ring_compute_ms;
-      out.ring_wait_ms = res.ring_wait_ms;
-    }
+    if (r == 0) static_cast<runtime::StepResult&>(out) = decode_result(reply);
   }
   if (error_reply.error_code() != 0) {
     // Every rank refused the same plan before any collective: the session goes on.
@@ -236,13 +229,7 @@ Result<runtime::StepResult> WorkerGroup::run_step(const runtime::StepPlan& plan,
   if (on_layer) layer = [&](int done, int layers) { (void)on_layer(done, layers); };
   auto r = step(plan, layer);
   if (!r.ok()) return r.status();
-  runtime::StepResult out;
-  out.tokens = std::move(r.value().tokens);
-  out.rows = r.value().rows;
-  out.prompt_logprobs = std::move(r.value().prompt_logprobs);
-  out.ring_compute_ms = r.value().ring_compute_ms;
-  out.ring_wait_ms = r.value().ring_wait_ms;
-  return out;
+  return runtime::StepResult(std::move(r.value()));
 }
 
 }  // namespace burst::server

@@ -45,7 +45,7 @@ struct SampleRows {
 struct ForwardBatch {
   std::vector<int32_t> ids;
   std::vector<int64_t> positions;
-  // Must tile the rows in order; empty: one sequence of length max(positions) + 1.
+  // Must tile the rows in order (of_sequence makes the one span of a single sequence).
   std::vector<RopeSpan> spans;
   std::vector<int64_t> logit_rows;
   SampleRows sample;

@@ -102,13 +102,10 @@ struct WorkerGroupInfo {
   int32_t kv_page_size = 0;
 };
 
-// What one step returned: rank 0's tokens, and the KV pages in use after it.
-struct StepOutcome {
-  std::vector<runtime::SampledToken> tokens;
+// What one step returned: rank 0's StepResult (its tokens, prompt logprobs, rows and ring
+// times), and the KV pages every rank uses after it.
+struct StepOutcome : runtime::StepResult {
   std::vector<int64_t> kv_used_pages;  // per rank
-  int64_t rows = 0;                    // rows of rank 0's forward
-  double ring_compute_ms = 0, ring_wait_ms = 0;  // rank 0, cumulative
-  std::vector<runtime::PromptLogprobs> prompt_logprobs;  // rank 0's
 };
 // Called on rank 0's progress replies during a step: layers done of all layers.
 using LayerProgress = std::function<void(int layers_done, int layers)>;
