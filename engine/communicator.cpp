@@ -2,6 +2,9 @@
 #include "engine/communicator.h"
 
 #include <cstring>
+#include <vector>
+
+#include "engine/dtype_convert.h"
 
 namespace burst::engine {
 
@@ -43,6 +46,7 @@ class LocalCommunicator final : public Communicator {
                                         std::to_string(root) + " in a group of one");
     return {};
   }
+  Status all_reduce_sum(void*, int64_t, DType) override { return {}; }
   Status barrier() override { return {}; }
   std::string transport() const override { return "local (one rank)"; }
 };
@@ -64,6 +68,43 @@ Result<std::unique_ptr<CommHandle>> Communicator::isendrecv(const void* send, in
     return r.status();
   }
   return std::unique_ptr<CommHandle>(new PairHandle(s.take(), r.take()));
+}
+
+Status Communicator::all_reduce_sum(void* data, int64_t count, DType dtype) {
+  if (count < 0) return Status::error("all_reduce_sum: negative count");
+  const int world = world_size();
+  if (world == 1 || count == 0) return {};
+  if (dtype == DType::kF16) return Status::error("all_reduce_sum: fp16 is not supported");
+  const auto bytes = static_cast<size_t>(count * dtype_size(dtype));
+  std::vector<char> all(bytes * static_cast<size_t>(world));
+  BURST_RETURN_IF_ERROR(all_gather(data, all.data(), bytes));
+  // Rank order, fp32 sums, one rounding: every rank computes the same bits.
+  std::vector<float> sum(static_cast<size_t>(count), 0.f);
+  for (int r = 0; r < world; ++r) {
+    const char* block = all.data() + bytes * static_cast<size_t>(r);
+    for (int64_t i = 0; i < count; ++i) {
+      float v;
+      if (dtype == DType::kF32) {
+        std::memcpy(&v, block + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, block + 2 * i, 2);
+        v = bf16_to_f32(h);
+      }
+      sum[static_cast<size_t>(i)] += v;
+    }
+  }
+  char* out = static_cast<char*>(data);
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = sum[static_cast<size_t>(i)];
+    if (dtype == DType::kF32) {
+      std::memcpy(out + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+  }
+  return {};
 }
 
 }  // namespace burst::engine

@@ -77,11 +77,17 @@ class CpuBackend final : public Backend {
     return {};
   }
 
-  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) override {
+  using Backend::fill_random;
+  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant,
+                     const RandomWindow& w) override {
     float* p = t.as<float>();
     const int64_t n = t.numel();
+    const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) p[i] = constant ? scale : uniform_at(seed, i, scale);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t counter = w.cols == 0 ? i : (w.row0 + i / cols) * w.cols + w.col0 + i % cols;
+      p[i] = constant ? scale : uniform_at(seed, counter, scale);
+    }
     return {};
   }
 

@@ -13,41 +13,74 @@ namespace burst::models {
 
 using engine::Tensor;
 
-// Every weight of the model with its HF name, shape and (for random init) fan-in.
+// Every weight of the model with its HF name, its full shape (what the file holds, what
+// random init draws) and this rank's part of it (rows or columns under tensor parallelism).
 struct WeightSpec {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;   // the whole weight
+  WeightFiles::Window window;   // this rank's part (whole: rows and cols -1)
   Tensor* dst;
   bool is_norm;
+  std::vector<int64_t> local_shape() const {
+    std::vector<int64_t> l = shape;
+    if (window.rows >= 0) l[0] = window.rows;
+    if (window.cols >= 0) l[1] = window.cols;
+    return l;
+  }
 };
 
 namespace {
 
-std::vector<WeightSpec> weight_specs(const LlamaConfig& c, Tensor& embed, Tensor& final_norm,
-                                     Tensor& lm_head, std::vector<LayerWeights>& layers) {
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+// Rank t's rows of an output of `parts` equal blocks of `block` features each.
+WeightFiles::Window rows_of(int64_t first_block, int64_t blocks, int64_t block) {
+  return {first_block * block, blocks * block, 0, -1};
+}
+WeightFiles::Window cols_of(int64_t first_block, int64_t blocks, int64_t block) {
+  return {0, -1, first_block * block, blocks * block};
+}
+
+std::vector<WeightSpec> weight_specs(const LlamaConfig& c, TensorParallel tp, Tensor& embed,
+                                     Tensor& final_norm, Tensor& lm_head,
+                                     std::vector<LayerWeights>& layers) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
+  const int64_t qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;
+  const WeightFiles::Window whole;
+  const bool split = tp.size > 1;
+  // Query heads [t H/T, (t+1) H/T); KV heads [t KV/T, ...) or, when T exceeds them, the one
+  // head those queries read (t / (T / KV)).
+  const int64_t heads = c.num_heads / tp.size;
+  const int64_t kv_heads = std::max<int64_t>(1, c.num_kv_heads / tp.size);
+  const int64_t kv_first = c.num_kv_heads >= tp.size ? tp.rank * kv_heads
+                                                     : tp.rank / (tp.size / c.num_kv_heads);
+  const int64_t ff = f / tp.size;
+  const auto q_rows = split ? rows_of(tp.rank * heads, heads, hd) : whole;
+  const auto kv_rows = split ? rows_of(kv_first, kv_heads, hd) : whole;
+  const auto o_cols = split ? cols_of(tp.rank * heads, heads, hd) : whole;
+  const auto ff_rows = split ? rows_of(tp.rank, 1, ff) : whole;
+  const auto ff_cols = split ? cols_of(tp.rank, 1, ff) : whole;
   std::vector<WeightSpec> s;
-  s.push_back({"model.embed_tokens.weight", {c.vocab_size, d}, &embed, false});
+  s.push_back({"model.embed_tokens.weight", {c.vocab_size, d}, whole, &embed, false});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights& L = layers[static_cast<size_t>(i)];
-    s.push_back({p + "input_layernorm.weight", {d}, &L.attn_norm, true});
-    s.push_back({p + "self_attn.q_proj.weight", {qd, d}, &L.wq, false});
-    s.push_back({p + "self_attn.k_proj.weight", {kvd, d}, &L.wk, false});
-    s.push_back({p + "self_attn.v_proj.weight", {kvd, d}, &L.wv, false});
-    s.push_back({p + "self_attn.o_proj.weight", {d, qd}, &L.wo, false});
-    s.push_back({p + "post_attention_layernorm.weight", {d}, &L.mlp_norm, true});
-    s.push_back({p + "mlp.gate_proj.weight", {f, d}, &L.w_gate, false});
-    s.push_back({p + "mlp.up_proj.weight", {f, d}, &L.w_up, false});
-    s.push_back({p + "mlp.down_proj.weight", {d, f}, &L.w_down, false});
+    s.push_back({p + "input_layernorm.weight", {d}, whole, &L.attn_norm, true});
+    s.push_back({p + "self_attn.q_proj.weight", {qd, d}, q_rows, &L.wq, false});
+    s.push_back({p + "self_attn.k_proj.weight", {kvd, d}, kv_rows, &L.wk, false});
+    s.push_back({p + "self_attn.v_proj.weight", {kvd, d}, kv_rows, &L.wv, false});
+    s.push_back({p + "self_attn.o_proj.weight", {d, qd}, o_cols, &L.wo, false});
+    s.push_back({p + "post_attention_layernorm.weight", {d}, whole, &L.mlp_norm, true});
+    s.push_back({p + "mlp.gate_proj.weight", {f, d}, ff_rows, &L.w_gate, false});
+    s.push_back({p + "mlp.up_proj.weight", {f, d}, ff_rows, &L.w_up, false});
+    s.push_back({p + "mlp.down_proj.weight", {d, f}, ff_cols, &L.w_down, false});
   }
-  s.push_back({"model.norm.weight", {d}, &final_norm, true});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, d}, &lm_head, false});
+  s.push_back({"model.norm.weight", {d}, whole, &final_norm, true});
+  if (!c.tie_word_embeddings) {
+    s.push_back({"lm_head.weight", {c.vocab_size, d}, whole, &lm_head, false});
+  }
   return s;
 }
 
-int64_t weight_bytes(const std::vector<int64_t>& shape, engine::DType dtype) {
+int64_t shape_bytes(const std::vector<int64_t>& shape, engine::DType dtype) {
   int64_t n = engine::dtype_size(dtype);
   for (int64_t d : shape) n *= d;
   return n;
@@ -55,45 +88,96 @@ int64_t weight_bytes(const std::vector<int64_t>& shape, engine::DType dtype) {
 
 }  // namespace
 
-int64_t model_weight_bytes(const LlamaConfig& config, engine::DType dtype) {
+std::string tensor_parallel_error(const LlamaConfig& c, int tp) {
+  const std::string t = "tensor parallelism " + std::to_string(tp);
+  if (tp < 1) return t + " is not a group size (give --tp 1 or more)";
+  if (tp == 1) return "";
+  if (c.num_heads % tp != 0) {
+    return t + " does not divide the model's " + std::to_string(c.num_heads) +
+           " attention heads (each rank holds an equal share of them)";
+  }
+  if (c.num_kv_heads % tp != 0 && tp % c.num_kv_heads != 0) {
+    return t + " neither divides the model's " + std::to_string(c.num_kv_heads) +
+           " KV heads nor is a multiple of them (a rank holds its share of the KV heads, or one "
+           "KV head replicated over " + "tp / KV heads ranks)";
+  }
+  if (c.intermediate_size % tp != 0) {
+    return t + " does not divide the model's intermediate size " +
+           std::to_string(c.intermediate_size) + " (each rank holds an equal share of the MLP)";
+  }
+  return "";
+}
+
+int64_t model_weight_bytes(const LlamaConfig& config, engine::DType dtype, int tp) {
   Tensor embed, final_norm, lm_head;
   std::vector<LayerWeights> layers(static_cast<size_t>(config.num_layers));
   int64_t bytes = 0;
-  for (const auto& w : weight_specs(config, embed, final_norm, lm_head, layers)) {
-    bytes += weight_bytes(w.shape, dtype);
+  const TensorParallel slice{0, std::max(tp, 1)};
+  for (const auto& w : weight_specs(config, slice, embed, final_norm, lm_head, layers)) {
+    bytes += shape_bytes(w.local_shape(), dtype);
   }
   return bytes;
 }
 
+int64_t LlamaModel::weight_bytes() const {
+  return model_weight_bytes(config_, backend_.compute_dtype(), tp_.size);
+}
+
 engine::AttentionShape LlamaModel::attention_shape() const {
-  return {static_cast<int>(config_.num_layers), static_cast<int>(config_.num_heads),
-          static_cast<int>(config_.num_kv_heads), static_cast<int>(config_.head_dim)};
+  const int kv = static_cast<int>(config_.num_kv_heads);
+  return {static_cast<int>(config_.num_layers), static_cast<int>(config_.num_heads) / tp_.size,
+          std::max(1, kv / tp_.size), static_cast<int>(config_.head_dim)};
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::create(engine::Backend& backend,
+                                                       LlamaConfig config, TensorParallel tp) {
+  if (tp.rank < 0 || tp.rank >= tp.size) {
+    return Status::error("tensor-parallel rank " + std::to_string(tp.rank) + " outside a group of " +
+                         std::to_string(tp.size));
+  }
+  if (std::string e = tensor_parallel_error(config, tp.size); !e.empty()) {
+    return Status::error(e);
+  }
+  return std::unique_ptr<LlamaModel>(new LlamaModel(backend, std::move(config), tp));
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(engine::Backend& backend,
                                                      const std::string& model_dir,
-                                                     const LoadProgress& on_progress) {
+                                                     const LoadProgress& on_progress,
+                                                     TensorParallel tp) {
   auto config = load_config(model_dir);
   if (!config.ok()) return config.status();
+  // A layout the model cannot take is refused before any weight is read.
+  auto m = create(backend, config.take(), tp);
+  if (!m.ok()) return m.status();
   auto files = WeightFiles::open_dir(model_dir);
   if (!files.ok()) return files.status();
-  std::unique_ptr<LlamaModel> m(new LlamaModel(backend, config.take()));
-  BURST_RETURN_IF_ERROR(m->fill_weights(on_progress, [&](const WeightSpec& w, uint64_t) {
-    auto view = files.value().get(w.name, w.shape);
-    if (!view.ok()) return view.status();
-    return backend.upload(view.value().data, view.value().dtype, *w.dst);
+  std::vector<char> buffer;
+  BURST_RETURN_IF_ERROR(m.value()->fill_weights(on_progress, [&](const WeightSpec& w, uint64_t) {
+    auto part = files.value().read(w.name, w.shape, w.window, buffer);
+    if (!part.ok()) return part.status();
+    return backend.upload(part.value().data, part.value().dtype, *w.dst);
   }));
+  m.value()->file_bytes_read_ = files.value().bytes_read();
   return m;
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::random(engine::Backend& backend,
                                                        const LlamaConfig& config, uint64_t seed,
-                                                       const LoadProgress& on_progress) {
-  std::unique_ptr<LlamaModel> m(new LlamaModel(backend, config));
-  BURST_RETURN_IF_ERROR(m->fill_weights(on_progress, [&](const WeightSpec& w, uint64_t index) {
-    // Uniform(-a, a) with a = 1/sqrt(fan_in) keeps activations O(1) through the layers.
+                                                       const LoadProgress& on_progress,
+                                                       TensorParallel tp) {
+  auto m = create(backend, config, tp);
+  if (!m.ok()) return m.status();
+  BURST_RETURN_IF_ERROR(m.value()->fill_weights(on_progress, [&](const WeightSpec& w,
+                                                                 uint64_t index) {
+    // Uniform(-a, a) with a = 1/sqrt(fan_in) keeps activations O(1) through the layers; a
+    // slice draws the whole weight's values at its place.
     const float a = w.is_norm ? 1.f : 1.f / std::sqrt(static_cast<float>(w.shape.back()));
-    return backend.fill_random(*w.dst, seed * 1000003ull + index, a, w.is_norm);
+    engine::Backend::RandomWindow window;
+    if (w.shape.size() == 2) {
+      window = {w.shape[1], std::max<int64_t>(w.window.row0, 0), std::max<int64_t>(w.window.col0, 0)};
+    }
+    return backend.fill_random(*w.dst, seed * 1000003ull + index, a, w.is_norm, window);
   }));
   return m;
 }
@@ -102,19 +186,20 @@ Status LlamaModel::fill_weights(const LoadProgress& on_progress,
                                 const std::function<Status(const WeightSpec&, uint64_t)>& fill) {
   layers_.resize(static_cast<size_t>(config_.num_layers));
   const engine::DType dt = backend_.compute_dtype();
-  const int64_t total = model_weight_bytes(config_, dt);
-  BURST_RETURN_IF_ERROR(backend_.check_fits(total, "the model's weights"));
+  const int64_t total = weight_bytes();
+  BURST_RETURN_IF_ERROR(backend_.check_fits(
+      total, tp_.size > 1 ? "this rank's share of the model's weights" : "the model's weights"));
   // Each weight is allocated just before it is filled, so the progress counts the time of both
   // (allocating touches the memory too: on CPU, most of a load).
   int64_t done = 0;
   uint64_t index = 0;
   if (on_progress) on_progress(0, total);
-  for (auto& w : weight_specs(config_, embed_, final_norm_, lm_head_, layers_)) {
-    auto t = backend_.alloc(w.shape, dt);
+  for (auto& w : weight_specs(config_, tp_, embed_, final_norm_, lm_head_, layers_)) {
+    auto t = backend_.alloc(w.local_shape(), dt);
     if (!t.ok()) return Status::error("allocating " + w.name + ": " + t.message());
     *w.dst = t.take();
     BURST_RETURN_IF_ERROR(fill(w, index++));
-    done += weight_bytes(w.shape, dt);
+    done += shape_bytes(w.local_shape(), dt);
     if (on_progress) on_progress(done, total);
   }
   if (config_.tie_word_embeddings) lm_head_ = embed_;
@@ -127,15 +212,13 @@ Status LlamaModel::ensure_scratch(int64_t rows) {
   const int64_t mlp_rows = std::min(rows, mlp_chunk_rows_);
   const engine::DType dt = backend_.compute_dtype();
   struct Want { Tensor* t; std::vector<int64_t> shape; };
+  const engine::AttentionShape a = attention_shape();
+  const int64_t qw = int64_t{a.heads} * a.head_dim, kvw = int64_t{a.kv_heads} * a.head_dim;
+  const int64_t ff = c.intermediate_size / tp_.size;
   const Want wants[] = {
-      {&x_, {rows, c.hidden_size}},
-      {&h_, {rows, c.hidden_size}},
-      {&q_, {rows, c.num_heads * c.head_dim}},
-      {&k_, {rows, c.num_kv_heads * c.head_dim}},
-      {&v_, {rows, c.num_kv_heads * c.head_dim}},
-      {&attn_out_, {rows, c.num_heads * c.head_dim}},
-      {&gate_, {mlp_rows, c.intermediate_size}},
-      {&up_, {mlp_rows, c.intermediate_size}},
+      {&x_, {rows, c.hidden_size}}, {&h_, {rows, c.hidden_size}},  {&q_, {rows, qw}},
+      {&k_, {rows, kvw}},           {&v_, {rows, kvw}},            {&attn_out_, {rows, qw}},
+      {&gate_, {mlp_rows, ff}},     {&up_, {mlp_rows, ff}},
   };
   for (const auto& w : wants) {
     *w.t = Tensor();  // release the old buffer before asking for the larger one
@@ -187,13 +270,12 @@ Status LlamaModel::rope_runs(const std::vector<int64_t>& positions,
 Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
                          const std::vector<int64_t>& positions, engine::AttentionContext& attn,
                          int64_t rows) {
-  const auto& c = config_;
   const LayerWeights& L = layers_[static_cast<size_t>(l)];
   Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
   Tensor k = k_.rows(0, rows), v = v_.rows(0, rows), a = attn_out_.rows(0, rows);
-  const int heads = static_cast<int>(c.num_heads), kv_heads = static_cast<int>(c.num_kv_heads);
-  const int hd = static_cast<int>(c.head_dim);
-  const float eps = c.rms_norm_eps;
+  const engine::AttentionShape shape = attention_shape();
+  const int heads = shape.heads, kv_heads = shape.kv_heads, hd = shape.head_dim;
+  const float eps = config_.rms_norm_eps;
   if (runs.size() == 1) {  // rope_runs tiles the rows: one run covers them all
     BURST_RETURN_IF_ERROR(backend_.norm_project_rope(
         x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}},
@@ -208,7 +290,7 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
     }
   }
   BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
-  BURST_RETURN_IF_ERROR(backend_.gemm(a, L.wo, x, /*accumulate=*/true));  // x += o_proj(a)
+  BURST_RETURN_IF_ERROR(row_parallel(a, L.wo, x, h));  // x += o_proj(a)
   // The MLP is token-local: chunks bound the [rows, intermediate] activations of long
   // prefills without changing any result.
   for (int64_t r0 = 0; r0 < rows; r0 += mlp_chunk_rows_) {
@@ -217,9 +299,20 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
     Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
     BURST_RETURN_IF_ERROR(
         backend_.norm_swiglu(xc, {L.mlp_norm, eps, hc}, L.w_gate, L.w_up, gate, up));
-    BURST_RETURN_IF_ERROR(backend_.gemm(gate, L.w_down, xc, /*accumulate=*/true));
+    BURST_RETURN_IF_ERROR(row_parallel(gate, L.w_down, xc, hc));  // xc += down(gate)
   }
   return {};
+}
+
+Status LlamaModel::row_parallel(const Tensor& in, const Tensor& w, Tensor& x, Tensor& scratch) {
+  if (tp_.size == 1) return backend_.gemm(in, w, x, /*accumulate=*/true);
+  if (tp_comm_ == nullptr) {
+    return Status::error("forward: tensor parallelism " + std::to_string(tp_.size) +
+                         " without its communicator (set_tensor_parallel_comm)");
+  }
+  BURST_RETURN_IF_ERROR(backend_.gemm(in, w, scratch, /*accumulate=*/false));
+  BURST_RETURN_IF_ERROR(tp_comm_->all_reduce_sum(scratch.data, scratch.numel(), scratch.dtype));
+  return backend_.add(x, scratch);
 }
 
 Status LlamaModel::lm_head(int64_t rows, const std::vector<int64_t>& head_rows, int64_t n_logits,
@@ -309,10 +402,10 @@ Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const M
   if (spec.dir.empty() == spec.preset.empty()) {
     return Status::error("give exactly one of a model directory or a preset");
   }
-  if (!spec.dir.empty()) return LlamaModel::load(backend, spec.dir, on_progress);
+  if (!spec.dir.empty()) return LlamaModel::load(backend, spec.dir, on_progress, spec.tp);
   auto config = preset_config(spec.preset);
   if (!config.ok()) return config.status();
-  return LlamaModel::random(backend, config.value(), spec.random_seed, on_progress);
+  return LlamaModel::random(backend, config.value(), spec.random_seed, on_progress, spec.tp);
 }
 
 }  // namespace burst::models

@@ -218,18 +218,18 @@ Result<std::string> read_small_file(const std::string& path, std::streamoff limi
 
 // The first non-finite value (NaN or +-Inf) of a tensor, by its bits: a float's exponent is all
 // ones exactly then. Returns the element index or -1. Reads unaligned data through memcpy.
-int64_t first_non_finite(const TensorView& v) {
-  const auto* p = static_cast<const unsigned char*>(v.data);
-  if (v.file_dtype == "F32") {
-    const int64_t n = v.nbytes / 4;
+int64_t first_non_finite(const void* data, int64_t nbytes, const std::string& file_dtype) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  if (file_dtype == "F32") {
+    const int64_t n = nbytes / 4;
     for (int64_t i = 0; i < n; ++i) {
       uint32_t x;
       std::memcpy(&x, p + 4 * i, 4);
       if ((x & 0x7f800000u) == 0x7f800000u) return i;
     }
-  } else if (v.file_dtype == "BF16" || v.file_dtype == "F16") {
-    const uint16_t mask = v.file_dtype == "BF16" ? 0x7f80 : 0x7c00;
-    const int64_t n = v.nbytes / 2;
+  } else if (file_dtype == "BF16" || file_dtype == "F16") {
+    const uint16_t mask = file_dtype == "BF16" ? 0x7f80 : 0x7c00;
+    const int64_t n = nbytes / 2;
     for (int64_t i = 0; i < n; ++i) {
       uint16_t x;
       std::memcpy(&x, p + 2 * i, 2);
@@ -411,16 +411,67 @@ Result<TensorView> WeightFiles::get(const std::string& name,
     return Status::error(v.file + ": tensor \"" + name + "\" has shape " + shape_text(v.shape) +
                          ", expected " + shape_text(shape));
   }
-  // NaN/Inf weights would only show as garbage tokens (token 0 for every step): refuse them,
-  // naming the tensor. One pass over the bits; $BURST_SKIP_WEIGHT_CHECK=1 skips it.
-  if (check_weights_enabled()) {
-    if (const int64_t bad = first_non_finite(v); bad >= 0) {
-      return Status::error(v.file + ": tensor \"" + name + "\" holds a NaN or infinite value "
-                           "at element " + std::to_string(bad) + "; the weights are corrupt "
-                           "(set BURST_SKIP_WEIGHT_CHECK=1 to load them anyway)");
-    }
-  }
+  BURST_RETURN_IF_ERROR(check_finite(v, v.data, v.nbytes));
   return v;
+}
+
+// NaN/Inf weights would only show as garbage tokens (token 0 for every step): refuse them,
+// naming the tensor. One pass over the bits; $BURST_SKIP_WEIGHT_CHECK=1 skips it.
+Status WeightFiles::check_finite(const TensorView& v, const void* data, int64_t nbytes) {
+  if (!check_weights_enabled()) return {};
+  if (const int64_t bad = first_non_finite(data, nbytes, v.file_dtype); bad >= 0) {
+    return Status::error(v.file + ": tensor \"" + v.name + "\" holds a NaN or infinite value "
+                         "at element " + std::to_string(bad) + (data == v.data ? "" : " of the slice read") +
+                         "; the weights are corrupt (set BURST_SKIP_WEIGHT_CHECK=1 to load them "
+                         "anyway)");
+  }
+  return {};
+}
+
+Result<WeightFiles::Slice> WeightFiles::read(const std::string& name,
+                                             const std::vector<int64_t>& shape,
+                                             const Window& w, std::vector<char>& buffer) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return Status::error("missing tensor " + name + " (in " + dir_ + ")");
+  const TensorView& v = *it->second;
+  const int64_t total_rows = v.shape.empty() ? 1 : v.shape[0];
+  const int64_t total_cols = v.shape.size() == 2 ? v.shape[1] : 1;
+  const int64_t rows = w.rows < 0 ? total_rows - w.row0 : w.rows;
+  const int64_t cols = w.cols < 0 ? total_cols - w.col0 : w.cols;
+  if (w.row0 < 0 || w.col0 < 0 || rows < 0 || cols < 0 || w.row0 + rows > total_rows ||
+      w.col0 + cols > total_cols || (v.shape.size() != 2 && (w.col0 != 0 || cols != 1))) {
+    return Status::error(v.file + ": tensor \"" + name + "\": rows [" + std::to_string(w.row0) +
+                         ", +" + std::to_string(rows) + ") x columns [" + std::to_string(w.col0) +
+                         ", +" + std::to_string(cols) + ") lie outside its shape " +
+                         shape_text(v.shape));
+  }
+  if (rows == total_rows && cols == total_cols) {
+    auto whole = get(name, shape);
+    if (!whole.ok()) return whole.status();
+    bytes_read_ += whole.value().nbytes;
+    return Slice{whole.value().data, whole.value().dtype, whole.value().nbytes};
+  }
+  // Shape and dtype as get() checks them, without touching the data.
+  if (v.file_dtype != "F32" && v.file_dtype != "F16" && v.file_dtype != "BF16") {
+    return Status::error(v.file + ": tensor \"" + name + "\" has dtype " + v.file_dtype +
+                         "; the engine loads F32, F16 or BF16");
+  }
+  if (v.shape != shape) {
+    return Status::error(v.file + ": tensor \"" + name + "\" has shape " + shape_text(v.shape) +
+                         ", expected " + shape_text(shape));
+  }
+  const int64_t elem = v.nbytes / std::max<int64_t>(1, total_rows * total_cols);
+  const int64_t row_bytes = cols * elem;
+  buffer.resize(static_cast<size_t>(rows * row_bytes));
+  const auto* src = static_cast<const char*>(v.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(buffer.data() + r * row_bytes,
+                src + ((w.row0 + r) * total_cols + w.col0) * elem, static_cast<size_t>(row_bytes));
+  }
+  const auto nbytes = static_cast<int64_t>(buffer.size());
+  BURST_RETURN_IF_ERROR(check_finite(v, buffer.data(), nbytes));
+  bytes_read_ += nbytes;
+  return Slice{buffer.data(), v.dtype, nbytes};
 }
 
 bool WeightFiles::contains(const std::string& name) const { return index_.count(name) != 0; }

@@ -341,13 +341,17 @@ class CudaBackend final : public Backend {
                     src.describe() + " -> " + dst.describe());
   }
 
-  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) override {
+  using Backend::fill_random;
+  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant,
+                     const RandomWindow& w) override {
     BURST_RETURN_IF_ERROR(on_device("fill_random", t));
     BURST_RETURN_IF_ERROR(use_device("fill_random"));
     const int64_t n = t.numel();
     if (n == 0) return {};
+    const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
+    const kernels::FillWindow fw{cols, w.cols == 0 ? cols : w.cols, w.row0, w.col0};
     return launched("fill_random",
-                    kernels::fill_uniform_cuda(t.data, n, t.dtype, seed, scale, constant,
+                    kernels::fill_uniform_cuda(t.data, n, t.dtype, seed, scale, constant, fw,
                                                compute_),
                     t.describe());
   }

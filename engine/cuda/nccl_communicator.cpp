@@ -296,6 +296,20 @@ class NcclCommunicator final : public Communicator {
     return sync(opt_.compute_stream, "broadcast");
   }
 
+  // Device memory: one ncclAllReduce in place on the compute stream (ring or tree: each
+  // element is reduced once and the result copied to every rank, so the bits agree). Host
+  // memory: the default (one all_gather, rank-order sums).
+  Status all_reduce_sum(void* data, int64_t count, DType dtype) override {
+    if (count <= 0 || opt_.world_size == 1) return Communicator::all_reduce_sum(data, count, dtype);
+    if (!is_device(data)) return Communicator::all_reduce_sum(data, count, dtype);
+    const ncclDataType_t type = dtype == DType::kF32    ? ncclFloat32
+                                : dtype == DType::kBF16 ? ncclBfloat16
+                                                        : ncclFloat16;
+    NCCL_TRY(ncclAllReduce(data, data, static_cast<size_t>(count), type, ncclSum, comm_,
+                           opt_.compute_stream));
+    return poll_comm("all_reduce");
+  }
+
   Status barrier() override {
     int32_t token = 0;
     return broadcast(&token, sizeof token, 0);

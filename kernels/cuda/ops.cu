@@ -179,10 +179,11 @@ __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n
 
 template <typename T>
 __global__ void fill_uniform_kernel(T* __restrict__ out, int64_t n, uint64_t seed, float scale,
-                                    bool constant) {
+                                    bool constant, FillWindow w) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    store_f32(out + i, constant ? scale : uniform_at(seed, i, scale));
+    const int64_t counter = (w.row0 + i / w.local_cols) * w.cols + w.col0 + i % w.local_cols;
+    store_f32(out + i, constant ? scale : uniform_at(seed, counter, scale));
   }
 }
 
@@ -364,14 +365,16 @@ cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_
 }
 
 cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
-                              bool constant, cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
+                              bool constant, FillWindow window, cudaStream_t stream) {
+  if (n < 0 || window.local_cols <= 0 || window.cols < window.local_cols) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0) return cudaSuccess;
   if (!out) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     fill_uniform_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), n, seed,
-                                                                  scale, constant);
+                                                                  scale, constant, window);
     return cudaGetLastError();
   });
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/backend.h"
+#include "engine/parallel_layout.h"
 #include "engine/random.h"
 #include "runtime/driver.h"
 #include "common/logging.h"
@@ -23,7 +24,7 @@ constexpr const char* kUsage =
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
-                      [--workers N] [--layout zigzag|contiguous] [--prefill-chunk N]
+                      [--workers N [--tp T]] [--layout zigzag|contiguous] [--prefill-chunk N]
                       [--version] [--help]
 
   --model DIR          Hugging Face LLaMA directory (config.json, *.safetensors, tokenizer.model)
@@ -37,6 +38,8 @@ constexpr const char* kUsage =
   --kv-capacity N      KV cache tokens (default: prompt + max-tokens)
   --workers N          shard the prompt over N burst-worker processes (BurstAttention ring);
                        without it, one in-process engine
+  --tp T               tensor parallelism (default 1): each T consecutive workers split every
+                       layer's weights, the ring joins the N / T groups
   --layout L           sequence sharding across workers: zigzag (default) or contiguous
   --prefill-chunk N    prefill the prompt N tokens at a time (each chunk one
                        ring pass over the cached prefix; less activation memory for prompts
@@ -63,6 +66,7 @@ struct Args {
   int64_t prompt_tokens = 0, kv_capacity = 0, prefill_chunk = 0;
   int max_tokens = 64;
   int workers = 0;
+  int tp = 1;
   burst::engine::ShardLayout layout = burst::engine::ShardLayout::kZigzag;
   burst::engine::SamplingParams sampling{0.8f, 40, 0.95f, 0};
 };
@@ -97,6 +101,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--tokenizer") a.tokenizer = val;
     else if (flag == "--kv-capacity") a.kv_capacity = parse_number<int64_t>(flag, val);
     else if (flag == "--workers") a.workers = parse_number<int>(flag, val);
+    else if (flag == "--tp") a.tp = parse_number<int>(flag, val);
     else if (flag == "--prefill-chunk") a.prefill_chunk = parse_number<int64_t>(flag, val);
     else if (flag == "--layout") {
       if (val != "zigzag" && val != "contiguous") usage_error("--layout is zigzag or contiguous");
@@ -111,6 +116,12 @@ Args parse_args(int argc, char** argv) {
   if (a.max_tokens <= 0) usage_error("--max-tokens must be > 0");
   if (a.prompt_tokens < 0) usage_error("--prompt-tokens must be > 0");
   if (a.workers < 0 || a.workers > 64) usage_error("--workers must be in 1..64");
+  if (a.tp != 1) {
+    if (a.workers == 0) usage_error("--tp needs --workers (tp x the ring's ranks)");
+    if (auto layout = burst::engine::ParallelLayout::of(a.workers, a.tp); !layout.ok()) {
+      usage_error(layout.message());
+    }
+  }
   if (a.prefill_chunk < 0) usage_error("--prefill-chunk must be > 0");
   if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) usage_error(bad);
   if (a.tokenizer.empty() && !a.model_dir.empty()) {
@@ -159,18 +170,21 @@ Result<std::vector<int32_t>> prompt_ids(const Args& a, const models::LlamaConfig
 Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest& req,
                                    int64_t capacity, const runtime::TokenCallback& on_token,
                                    std::string* where) {
-  const models::ModelSpec spec{a.model_dir, a.preset, a.random_seed.value_or(0)};
+  const models::ModelSpec spec{a.model_dir, a.preset, a.random_seed.value_or(0), {}};
   if (a.workers > 0) {
     server::WorkerGroupOptions opt;
     opt.model = spec;
     opt.workers = a.workers;
+    opt.tp = a.tp;
     opt.device = a.device;
     opt.kv_capacity = capacity;
     opt.layout = a.layout;
     opt.prefill_chunk = a.prefill_chunk;
     auto group = server::WorkerGroup::start(opt);
     if (!group.ok()) return group.status();
-    *where = std::to_string(a.workers) + " workers on " + group.value()->info().device;
+    *where = std::to_string(a.workers) + " workers" +
+             (a.tp > 1 ? " (tp " + std::to_string(a.tp) + ")" : "") + " on " +
+             group.value()->info().device;
     auto stats = runtime::generate(*group.value(), req, on_token);
     // Host clock: on the CPU the ring's compute and its waits; on a GPU only the time to
     // queue the launches, so nothing is printed there (burst-bench-ring times the ring on

@@ -88,11 +88,11 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
   // 2 x ranks; else (and where it is not smaller) chunks keep one size.
   {
     const int64_t full = options_.group.prefill_chunk, small = options_.prefill_chunk_decoding;
-    const int64_t parts = 2 * int64_t{std::max(options_.group.workers, 1)};
+    const int64_t parts = 2 * int64_t{std::max(options_.group.ring_size(), 1)};
     if (small > 0 && !(full > 0 && small < full && full % parts == 0 && small % parts == 0)) {
       if (small < full || full <= 0) {
         spdlog::warn("prefill chunk while decoding ({}) unused: it and the prefill chunk ({}) "
-                     "must be multiples of 2 x workers ({}), and it smaller",
+                     "must be multiples of 2 x the ring's ranks ({}), and it smaller",
                      small, full, parts);
       }
       options_.prefill_chunk_decoding = 0;
@@ -105,7 +105,7 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
     options_.max_batched_tokens = chunk + std::max<int64_t>(options_.max_running, chunk / 4);
   }
   PlannerOptions po;
-  po.world = std::max(options_.group.workers, 1);
+  po.world = std::max(options_.group.ring_size(), 1);
   po.layout = options_.group.layout;
   po.prefill_chunk = options_.group.prefill_chunk;
   po.prefill_chunk_decoding = options_.prefill_chunk_decoding;

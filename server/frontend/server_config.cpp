@@ -35,6 +35,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"model_name", {K::kString, &c->model_name}},
       {"device", {K::kString, &c->device}},
       {"workers", {K::kInt, &c->workers}},
+      {"tp", {K::kInt, &c->tp}},
       {"threads_per_worker", {K::kInt, &c->threads_per_worker}},
       {"layout", {K::kString, &c->layout}},
       {"host", {K::kString, &c->host}},
@@ -104,6 +105,17 @@ Status validate(const ServerConfig& c) {
     return Status::error("no model (set \"model\" or --model, or --preset)");
   }
   if (c.workers < 1 || c.workers > 64) return Status::error("workers must be in 1..64");
+  if (c.tp < 1 || c.tp > 8) {
+    return Status::error("tp must be in 1..8 (a tensor-parallel group lies on one node's GPUs)");
+  }
+  if (c.remote_workers == 0 && c.workers % c.tp != 0) {
+    return Status::error("tp " + std::to_string(c.tp) + " does not divide the " +
+                         std::to_string(c.workers) + " workers (workers = tp x the ring's ranks)");
+  }
+  if (c.remote_workers > 0 && c.tp > 1) {
+    return Status::error("tp > 1 with remote_workers: a joined group runs tp 1 (tensor "
+                         "parallelism is for workers this server spawns)");
+  }
   if (c.layout != "zigzag" && c.layout != "contiguous") {
     return Status::error("layout must be zigzag or contiguous");
   }

@@ -157,10 +157,11 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   const bool cuda = is_cuda(cfg);
   server::SchedulerOptions so;
   so.group.model = cfg.preset.empty()
-                       ? models::ModelSpec{cfg.model, "", 0}
+                       ? models::ModelSpec{cfg.model, "", 0, {}}
                        : models::ModelSpec{"", cfg.preset,
-                                           static_cast<uint64_t>(cfg.random_weights)};
+                                           static_cast<uint64_t>(cfg.random_weights), {}};
   so.group.workers = cfg.workers;
+  so.group.tp = cfg.tp;
   so.group.device = cfg.device;
   so.group.kv_capacity = cfg.kv_capacity;
   so.group.threads_per_worker = cfg.threads_per_worker;
@@ -180,7 +181,8 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   // more (on 2 H200s a 128K prompt 7 % slower than unchunked, a 100-token request beside it
   // answered in 0.07-0.19 s instead of 0.33 s at 8192), 8192 on one (128K +2 % on an H200).
   // docs/benchmarks.md has the trade-off.
-  const int world = cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers;
+  // The ring's ranks: a tensor-parallel group shares its rows.
+  const int world = cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers / cfg.tp;
   const int64_t gpu_chunk = world > 1 ? int64_t{2048} * world : 8192;
   so.group.prefill_chunk = cfg.prefill_chunk > 0 ? cfg.prefill_chunk : cuda ? gpu_chunk : 256;
   // Decoding sequences advance one token per step, so while any decode, a step's prefill chunk
@@ -194,8 +196,7 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;
     so.group.kv_reserve_bytes = kv_activation_reserve(
-        model, cfg.max_context, cfg.remote_workers > 0 ? cfg.remote_workers : cfg.workers,
-        so.group.prefill_chunk);
+        model, cfg.max_context, world, so.group.prefill_chunk);
   }
   return so;
 }
@@ -293,9 +294,14 @@ int main(int argc, char** argv) {
   if (!tok.ok()) return fail("tokenizer: " + tok.message());
   std::unique_ptr<Tokenizer> tokenizer = tok.take();
   const bool kv_from_memory = resolve_limits(cfg, model_cfg.value(), *tokenizer);
-  // Every rank holds the whole model (sharded by sequence) in the backend's compute dtype.
+  // A layout the model cannot take is refused before any worker starts or reads a weight.
+  if (std::string e = models::tensor_parallel_error(model_cfg.value(), cfg.tp); !e.empty()) {
+    return fail(e);
+  }
+  // Every rank holds its tensor-parallel share of the model (the ring shards by sequence) in
+  // the backend's compute dtype.
   const int64_t weight_bytes = models::model_weight_bytes(
-      model_cfg.value(), is_cuda(cfg) ? engine::DType::kBF16 : engine::DType::kF32);
+      model_cfg.value(), is_cuda(cfg) ? engine::DType::kBF16 : engine::DType::kF32, cfg.tp);
   SchedulerOptions so = scheduler_options(cfg, model_cfg.value(), kv_from_memory, weight_bytes);
   std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
   if (cfg.remote_workers > 0) {

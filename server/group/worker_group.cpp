@@ -18,6 +18,7 @@
 
 #include "burst/v1/worker.grpc.pb.h"
 #include "common/logging.h"
+#include "engine/parallel_layout.h"
 #include "group/worker_registry.h"
 #include "worker_group_internal.h"
 
@@ -155,13 +156,20 @@ int64_t WorkerGroup::kv_capacity_tokens() const {
   if (options_.kv_capacity > 0) return options_.kv_capacity;
   // Every rank's rows: a request's exact need per rank is checked against the pages at
   // admission (the scheduler's ledger); this total is for limits and metrics.
-  return int64_t{options_.workers} * info_.kv_pages * info_.kv_page_size;
+  // The tp ranks of a tensor-parallel group hold the same rows (each its heads of them).
+  return int64_t{options_.ring_size()} * info_.kv_pages * info_.kv_page_size;
 }
 
 WorkerGroup::WorkerGroup(WorkerGroupOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions options) {
   if (options.workers < 1) return Status::error("workers must be >= 1");
+  if (auto layout = engine::ParallelLayout::of(options.workers, options.tp); !layout.ok()) {
+    return layout.status();
+  }
+  if (options.registry && options.tp > 1) {
+    return Status::error("tensor parallelism needs spawned workers (a joined group runs tp 1)");
+  }
   BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_HEARTBEAT_MS", options.heartbeat_interval));
   BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_HEARTBEAT_TIMEOUT_MS", options.heartbeat_timeout));
   BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_STEP_TIMEOUT_MS", options.step_timeout));
@@ -251,8 +259,9 @@ std::vector<std::string> WorkerGroup::worker_args(const Rank& rk, const std::str
   const int n = options_.workers;
   // 0: each rank sizes its pool from its GPU's memory.
   const int64_t per_rank = options_.kv_capacity > 0
-                               ? engine::kv_capacity_per_rank(options_.kv_capacity, n,
-                                                      options_.prefill_chunk)
+                               ? engine::kv_capacity_per_rank(options_.kv_capacity,
+                                                              options_.ring_size(),
+                                                              options_.prefill_chunk)
                                : 0;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options_.threads_per_worker > 0 ? options_.threads_per_worker
@@ -264,7 +273,7 @@ std::vector<std::string> WorkerGroup::worker_args(const Rank& rk, const std::str
       "--store", store, "--port-file", rk.port_file, "--device", device,
       "--kv-capacity", std::to_string(per_rank), "--threads", std::to_string(threads),
       "--comm-timeout-ms", std::to_string(options_.comm_timeout.count()),
-      "--progress-file", progress_file(rk)};
+      "--progress-file", progress_file(rk), "--tp", std::to_string(options_.tp)};
   if (per_rank == 0) {
     args.insert(args.end(), {"--kv-memory-fraction", std::to_string(options_.kv_memory_fraction),
                              "--kv-reserve-bytes", std::to_string(options_.kv_reserve_bytes)});

@@ -182,7 +182,9 @@ Result<StepOutcome> WorkerGroup::receive_locked(const LayerProgress& on_layer) {
     }
   } step_done{this};
   StepOutcome out;
-  out.kv_used_pages.assign(n, 0);
+  // One count per ring rank: a tensor-parallel group's ranks hold the same rows.
+  const size_t tp = static_cast<size_t>(std::max(options_.tp, 1));
+  out.kv_used_pages.assign(n / tp, 0);
   pb::StepReply error_reply;
   for (size_t r = 0; r < n; ++r) {
     pb::StepReply reply;
@@ -197,7 +199,7 @@ Result<StepOutcome> WorkerGroup::receive_locked(const LayerProgress& on_layer) {
       error_reply = reply;
       continue;
     }
-    out.kv_used_pages[r] = reply.kv_used_pages();
+    if (r % tp == 0) out.kv_used_pages[r / tp] = reply.kv_used_pages();
     if (r == 0) static_cast<runtime::StepResult&>(out) = decode_result(reply);
   }
   if (error_reply.error_code() != 0) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "engine/parallel_layout.h"
 #include "group/worker_registry.h"
 
 namespace burst::worker {
@@ -14,7 +15,7 @@ constexpr const char* kUsage =
     R"(usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R --world N
                     --store DIR --port-file FILE [--progress-file FILE] [--device D]
                     [--kv-capacity TOKENS] [--kv-memory-fraction F] [--kv-reserve-bytes B]
-                    [--threads T] [--comm-timeout-ms MS]
+                    [--threads T] [--comm-timeout-ms MS] [--tp T]
    or: burst-worker (--model DIR | --preset NAME --random-weights SEED) --join HOST:PORT
                     [--advertise-host H] [--cluster-token-file F] [--device D] [--threads T]
    or: burst-worker --version | --help
@@ -29,6 +30,8 @@ HOST:PORT` (multi-node), which sends rank, world size and KV capacity.
   --device D        cpu (default), cuda or cuda:N
   --threads T       CPU threads (0: cores / world size; with --join: all cores)
   --rank R, --world N  this worker's rank and the group's size (spawned form)
+  --tp T            tensor parallelism (spawned form; default 1): ranks [k T, (k+1) T) split
+                    each layer's weights, the ring joins the ranks of equal index mod T
   --store DIR       the group's rendezvous directory (spawned form)
   --port-file FILE  where the control service's port is written once the rank is up
   --progress-file FILE  where loading progress ("BYTES_DONE BYTES_TOTAL") is written while the
@@ -75,7 +78,7 @@ void set_flag(Args& a, const std::string& f, const std::string& v) {
   const bool local = f == "--rank" || f == "--world" || f == "--store" ||
                      f == "--port-file" || f == "--progress-file" || f == "--kv-capacity" ||
                      f == "--kv-memory-fraction" || f == "--kv-reserve-bytes" ||
-                     f == "--comm-timeout-ms";
+                     f == "--comm-timeout-ms" || f == "--tp";
   a.local_flags = a.local_flags || local;
   if (f == "--model") a.model.dir = v;
   else if (f == "--preset") a.model.preset = v;
@@ -90,6 +93,7 @@ void set_flag(Args& a, const std::string& f, const std::string& v) {
   else if (f == "--kv-memory-fraction") a.kv_memory_fraction = to_fraction(f, v);
   else if (f == "--kv-reserve-bytes") a.kv_reserve_bytes = to_int(f, v);
   else if (f == "--threads") a.threads = static_cast<int>(to_int(f, v));
+  else if (f == "--tp") a.tp = static_cast<int>(to_int(f, v));
   else if (f == "--comm-timeout-ms") a.comm_timeout_ms = static_cast<int>(to_int(f, v));
   else if (f == "--join") a.join = v;
   else if (f == "--advertise-host") a.advertise_host = v;
@@ -102,8 +106,8 @@ void check(const Args& a) {
   if (a.threads < 0) usage("--threads must be >= 0");
   if (!a.join.empty()) {
     if (a.local_flags) {
-      usage("--rank, --world, --store, --port-file, --progress-file, --kv-capacity and "
-            "--comm-timeout-ms come from the server with --join; drop them");
+      usage("--rank, --world, --store, --port-file, --progress-file, --kv-capacity, "
+            "--comm-timeout-ms and --tp come from the server with --join; drop them");
     }
     if (auto hp = burst::server::split_host_port(a.join); !hp.ok()) {
       usage("--join: " + hp.message());
@@ -114,6 +118,9 @@ void check(const Args& a) {
   if (!a.cluster_token_file.empty()) usage("--cluster-token-file needs --join");
   if (a.world < 1 || a.rank < 0 || a.rank >= a.world) usage("need 0 <= --rank < --world");
   if (a.store.empty() || a.port_file.empty()) usage("need --store and --port-file");
+  if (auto layout = engine::ParallelLayout::of(a.world, a.tp); !layout.ok()) {
+    usage(layout.message());
+  }
   if (a.kv_capacity < 0) usage("--kv-capacity must be >= 0 (0: from the GPU's memory)");
   if (a.kv_reserve_bytes < 0) usage("--kv-reserve-bytes must be >= 0");
 }

@@ -129,9 +129,9 @@ int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& back
   co.store = store;
   co.host = reg.host;
   co.timeout = std::chrono::milliseconds(as.comm_timeout_ms());
-  auto comm = join_communicator(process, backend, co);
-  if (!comm.ok()) {
-    process.say("error: " + comm.message() + "; registering again");
+  auto comms = join_communicators(process, a, backend, model, co);
+  if (!comms.ok()) {
+    process.say("error: " + comms.message() + "; registering again");
     rejoin(process, argv);
   }
   // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
@@ -141,9 +141,10 @@ int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& back
   sized.kv_capacity = as.kv_capacity();
   sized.kv_memory_fraction = as.kv_memory_fraction();
   sized.kv_reserve_bytes = as.kv_reserve_bytes();
-  auto ring = open_ring(process, sized, backend, model, *comm.value());
+  auto ring = open_ring(process, sized, backend, model, *comms.value().ring);
   if (!ring.ok()) return process.fail(ring.message());
-  WorkerService service(process, model, *comm.value(), *ring.value(), reg.token);
+  WorkerService service(process, model, *comms.value().ring, *ring.value(), reg.token,
+                        {as.rank(), as.world_size()});
   int port = 0;
   std::unique_ptr<grpc::Server> server = start_control(service, reg.host, &port);
   if (!server || port == 0) {

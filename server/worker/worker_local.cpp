@@ -19,11 +19,12 @@ int run_local(WorkerProcess& process, const Args& a, engine::Backend& backend,
   co.store_dir = a.store;
   co.host = "127.0.0.1";
   co.timeout = std::chrono::milliseconds(a.comm_timeout_ms);
-  auto comm = join_communicator(process, backend, co);
-  if (!comm.ok()) return process.fail(comm.message());
-  auto ring = open_ring(process, a, backend, model, *comm.value());
+  auto comms = join_communicators(process, a, backend, model, co);
+  if (!comms.ok()) return process.fail(comms.message());
+  auto ring = open_ring(process, a, backend, model, *comms.value().ring);
   if (!ring.ok()) return process.fail(ring.message());
-  WorkerService service(process, model, *comm.value(), *ring.value(), secret);
+  WorkerService service(process, model, *comms.value().ring, *ring.value(), secret,
+                        {a.rank, a.world});
   int port = 0;
   std::unique_ptr<grpc::Server> server = start_control(service, "127.0.0.1", &port);
   if (!server || port == 0) return process.fail("cannot start the control service on 127.0.0.1");

@@ -75,8 +75,10 @@ int main(int argc, char** argv) {
 
   auto backend = engine::make_backend(a.device);
   if (!backend.ok()) return process.fail(backend.message());
-  auto model =
-      models::load_model(*backend.value(), a.model, load_reporter(process, a.progress_file));
+  // A spawned rank knows its place before loading: it reads only its tensor-parallel slice.
+  models::ModelSpec spec = a.model;
+  if (a.join.empty()) spec.tp = {a.rank % a.tp, a.tp};
+  auto model = models::load_model(*backend.value(), spec, load_reporter(process, a.progress_file));
   if (!model.ok()) return process.fail(model.message());
   if (!a.join.empty()) return run_join(process, a, *backend.value(), *model.value(), argv);
   return run_local(process, a, *backend.value(), *model.value(), secret);

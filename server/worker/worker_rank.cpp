@@ -32,14 +32,23 @@ models::LoadProgress load_reporter(const WorkerProcess& process,
   };
 }
 
-Result<std::unique_ptr<engine::Communicator>> join_communicator(
-    const WorkerProcess& process, engine::Backend& backend,
-    const engine::CommunicatorOptions& options) {
-  auto comm = engine::make_communicator(backend, options);
-  if (comm.ok() && options.world_size > 1 && options.rank == 0) {
-    process.say("communicator: " + comm.value()->transport());
+Result<engine::RankCommunicators> join_communicators(const WorkerProcess& process, const Args& a,
+                                                     engine::Backend& backend,
+                                                     models::LlamaModel& model,
+                                                     const engine::CommunicatorOptions& options) {
+  auto layout = engine::ParallelLayout::of(options.world_size, a.tp);
+  if (!layout.ok()) return layout.status();
+  auto comms = engine::make_rank_communicators(backend, options, layout.value());
+  if (!comms.ok()) return comms.status();
+  model.set_tensor_parallel_comm(*comms.value().tp);
+  if (options.rank == 0) {
+    if (layout.value().cp > 1) process.say("ring: " + comms.value().ring->transport());
+    if (layout.value().tp > 1) {
+      process.say(layout.value().describe() + "; tensor-parallel group: " +
+                  comms.value().tp->transport());
+    }
   }
-  return comm;
+  return comms;
 }
 
 namespace {

@@ -154,7 +154,7 @@ class WorkerService::StepLoop {
   }
 
   models::LayerHook progress_hook(bool progress) {
-    if (!progress || service_.comm_.rank() != 0) return nullptr;
+    if (!progress || service_.place_.rank != 0) return nullptr;
     // Rank 0 reports each layer; a lost write only loses a progress event.
     return [this](int64_t done) -> Status {
       if (done < layers_) {
@@ -177,10 +177,10 @@ class WorkerService::StepLoop {
 };
 
 WorkerService::WorkerService(WorkerProcess& process, models::LlamaModel& model,
-                             engine::Communicator& comm, engine::RingAttention& ring,
-                             std::string token)
-    : process_(process), model_(model), comm_(comm), ring_(ring), runner_(model, ring, comm),
-      token_(std::move(token)) {}
+                             engine::Communicator& ring_comm, engine::RingAttention& ring,
+                             std::string token, Place place)
+    : process_(process), model_(model), place_(place), ring_(ring),
+      runner_(model, ring, ring_comm), token_(std::move(token)) {}
 
 // Every call must carry the group's token (burst::server::kWorkerTokenKey): the port is
 // reachable by every local user (and, --join, by the network), the token only by the
@@ -220,8 +220,8 @@ grpc::Status WorkerService::Session(grpc::ServerContext* ctx, Stream* stream) {
 grpc::Status WorkerService::Ping(grpc::ServerContext* ctx, const pb::PingRequest*,
                                  pb::PingResponse* out) {
   if (grpc::Status a = authorize(ctx); !a.ok()) return a;
-  out->set_rank(comm_.rank());
-  out->set_world_size(comm_.world_size());
+  out->set_rank(place_.rank);
+  out->set_world_size(place_.world);
   out->set_kv_capacity(ring_.capacity());
   out->set_kv_page_size(ring_.cache().page_size());
   out->set_vocab_size(static_cast<int32_t>(model_.config().vocab_size));
@@ -250,7 +250,7 @@ grpc::Status WorkerService::leave_broken_group(const Status& st) {
 }
 
 std::string WorkerService::where() const {
-  return "burst-worker rank " + std::to_string(comm_.rank()) + ": ";
+  return "burst-worker rank " + std::to_string(place_.rank) + ": ";
 }
 
 std::string bracketed_host(const std::string& host) {

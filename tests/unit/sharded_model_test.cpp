@@ -1,7 +1,8 @@
-// The LLaMA model over N ranks (real processes, Gloo over loopback, BurstAttention ring): the
-// prefill logits at the last prompt position match Hugging Face's within the golden tolerance,
-// and the 32-token greedy continuation (the prompt in one step, and in chunks) equals Hugging
-// Face's, for N = 1, 2, 3, 4 and both sharding layouts.
+// The LLaMA model over tp x N ranks (real processes, Gloo over loopback, BurstAttention ring of
+// N ranks, tensor-parallel groups of tp): the prefill logits at the last prompt position match
+// Hugging Face's within the golden tolerance, and the 32-token greedy continuation (the prompt
+// in one step, and in chunks) equals Hugging Face's on every ring, for N = 1, 2, 3, 4, both
+// sharding layouts, and tp = 1, 2, 3, 4 where the model's heads split.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
+#include "engine/communicator_factory.h"
 #include "models/llama.h"
 #include "runtime/batch_runner.h"
 #include "runtime/driver.h"
@@ -27,11 +29,12 @@ using burst::testing::run_ranks;
 struct Case {
   const char* fixture;
   const char* model_dir;  // relative to the repo root
-  int world;
+  int world;  // the ring's ranks
   engine::ShardLayout layout;
+  int tp = 1;  // tensor parallelism: tp x world processes
 };
 
-int rank_main(const Case& c, int rank, const std::string& store) {
+int rank_main(const Case& c, int global_rank, const std::string& store) {
   const std::string root = BURST_SOURCE_DIR;
   const std::string dir = root + "/tests/fixtures/golden/" + c.fixture;
   std::ifstream in(dir + "/golden.json");
@@ -41,18 +44,29 @@ int rank_main(const Case& c, int rank, const std::string& store) {
   const auto ref_logits = g.at("prefill_logits").get<std::vector<float>>();
   const auto ref_tokens = g.at("greedy_tokens").get<std::vector<int32_t>>();
 
-  auto comm = engine::make_gloo_communicator({rank, c.world, store, "127.0.0.1",
-                                              std::chrono::milliseconds(30000), nullptr});
-  if (!comm.ok()) return 31;
   auto backend = engine::make_cpu_backend();
-  auto model = LlamaModel::load(*backend, root + "/" + c.model_dir);
+  const engine::ParallelLayout layout{c.tp, c.world};
+  engine::CommunicatorOptions co;
+  co.rank = global_rank;
+  co.world_size = layout.world();
+  co.store_dir = store;
+  auto comms = engine::make_rank_communicators(*backend, co, layout);
+  if (!comms.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", global_rank, comms.message().c_str());
+    return 31;
+  }
+  auto& comm = comms.value().ring;
+  const int rank = layout.cp_index(global_rank);  // this rank's place in its ring
+  auto model = LlamaModel::load(*backend, root + "/" + c.model_dir, nullptr,
+                                {layout.tp_index(global_rank), c.tp});
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.message().c_str());
     return 32;
   }
+  model.value()->set_tensor_parallel_comm(*comms.value().tp);
   const auto n = static_cast<int64_t>(prompt.size());
   const auto plan = engine::ShardPlan::make(c.layout, n, c.world);
-  auto ring = engine::RingAttention::create(*backend, *comm.value(),
+  auto ring = engine::RingAttention::create(*backend, *comm,
                                             model.value()->attention_shape(),
                                             plan.local_rows(rank) + 64);
   if (!ring.ok()) return 33;
@@ -91,7 +105,7 @@ int rank_main(const Case& c, int rank, const std::string& store) {
 
   // The prompt in one step, then in chunks of 7 (they divide neither the prompt nor 2N),
   // through the batch runner, then decode steps: transformers' greedy tokens both ways.
-  BatchRunner runner(*model.value(), *ring.value(), *comm.value());
+  BatchRunner runner(*model.value(), *ring.value(), *comm);
   runner.release_all();  // the logits' forward above left its sequence in the ring
   constexpr uint64_t kSeq = 42;
   for (const int64_t chunk : {n, int64_t{7}}) {
@@ -111,7 +125,7 @@ int rank_main(const Case& c, int rank, const std::string& store) {
       if (w.sample && rank == 0) token = r.value().tokens.at(0).token;
     }
     for (size_t i = 0; i < ref_tokens.size(); ++i) {
-      if (comm.value()->broadcast(&token, sizeof token, 0).ok() == false) return 40;
+      if (comm->broadcast(&token, sizeof token, 0).ok() == false) return 40;
       chunked.push_back(token);
       if (i + 1 == ref_tokens.size()) break;
       StepPlan plan;
@@ -134,13 +148,15 @@ int rank_main(const Case& c, int rank, const std::string& store) {
 class ShardedModel : public ::testing::TestWithParam<Case> {};
 
 constexpr const char* kOddLinear = "tests/fixtures/golden/odd-linear/model";
+constexpr const char* kOddDynamic = "tests/fixtures/golden/odd-dynamic/model";
 
 TEST_P(ShardedModel, MatchesTransformersOnEveryWorldSize) {
   const Case c = GetParam();
   const std::string store = make_temp_dir();
-  const auto codes = run_ranks(c.world, [&](int rank) { return rank_main(c, rank, store); },
+  const int processes = c.world * c.tp;
+  const auto codes = run_ranks(processes, [&](int rank) { return rank_main(c, rank, store); },
                                std::chrono::seconds(120));
-  for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  for (int r = 0; r < processes; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -155,11 +171,20 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kZigzag},
                       Case{"odd-linear", kOddLinear, 4, engine::ShardLayout::kZigzag},
                       Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kContiguous},
-                      Case{"odd-dynamic", "tests/fixtures/golden/odd-dynamic/model", 4,
-                           engine::ShardLayout::kZigzag}),
+                      Case{"odd-dynamic", kOddDynamic, 4, engine::ShardLayout::kZigzag},
+                      // Tensor parallelism: odd-linear has 6 heads and 2 KV heads (tp 2: one
+                      // KV head each), odd-dynamic 4 and 4 (tp 4: one head each), kjv-tiny 2
+                      // heads and 1 KV head (tp 2: the KV head replicated).
+                      Case{"odd-linear", kOddLinear, 1, engine::ShardLayout::kZigzag, 2},
+                      Case{"odd-linear", kOddLinear, 2, engine::ShardLayout::kZigzag, 2},
+                      Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kContiguous, 2},
+                      Case{"odd-dynamic", kOddDynamic, 1, engine::ShardLayout::kZigzag, 4},
+                      Case{"odd-dynamic", kOddDynamic, 2, engine::ShardLayout::kZigzag, 2},
+                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kZigzag, 2}),
     [](const auto& info) {
       std::string s = std::string(info.param.fixture) + "_" + std::to_string(info.param.world) +
-                      (info.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig");
+                      (info.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig") +
+                      (info.param.tp > 1 ? "_tp" + std::to_string(info.param.tp) : "");
       for (char& ch : s) ch = ch == '-' ? '_' : ch;
       return s;
     });

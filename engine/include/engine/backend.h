@@ -44,7 +44,17 @@ class Backend {
   }
   // Fills t with uniform values in [-scale, scale] from a counter-based generator keyed by
   // seed (deterministic on every backend), or with `scale` itself when constant is true.
-  virtual Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) = 0;
+  // `window` says which part of a larger matrix t is: element (r, c) of t (as [rows, its last
+  // dimension]) draws counter (row0 + r) * cols + col0 + c, so a tensor-parallel rank's slice
+  // holds exactly the values of the whole matrix there. cols 0: t is the whole (counter = index).
+  struct RandomWindow {
+    int64_t cols = 0, row0 = 0, col0 = 0;
+  };
+  virtual Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant,
+                             const RandomWindow& window) = 0;
+  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) {
+    return fill_random(t, seed, scale, constant, RandomWindow{});
+  }
 
   // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]. ids are validated. An
   // id -1 - k (k < the count of drawn_ids()) stands for the k-th id the last sample() drew,

@@ -15,6 +15,7 @@
 
 #include "engine/rendezvous_store.h"
 #include "engine/status.h"
+#include "engine/tensor.h"
 
 namespace burst::engine {
 
@@ -53,6 +54,11 @@ class Communicator {
   virtual Status all_gather(const void* in, void* out, size_t bytes) = 0;
   // data on every rank becomes root's data.
   virtual Status broadcast(void* data, size_t bytes, int root) = 0;
+  // data ([count] of dtype, in place) becomes the sum over the ranks, the same bits on every
+  // rank (a tensor-parallel group's replicated activations must stay identical). The default,
+  // for host memory: one all_gather, then every rank adds the blocks in rank order in fp32 and
+  // rounds once to dtype. NCCL reduces device memory on the compute stream (stream-ordered).
+  virtual Status all_reduce_sum(void* data, int64_t count, DType dtype);
   virtual Status barrier() = 0;
   // How this communicator moves data, for the logs ("gloo (tcp)", "nccl; ...").
   virtual std::string transport() const { return "unnamed"; }

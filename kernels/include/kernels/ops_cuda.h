@@ -106,10 +106,15 @@ cudaError_t gemv_swiglu_cuda(const void* x, const void* w_gate, const void* w_up
 // x[i] += y[i] in fp32, one rounding to dtype; n elements.
 cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_t stream);
 
-// out[i] = uniform_at(seed, i, scale) (kernels/random.h), or scale itself when constant, rounded
-// once to dtype: the CPU backend's values element for element.
+// Which part of a [*, cols] matrix out is ([*, local_cols], from row0 and col0 on).
+struct FillWindow {
+  int64_t local_cols, cols, row0, col0;
+};
+// out[i] = uniform_at(seed, counter, scale) (kernels/random.h) with counter the element's index
+// in the whole matrix ((row0 + i / local_cols) * cols + col0 + i % local_cols), or scale itself
+// when constant, rounded once to dtype: the CPU backend's values element for element.
 cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
-                              bool constant, cudaStream_t stream);
+                              bool constant, FillWindow window, cudaStream_t stream);
 
 // The all-gather between the GPUs of one host without NCCL (the distributed decode's per-layer
 // exchange of a few KB, where NCCL's call costs ~10 us): every rank owns a `region` of

@@ -11,6 +11,7 @@
 
 #include "engine/attention_context.h"
 #include "engine/backend.h"
+#include "engine/communicator.h"
 #include "models/config.h"
 #include "models/model.h"
 
@@ -24,23 +25,50 @@ struct LayerWeights {
 // backend's compute dtype) done so far, of all. A 7B model takes minutes: this is what shows it.
 using LoadProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
 
-struct WeightSpec;  // one weight: name, shape, destination (llama.cpp)
+struct WeightSpec;  // one weight: name, shape, this rank's part, destination (llama.cpp)
+
+// This rank's place in a tensor-parallel group (Megatron-style): q, k, v, gate and up are split
+// by output rows (column-parallel), o and down by input columns (row-parallel, one all-reduce
+// after each); rank r holds query heads [r H/T, (r+1) H/T) and the KV heads they read (a KV
+// head is replicated on T / KV ranks when T exceeds the KV heads), and 1/T of the MLP. The
+// embedding, the norms and the LM head are replicated: every rank computes the same logits and
+// draws the same tokens. size 1 is the whole model.
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+};
+// Empty when `config` splits over `tp` ranks, else why not (named for the user: heads,
+// KV heads, intermediate size).
+std::string tensor_parallel_error(const LlamaConfig& config, int tp);
 
 class LlamaModel final : public Model {
  public:
   // Loads config.json and the safetensors weights of an HF model directory onto the backend.
+  // With tp.size > 1, only this rank's slices are read (WeightFiles::read).
   static Result<std::unique_ptr<LlamaModel>> load(engine::Backend& backend,
                                                   const std::string& model_dir,
-                                                  const LoadProgress& on_progress = nullptr);
+                                                  const LoadProgress& on_progress = nullptr,
+                                                  TensorParallel tp = {});
   // A model of `config` with weights drawn from a counter-based generator keyed by `seed`
   // (uniform, scaled by 1/sqrt(fan_in); norms at 1): the benchmark presets need no files.
+  // With tp.size > 1, this rank's slices of the very model tp.size 1 draws.
   static Result<std::unique_ptr<LlamaModel>> random(engine::Backend& backend,
                                                     const LlamaConfig& config, uint64_t seed,
-                                                    const LoadProgress& on_progress = nullptr);
+                                                    const LoadProgress& on_progress = nullptr,
+                                                    TensorParallel tp = {});
 
   const LlamaConfig& config() const override { return config_; }
   engine::Backend& backend() const override { return backend_; }
+  // This rank's heads (a tensor-parallel rank's share).
   engine::AttentionShape attention_shape() const override;
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // The group the row-parallel products are summed over (size tp.size, this rank tp.rank);
+  // needed before the first forward when tp.size > 1.
+  void set_tensor_parallel_comm(engine::Communicator& comm) { tp_comm_ = &comm; }
+  // Bytes of this rank's weights.
+  int64_t weight_bytes() const;
+  // Bytes of tensor data load() read from the weight files (0 for random weights).
+  int64_t file_bytes_read() const { return file_bytes_read_; }
   // Rows of MLP work per chunk in long prefills (bounds activation memory).
   void set_mlp_chunk_rows(int64_t rows) { mlp_chunk_rows_ = rows; }
 
@@ -50,8 +78,14 @@ class LlamaModel final : public Model {
                  const LayerHook& after_layer = nullptr) override;
 
  private:
-  LlamaModel(engine::Backend& backend, LlamaConfig config)
-      : backend_(backend), config_(std::move(config)) {}
+  LlamaModel(engine::Backend& backend, LlamaConfig config, TensorParallel tp)
+      : backend_(backend), config_(std::move(config)), tp_(tp) {}
+  static Result<std::unique_ptr<LlamaModel>> create(engine::Backend& backend, LlamaConfig config,
+                                                    TensorParallel tp);
+  // out (a scratch [rows, hidden]) = the row-parallel partial product of this rank; summed over
+  // the group, then added to x. Without tensor parallelism: x += the product, in the GEMM.
+  Status row_parallel(const engine::Tensor& in, const engine::Tensor& w, engine::Tensor& x,
+                      engine::Tensor& scratch);
   // Allocates each weight and runs fill(weight, index) on it, in order, reporting progress.
   Status fill_weights(const LoadProgress& on_progress,
                       const std::function<Status(const WeightSpec&, uint64_t)>& fill);
@@ -76,6 +110,9 @@ class LlamaModel final : public Model {
 
   engine::Backend& backend_;
   LlamaConfig config_;
+  TensorParallel tp_;
+  engine::Communicator* tp_comm_ = nullptr;
+  int64_t file_bytes_read_ = 0;
   engine::Tensor embed_, final_norm_, lm_head_;  // lm_head_ aliases embed_ when tied
   std::vector<LayerWeights> layers_;
   int64_t mlp_chunk_rows_ = 4096;
@@ -87,15 +124,17 @@ class LlamaModel final : public Model {
   engine::Tensor head_in_, head_normed_, head_out_;
 };
 
-// Bytes of a model's weights of `config` held in `dtype` (what every rank holds: the model is
-// sharded by sequence, not by weight).
-int64_t model_weight_bytes(const LlamaConfig& config, engine::DType dtype);
+// Bytes of a model's weights of `config` held in `dtype` by one rank of a tensor-parallel group
+// of `tp` (every rank of a context-parallel ring holds the same).
+int64_t model_weight_bytes(const LlamaConfig& config, engine::DType dtype, int tp = 1);
 
-// Where a model comes from: an HF directory, or a preset with seeded random weights.
+// Where a model comes from: an HF directory, or a preset with seeded random weights; and this
+// rank's tensor-parallel slice of it.
 struct ModelSpec {
   std::string dir;
   std::string preset;
   uint64_t random_seed = 0;
+  TensorParallel tp;
 };
 Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,
                                                const LoadProgress& on_progress = nullptr);

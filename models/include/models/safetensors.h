@@ -63,10 +63,30 @@ class WeightFiles {
   Result<TensorView> get(const std::string& name, const std::vector<int64_t>& shape) const;
   bool contains(const std::string& name) const;
 
+  // A part of a tensor: rows [row0, row0 + rows) and, for a 2-D tensor, columns [col0, col0 +
+  // cols) (-1: all of them). A tensor-parallel rank reads only its slices.
+  struct Window {
+    int64_t row0 = 0, rows = -1, col0 = 0, cols = -1;
+  };
+  struct Slice {
+    const void* data = nullptr;  // row-major [rows, cols]; unaligned: read through memcpy
+    engine::DType dtype = engine::DType::kF32;
+    int64_t nbytes = 0;
+  };
+  // get(name, shape), then the window: the whole tensor is handed out where it lies in the
+  // mapping; a part is copied into `buffer` (only its bytes are read, row by row). Refuses a
+  // window outside the tensor, and (as get() does) NaN or infinite values inside the window.
+  Result<Slice> read(const std::string& name, const std::vector<int64_t>& shape,
+                     const Window& window, std::vector<char>& buffer) const;
+  // Bytes of tensor data handed out by read() so far (what this process read of the files).
+  int64_t bytes_read() const { return bytes_read_; }
+
  private:
+  static Status check_finite(const TensorView& v, const void* data, int64_t nbytes);
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
   std::string dir_;
+  mutable int64_t bytes_read_ = 0;
 };
 
 }  // namespace burst::models

@@ -29,6 +29,7 @@ struct ServerConfig {
   std::string model_name;   // the name clients use (default: the model directory's name)
   std::string device = "cpu";
   int workers = 2;
+  int tp = 1;  // tensor parallelism: workers = tp x the ring's ranks (engine::ParallelLayout)
   int threads_per_worker = 0;  // 0: cores / workers
   std::string layout = "zigzag";
   std::string host = "127.0.0.1";
@@ -81,7 +82,7 @@ struct ServerConfig {
 constexpr const char* kServerUsage =
     R"(usage: burst-server [--config FILE] [--model DIR | --preset 1b|7b|13b|70b --random-weights SEED]
                     [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
-                    [--device cpu|cuda] [--workers N] [--threads-per-worker N]
+                    [--device cpu|cuda] [--workers N] [--tp T] [--threads-per-worker N]
                     [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
                     [--port-file FILE] [--api-key KEY | --api-key-file F] [--max-context N]
                     [--kv-capacity N] [--kv-memory-percent P]
@@ -108,7 +109,9 @@ constexpr const char* kServerUsage =
   --check-config    validate the config and flags, print the resolved settings as JSON and
                     exit (0: valid, 2: not); model files are checked only where present
   --device D        cpu (default) or cuda
-  --workers N       burst-worker processes (the ring's ranks, default 2)
+  --workers N       burst-worker processes (default 2): tp x the ring's ranks
+  --tp T            tensor parallelism (default 1): each T consecutive workers split every
+                    layer's weights (Megatron), the BurstAttention ring joins the groups
   --threads-per-worker N  threads per CPU worker (0: cores / workers)
   --layout L        sequence sharding: zigzag (default) or contiguous
   --host ADDR       the address HTTP and gRPC bind (default 127.0.0.1)

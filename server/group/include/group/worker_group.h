@@ -16,6 +16,7 @@
 // steps (burst-generate --workers N, tests).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <chrono>
@@ -53,6 +54,7 @@ struct WorkerGroupOptions {
   std::string worker_binary;  // path of burst-worker (default: beside the running binary)
   models::ModelSpec model;
   int workers = 1;
+  int tp = 1;  // tensor parallelism: the ring has workers / tp ranks (engine::ParallelLayout)
   std::string device = "cpu";
   int64_t kv_capacity = 4096;  // KV tokens of the whole group, shared by every sequence
   // kv_capacity 0 (CUDA ranks, local or joined): each rank sizes its KV pool from its GPU's memory
@@ -85,6 +87,9 @@ struct WorkerGroupOptions {
   // Remote mode (multi-node): the ranks join through this registry instead of being spawned;
   // its world size is `workers`.
   std::shared_ptr<WorkerRegistry> registry;
+
+  // The BurstAttention ring's ranks (each a tensor-parallel group of tp workers).
+  int ring_size() const { return workers / std::max(tp, 1); }
 };
 
 // The start timeout when none is given: 120 s plus 30 s per GB of weights each rank holds (a
@@ -105,7 +110,7 @@ struct WorkerGroupInfo {
 // What one step returned: rank 0's StepResult (its tokens, prompt logprobs, rows and ring
 // times), and the KV pages every rank uses after it.
 struct StepOutcome : runtime::StepResult {
-  std::vector<int64_t> kv_used_pages;  // per rank
+  std::vector<int64_t> kv_used_pages;  // per ring rank (a tensor-parallel group counts once)
 };
 // Called on rank 0's progress replies during a step: layers done of all layers.
 using LayerProgress = std::function<void(int layers_done, int layers)>;

@@ -11,6 +11,7 @@ namespace burst::worker {
 struct Args {
   models::ModelSpec model;
   int rank = -1, world = 0, threads = 0;
+  int tp = 1;  // tensor parallelism: the group is tp x (world / tp) (engine::ParallelLayout)
   std::string store, port_file, progress_file, device = "cpu";
   int64_t kv_capacity = 4096;  // 0: from the GPU's memory (kv_memory_fraction, kv_reserve_bytes)
   double kv_memory_fraction = 0.9;

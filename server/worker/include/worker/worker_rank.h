@@ -21,10 +21,13 @@ namespace burst::worker {
 // --join worker has no file and logs a line every 5 s itself.
 models::LoadProgress load_reporter(const WorkerProcess& process, const std::string& progress_file);
 
-// engine::make_communicator, and rank 0 of a group says how it moves data (NCCL or peer stores).
-Result<std::unique_ptr<engine::Communicator>> join_communicator(
-    const WorkerProcess& process, engine::Backend& backend,
-    const engine::CommunicatorOptions& options);
+// engine::make_rank_communicators (the tensor-parallel group, then the ring) for --tp a.tp, and
+// rank 0 of a group says how the ring moves data (NCCL or peer stores). The model is handed
+// its tensor-parallel group.
+Result<engine::RankCommunicators> join_communicators(const WorkerProcess& process, const Args& a,
+                                                     engine::Backend& backend,
+                                                     models::LlamaModel& model,
+                                                     const engine::CommunicatorOptions& options);
 
 // The rows of this rank's KV pool: --kv-capacity, or (0) what the GPU holds once the weights
 // are in (engine::kv_rows_from_memory), said in the log.

@@ -22,9 +22,15 @@ namespace pb = ::burst::v1::internal;
 
 class WorkerService final : public pb::WorkerControl::Service {
  public:
-  // `token`: what every call must carry (empty: --join without a cluster token, none).
-  WorkerService(WorkerProcess& process, models::LlamaModel& model, engine::Communicator& comm,
-                engine::RingAttention& ring, std::string token);
+  // This worker's rank in the whole group (tensor-parallel ranks included) and the group's size.
+  struct Place {
+    int rank = 0, world = 1;
+  };
+  // `ring_comm`: the rank's context-parallel ring (its BatchRunner's group); `token`: what
+  // every call must carry (empty: --join without a cluster token, none).
+  WorkerService(WorkerProcess& process, models::LlamaModel& model,
+                engine::Communicator& ring_comm, engine::RingAttention& ring, std::string token,
+                Place place);
 
   grpc::Status Session(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<pb::StepReply, pb::StepRequest>* stream) override;
@@ -45,7 +51,7 @@ class WorkerService final : public pb::WorkerControl::Service {
 
   WorkerProcess& process_;
   models::LlamaModel& model_;
-  engine::Communicator& comm_;
+  const Place place_;
   engine::RingAttention& ring_;
   runtime::BatchRunner runner_;
   std::mutex run_mu_;
