@@ -224,6 +224,10 @@ int main(int argc, char** argv) {
   auto config = a.model_dir.empty() ? models::preset_config(a.preset)
                                     : models::load_config(a.model_dir);
   if (!config.ok()) return fail(config.message());
+  // A layout the model cannot take: refused before any worker starts.
+  if (std::string e = models::tensor_parallel_error(config.value(), a.tp); !e.empty()) {
+    return fail(e);
+  }
   std::unique_ptr<server::Tokenizer> tok;
   if (!a.tokenizer.empty()) {
     auto t = server::Tokenizer::load(a.tokenizer);

@@ -6,6 +6,7 @@
 // root, barrier, and the failure paths (dead peer, silent peer, send to a dead peer), which must
 // return an error naming rank and peer within the timeout, never hang or die of SIGPIPE.
 #include "engine/communicator.h"
+#include "engine/dtype_convert.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -271,6 +272,50 @@ int collectives(const GlooOptions& options) {
 }
 
 class CommunicatorGroupTest : public ::testing::TestWithParam<int> {};
+
+// all_reduce_sum: random (never zero) values of odd count, fp32 and bf16; every rank gets the
+// sum in rank order in fp32 rounded once (computed here independently from each rank's
+// reproducible input), bit for bit the same on every rank.
+int all_reduce(const GlooOptions& options) {
+  auto joined = make_gloo_communicator(options);
+  if (!joined.ok()) return fail(options.rank, joined.message());
+  auto& comm = *joined.value();
+  const int n = comm.world_size(), rank = comm.rank();
+  constexpr int64_t kCount = 1237;
+  auto value = [](int r, int64_t i) {
+    std::mt19937 g(static_cast<uint32_t>(r * 100003 + i));
+    return std::uniform_real_distribution<float>(0.25f, 4.f)(g) * (i % 3 == 0 ? -1.f : 1.f);
+  };
+  std::vector<float> f32(kCount);
+  std::vector<uint16_t> bf16(kCount);
+  for (int64_t i = 0; i < kCount; ++i) {
+    f32[static_cast<size_t>(i)] = value(rank, i);
+    bf16[static_cast<size_t>(i)] = f32_to_bf16(value(rank, i));
+  }
+  Status st = comm.all_reduce_sum(f32.data(), kCount, DType::kF32);
+  if (st.ok()) st = comm.all_reduce_sum(bf16.data(), kCount, DType::kBF16);
+  if (!st.ok()) return fail(rank, st.message());
+  for (int64_t i = 0; i < kCount; ++i) {
+    float want = 0.f, want_bf = 0.f;
+    for (int r = 0; r < n; ++r) {
+      want += value(r, i);
+      want_bf += bf16_to_f32(f32_to_bf16(value(r, i)));
+    }
+    if (f32[static_cast<size_t>(i)] != want) return fail(rank, "fp32 sum differs at " + std::to_string(i));
+    if (bf16[static_cast<size_t>(i)] != f32_to_bf16(want_bf)) {
+      return fail(rank, "bf16 sum differs at " + std::to_string(i));
+    }
+  }
+  if (comm.all_reduce_sum(f32.data(), 3, DType::kF16).ok()) {
+    return fail(rank, "fp16 on the host path is refused, not summed wrongly");
+  }
+  const Status b = comm.barrier();
+  return b.ok() ? 0 : fail(rank, b.message());
+}
+
+TEST_P(CommunicatorGroupTest, AllReduceSumIsTheRankOrderSumOnEveryRank) {
+  expect_all_zero(run_group(GetParam(), all_reduce), GetParam());
+}
 
 TEST_P(CommunicatorGroupTest, RingExchangeOddSizes) {
   expect_all_zero(run_group(GetParam(), ring_exchange), GetParam());

@@ -97,6 +97,23 @@ TEST(GenerateCli, TinyModelTextIdenticalForOneToFourWorkers) {
   // Chunked prefill (each chunk one ring pass over the cached prefix) gives the same text; 3
   // tokens a chunk leaves a short last chunk and chunks smaller than the ring.
   EXPECT_EQ(stdout_of(base + " --workers 3 --prefill-chunk 3"), want) << "3 workers, chunk 3";
+  // Tensor parallelism (kjv-tiny: 2 heads, 1 KV head, replicated on both ranks of a group):
+  // tp 2 alone, and tp 2 x a ring of 2, chunked.
+  EXPECT_EQ(stdout_of(base + " --workers 2 --tp 2"), want) << "tp 2";
+  EXPECT_EQ(stdout_of(base + " --workers 4 --tp 2 --prefill-chunk 5"), want) << "tp 2 x cp 2";
+}
+
+// Layouts that cannot work are refused before any worker starts, saying why.
+TEST(GenerateCli, BadTensorParallelLayoutsAreRefused) {
+  const CliRun uneven = run("--model " + kModel + " --prompt-tokens 5 --workers 3 --tp 2");
+  EXPECT_EQ(uneven.code, 2) << uneven.out;
+  EXPECT_NE(uneven.out.find("does not divide the 3 workers"), std::string::npos) << uneven.out;
+  const CliRun alone = run("--model " + kModel + " --prompt-tokens 5 --tp 2");
+  EXPECT_EQ(alone.code, 2) << alone.out;
+  // odd-linear has 6 attention heads.
+  const CliRun heads = run("--model " + kModel + " --prompt-tokens 5 --workers 4 --tp 4");
+  EXPECT_EQ(heads.code, 1) << heads.out;
+  EXPECT_NE(heads.out.find("6 attention heads"), std::string::npos) << heads.out;
 }
 
 // The in-process engine prefills in chunks too (the same driver as the workers'): chunks of 5
