@@ -266,7 +266,7 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.q_start = qs.pos;
   p.kv_start = ks.pos;
   p.mask = mask;
-  p.scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+  p.scale = shape_.logit_scale / std::sqrt(static_cast<float>(shape_.head_dim));
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   p.beside_transfer = beside_transfer_;
@@ -541,7 +541,7 @@ kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t
   p.v = cache_->v_pool(layer).data;
   p.page_size = cache_->page_size();
   p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
-  p.scale = 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+  p.scale = shape_.logit_scale / std::sqrt(static_cast<float>(shape_.head_dim));
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;
   return p;

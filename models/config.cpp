@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -38,13 +39,24 @@ const char* type_name(const json& v) {
   return v.type_name();
 }
 
+// A number as a person writes it (4, 0.5, 1e+06), for messages about derived values.
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 class FieldReader {
  public:
-  FieldReader(const json& root, const std::string& source) : root_(root), source_(source) {}
+  // `prefix` names the object inside the file ("rope_scaling."): errors quote prefix + field.
+  FieldReader(const json& root, const std::string& source, std::string prefix = "")
+      : root_(root), source_(source), prefix_(std::move(prefix)) {}
 
   Status error(const std::string& field, const std::string& what) const {
-    return Status::error(source_ + ": field \"" + field + "\" " + what);
+    return Status::error(source_ + ": field \"" + prefix_ + field + "\" " + what);
   }
+
+  const std::string& source() const { return source_; }
 
   // nullptr when the field is absent or null; the caller picks the default or reports it missing.
   const json* find(const std::string& field) const {
@@ -100,6 +112,22 @@ class FieldReader {
     return Status();
   }
 
+  // An optional number in [lo, hi] (lo itself allowed, unlike get_float).
+  Status get_float_closed(const std::string& field, double lo, double hi, float& out) const {
+    const json* v = find(field);
+    if (v == nullptr) return Status();
+    if (!v->is_number()) {
+      return error(field, std::string("must be a number, got ") + type_name(*v));
+    }
+    const double d = v->get<double>();
+    if (!(d >= lo && d <= hi)) {
+      return error(
+          field, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + v->dump());
+    }
+    out = static_cast<float>(d);
+    return Status();
+  }
+
   Status get_bool(const std::string& field, bool& out) const {
     const json* v = find(field);
     if (v == nullptr) return Status();
@@ -118,12 +146,82 @@ class FieldReader {
 
   const json& root_;
   const std::string& source_;
+  std::string prefix_;
 };
 
+// Yarn's fields, resolved as transformers 5 resolves them (standardize_rope_params and
+// _compute_yarn_parameters in modeling_rope_utils.py); models/rope.cpp computes with them.
+// Values transformers only warns about (factor below 1, beta_fast below beta_slow) are refused:
+// they give frequencies no checkpoint was trained with. "finetuned" (written by the YaRN
+// authors' checkpoints) and other keys are ignored, as there.
+Status parse_yarn(const FieldReader& root, const std::string& field, const json& v,
+                  int64_t max_positions, RopeScaling& out) {
+  const FieldReader r(v, root.source(), field + ".");
+  out.kind = RopeScaling::Kind::kYarn;
+  // The pretraining context: a top-level original_max_position_embeddings wins over the rope
+  // object's (transformers 5 gives the top-level one priority, as Phi-3 writes it), and
+  // max_position_embeddings stands in when neither is given.
+  int64_t orig = max_positions;
+  BURST_RETURN_IF_ERROR(
+      r.get_int("original_max_position_embeddings", false, 1, kMaxPositions, orig));
+  BURST_RETURN_IF_ERROR(
+      root.get_int("original_max_position_embeddings", false, 1, kMaxPositions, orig));
+  out.original_max_position_embeddings = orig;
+
+  // factor is required; null derives it as the ratio of the two contexts (transformers 5;
+  // transformers 4 derived it whenever the rope object named the original context).
+  auto f = v.find("factor");
+  if (f == v.end()) {
+    return r.error("factor",
+                   "is missing (required for yarn; null derives it as "
+                   "max_position_embeddings / original_max_position_embeddings)");
+  }
+  double factor = 0;
+  if (f->is_null()) {
+    factor = static_cast<double>(max_positions) / static_cast<double>(orig);
+    if (!(factor >= 1)) {
+      return r.error("factor",
+                     "is null and max_position_embeddings / "
+                     "original_max_position_embeddings = " +
+                         std::to_string(max_positions) + " / " + std::to_string(orig) + " = " +
+                         number_text(factor) + " is below 1");
+    }
+  } else {
+    if (!f->is_number()) {
+      return r.error("factor", std::string("must be a number, got ") + type_name(*f));
+    }
+    factor = f->get<double>();
+    if (!(factor >= 1 && factor <= 1e6)) {
+      return r.error("factor", "must be in [1, 1e6] for yarn, got " + f->dump());
+    }
+  }
+  out.factor = static_cast<float>(factor);
+
+  // beta_fast / beta_slow count rotations over the original context; the correction range
+  // takes their logarithm, so both must be positive, and the ramp runs from fast to slow.
+  BURST_RETURN_IF_ERROR(r.get_float("beta_fast", false, 0.0, 1e6, out.beta_fast));
+  BURST_RETURN_IF_ERROR(r.get_float("beta_slow", false, 0.0, 1e6, out.beta_slow));
+  if (out.beta_fast < out.beta_slow) {
+    return r.error("beta_fast", "(" + number_text(out.beta_fast) + ") is below beta_slow (" +
+                                    number_text(out.beta_slow) + ")");
+  }
+  // transformers reads a null truncate as false, not as the default true: refuse the guess.
+  if (auto t = v.find("truncate"); t != v.end() && t->is_null()) {
+    return r.error("truncate", "must be a boolean, got null");
+  }
+  BURST_RETURN_IF_ERROR(r.get_bool("truncate", out.truncate));
+  BURST_RETURN_IF_ERROR(r.get_float("attention_factor", false, 0.0, 1e3, out.attention_factor));
+  // 0 means "not given" to transformers too (it tests them for truth).
+  BURST_RETURN_IF_ERROR(r.get_float_closed("mscale", 0.0, 1e3, out.mscale));
+  BURST_RETURN_IF_ERROR(r.get_float_closed("mscale_all_dim", 0.0, 1e3, out.mscale_all_dim));
+  return Status();
+}
+
 // `field` is "rope_scaling" (transformers 4) or "rope_parameters" (transformers 5, which also
-// moves rope_theta inside it); both hold the rope type and its factor.
+// moves rope_theta inside it); both hold the rope type and its factor. max_positions: the
+// config's max_position_embeddings (yarn's default original context).
 Status parse_rope_scaling(const FieldReader& r, const std::string& field, const json* v,
-                          RopeScaling& out) {
+                          int64_t max_positions, RopeScaling& out) {
   out = RopeScaling{};
   if (v == nullptr) return Status();
   if (!v->is_object()) {
@@ -144,6 +242,7 @@ Status parse_rope_scaling(const FieldReader& r, const std::string& field, const 
   }
   const std::string& kind = type->get_ref<const std::string&>();
   if (kind == "default") return Status();  // transformers' spelling of "no scaling"
+  if (kind == "yarn") return parse_yarn(r, field, *v, max_positions, out);
   if (kind == "linear") {
     out.kind = RopeScaling::Kind::kLinear;
   } else if (kind == "dynamic") {
@@ -151,7 +250,7 @@ Status parse_rope_scaling(const FieldReader& r, const std::string& field, const 
   } else {
     return r.error(type_field, "is \"" + kind +
                                    "\", which is not supported (supported: linear, dynamic, "
-                                   "default)");
+                                   "yarn, default)");
   }
   auto f = v->find("factor");
   if (f == v->end() || f->is_null()) return r.error(field + ".factor", "is missing");
@@ -275,14 +374,15 @@ Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
   BURST_RETURN_IF_ERROR(r.get_float("rms_norm_eps", false, 0.0, 1.0, c.rms_norm_eps));
   BURST_RETURN_IF_ERROR(r.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
   if (const json* params = r.find("rope_parameters"); params != nullptr) {
-    BURST_RETURN_IF_ERROR(parse_rope_scaling(r, "rope_parameters", params, c.rope_scaling));
+    BURST_RETURN_IF_ERROR(parse_rope_scaling(r, "rope_parameters", params,
+                                             c.max_position_embeddings, c.rope_scaling));
     if (params->is_object()) {
       FieldReader pr(*params, source);
       BURST_RETURN_IF_ERROR(pr.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
     }
   } else {
-    BURST_RETURN_IF_ERROR(
-        parse_rope_scaling(r, "rope_scaling", r.find("rope_scaling"), c.rope_scaling));
+    BURST_RETURN_IF_ERROR(parse_rope_scaling(r, "rope_scaling", r.find("rope_scaling"),
+                                             c.max_position_embeddings, c.rope_scaling));
   }
   BURST_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", c.tie_word_embeddings));
   BURST_RETURN_IF_ERROR(parse_dtype(r, c.torch_dtype));

@@ -13,6 +13,11 @@ Fixture models:
   odd-dynamic    random weights saved by HF, sharded (index.json): hidden 64, 2 layers,
                  4 heads / 4 KV heads, head_dim 16, rope_scaling dynamic 2.0 with
                  max_position_embeddings 32 (the prompt and the decode run past it), bf16 weights
+  odd-yarn       random weights saved by HF: hidden 128, 2 layers, 4 heads / 2 KV heads,
+                 head_dim 32, rope_theta 500, rope_scaling yarn factor 4 over 16 original
+                 positions (max_position_embeddings 64; default betas, so the ramp blends
+                 rotary pairs 1 and 2 and attention_scaling is 0.1 ln 4 + 1), a 40-token prompt
+                 and its decode past the original 16 positions, untied head, bf16 weights
 
 usage: make_golden.py OUT [--only NAME ...]
 """
@@ -103,6 +108,18 @@ def main():
                          tie_word_embeddings=True)
         prompt = [1] + torch.randint(3, 515, (40,), generator=g).tolist()
         write(a.out, "odd-dynamic", run(d, prompt), d)
+    if want("odd-yarn"):
+        # Its own generator: the prompt does not depend on which fixtures ran before it.
+        gy = torch.Generator().manual_seed(11)
+        d = random_model("odd-yarn", os.path.join(a.out, "odd-yarn", "model"), torch.bfloat16,
+                         False, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=503,
+                         max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
+                         rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                       "original_max_position_embeddings": 16},
+                         tie_word_embeddings=False)
+        prompt = [1] + torch.randint(3, 503, (39,), generator=gy).tolist()
+        write(a.out, "odd-yarn", run(d, prompt), d)
 
 
 def write(out, name, result, model_dir):

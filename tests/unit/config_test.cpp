@@ -140,10 +140,129 @@ TEST(Config, RopeParametersOfTransformers5) {
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(r.value().rope_scaling.kind, RopeScaling::Kind::kNone);
 
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
   r = parse(j);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("rope_parameters.rope_type"), std::string::npos) << r.message();
+}
+
+// NousResearch/Yarn-Llama-2-7b-128k's rope fields (transformers 4 spelling, "finetuned" ignored).
+TEST(Config, YarnOfTheLlama2At128kCheckpoints) {
+  json j = llama7b();
+  j["max_position_embeddings"] = 131072;
+  j["rope_scaling"] = {{"factor", 32.0},
+                       {"original_max_position_embeddings", 4096},
+                       {"type", "yarn"},
+                       {"finetuned", true}};
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const RopeScaling& y = r.value().rope_scaling;
+  EXPECT_EQ(y.kind, RopeScaling::Kind::kYarn);
+  EXPECT_FLOAT_EQ(y.factor, 32.f);
+  EXPECT_EQ(y.original_max_position_embeddings, 4096);
+  EXPECT_FLOAT_EQ(y.beta_fast, 32.f);
+  EXPECT_FLOAT_EQ(y.beta_slow, 1.f);
+  EXPECT_TRUE(y.truncate);
+  EXPECT_EQ(y.attention_factor, 0.f);  // derived from the factor (models/rope.h)
+  EXPECT_EQ(y.mscale, 0.f);
+  EXPECT_EQ(y.mscale_all_dim, 0.f);
+  EXPECT_EQ(r.value().max_position_embeddings, 131072);
+}
+
+// How transformers 5 resolves the original context and the factor, and the optional fields.
+TEST(Config, YarnResolution) {
+  json j = llama7b();
+  j.erase("rope_scaling");
+  j["max_position_embeddings"] = 16384;
+  // No original context anywhere: max_position_embeddings.
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 500000.0}};
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().rope_scaling.original_max_position_embeddings, 16384);
+  EXPECT_FLOAT_EQ(r.value().rope_theta, 500000.f);
+
+  // factor null: max_position_embeddings / original.
+  j["rope_parameters"] = {
+      {"rope_type", "yarn"}, {"factor", nullptr}, {"original_max_position_embeddings", 2048}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 8.f);
+  EXPECT_EQ(r.value().rope_scaling.original_max_position_embeddings, 2048);
+
+  // An explicit factor is kept even where the ratio says otherwise (transformers 5 warns).
+  j["rope_parameters"] = {
+      {"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 2048}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 2.f);
+
+  // A top-level original_max_position_embeddings wins over the rope object's.
+  j["original_max_position_embeddings"] = 4096;
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().rope_scaling.original_max_position_embeddings, 4096);
+  j.erase("original_max_position_embeddings");
+
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 40},         {"beta_fast", 16},
+                          {"beta_slow", 2.5},    {"truncate", false},    {"attention_factor", 0.8},
+                          {"mscale", 0.707},     {"mscale_all_dim", 1.0}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const RopeScaling& y = r.value().rope_scaling;
+  EXPECT_FLOAT_EQ(y.factor, 40.f);
+  EXPECT_FLOAT_EQ(y.beta_fast, 16.f);
+  EXPECT_FLOAT_EQ(y.beta_slow, 2.5f);
+  EXPECT_FALSE(y.truncate);
+  EXPECT_FLOAT_EQ(y.attention_factor, 0.8f);
+  EXPECT_FLOAT_EQ(y.mscale, 0.707f);
+  EXPECT_FLOAT_EQ(y.mscale_all_dim, 1.f);
+
+  // factor 1 is allowed (no scaling at all), mscale 0 means "not given".
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 1}, {"mscale", 0}};
+  r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_FLOAT_EQ(r.value().rope_scaling.factor, 1.f);
+}
+
+TEST(Config, BadYarn) {
+  auto yarn = [](const json& fields) {
+    json j = llama7b();
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+    for (const auto& [k, v] : fields.items()) j["rope_scaling"][k] = v;
+    return j;
+  };
+  json j = yarn(json::object());
+  j["rope_scaling"].erase("factor");
+  expect_refused(j, {"\"rope_scaling.factor\"", "missing"});
+  expect_refused(yarn({{"factor", 0.5}}), {"\"rope_scaling.factor\"", "[1, 1e6]", "0.5"});
+  expect_refused(yarn({{"factor", "32"}}), {"\"rope_scaling.factor\"", "number", "string"});
+  // null derives the factor, and 4096 / 8192 would shrink the frequencies' spacing.
+  expect_refused(yarn({{"factor", nullptr}, {"original_max_position_embeddings", 8192}}),
+                 {"\"rope_scaling.factor\"", "null", "4096 / 8192 = 0.5", "below 1"});
+  expect_refused(yarn({{"original_max_position_embeddings", 4096.0}}),
+                 {"\"rope_scaling.original_max_position_embeddings\"", "integer", "float"});
+  expect_refused(yarn({{"original_max_position_embeddings", 0}}),
+                 {"\"rope_scaling.original_max_position_embeddings\"", "[1, "});
+  j = yarn(json::object());
+  j["original_max_position_embeddings"] = "4096";
+  expect_refused(j, {"\"original_max_position_embeddings\"", "integer", "string"});
+  expect_refused(yarn({{"beta_fast", 0}}),
+                 {"\"rope_scaling.beta_fast\"", "must be in (0.0, 1000000.0]"});
+  expect_refused(yarn({{"beta_slow", -1.0}}), {"\"rope_scaling.beta_slow\""});
+  expect_refused(yarn({{"beta_fast", 1}, {"beta_slow", 32}}),
+                 {"\"rope_scaling.beta_fast\"", "(1) is below beta_slow (32)"});
+  expect_refused(yarn({{"beta_fast", "32"}}), {"\"rope_scaling.beta_fast\"", "number"});
+  expect_refused(yarn({{"truncate", "yes"}}), {"\"rope_scaling.truncate\"", "boolean"});
+  expect_refused(yarn({{"truncate", nullptr}}), {"\"rope_scaling.truncate\"", "boolean", "null"});
+  expect_refused(yarn({{"attention_factor", 0}}), {"\"rope_scaling.attention_factor\""});
+  expect_refused(yarn({{"attention_factor", -1.0}}), {"\"rope_scaling.attention_factor\""});
+  expect_refused(yarn({{"mscale", -0.5}}), {"\"rope_scaling.mscale\"", "must be in [0.0, 1000.0]"});
+  expect_refused(yarn({{"mscale_all_dim", "1"}}), {"\"rope_scaling.mscale_all_dim\"", "number"});
+  // The transformers 5 spelling names its own object.
+  j = llama7b();
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 0.25}};
+  expect_refused(j, {"\"rope_parameters.factor\""});
 }
 
 TEST(Config, DefaultsForOptionalFields) {
@@ -223,8 +342,8 @@ TEST(Config, MissingRequiredFields) {
 
 TEST(Config, BadRopeScaling) {
   json j = llama7b();
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_refused(j, {"yarn", "rope_scaling.rope_type"});
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  expect_refused(j, {"longrope", "rope_scaling.rope_type", "supported: linear, dynamic, yarn"});
   j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}};
   expect_refused(j, {"llama3"});
   j["rope_scaling"] = {{"type", "linear"}};

@@ -101,7 +101,8 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, Golden,
     ::testing::Values(Fixture{"kjv-tiny", "models/kjv-tiny"},
                       Fixture{"odd-linear", "tests/fixtures/golden/odd-linear/model"},
-                      Fixture{"odd-dynamic", "tests/fixtures/golden/odd-dynamic/model"}),
+                      Fixture{"odd-dynamic", "tests/fixtures/golden/odd-dynamic/model"},
+                      Fixture{"odd-yarn", "tests/fixtures/golden/odd-yarn/model"}),
     [](const auto& info) {
       std::string s = info.param.name;
       for (char& c : s) c = (c == '-') ? '_' : c;

@@ -29,6 +29,10 @@ struct AttentionShape {
   int heads = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  // Multiplies the softmax scale 1 / sqrt(head_dim). RoPE variants that scale the rotated q and
+  // k by m each (HF's attention_scaling, e.g. YaRN's) scale every logit by m^2: folding that into
+  // the softmax scale is the same product, and the kernels never see m.
+  float logit_scale = 1.f;
 };
 
 // Per-layer K and V buffers of `capacity` rows each, [capacity, kv_heads * head_dim] in the

@@ -11,10 +11,28 @@
 
 namespace burst::models {
 
+// rope_scaling / rope_parameters as HF transformers reads them; models/rope.h has the formulas.
 struct RopeScaling {
-  enum class Kind { kNone, kLinear, kDynamic };
+  enum class Kind { kNone, kLinear, kDynamic, kYarn };
   Kind kind = Kind::kNone;
-  float factor = 1.f;  // > 0; linear divides positions by it, dynamic grows the base past max
+  // > 0 (>= 1 for yarn); linear divides positions by it, dynamic grows the base past max, yarn
+  // divides the frequencies of the slow pairs by it.
+  float factor = 1.f;
+  // Yarn only. The context the model was pretrained on (resolved as transformers 5 does: a
+  // top-level original_max_position_embeddings, else the rope object's, else
+  // max_position_embeddings).
+  int64_t original_max_position_embeddings = 0;
+  // Pairs that turn more than beta_fast times over that context keep their frequency, pairs
+  // that turn fewer than beta_slow times are interpolated (divided by factor), a linear ramp
+  // over the pair index blends the ones between. truncate: the ramp's ends are whole pairs.
+  float beta_fast = 32.f;
+  float beta_slow = 1.f;
+  bool truncate = true;
+  // HF's attention_scaling m (cos and sin are multiplied by it): attention_factor when > 0, else
+  // derived from factor, with mscale / mscale_all_dim when both are non-zero (0: not given).
+  float attention_factor = 0.f;
+  float mscale = 0.f;
+  float mscale_all_dim = 0.f;
 };
 
 struct LlamaConfig {
