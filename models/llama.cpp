@@ -126,7 +126,8 @@ int64_t LlamaModel::weight_bytes() const {
 engine::AttentionShape LlamaModel::attention_shape() const {
   const int kv = static_cast<int>(config_.num_kv_heads);
   return {static_cast<int>(config_.num_layers), static_cast<int>(config_.num_heads) / tp_.size,
-          std::max(1, kv / tp_.size), static_cast<int>(config_.head_dim)};
+          std::max(1, kv / tp_.size), static_cast<int>(config_.head_dim),
+          rope_logit_scale(config_)};
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::create(engine::Backend& backend,
@@ -395,6 +396,13 @@ Status LlamaModel::forward(const ForwardBatch& batch, engine::AttentionContext& 
   // Final norm and LM head only for the wanted rows (the last prompt position, in prefill).
   return lm_head(rows, head_rows, static_cast<int64_t>(batch.logit_rows.size()), sample,
                  out.logits, out.sampled);
+}
+
+Result<LlamaConfig> model_config(const ModelSpec& spec) {
+  if (spec.dir.empty() == spec.preset.empty()) {
+    return Status::error("give exactly one of a model directory or a preset");
+  }
+  return spec.dir.empty() ? preset_config(spec.preset) : load_config(spec.dir);
 }
 
 Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,

@@ -108,13 +108,9 @@ Status validate(const ServerConfig& c) {
   if (c.tp < 1 || c.tp > 8) {
     return Status::error("tp must be in 1..8 (a tensor-parallel group lies on one node's GPUs)");
   }
-  if (c.remote_workers == 0 && c.workers % c.tp != 0) {
+  if (const int n = c.remote_workers > 0 ? c.remote_workers : c.workers; n % c.tp != 0) {
     return Status::error("tp " + std::to_string(c.tp) + " does not divide the " +
-                         std::to_string(c.workers) + " workers (workers = tp x the ring's ranks)");
-  }
-  if (c.remote_workers > 0 && c.tp > 1) {
-    return Status::error("tp > 1 with remote_workers: a joined group runs tp 1 (tensor "
-                         "parallelism is for workers this server spawns)");
+                         std::to_string(n) + " workers (workers = tp x the ring's ranks)");
   }
   if (c.layout != "zigzag" && c.layout != "contiguous") {
     return Status::error("layout must be zigzag or contiguous");

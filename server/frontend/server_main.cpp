@@ -209,12 +209,14 @@ burst::Result<std::shared_ptr<burst::server::WorkerRegistry>> start_registry(
   RegistryOptions ro;
   ro.listen = cfg.worker_listen;
   ro.world_size = cfg.remote_workers;
+  ro.tp = cfg.tp;
   ro.fingerprint = model_fingerprint(model, so.group.model);
   ro.device_kind = is_cuda(cfg) ? "cuda" : "cpu";
   ro.kv_capacity_per_rank =
       kv_from_memory
           ? 0
-          : burst::engine::kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers, so.group.prefill_chunk);
+          : burst::engine::kv_capacity_per_rank(cfg.kv_capacity, cfg.remote_workers / cfg.tp,
+                                                so.group.prefill_chunk);
   ro.kv_memory_fraction = so.group.kv_memory_fraction;
   ro.kv_reserve_bytes = so.group.kv_reserve_bytes;
   ro.comm_timeout = so.group.comm_timeout;

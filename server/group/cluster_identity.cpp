@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "models/config.h"
+#include "models/rope.h"
 #include "group/worker_registry.h"
 
 namespace burst::server {
@@ -86,6 +87,11 @@ std::string model_fingerprint(const models::LlamaConfig& c, const models::ModelS
     rope = "linear:" + float_text(c.rope_scaling.factor);
   } else if (c.rope_scaling.kind == models::RopeScaling::Kind::kDynamic) {
     rope = "dynamic:" + float_text(c.rope_scaling.factor);
+  } else if (c.rope_scaling.kind == models::RopeScaling::Kind::kYarn) {
+    const models::RopeScaling& y = c.rope_scaling;
+    rope = "yarn:" + float_text(y.factor) + ":" + std::to_string(y.original_max_position_embeddings) +
+           ":" + float_text(y.beta_fast) + ":" + float_text(y.beta_slow) + ":" +
+           (y.truncate ? "1" : "0") + ":" + float_text(models::rope_logit_scale(c));
   }
   return "hidden=" + std::to_string(c.hidden_size) +
          " intermediate=" + std::to_string(c.intermediate_size) +

@@ -167,8 +167,10 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions optio
   if (auto layout = engine::ParallelLayout::of(options.workers, options.tp); !layout.ok()) {
     return layout.status();
   }
-  if (options.registry && options.tp > 1) {
-    return Status::error("tensor parallelism needs spawned workers (a joined group runs tp 1)");
+  if (options.registry && options.registry->options().tp != options.tp) {
+    return Status::error("the worker registry hands out tp " +
+                         std::to_string(options.registry->options().tp) + ", the group runs tp " +
+                         std::to_string(options.tp));
   }
   BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_HEARTBEAT_MS", options.heartbeat_interval));
   BURST_RETURN_IF_ERROR(env_ms("BURST_WORKER_HEARTBEAT_TIMEOUT_MS", options.heartbeat_timeout));

@@ -221,11 +221,19 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
       spdlog::info("{} joined from {} ({}/{} registered)", m.name(), m.peer,
                    r_.members_.size(), n);
       if (static_cast<int>(r_.members_.size()) == n) {
-        // Ranks in join order, given only now: a worker that leaves while the group forms
-        // must not leave a hole in the ranks.
+        // Ranks in join order, host by host, given only now: a worker that leaves while the
+        // group forms must not leave a hole in the ranks, and a tensor-parallel group's ranks
+        // should share a node.
+        std::stable_sort(r_.members_.begin(), r_.members_.end(),
+                         [](const Member* a, const Member* b) { return a->host < b->host; });
         for (int i = 0; i < n; ++i) {
           r_.members_[i]->rank = i;
           r_.members_[i]->assigned = true;
+          if (o.tp > 1 && i % o.tp != 0 && r_.members_[i]->host != r_.members_[i - 1]->host) {
+            spdlog::warn("tensor-parallel group {} spans hosts {} and {}: its all-reduces "
+                         "cross the network (start a multiple of tp = {} workers on each host)",
+                         i / o.tp, r_.members_[i - 1]->host, r_.members_[i]->host, o.tp);
+          }
         }
         r_.formed_ = true;
         spdlog::info("worker group generation {} formed: {} workers", r_.generation_, n);
@@ -260,6 +268,7 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
         a->set_kv_capacity(o.kv_capacity_per_rank);
         a->set_kv_memory_fraction(o.kv_memory_fraction);
         a->set_kv_reserve_bytes(o.kv_reserve_bytes);
+        a->set_tp(o.tp);
         a->set_comm_timeout_ms(o.comm_timeout.count());
         if (!writer->Write(ev)) {
           r_.member_gone(&m, "its Join stream broke before it got its rank");

@@ -112,7 +112,7 @@ void watch_membership(WorkerProcess& process, grpc::ClientReader<pb::JoinEvent>&
 // stream ends or a signal. Returns only the exit code of a set-up failure; otherwise it exits,
 // or re-executes itself to register again.
 int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& backend,
-                    models::LlamaModel& model, char** argv, const Registration& reg,
+                    char** argv, const Registration& reg,
                     grpc::ClientReader<pb::JoinEvent>& reader, const pb::JoinAssigned& as) {
   process.set_who("burst-worker rank " + std::to_string(as.rank()) + " (join " + a.join + ")");
   process.say("joined as rank " + std::to_string(as.rank()) + " of " +
@@ -129,11 +129,21 @@ int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& back
   co.store = store;
   co.host = reg.host;
   co.timeout = std::chrono::milliseconds(as.comm_timeout_ms());
-  auto comms = join_communicators(process, a, backend, model, co);
+  const int tp = std::max(1, as.tp());
+  auto comms = join_communicators(process, tp, backend, co);
   if (!comms.ok()) {
     process.say("error: " + comms.message() + "; registering again");
     rejoin(process, argv);
   }
+  // The weights once the rank is known: a tensor-parallel rank reads only its slices. The
+  // communicators came first, so that ranks loading at different speeds do not run into
+  // their timeout.
+  models::ModelSpec spec = a.model;
+  spec.tp = {as.rank() % tp, tp};
+  auto loaded = models::load_model(backend, spec, load_reporter(process, ""));
+  if (!loaded.ok()) return process.fail(loaded.message());
+  models::LlamaModel& model = *loaded.value();
+  model.set_tensor_parallel_comm(*comms.value().tp);
   // The pool the coordinator assigned, or (0) what this GPU holds with the coordinator's
   // fraction and activation reserve, as a local rank would. A rank that cannot hold its KV
   // shard fails its set-up.
@@ -168,9 +178,9 @@ int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& back
 
 // The registration request: this worker's model, device and address.
 pb::JoinRequest join_request(const Args& a, const engine::Backend& backend,
-                             const models::LlamaModel& model, const std::string& host) {
+                             const models::LlamaConfig& config, const std::string& host) {
   pb::JoinRequest req;
-  req.set_fingerprint(srv::model_fingerprint(model.config(), a.model));
+  req.set_fingerprint(srv::model_fingerprint(config, a.model));
   req.set_device_kind(backend.device() == engine::DeviceKind::kCuda ? "cuda" : "cpu");
   req.set_host(host);
   req.set_pid(getpid());
@@ -186,14 +196,15 @@ bool is_refusal(grpc::StatusCode code) {
 
 }  // namespace
 
-int run_join(WorkerProcess& process, const Args& a, engine::Backend& backend,
-             models::LlamaModel& model, char** argv) {
+int run_join(WorkerProcess& process, const Args& a, engine::Backend& backend, char** argv) {
   process.set_who("burst-worker (join " + a.join + ")");
   auto token = join_token(a);
   if (!token.ok()) return process.fail(token.message());
   auto host = advertised_host(a);
   if (!host.ok()) return process.fail(host.message());
-  const pb::JoinRequest req = join_request(a, backend, model, host.value());
+  auto config = models::model_config(a.model);
+  if (!config.ok()) return process.fail(config.message());
+  const pb::JoinRequest req = join_request(a, backend, config.value(), host.value());
   const Registration reg{registry_channel(a.join), token.value(), host.value()};
   auto stub = pb::WorkerRegistry::NewStub(reg.channel);
   process.say(std::string(req.rejoin() ? "registering again" : "registering") + " as " +
@@ -206,7 +217,7 @@ int run_join(WorkerProcess& process, const Args& a, engine::Backend& backend,
     auto reader = stub->Join(&ctx, req);
     pb::JoinEvent ev;
     if (reader->Read(&ev) && ev.has_assigned()) {
-      return serve_as_member(process, a, backend, model, argv, reg, *reader, ev.assigned());
+      return serve_as_member(process, a, backend, argv, reg, *reader, ev.assigned());
     }
     const grpc::Status st = reader->Finish();
     if (is_refusal(st.error_code())) {

@@ -19,8 +19,9 @@ int run_local(WorkerProcess& process, const Args& a, engine::Backend& backend,
   co.store_dir = a.store;
   co.host = "127.0.0.1";
   co.timeout = std::chrono::milliseconds(a.comm_timeout_ms);
-  auto comms = join_communicators(process, a, backend, model, co);
+  auto comms = join_communicators(process, a.tp, backend, co);
   if (!comms.ok()) return process.fail(comms.message());
+  model.set_tensor_parallel_comm(*comms.value().tp);
   auto ring = open_ring(process, a, backend, model, *comms.value().ring);
   if (!ring.ok()) return process.fail(ring.message());
   WorkerService service(process, model, *comms.value().ring, *ring.value(), secret,

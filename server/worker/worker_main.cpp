@@ -75,11 +75,12 @@ int main(int argc, char** argv) {
 
   auto backend = engine::make_backend(a.device);
   if (!backend.ok()) return process.fail(backend.message());
-  // A spawned rank knows its place before loading: it reads only its tensor-parallel slice.
+  // A --join worker learns its rank (and so its tensor-parallel slice) from the server: it
+  // loads once assigned. A spawned rank knows its place: it reads only its slice.
+  if (!a.join.empty()) return run_join(process, a, *backend.value(), argv);
   models::ModelSpec spec = a.model;
-  if (a.join.empty()) spec.tp = {a.rank % a.tp, a.tp};
+  spec.tp = {a.rank % a.tp, a.tp};
   auto model = models::load_model(*backend.value(), spec, load_reporter(process, a.progress_file));
   if (!model.ok()) return process.fail(model.message());
-  if (!a.join.empty()) return run_join(process, a, *backend.value(), *model.value(), argv);
   return run_local(process, a, *backend.value(), *model.value(), secret);
 }

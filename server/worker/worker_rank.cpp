@@ -32,15 +32,13 @@ models::LoadProgress load_reporter(const WorkerProcess& process,
   };
 }
 
-Result<engine::RankCommunicators> join_communicators(const WorkerProcess& process, const Args& a,
+Result<engine::RankCommunicators> join_communicators(const WorkerProcess& process, int tp,
                                                      engine::Backend& backend,
-                                                     models::LlamaModel& model,
                                                      const engine::CommunicatorOptions& options) {
-  auto layout = engine::ParallelLayout::of(options.world_size, a.tp);
+  auto layout = engine::ParallelLayout::of(options.world_size, tp);
   if (!layout.ok()) return layout.status();
   auto comms = engine::make_rank_communicators(backend, options, layout.value());
   if (!comms.ok()) return comms.status();
-  model.set_tensor_parallel_comm(*comms.value().tp);
   if (options.rank == 0) {
     if (layout.value().cp > 1) process.say("ring: " + comms.value().ring->transport());
     if (layout.value().tp > 1) {
@@ -52,6 +50,12 @@ Result<engine::RankCommunicators> join_communicators(const WorkerProcess& proces
 }
 
 namespace {
+
+std::string bytes_text(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return std::string(b);
+}
 
 #ifdef BURST_HAVE_CUDA
 std::string gib(double bytes) {
@@ -109,8 +113,33 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
                                                          engine::Communicator& comm) {
   auto capacity = kv_rows(process, a, backend, model);
   if (!capacity.ok()) return capacity.status();
-  return engine::RingAttention::create(backend, comm, model.attention_shape(), capacity.value(),
-                                       engine::kv_page_size(backend));
+  // The memory plan of this rank, said once: its weights (its tensor-parallel share), its KV
+  // pool (its heads of its ring shard), and what the device has left for activations and the
+  // ring's blocks once both are in. The weights were checked against free memory before the
+  // first byte was read (Backend::check_fits), the pool before it is allocated.
+  const engine::AttentionShape s = model.attention_shape();
+  const int64_t kv_bytes = capacity.value() * int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
+                           engine::dtype_size(backend.compute_dtype());
+  auto ring = engine::RingAttention::create(backend, comm, s, capacity.value(),
+                                            engine::kv_page_size(backend));
+  if (!ring.ok()) return ring.status();
+  std::string plan = "memory plan: weights " + bytes_text(model.weight_bytes()) +
+                     (model.tensor_parallel().size > 1
+                          ? " (1/" + std::to_string(model.tensor_parallel().size) + " of the layers)"
+                          : "") +
+                     ", KV cache " + bytes_text(kv_bytes) + " (" +
+                     std::to_string(capacity.value()) + " tokens, " + std::to_string(s.kv_heads) +
+                     " KV heads)";
+#ifdef BURST_HAVE_CUDA
+  if (backend.device() == engine::DeviceKind::kCuda) {
+    if (auto mem = engine::cuda_memory_info(backend); mem.ok()) {
+      plan += ", " + bytes_text(static_cast<int64_t>(mem.value().free)) +
+              " left for activations and the ring's blocks";
+    }
+  }
+#endif
+  process.say(plan);
+  return ring;
 }
 
 }  // namespace burst::worker

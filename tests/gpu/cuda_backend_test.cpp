@@ -246,6 +246,17 @@ TEST_F(CudaBackendTest, CopyConvertAndFillRandomMatchCpu) {
     ASSERT_TRUE(gpu_->copy(g.value(), dst.value()).ok());
     EXPECT_EQ(fetch(*gpu_, dst.value()), fetch(*gpu_, g.value()));
   }
+  // A tensor-parallel slice's window (rows and columns of a larger matrix): the CPU's values.
+  for (const Backend::RandomWindow w : {Backend::RandomWindow{1037, 3, 0},
+                                        Backend::RandomWindow{1037, 0, 500},
+                                        Backend::RandomWindow{4099, 17, 1111}}) {
+    auto g = gpu_->alloc({19, 37}, DType::kBF16);
+    auto c = cpu_->alloc({19, 37}, DType::kF32);
+    ASSERT_TRUE(g.ok() && c.ok());
+    ASSERT_TRUE(gpu_->fill_random(g.value(), 77, 0.5f, false, w).ok());
+    ASSERT_TRUE(cpu_->fill_random(c.value(), 77, 0.5f, false, w).ok());
+    EXPECT_EQ(fetch(*gpu_, g.value()), round_bf16(fetch(*cpu_, c.value()))) << w.col0;
+  }
   // convert: fp32 -> bf16 rounds once; bf16 -> fp32 is exact.
   const auto f = random_vector(769, -3.f, 3.f, 9);
   Tensor src = gpu({769}, f, DType::kF32), half = gpu({769}, f), back = gpu({769}, f, DType::kF32);

@@ -5,15 +5,18 @@
 // and a size past the slot through NCCL between them; and when one rank declines
 // (BURST_PEER_GATHER=0) all take NCCL. Each rank is this binary run again (a process that
 // initialised CUDA cannot fork one that uses it); fewer than 2 GPUs, or GPUs without peer
-// access: skipped, saying why.
+// access: skipped, saying why. Each rank also checks NCCL's all_reduce_sum (all_reduce_check).
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "engine/cuda/nccl_communicator.h"
+#include "engine/dtype_convert.h"
 #include "gpu_test_util.h"
 #include "kernels/ops_cuda.h"
 
@@ -28,6 +31,54 @@ uint32_t word_of(int rank, int call, size_t i) {
   x *= 0xff51afd7ed558ccdULL;
   x ^= x >> 29;
   return static_cast<uint32_t>(x);
+}
+
+// all_reduce_sum on device bf16 (tensor parallelism's row-parallel sums): every rank gets the
+// same bits (compared through an all_gather), within bf16 rounding of the exact sum of the
+// ranks' (random, never zero) values: at most world half-ulps of the sum of magnitudes.
+int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream_t stream) {
+  const int64_t count = 3 * 4099;
+  auto value = [](int r, int64_t i) {
+    return engine::bf16_to_f32(engine::f32_to_bf16(
+        static_cast<float>(static_cast<int32_t>(word_of(r, 999, static_cast<size_t>(i)) % 2001) -
+                           1000) / 250.f + 0.003f));
+  };
+  std::vector<uint16_t> mine(count), all(static_cast<size_t>(count * world));
+  for (int64_t i = 0; i < count; ++i) mine[static_cast<size_t>(i)] = engine::f32_to_bf16(value(rank, i));
+  void *d = nullptr, *gathered = nullptr;
+  if (cudaMalloc(&d, count * 2) != cudaSuccess || cudaMalloc(&gathered, count * 2 * world) != cudaSuccess) return 20;
+  cudaMemcpy(d, mine.data(), count * 2, cudaMemcpyHostToDevice);
+  Status st = comm.all_reduce_sum(d, count, engine::DType::kBF16);
+  if (st.ok()) st = comm.all_gather(d, gathered, static_cast<size_t>(count) * 2);
+  if (!st.ok()) {
+    std::fprintf(stderr, "rank %d: all_reduce_sum: %s\n", rank, st.message().c_str());
+    return 21;
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess ||
+      cudaMemcpy(all.data(), gathered, count * 2 * world, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    return 22;
+  }
+  for (int src = 1; src < world; ++src) {
+    if (!std::equal(all.begin(), all.begin() + count, all.begin() + src * count)) {
+      std::fprintf(stderr, "rank %d: rank %d's sum differs from rank 0's\n", rank, src);
+      return 23;
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < world; ++r) {
+      exact += value(r, i);
+      magnitude += std::fabs(value(r, i));
+    }
+    const double got = engine::bf16_to_f32(all[static_cast<size_t>(i)]);
+    if (std::fabs(got - exact) > world * std::ldexp(magnitude, -8)) {
+      std::fprintf(stderr, "rank %d: element %lld: %g, exact %g\n", rank, (long long)i, got, exact);
+      return 24;
+    }
+  }
+  cudaFree(d);
+  cudaFree(gathered);
+  return 0;
 }
 
 // One rank: 0 when every gather was right, kNoPeerPath when the communicator chose NCCL for
@@ -103,7 +154,7 @@ int rank_main(int rank, int world, const std::string& store, int declined_by) {
       cudaFree(dout);
     }
   }
-  return 0;
+  return all_reduce_check(*comm.value(), rank, world, stream);
 }
 
 TEST(PeerGather, Rank) {

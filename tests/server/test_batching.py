@@ -1,7 +1,8 @@
 """Continuous batching, end to end through real burst-server and burst-worker processes (CPU,
 kjv-tiny): batch invariance (a request's greedy tokens are the same alone and among others of
 different lengths arriving at different times), chunked prefill equal to unchunked (chunk sizes
-that divide neither the prompt nor the rank count; a smaller chunk while others decode),
+that divide neither the prompt nor the rank count; a smaller chunk while others decode; tensor
+parallelism 2 alone and beside a ring of 2),
 cancels in every phase give every KV page back on every rank, 64 concurrent streaming clients
 all complete, a short request sent during a long prefill gets its first token before the long
 one does, sampled requests with seeds give the same text alone and together, and the
@@ -85,16 +86,18 @@ def test_batch_invariance_and_chunking():
         want = [text_and_ttft(alone, p, n)[0] for p, n in reqs]
     finally:
         alone.stop()
-    # Last: chunks of 48 tokens, 12 while others decode (both multiples of 2 x workers: the
-    # pages reserved at admission must hold whichever mix of chunk sizes a prompt gets).
-    for workers, chunk, decoding in ((2, 37, 0), (3, 50, 0), (2, 48, 12)):
+    # Chunks of 48 tokens, 12 while others decode (both multiples of 2 x the ring's ranks: the
+    # pages reserved at admission must hold whichever mix of chunk sizes a prompt gets). Last,
+    # tensor parallelism: tp 2 alone, and tp 2 x a ring of 2 (4 workers).
+    for workers, chunk, decoding, tp in ((2, 37, 0, 1), (3, 50, 0, 1), (2, 48, 12, 1),
+                                         (2, 37, 0, 2), (4, 48, 12, 2)):
         srv = Server("--prefill-chunk", chunk, "--prefill-chunk-decoding", decoding,
-                     workers=workers)
+                     "--tp", tp, workers=workers)
         try:
             got = concurrently(lambda i: text_and_ttft(srv, *reqs[i])[0], len(reqs), 0.03)
             for i in range(len(reqs)):
-                check(got[i] == want[i], f"{workers} workers, chunk {chunk}/{decoding}, "
-                      f"request {i}: {got[i]!r} != alone {want[i]!r}")
+                check(got[i] == want[i], f"{workers} workers (tp {tp}), chunk {chunk}/"
+                      f"{decoding}, request {i}: {got[i]!r} != alone {want[i]!r}")
             check(wait_kv_empty(srv), "KV pages all free after the batch")
         finally:
             srv.stop()

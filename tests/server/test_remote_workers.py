@@ -5,6 +5,7 @@ and a third worker are refused (exit code 4, a message naming why) while the ser
 waiting / serving. A remote worker SIGKILLed mid-stream fails the request with a 503-style error
 within 5 s, /health goes 503, the survivor registers again by itself, and a fresh --join worker
 brings the group back with the same text; a SIGTERM while the group dissolves stops the worker.
+Four joined workers at tp 2 serve the same text.
 Run: /usr/bin/python3 test_remote_workers.py --build
 DIR."""
 import http.client
@@ -122,6 +123,35 @@ def test_sigkill_remote_worker_then_fresh_worker_rejoins():
     check(srv.metric("burst:worker_restarts_total") >= 1, "the restart is counted")
 
 
+def test_tensor_parallel_joined_group():
+    # 4 joined workers at tp 2 (two tensor-parallel groups, a ring of 2): each loads only its
+    # slice once it has its rank, and the group serves burst-generate's text.
+    tp_srv = Server("--remote-workers", "4", "--tp", "2", "--worker-listen", "127.0.0.1:0",
+                    wait_healthy=False)
+    joined = []
+    try:
+        for i in range(4):
+            log = open(os.path.join(tp_srv.dir, f"tp-{i}.log"), "wb")
+            joined.append(subprocess.Popen(
+                [os.path.join(build_dir(), "bin", "burst-worker"), "--model", MODEL, "--join",
+                 f"127.0.0.1:{tp_srv.worker_port}", "--threads", "1"],
+                stdout=log, stderr=subprocess.STDOUT,
+                env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE")))
+        tp_srv.wait_healthy(60)
+        st, r = tp_srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 20,
+                                                        "temperature": 0})
+        check(st == 200, f"completion: {st} {r}")
+        text = r["choices"][0]["text"]
+        check(PROMPT + text == expected, f"tp 2 joined text {text!r} vs burst-generate "
+              f"{expected!r}")
+    finally:
+        tp_srv.stop()
+        for w in joined:
+            if w.poll() is None:
+                w.kill()
+            w.wait()
+
+
 def test_sigterm_while_the_group_dissolves():
     # One worker SIGKILLed, the other SIGTERMed as it leaves the dissolved group to register
     # again: it must stop (exit 0), not re-execute itself and go on registering.
@@ -154,7 +184,7 @@ if __name__ == "__main__":
     try:
         run([test_waits_for_workers_then_serves_burst_generate_text, test_extra_worker_refused,
              test_sigkill_remote_worker_then_fresh_worker_rejoins,
-             test_sigterm_while_the_group_dissolves])
+             test_sigterm_while_the_group_dissolves, test_tensor_parallel_joined_group])
     finally:
         srv.stop()
         for w in workers:

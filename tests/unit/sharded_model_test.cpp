@@ -149,6 +149,7 @@ class ShardedModel : public ::testing::TestWithParam<Case> {};
 
 constexpr const char* kOddLinear = "tests/fixtures/golden/odd-linear/model";
 constexpr const char* kOddDynamic = "tests/fixtures/golden/odd-dynamic/model";
+constexpr const char* kOddYarn = "tests/fixtures/golden/odd-yarn/model";
 
 TEST_P(ShardedModel, MatchesTransformersOnEveryWorldSize) {
   const Case c = GetParam();
@@ -180,7 +181,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kContiguous, 2},
                       Case{"odd-dynamic", kOddDynamic, 1, engine::ShardLayout::kZigzag, 4},
                       Case{"odd-dynamic", kOddDynamic, 2, engine::ShardLayout::kZigzag, 2},
-                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kZigzag, 2}),
+                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kZigzag, 2},
+                      // yarn (4 heads, 2 KV heads): uneven shards of the 40-token prompt, and
+                      // tp 2 x a ring of 2.
+                      Case{"odd-yarn", kOddYarn, 3, engine::ShardLayout::kZigzag},
+                      Case{"odd-yarn", kOddYarn, 2, engine::ShardLayout::kZigzag, 2}),
     [](const auto& info) {
       std::string s = std::string(info.param.fixture) + "_" + std::to_string(info.param.world) +
                       (info.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig") +

@@ -136,6 +136,8 @@ struct ModelSpec {
   uint64_t random_seed = 0;
   TensorParallel tp;
 };
+// The spec's config (the directory's config.json or the preset's), without reading weights.
+Result<LlamaConfig> model_config(const ModelSpec& spec);
 Result<std::unique_ptr<LlamaModel>> load_model(engine::Backend& backend, const ModelSpec& spec,
                                                const LoadProgress& on_progress = nullptr);
 

@@ -69,6 +69,9 @@ class MemoryStore {
 struct RegistryOptions {
   std::string listen;  // HOST:PORT the workers connect to (port 0: any free port)
   int world_size = 1;
+  // Tensor parallelism: ranks are handed out host by host, so that the tp consecutive ranks of
+  // a tensor-parallel group share a node (a group that must span hosts is warned about).
+  int tp = 1;
   std::string fingerprint;        // model_fingerprint() of the coordinator's model
   std::string device_kind = "cpu";  // "cpu" or "cuda": the communicator every rank must use
   // 0 (CUDA): each rank sizes its pool from its GPU's memory (kv_rows_from_memory) with these

@@ -11,9 +11,9 @@
 namespace burst::worker {
 
 // Registers with the server (retrying with backoff until the group forms; a refusal ends the
-// process with kExitRefused), then serves as the member it was assigned. `argv` is what a
-// rejoin re-executes. Returns only the exit code of a refusal or a set-up failure.
-int run_join(WorkerProcess& process, const Args& a, engine::Backend& backend,
-             models::LlamaModel& model, char** argv);
+// process with kExitRefused), then joins the communicators, loads its (tensor-parallel share
+// of the) weights and serves as the member it was assigned. `argv` is what a rejoin
+// re-executes. Returns only the exit code of a refusal or a set-up failure.
+int run_join(WorkerProcess& process, const Args& a, engine::Backend& backend, char** argv);
 
 }  // namespace burst::worker

@@ -21,12 +21,10 @@ namespace burst::worker {
 // --join worker has no file and logs a line every 5 s itself.
 models::LoadProgress load_reporter(const WorkerProcess& process, const std::string& progress_file);
 
-// engine::make_rank_communicators (the tensor-parallel group, then the ring) for --tp a.tp, and
-// rank 0 of a group says how the ring moves data (NCCL or peer stores). The model is handed
-// its tensor-parallel group.
-Result<engine::RankCommunicators> join_communicators(const WorkerProcess& process, const Args& a,
+// engine::make_rank_communicators (the tensor-parallel group, then the ring) for tensor
+// parallelism `tp`, and rank 0 of a group says how they move data (NCCL or peer stores).
+Result<engine::RankCommunicators> join_communicators(const WorkerProcess& process, int tp,
                                                      engine::Backend& backend,
-                                                     models::LlamaModel& model,
                                                      const engine::CommunicatorOptions& options);
 
 // The rows of this rank's KV pool: --kv-capacity, or (0) what the GPU holds once the weights
