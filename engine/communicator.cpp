@@ -70,6 +70,30 @@ Result<std::unique_ptr<CommHandle>> Communicator::isendrecv(const void* send, in
   return std::unique_ptr<CommHandle>(new PairHandle(s.take(), r.take()));
 }
 
+Status Communicator::all_reduce_add(void* partial, void* x, int64_t count, DType dtype) {
+  BURST_RETURN_IF_ERROR(all_reduce_sum(partial, count, dtype));
+  if (dtype == DType::kF16) return Status::error("all_reduce_add: fp16 is not supported");
+  const size_t size = dtype == DType::kF32 ? 4 : 2;
+  char* xs = static_cast<char*>(x);
+  const char* ps = static_cast<const char*>(partial);
+  for (int64_t i = 0; i < count; ++i) {
+    float a, b;
+    if (dtype == DType::kF32) {
+      std::memcpy(&a, xs + size * i, 4);
+      std::memcpy(&b, ps + size * i, 4);
+      a += b;
+      std::memcpy(xs + size * i, &a, 4);
+    } else {
+      uint16_t ha, hb;
+      std::memcpy(&ha, xs + size * i, 2);
+      std::memcpy(&hb, ps + size * i, 2);
+      const uint16_t h = f32_to_bf16(bf16_to_f32(ha) + bf16_to_f32(hb));
+      std::memcpy(xs + size * i, &h, 2);
+    }
+  }
+  return {};
+}
+
 Status Communicator::all_reduce_sum(void* data, int64_t count, DType dtype) {
   if (count < 0) return Status::error("all_reduce_sum: negative count");
   const int world = world_size();

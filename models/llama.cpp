@@ -312,8 +312,7 @@ Status LlamaModel::row_parallel(const Tensor& in, const Tensor& w, Tensor& x, Te
                          " without its communicator (set_tensor_parallel_comm)");
   }
   BURST_RETURN_IF_ERROR(backend_.gemm(in, w, scratch, /*accumulate=*/false));
-  BURST_RETURN_IF_ERROR(tp_comm_->all_reduce_sum(scratch.data, scratch.numel(), scratch.dtype));
-  return backend_.add(x, scratch);
+  return tp_comm_->all_reduce_add(scratch.data, x.data, scratch.numel(), scratch.dtype);
 }
 
 Status LlamaModel::lm_head(int64_t rows, const std::vector<int64_t>& head_rows, int64_t n_logits,

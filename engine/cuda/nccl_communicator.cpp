@@ -117,7 +117,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string transport() const override {
-    return peer_gather_ ? "nccl; decode all-gathers of up to " +
+    return peer_gather_ ? "nccl; decode all-gathers and all-reduces of up to " +
                               std::to_string(kPeerSlotBytes >> 20) +
                               " MiB by stores into the peers' memory (CUDA IPC)"
                         : "nccl (" + peer_gather_off_ + ")";
@@ -296,18 +296,18 @@ class NcclCommunicator final : public Communicator {
     return sync(opt_.compute_stream, "broadcast");
   }
 
-  // Device memory: one ncclAllReduce in place on the compute stream (ring or tree: each
-  // element is reduced once and the result copied to every rank, so the bits agree). Host
-  // memory: the default (one all_gather, rank-order sums).
+  // Device memory up to a peer slot (a decode step's rows): one-shot, by peer stores: one
+  // launch stores the partials into every peer's memory and sums the ones it receives in rank
+  // order (kernels::peer_all_reduce_cuda, a few microseconds where NCCL's call costs tens), so
+  // the bits agree. Larger (prefill): one ncclAllReduce in place
+  // on the compute stream (ring or tree: each element is reduced once and the result copied to
+  // every rank). Host memory: the default (one all_gather, rank-order sums).
   Status all_reduce_sum(void* data, int64_t count, DType dtype) override {
-    if (count <= 0 || opt_.world_size == 1) return Communicator::all_reduce_sum(data, count, dtype);
-    if (!is_device(data)) return Communicator::all_reduce_sum(data, count, dtype);
-    const ncclDataType_t type = dtype == DType::kF32    ? ncclFloat32
-                                : dtype == DType::kBF16 ? ncclBfloat16
-                                                        : ncclFloat16;
-    NCCL_TRY(ncclAllReduce(data, data, static_cast<size_t>(count), type, ncclSum, comm_,
-                           opt_.compute_stream));
-    return poll_comm("all_reduce");
+    return reduce(data, data, count, dtype, /*accumulate=*/false);
+  }
+  // The same, summed into x: on the one-shot path in the summing kernel itself.
+  Status all_reduce_add(void* partial, void* x, int64_t count, DType dtype) override {
+    return reduce(partial, x, count, dtype, /*accumulate=*/true);
   }
 
   Status barrier() override {
@@ -347,6 +347,29 @@ class NcclCommunicator final : public Communicator {
       if (std::chrono::steady_clock::now() > end) return abort(what, "timed out");
       std::this_thread::yield();
     }
+  }
+
+  // all_reduce_sum (out == partial, accumulate false) and all_reduce_add (out += the sum).
+  Status reduce(void* partial, void* out, int64_t count, DType dtype, bool accumulate) {
+    if (count <= 0 || opt_.world_size == 1 || !is_device(partial) || !is_device(out)) {
+      return accumulate ? Communicator::all_reduce_add(partial, out, count, dtype)
+                        : Communicator::all_reduce_sum(partial, count, dtype);
+    }
+    const int64_t bytes = count * dtype_size(dtype);
+    if (peer_gather_ && bytes <= kPeerSlotBytes && bytes % 16 == 0) {
+      CUDA_TRY(kernels::peer_all_reduce_cuda(pg_, partial, out, bytes, dtype, accumulate,
+                                             ++peer_epoch_, opt_.compute_stream));
+      return {};
+    }
+    const ncclDataType_t type = dtype == DType::kF32    ? ncclFloat32
+                                : dtype == DType::kBF16 ? ncclBfloat16
+                                                        : ncclFloat16;
+    NCCL_TRY(ncclAllReduce(partial, partial, static_cast<size_t>(count), type, ncclSum, comm_,
+                           opt_.compute_stream));
+    BURST_RETURN_IF_ERROR(poll_comm("all_reduce"));
+    if (!accumulate) return {};
+    CUDA_TRY(kernels::add_cuda(out, partial, count, dtype, opt_.compute_stream));  // x += sum
+    return {};
   }
 
   // Host-blocking wait for a stream, with the deadline and async-error checks.

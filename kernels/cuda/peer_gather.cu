@@ -1,5 +1,5 @@
-// The all-gather of the distributed decode's partials between the GPUs of one host in one
-// launch: each CTA stores its chunk of this rank's bytes straight into every peer's inbox
+// The all-gather of the distributed decode's partials, and the all-reduce of a decode step's
+// row-parallel products, between the GPUs of one host in one launch each: each CTA stores its chunk of this rank's bytes straight into every peer's inbox
 // (memory mapped through CUDA IPC, over NVLink), publishes a flag per peer with a system-scope
 // release, waits with system-scope acquires for the same chunk of every peer in its own inbox
 // and copies them out. See kernels/include/kernels/ops_cuda.h (PeerGather).
@@ -42,19 +42,10 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    peer_all_gather_kernel(PeerGather g, const uint4* in, uint4* out, int64_t vecs,
-                           uint32_t epoch) {
-  // `in` is the previous kernel's output. No pdl_launch_dependents(): the kernels after this
-  // one launch when it ends. Letting them launch as it starts (their CTAs, and through them the
-  // next kernels', resident while this one waits for the peers) made a 2 x H200 decode step
-  // slower: 5.72-5.78 against 5.36-5.53 ms at 2K context, 13.43-13.59 against 13.19-13.26 at
-  // 128K (docs/benchmarks.md).
-  pdl_wait();
-  const int parity = static_cast<int>(epoch & 1u);
-  const int64_t per = (vecs + gridDim.x - 1) / gridDim.x;
-  const int64_t lo = blockIdx.x * per;
-  const int64_t hi = lo + per < vecs ? lo + per : vecs;
+// The exchange both kernels share: this CTA's chunk [lo, hi) of `in` stored into every peer's
+// inbox, its flags published, then the same chunk of every peer awaited in this rank's inbox.
+__device__ __forceinline__ void exchange(const PeerGather& g, const uint4* in, int64_t lo,
+                                         int64_t hi, int parity, uint32_t epoch) {
   for (int dst = 0; dst < g.world; ++dst) {
     if (dst == g.rank) continue;
     uint4* d = data_at(g.region[dst], parity, g.rank, g.world, g.slot_bytes);
@@ -71,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t start = global_ns();
     while (static_cast<int32_t>(load_acquire_sys(f) - epoch) < 0) {
       if (global_ns() - start > g.timeout_ns) {
-        printf("peer_all_gather (%s:%d) rank %d: no data from rank %d for %llu ms (call %u)\n",
+        printf("peer exchange (%s:%d) rank %d: no data from rank %d for %llu ms (call %u)\n",
                __FILE__, __LINE__, g.rank, t,
                static_cast<unsigned long long>(g.timeout_ns / 1000000), epoch);
         __trap();
@@ -79,12 +70,77 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
+}
+
+__device__ __forceinline__ const uint4* block_of(const PeerGather& g, const uint4* in, int src,
+                                                 int parity) {
+  return src == g.rank ? in : data_at(g.region[g.rank], parity, src, g.world, g.slot_bytes);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    peer_all_gather_kernel(PeerGather g, const uint4* in, uint4* out, int64_t vecs,
+                           uint32_t epoch) {
+  // `in` is the previous kernel's output. No pdl_launch_dependents(): the kernels after this
+  // one launch when it ends. Letting them launch as it starts (their CTAs, and through them the
+  // next kernels', resident while this one waits for the peers) made a 2 x H200 decode step
+  // slower: 5.72-5.78 against 5.36-5.53 ms at 2K context, 13.43-13.59 against 13.19-13.26 at
+  // 128K (docs/benchmarks.md).
+  pdl_wait();
+  const int parity = static_cast<int>(epoch & 1u);
+  const int64_t per = (vecs + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = blockIdx.x * per;
+  const int64_t hi = lo + per < vecs ? lo + per : vecs;
+  exchange(g, in, lo, hi, parity, epoch);
   for (int src = 0; src < g.world; ++src) {
-    const uint4* s = src == g.rank ? in : data_at(g.region[g.rank], parity, src, g.world,
-                                                  g.slot_bytes);
+    const uint4* s = block_of(g, in, src, parity);
     uint4* d = out + src * vecs;
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = s[i];
   }
+}
+
+// The same exchange, then out = (out when accumulating) + the blocks summed in rank order, in
+// fp32, rounded once: every rank gets the same bits.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    peer_all_reduce_kernel(PeerGather g, const uint4* in, uint4* out, int64_t vecs,
+                           uint32_t epoch, bool accumulate) {
+  pdl_wait();  // as peer_all_gather_kernel
+  const int parity = static_cast<int>(epoch & 1u);
+  const int64_t per = (vecs + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = blockIdx.x * per;
+  const int64_t hi = lo + per < vecs ? lo + per : vecs;
+  exchange(g, in, lo, hi, parity, epoch);
+  constexpr int kPer = 16 / sizeof(T);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    float acc[kPer];
+    uint4 o = out[i];
+    const T* ov = reinterpret_cast<const T*>(&o);
+    for (int j = 0; j < kPer; ++j) acc[j] = accumulate ? load_f32(ov + j) : 0.f;
+    for (int src = 0; src < g.world; ++src) {
+      const uint4 v = block_of(g, in, src, parity)[i];
+      const T* vv = reinterpret_cast<const T*>(&v);
+      for (int j = 0; j < kPer; ++j) acc[j] += load_f32(vv + j);
+    }
+    T* w = reinterpret_cast<T*>(&o);
+    for (int j = 0; j < kPer; ++j) store_f32(w + j, acc[j]);
+    out[i] = o;
+  }
+}
+
+// The launch both share; 0 when the arguments are valid, with the grid's block count.
+int64_t exchange_blocks(const PeerGather& g, const void* in, const void* out, int64_t bytes) {
+  if (g.world < 2 || g.world > kPeerGatherMaxRanks || g.rank < 0 || g.rank >= g.world ||
+      bytes <= 0 || bytes % 16 != 0 || bytes > g.slot_bytes || g.slot_bytes % 16 != 0 || !in ||
+      !out || (reinterpret_cast<uintptr_t>(in) & 15u) || (reinterpret_cast<uintptr_t>(out) & 15u)) {
+    return 0;
+  }
+  for (int r = 0; r < g.world; ++r) {
+    if (!g.region[r] || (reinterpret_cast<uintptr_t>(g.region[r]) & 15u)) return 0;
+  }
+  // About 4 KB a CTA, at most kPeerGatherMaxBlocks: every CTA must be resident at once (each
+  // spins until the same CTA of every peer has stored), which this few on one GPU always are.
+  const int64_t blocks = (bytes / 16 + 255) / 256;
+  return blocks > kPeerGatherMaxBlocks ? kPeerGatherMaxBlocks : blocks;
 }
 
 }  // namespace
@@ -95,23 +151,25 @@ int64_t peer_gather_region_bytes(int world, int64_t slot_bytes) {
 
 cudaError_t peer_all_gather_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
                                  uint32_t epoch, cudaStream_t stream) {
-  if (g.world < 2 || g.world > kPeerGatherMaxRanks || g.rank < 0 || g.rank >= g.world ||
-      bytes <= 0 || bytes % 16 != 0 || bytes > g.slot_bytes || g.slot_bytes % 16 != 0 || !in ||
-      !out || (reinterpret_cast<uintptr_t>(in) & 15u) || (reinterpret_cast<uintptr_t>(out) & 15u)) {
-    return cudaErrorInvalidValue;
-  }
-  for (int r = 0; r < g.world; ++r) {
-    if (!g.region[r] || (reinterpret_cast<uintptr_t>(g.region[r]) & 15u)) return cudaErrorInvalidValue;
-  }
-  const int64_t vecs = bytes / 16;
-  // About 4 KB a CTA, at most kPeerGatherMaxBlocks: every CTA must be resident at once (each
-  // spins until the same CTA of every peer has stored), which this few on one GPU always are.
-  int64_t blocks = (vecs + 255) / 256;
-  if (blocks > kPeerGatherMaxBlocks) blocks = kPeerGatherMaxBlocks;
+  const int64_t blocks = exchange_blocks(g, in, out, bytes);
+  if (blocks == 0) return cudaErrorInvalidValue;
   return launch_chained<peer_all_gather_kernel>(dim3(static_cast<unsigned>(blocks)),
                                                 dim3(kThreads), 0, stream, g,
                                                 static_cast<const uint4*>(in),
-                                                static_cast<uint4*>(out), vecs, epoch);
+                                                static_cast<uint4*>(out), bytes / 16, epoch);
+}
+
+cudaError_t peer_all_reduce_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
+                                 DType dtype, bool accumulate, uint32_t epoch,
+                                 cudaStream_t stream) {
+  const int64_t blocks = exchange_blocks(g, in, out, bytes);
+  if (blocks == 0) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return launch_chained<peer_all_reduce_kernel<T>>(
+        dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, g,
+        static_cast<const uint4*>(in), static_cast<uint4*>(out), bytes / 16, epoch, accumulate);
+  });
 }
 
 }  // namespace burst::kernels

@@ -17,7 +17,8 @@
 # vLLM field names), bench_KIND_table.md, bench_KIND_plots/, bench_KIND_server.log.
 # LENGTHS (comma list) overrides the lengths; KV the KV capacity in tokens (default per kind,
 # at least the longest prompt); MIXED=1 adds the mixed workload on any kind;
-# STEP_TIMEOUT (s, default 300) bounds each point. SERVER_FLAGS adds burst-server flags and TAG
+# STEP_TIMEOUT (s, default 300) bounds each point. PRESET names another preset (e.g. 70b, with
+# SERVER_FLAGS="--tp 4"). SERVER_FLAGS adds burst-server flags and TAG
 # names the run in the file names (e.g. SERVER_FLAGS="--max-running 1 --prefill-chunk 262144"
 # TAG=serial: one request at a time, whole prompts: the server before continuous batching).
 # LAYOUT=1 (default on h200x2) ends with burst-generate at 128K, zigzag against contiguous.
@@ -60,7 +61,7 @@ ctx=$((max_len + output_len + 64))
 kv=${KV:-$def_kv}
 [ "$kv" -lt "$ctx" ] && kv=$ctx
 ports=$(mktemp -d)/ports.json
-CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
+CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset "${PRESET:-7b}" --random-weights 0 \
   --device cuda --workers "$workers" --tokenizer models/kjv-tiny/tokenizer.model \
   --max-context "$ctx" --kv-capacity "$kv" --max-queue 1024 \
   --http-port 0 --grpc-port -1 --port-file "$ports" ${SERVER_FLAGS:-} \
@@ -74,7 +75,7 @@ for _ in $(seq 600); do
 done
 [ -s "$ports" ] || { echo "bench_server: no port file after 120 s"; exit 1; }
 url=http://127.0.0.1:$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['http_port'])" "$ports")
-echo "bench_server: $kind, $workers worker(s), 7B preset, context $ctx, $url"
+echo "bench_server: $kind, $workers worker(s), ${PRESET:-7b} preset ${SERVER_FLAGS:-}, context $ctx, $url"
 
 status=0
 points=()

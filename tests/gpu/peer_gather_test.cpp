@@ -36,8 +36,8 @@ uint32_t word_of(int rank, int call, size_t i) {
 // all_reduce_sum on device bf16 (tensor parallelism's row-parallel sums): every rank gets the
 // same bits (compared through an all_gather), within bf16 rounding of the exact sum of the
 // ranks' (random, never zero) values: at most world half-ulps of the sum of magnitudes.
-int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream_t stream) {
-  const int64_t count = 3 * 4099;
+int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream_t stream,
+                     int64_t count) {
   auto value = [](int r, int64_t i) {
     return engine::bf16_to_f32(engine::f32_to_bf16(
         static_cast<float>(static_cast<int32_t>(word_of(r, 999, static_cast<size_t>(i)) % 2001) -
@@ -76,6 +76,40 @@ int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream
       return 24;
     }
   }
+  // all_reduce_add: x (0.5 everywhere, on every rank) += the sum, the add fused on the one-shot
+  // path: rank 0's bits on every rank, within the same rounding bound of exact + 0.5.
+  std::vector<uint16_t> x(count, engine::f32_to_bf16(0.5f));
+  void* dx = nullptr;
+  if (cudaMalloc(&dx, count * 2) != cudaSuccess) return 25;
+  cudaMemcpy(dx, x.data(), count * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(d, mine.data(), count * 2, cudaMemcpyHostToDevice);
+  st = comm.all_reduce_add(d, dx, count, engine::DType::kBF16);
+  if (st.ok()) st = comm.all_gather(dx, gathered, static_cast<size_t>(count) * 2);
+  if (!st.ok() || cudaStreamSynchronize(stream) != cudaSuccess ||
+      cudaMemcpy(all.data(), gathered, count * 2 * world, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    std::fprintf(stderr, "rank %d: all_reduce_add: %s\n", rank, st.message().c_str());
+    return 26;
+  }
+  for (int src = 1; src < world; ++src) {
+    if (!std::equal(all.begin(), all.begin() + count, all.begin() + src * count)) {
+      std::fprintf(stderr, "rank %d: rank %d's all_reduce_add differs from rank 0's\n", rank, src);
+      return 27;
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    double exact = 0.5, magnitude = 0.5;
+    for (int r = 0; r < world; ++r) {
+      exact += value(r, i);
+      magnitude += std::fabs(value(r, i));
+    }
+    const double got = engine::bf16_to_f32(all[static_cast<size_t>(i)]);
+    if (std::fabs(got - exact) > (world + 1) * std::ldexp(magnitude, -8)) {
+      std::fprintf(stderr, "rank %d: all_reduce_add element %lld: %g, exact %g\n", rank,
+                   (long long)i, got, exact);
+      return 28;
+    }
+  }
+  cudaFree(dx);
   cudaFree(d);
   cudaFree(gathered);
   return 0;
@@ -154,7 +188,14 @@ int rank_main(int rank, int world, const std::string& store, int declined_by) {
       cudaFree(dout);
     }
   }
-  return all_reduce_check(*comm.value(), rank, world, stream);
+  // A decode step's rows (by peer stores when the path is on), an odd size (NCCL), and more
+  // than a peer slot (NCCL).
+  for (const int64_t count : {int64_t{3} * 8192, int64_t{3} * 4099, int64_t{1100007}}) {
+    if (const int code = all_reduce_check(*comm.value(), rank, world, stream, count); code != 0) {
+      return code;
+    }
+  }
+  return 0;
 }
 
 TEST(PeerGather, Rank) {

@@ -306,6 +306,18 @@ int all_reduce(const GlooOptions& options) {
       return fail(rank, "bf16 sum differs at " + std::to_string(i));
     }
   }
+  // all_reduce_add: x += the sum of the partials (x the same on every rank).
+  std::vector<float> partial(kCount), x(kCount, 1.5f);
+  for (int64_t i = 0; i < kCount; ++i) partial[static_cast<size_t>(i)] = value(rank, i);
+  st = comm.all_reduce_add(partial.data(), x.data(), kCount, DType::kF32);
+  if (!st.ok()) return fail(rank, st.message());
+  for (int64_t i = 0; i < kCount; ++i) {
+    float sum = 0.f;
+    for (int r = 0; r < n; ++r) sum += value(r, i);
+    if (x[static_cast<size_t>(i)] != 1.5f + sum) {
+      return fail(rank, "all_reduce_add differs at " + std::to_string(i));
+    }
+  }
   if (comm.all_reduce_sum(f32.data(), 3, DType::kF16).ok()) {
     return fail(rank, "fp16 on the host path is refused, not summed wrongly");
   }
@@ -313,7 +325,7 @@ int all_reduce(const GlooOptions& options) {
   return b.ok() ? 0 : fail(rank, b.message());
 }
 
-TEST_P(CommunicatorGroupTest, AllReduceSumIsTheRankOrderSumOnEveryRank) {
+TEST_P(CommunicatorGroupTest, AllReduceSumAndAddAreTheRankOrderSumOnEveryRank) {
   expect_all_zero(run_group(GetParam(), all_reduce), GetParam());
 }
 

@@ -1,14 +1,21 @@
 // Tensor parallelism's pieces that need no group: which layouts a model takes (and the words
 // of a refusal), a rank reading only its slices of a checkpoint (bytes read, by hand), and the
-// random presets' slices holding exactly the whole model's values at their place. The layouts
+// random presets' slices holding exactly the whole model's values at their place, and a
+// checkpoint sharded over files. The layouts
 // through real processes against Hugging Face are tests/unit/sharded_model_test.cpp.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "../one_sequence.h"
 #include "engine/backend.h"
 #include "engine/parallel_layout.h"
+#include "engine/ring_attention.h"
 #include "models/config.h"
 #include "models/llama.h"
 
@@ -88,6 +95,78 @@ TEST(TensorParallel, ARankReadsOnlyItsSlices) {
     EXPECT_EQ(s.heads, 3);
     EXPECT_EQ(s.kv_heads, 1);
   }
+}
+
+// A checkpoint sharded over two files (model.safetensors.index.json): odd-linear's tensors
+// split between them, every layer's q/k/v in one file and its o/MLP in the other. Each rank
+// of tp 2 reads its slices across both files, exactly the bytes it reads from the one file,
+// and the whole model from the shards is the model from the one file (same logits).
+std::string shard_odd_linear(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::ifstream in(kOddLinear + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  const auto header = nlohmann::json::parse(bytes.substr(8, header_len));
+  const std::string data = bytes.substr(8 + header_len);
+  nlohmann::json heads[2] = {nlohmann::json::object(), nlohmann::json::object()};
+  std::string datas[2];
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    const int f = name.find("self_attn.q") != std::string::npos ||
+                          name.find("self_attn.k") != std::string::npos ||
+                          name.find("self_attn.v") != std::string::npos ||
+                          name.find("embed") != std::string::npos
+                      ? 0
+                      : 1;
+    const auto begin = e["data_offsets"][0].get<uint64_t>(), end = e["data_offsets"][1].get<uint64_t>();
+    nlohmann::json entry = e;
+    entry["data_offsets"] = {datas[f].size(), datas[f].size() + (end - begin)};
+    datas[f] += data.substr(begin, end - begin);
+    heads[f][name] = entry;
+    weight_map[name] = "part-" + std::to_string(f) + ".safetensors";
+  }
+  for (int f = 0; f < 2; ++f) {
+    const std::string h = heads[f].dump();
+    std::string len(8, '\0');
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+    std::ofstream(dir + "/part-" + std::to_string(f) + ".safetensors", std::ios::binary)
+        << len << h << datas[f];
+  }
+  std::ofstream(dir + "/model.safetensors.index.json")
+      << nlohmann::json{{"metadata", nlohmann::json::object()}, {"weight_map", weight_map}}.dump();
+  fs::copy_file(kOddLinear + "/config.json", dir + "/config.json");
+  return dir;
+}
+
+TEST(TensorParallel, ShardedCheckpointsSliceAcrossFiles) {
+  char tmpl[] = "/tmp/burst-tp-shards-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = shard_odd_linear(tmpl);
+  auto backend = engine::make_cpu_backend();
+  for (int rank : {0, 1}) {
+    auto m = LlamaModel::load(*backend, dir, nullptr, {rank, 2});
+    ASSERT_TRUE(m.ok()) << m.message();
+    EXPECT_EQ(m.value()->file_bytes_read(), odd_linear_rank_bytes(2)) << "rank " << rank;
+  }
+  auto whole = LlamaModel::load(*backend, dir);
+  auto one_file = LlamaModel::load(*backend, kOddLinear);
+  ASSERT_TRUE(whole.ok() && one_file.ok());
+  std::vector<float> logits[2];
+  int i = 0;
+  auto local = engine::make_local_communicator();
+  for (LlamaModel* m : {whole.value().get(), one_file.value().get()}) {
+    auto ring = engine::RingAttention::create(*backend, *local, m->attention_shape(), 64);
+    ASSERT_TRUE(ring.ok());
+    const std::vector<int32_t> ids = {1, 17, 400, 3, 99};
+    ASSERT_TRUE(burst::testing::forward_chunk(*m, *ring.value(), 0,
+                                              engine::ShardPlan::make(engine::ShardLayout::kZigzag, 5, 1),
+                                              ids, {0, 1, 2, 3, 4}, {4}, logits[i++], 5)
+                    .ok());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  std::filesystem::remove_all(dir);
 }
 
 // A slice drawn with its window holds the whole matrix's values there (the random presets give

@@ -59,6 +59,11 @@ class Communicator {
   // for host memory: one all_gather, then every rank adds the blocks in rank order in fp32 and
   // rounds once to dtype. NCCL reduces device memory on the compute stream (stream-ordered).
   virtual Status all_reduce_sum(void* data, int64_t count, DType dtype);
+  // x ([count] of dtype) += the sum over the ranks of partial ([count], overwritten): a
+  // row-parallel product into the residual, the add fused where the implementation can (NCCL's
+  // one-shot path: one kernel sums the gathered partials into x). The same bits on every rank
+  // that holds the same x. The default, for host memory: all_reduce_sum, then the add in fp32.
+  virtual Status all_reduce_add(void* partial, void* x, int64_t count, DType dtype);
   virtual Status barrier() = 0;
   // How this communicator moves data, for the logs ("gloo (tcp)", "nccl; ...").
   virtual std::string transport() const { return "unnamed"; }

@@ -138,5 +138,12 @@ struct PeerGather {
 int64_t peer_gather_region_bytes(int world, int64_t slot_bytes);
 cudaError_t peer_all_gather_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
                                  uint32_t epoch, cudaStream_t stream);
+// The same exchange as an all-reduce, in the one launch: out ([bytes] of dtype; may be in) =
+// (out when accumulate) + every rank's `in` summed in rank order in fp32, rounded once (the
+// same bits on every rank whose out is the same). Shares the region and the epochs with
+// peer_all_gather_cuda.
+cudaError_t peer_all_reduce_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
+                                 DType dtype, bool accumulate, uint32_t epoch,
+                                 cudaStream_t stream);
 
 }  // namespace burst::kernels
