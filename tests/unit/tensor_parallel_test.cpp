@@ -159,12 +159,13 @@ TEST(TensorParallel, ShardedCheckpointsSliceAcrossFiles) {
   for (LlamaModel* m : {whole.value().get(), one_file.value().get()}) {
     auto ring = engine::RingAttention::create(*backend, *local, m->attention_shape(), 64);
     ASSERT_TRUE(ring.ok());
-    const std::vector<int32_t> ids = {1, 17, 400, 3, 99};
-    ASSERT_TRUE(burst::testing::forward_chunk(*m, *ring.value(), 0,
-                                              engine::ShardPlan::make(engine::ShardLayout::kZigzag, 5, 1),
-                                              ids, {0, 1, 2, 3, 4}, {4}, logits[i++], 5)
-                    .ok());
+    const std::vector<int32_t> ids = {1, 17, 400, 3, 99, 4000};
+    const auto plan = engine::ShardPlan::make(engine::ShardLayout::kZigzag, 6, 1);
+    const Status st = burst::testing::forward_chunk(*m, *ring.value(), 0, plan, ids,
+                                                    {0, 1, 2, 3, 4, 5}, {5}, logits[i++], 6);
+    ASSERT_TRUE(st.ok()) << st.message();
   }
+  ASSERT_EQ(logits[0].size(), 4099u);  // odd-linear's vocabulary: one row of logits
   EXPECT_EQ(logits[0], logits[1]);
   std::filesystem::remove_all(dir);
 }
