@@ -251,7 +251,42 @@ def test_decode_lookahead_changes_no_token():
     check(want[3][1] == "stop" and want[4][1] == "length", f"finish reasons {want}")
 
 
+def test_tensor_parallel_sampling_and_logprobs():
+    # Tensor parallelism 2 beside a ring of 2 (4 workers) against the ring of 2 alone: every
+    # rank of a tensor-parallel group holds the whole LM head, so seeded sampling draws the same
+    # tokens and the logprobs (top 3, and the prompt's with echo) agree to fp32 rounding (the
+    # row-parallel sums add in another order).
+    reqs = [(text_of(31, 4), 12, {"temperature": 0.9, "top_p": 0.95, "seed": 11}),
+            (text_of(17, 6), 10, {"logprobs": 3, "echo": True})]
+
+    def answer(srv, p, n, extra):
+        c, r = complete(srv, p, n, extra=extra)
+        check(r.status == 200, f"HTTP {r.status}")
+        ch = json.loads(r.read())["choices"][0]
+        c.close()
+        return ch
+
+    got = {}
+    for tp, workers in ((1, 2), (2, 4)):
+        srv = Server("--tp", tp, "--prefill-chunk", 24, workers=workers)
+        try:
+            got[tp] = concurrently(lambda i: answer(srv, *reqs[i]), len(reqs), 0.02)
+            check(wait_kv_empty(srv), f"tp {tp}: KV pages all free")
+        finally:
+            srv.stop()
+    check(got[1][0]["text"] == got[2][0]["text"],
+          f"seeded sample: tp 2 {got[2][0]['text']!r} != tp 1 {got[1][0]['text']!r}")
+    a, b = got[1][1]["logprobs"], got[2][1]["logprobs"]
+    check(a["tokens"] == b["tokens"], f"tokens: {a['tokens']} vs {b['tokens']}")
+    for x, y in zip(a["token_logprobs"], b["token_logprobs"]):
+        check((x is None and y is None) or abs(x - y) <= 1e-4, f"token logprob {x} vs {y}")
+    for tx, ty in zip(a["top_logprobs"], b["top_logprobs"]):
+        check((tx is None and ty is None) or (sorted(tx) == sorted(ty) and all(
+            abs(tx[k] - ty[k]) <= 1e-4 for k in tx)), f"top logprobs {tx} vs {ty}")
+
+
 if __name__ == "__main__":
     run([test_batch_invariance_and_chunking, test_cancels_in_every_phase_free_every_page,
          test_64_concurrent_streaming_clients, test_short_request_not_stuck_behind_long_prefill,
-         test_sampled_requests_batch_invariant, test_decode_lookahead_changes_no_token])
+         test_sampled_requests_batch_invariant, test_decode_lookahead_changes_no_token,
+         test_tensor_parallel_sampling_and_logprobs])
