@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "models/rope.h"
 #include "models/safetensors.h"
@@ -31,7 +32,8 @@ struct WeightSpec {
 
 namespace {
 
-// Rank t's rows of an output of `parts` equal blocks of `block` features each.
+// The part of a weight made of `blocks` blocks of `block` rows (or columns) from block
+// `first_block` on: a rank's heads, or its share of the MLP.
 WeightFiles::Window rows_of(int64_t first_block, int64_t blocks, int64_t block) {
   return {first_block * block, blocks * block, 0, -1};
 }
@@ -86,6 +88,78 @@ int64_t shape_bytes(const std::vector<int64_t>& shape, engine::DType dtype) {
   return n;
 }
 
+// Buffers HF LLaMA checkpoints may carry that no weight reads: transformers before 4.31 saved
+// each layer's RoPE inverse frequencies (model.layers.N.self_attn.rotary_emb.inv_freq; the
+// LLaMA-2 *-hf checkpoints hold them); the engine derives its own from the config.
+bool harmless_extra(const std::string& name) {
+  const std::string tail = "rotary_emb.inv_freq";
+  return name.size() >= tail.size() &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Why a tensor the weight list does not name is there, in the config's words.
+std::string unused_reason(const LlamaConfig& c, const std::string& name) {
+  const std::string layers = "model.layers.";
+  if (name.rfind(layers, 0) == 0) {
+    const size_t dot = name.find('.', layers.size());
+    const std::string index = name.substr(layers.size(), dot - layers.size());
+    if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos &&
+        index.size() < 10 && std::stoll(index) >= c.num_layers) {
+      return "config.json gives num_hidden_layers " + std::to_string(c.num_layers) +
+             ", but the checkpoint has layer " + index + " (a config of another model?)";
+    }
+  }
+  if (name == "lm_head.weight" && c.tie_word_embeddings) {
+    return "config.json gives tie_word_embeddings true (the output head is the embedding "
+           "table), but the checkpoint has its own head";
+  }
+  return "no weight of a LlamaForCausalLM of this config has that name";
+}
+
+// The checkpoint against the config, before any weight is read (by header and name only, so a
+// tensor-parallel rank, which reads only its slices, checks the same thing as a whole load):
+//  - every tensor is one the model reads, or a harmless buffer: a tensor no weight reads means
+//    the config describes another model (fewer layers, a tied head) and would run silently;
+//  - a 16-bit dtype the config declares (bfloat16 / float16) is the header dtype of at least
+//    one weight. F16 and BF16 have the same size, so bytes of one labelled the other pass every
+//    size check and load as garbage. A float32 declaration is not held against half-precision
+//    headers (a converter that upcasts in memory writes it, models/kjv-tiny does; the values
+//    load exactly), nor a 16-bit one against F32 headers (no 16-bit bytes can pass as F32).
+// WeightFiles::read also judges the bytes of every 16-bit matrix against its header dtype.
+Status check_checkpoint(const LlamaConfig& c, const WeightFiles& files,
+                        const std::string& model_dir) {
+  Tensor embed, final_norm, lm_head;
+  std::vector<LayerWeights> layers(static_cast<size_t>(c.num_layers));
+  const auto specs = weight_specs(c, TensorParallel{0, 1}, embed, final_norm, lm_head, layers);
+  std::set<std::string> wanted;
+  for (const auto& w : specs) wanted.insert(w.name);
+  for (const auto& name : files.names()) {
+    if (wanted.count(name) != 0 || harmless_extra(name)) continue;
+    const TensorView* v = files.find(name);
+    return Status::error((v != nullptr ? v->file : model_dir) + ": tensor \"" + name +
+                         "\" is not used by the model: " + unused_reason(c, name) +
+                         "; refused rather than served with part of the checkpoint ignored");
+  }
+  const bool half = c.torch_dtype == engine::DType::kF16 || c.torch_dtype == engine::DType::kBF16;
+  if (c.torch_dtype_field.empty() || !half) return {};
+  const std::string declared = c.torch_dtype == engine::DType::kF16 ? "F16" : "BF16";
+  const std::string other = c.torch_dtype == engine::DType::kF16 ? "BF16" : "F16";
+  const TensorView* example = nullptr;
+  for (const auto& w : specs) {
+    const TensorView* v = files.find(w.name);
+    if (v == nullptr) continue;  // read() names the missing tensor
+    if (v->file_dtype == declared) return {};
+    if (v->file_dtype == other && example == nullptr) example = v;
+  }
+  if (example == nullptr) return {};
+  return Status::error(model_dir + "/config.json: field \"" + c.torch_dtype_field + "\" is \"" +
+                       (declared == "F16" ? "float16" : "bfloat16") +
+                       "\", but no weight's header dtype is " + declared + " (tensor \"" +
+                       example->name + "\" in " + example->file + " is " + other +
+                       "): one of the two names the wrong 16-bit type, and " + other +
+                       " bytes read as " + declared + " (or the reverse) are garbage");
+}
+
 }  // namespace
 
 std::string tensor_parallel_error(const LlamaConfig& c, int tp) {
@@ -99,7 +173,7 @@ std::string tensor_parallel_error(const LlamaConfig& c, int tp) {
   if (c.num_kv_heads % tp != 0 && tp % c.num_kv_heads != 0) {
     return t + " neither divides the model's " + std::to_string(c.num_kv_heads) +
            " KV heads nor is a multiple of them (a rank holds its share of the KV heads, or one "
-           "KV head replicated over " + "tp / KV heads ranks)";
+           "KV head replicated over tp / KV heads ranks)";
   }
   if (c.intermediate_size % tp != 0) {
     return t + " does not divide the model's intermediate size " +
@@ -133,8 +207,8 @@ engine::AttentionShape LlamaModel::attention_shape() const {
 Result<std::unique_ptr<LlamaModel>> LlamaModel::create(engine::Backend& backend,
                                                        LlamaConfig config, TensorParallel tp) {
   if (tp.rank < 0 || tp.rank >= tp.size) {
-    return Status::error("tensor-parallel rank " + std::to_string(tp.rank) + " outside a group of " +
-                         std::to_string(tp.size));
+    return Status::error("tensor-parallel rank " + std::to_string(tp.rank) +
+                         " outside a group of " + std::to_string(tp.size));
   }
   if (std::string e = tensor_parallel_error(config, tp.size); !e.empty()) {
     return Status::error(e);
@@ -153,6 +227,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(engine::Backend& backend,
   if (!m.ok()) return m.status();
   auto files = WeightFiles::open_dir(model_dir);
   if (!files.ok()) return files.status();
+  BURST_RETURN_IF_ERROR(check_checkpoint(m.value()->config(), files.value(), model_dir));
   std::vector<char> buffer;
   BURST_RETURN_IF_ERROR(m.value()->fill_weights(on_progress, [&](const WeightSpec& w, uint64_t) {
     auto part = files.value().read(w.name, w.shape, w.window, buffer);
@@ -176,7 +251,8 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::random(engine::Backend& backend,
     const float a = w.is_norm ? 1.f : 1.f / std::sqrt(static_cast<float>(w.shape.back()));
     engine::Backend::RandomWindow window;
     if (w.shape.size() == 2) {
-      window = {w.shape[1], std::max<int64_t>(w.window.row0, 0), std::max<int64_t>(w.window.col0, 0)};
+      window = {w.shape[1], std::max<int64_t>(w.window.row0, 0),
+                std::max<int64_t>(w.window.col0, 0)};
     }
     return backend.fill_random(*w.dst, seed * 1000003ull + index, a, w.is_norm, window);
   }));

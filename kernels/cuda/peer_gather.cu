@@ -1,7 +1,8 @@
 // The all-gather of the distributed decode's partials, and the all-reduce of a decode step's
-// row-parallel products, between the GPUs of one host in one launch each: each CTA stores its chunk of this rank's bytes straight into every peer's inbox
-// (memory mapped through CUDA IPC, over NVLink), publishes a flag per peer with a system-scope
-// release, waits with system-scope acquires for the same chunk of every peer in its own inbox
+// row-parallel products, between the GPUs of one host in one launch each: each CTA stores its
+// chunk of this rank's bytes straight into every peer's inbox (memory mapped through CUDA IPC,
+// over NVLink), publishes a flag per peer with a system-scope release, waits with system-scope
+// acquires for the same chunk of every peer in its own inbox
 // and copies them out. See kernels/include/kernels/ops_cuda.h (PeerGather).
 #include <cstdio>
 

@@ -89,9 +89,10 @@ std::string model_fingerprint(const models::LlamaConfig& c, const models::ModelS
     rope = "dynamic:" + float_text(c.rope_scaling.factor);
   } else if (c.rope_scaling.kind == models::RopeScaling::Kind::kYarn) {
     const models::RopeScaling& y = c.rope_scaling;
-    rope = "yarn:" + float_text(y.factor) + ":" + std::to_string(y.original_max_position_embeddings) +
-           ":" + float_text(y.beta_fast) + ":" + float_text(y.beta_slow) + ":" +
-           (y.truncate ? "1" : "0") + ":" + float_text(models::rope_logit_scale(c));
+    rope = "yarn:" + float_text(y.factor) + ":" +
+           std::to_string(y.original_max_position_embeddings) + ":" + float_text(y.beta_fast) +
+           ":" + float_text(y.beta_slow) + ":" + (y.truncate ? "1" : "0") + ":" +
+           float_text(models::rope_logit_scale(c));
   }
   return "hidden=" + std::to_string(c.hidden_size) +
          " intermediate=" + std::to_string(c.intermediate_size) +

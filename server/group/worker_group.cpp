@@ -543,12 +543,14 @@ Result<bool> WorkerGroup::await_remote(std::chrono::milliseconds max_wait) {
   WorkerRegistry& reg = *options_.registry;
   const auto generation = reg.wait_formed(max_wait);
   if (!generation) return false;
-  // Each rank publishes its control address once its communicator is up (every rank has
-  // connected to every other): wait for all of them, as long as a communicator may take.
+  // Each rank publishes its control address once its communicators are up (every rank has
+  // connected to every other) and its weights are in (a joined rank loads its tensor-parallel
+  // slice once it has its rank): wait for all of them, as long as a start may take.
   auto store = reg.store_view(*generation);
   std::vector<std::string> addresses;
+  const auto wait = std::max(options_.comm_timeout, options_.start_timeout);
   for (int r = 0; r < options_.workers; ++r) {
-    auto a = store->get("control/" + std::to_string(r), options_.comm_timeout);
+    auto a = store->get("control/" + std::to_string(r), wait);
     if (!a.ok()) {
       const std::string why = "worker rank " + std::to_string(r) + " of generation " +
                               std::to_string(*generation) +

@@ -125,7 +125,8 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
   if (!ring.ok()) return ring.status();
   std::string plan = "memory plan: weights " + bytes_text(model.weight_bytes()) +
                      (model.tensor_parallel().size > 1
-                          ? " (1/" + std::to_string(model.tensor_parallel().size) + " of the layers)"
+                          ? " (1/" + std::to_string(model.tensor_parallel().size) +
+                                " of the layers)"
                           : "") +
                      ", KV cache " + bytes_text(kv_bytes) + " (" +
                      std::to_string(capacity.value()) + " tokens, " + std::to_string(s.kv_heads) +

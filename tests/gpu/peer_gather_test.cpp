@@ -44,9 +44,14 @@ int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream
                            1000) / 250.f + 0.003f));
   };
   std::vector<uint16_t> mine(count), all(static_cast<size_t>(count * world));
-  for (int64_t i = 0; i < count; ++i) mine[static_cast<size_t>(i)] = engine::f32_to_bf16(value(rank, i));
+  for (int64_t i = 0; i < count; ++i) {
+    mine[static_cast<size_t>(i)] = engine::f32_to_bf16(value(rank, i));
+  }
   void *d = nullptr, *gathered = nullptr;
-  if (cudaMalloc(&d, count * 2) != cudaSuccess || cudaMalloc(&gathered, count * 2 * world) != cudaSuccess) return 20;
+  if (cudaMalloc(&d, count * 2) != cudaSuccess ||
+      cudaMalloc(&gathered, count * 2 * world) != cudaSuccess) {
+    return 20;
+  }
   cudaMemcpy(d, mine.data(), count * 2, cudaMemcpyHostToDevice);
   Status st = comm.all_reduce_sum(d, count, engine::DType::kBF16);
   if (st.ok()) st = comm.all_gather(d, gathered, static_cast<size_t>(count) * 2);

@@ -301,7 +301,9 @@ int all_reduce(const GlooOptions& options) {
       want += value(r, i);
       want_bf += bf16_to_f32(f32_to_bf16(value(r, i)));
     }
-    if (f32[static_cast<size_t>(i)] != want) return fail(rank, "fp32 sum differs at " + std::to_string(i));
+    if (f32[static_cast<size_t>(i)] != want) {
+      return fail(rank, "fp32 sum differs at " + std::to_string(i));
+    }
     if (bf16[static_cast<size_t>(i)] != f32_to_bf16(want_bf)) {
       return fail(rank, "bf16 sum differs at " + std::to_string(i));
     }

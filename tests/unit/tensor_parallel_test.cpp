@@ -37,7 +37,9 @@ LlamaConfig shape(int64_t heads, int64_t kv_heads, int64_t intermediate) {
 
 TEST(TensorParallel, LayoutsTheModelTakes) {
   // LLaMA-2 70B: 64 heads, 8 KV heads, 28672: tp 1, 2, 4, 8 (and 16: KV heads replicated).
-  for (int tp : {1, 2, 4, 8, 16}) EXPECT_EQ(tensor_parallel_error(shape(64, 8, 28672), tp), "") << tp;
+  for (int tp : {1, 2, 4, 8, 16}) {
+    EXPECT_EQ(tensor_parallel_error(shape(64, 8, 28672), tp), "") << tp;
+  }
   const std::string three = tensor_parallel_error(shape(64, 8, 28672), 3);
   EXPECT_NE(three.find("64 attention heads"), std::string::npos) << three;
   // 6 heads, 2 KV heads: tp 3 splits the heads but neither divides nor multiplies the KV heads.
@@ -106,7 +108,9 @@ std::string shard_odd_linear(const std::string& dir) {
   std::ifstream in(kOddLinear + "/model.safetensors", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  for (int i = 7; i >= 0; --i) {
+    header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  }
   const auto header = nlohmann::json::parse(bytes.substr(8, header_len));
   const std::string data = bytes.substr(8 + header_len);
   nlohmann::json heads[2] = {nlohmann::json::object(), nlohmann::json::object()};
@@ -120,7 +124,8 @@ std::string shard_odd_linear(const std::string& dir) {
                           name.find("embed") != std::string::npos
                       ? 0
                       : 1;
-    const auto begin = e["data_offsets"][0].get<uint64_t>(), end = e["data_offsets"][1].get<uint64_t>();
+    const auto begin = e["data_offsets"][0].get<uint64_t>();
+    const auto end = e["data_offsets"][1].get<uint64_t>();
     nlohmann::json entry = e;
     entry["data_offsets"] = {datas[f].size(), datas[f].size() + (end - begin)};
     datas[f] += data.substr(begin, end - begin);
