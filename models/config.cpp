@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <system_error>
 
 namespace burst::models {
@@ -29,7 +30,7 @@ constexpr int64_t kMaxLayers = 10'000;
 constexpr int64_t kMaxHeads = 10'000;
 constexpr int64_t kMaxHeadDim = 16'384;
 constexpr int64_t kMaxVocab = 16'000'000;
-constexpr int64_t kMaxPositions = int64_t{1} << 30;
+constexpr int64_t kMaxPositions = kMaxPositionEmbeddings;
 // A config.json is a few KiB; refuse to slurp anything that cannot be one.
 constexpr std::streamoff kMaxConfigBytes = 16 << 20;
 
@@ -265,7 +266,7 @@ Status parse_rope_scaling(const FieldReader& r, const std::string& field, const 
   return Status();
 }
 
-Status parse_dtype(const FieldReader& r, engine::DType& out) {
+Status parse_dtype(const FieldReader& r, engine::DType& out, std::string& out_field) {
   // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
   std::string field = "torch_dtype";
   const json* v = r.find(field);
@@ -287,23 +288,63 @@ Status parse_dtype(const FieldReader& r, engine::DType& out) {
   } else {
     return r.error(field, "is \"" + s + "\"; expected float32, bfloat16 or float16");
   }
+  out_field = field;
   return Status();
 }
 
-Status parse_token_id(const FieldReader& r, const std::string& field, int64_t vocab, int32_t& out) {
+// A token id (an integer, or a list of them: checkpoints list several end tokens and the first
+// is the canonical one) must name a row of the embedding table: every element is checked, since
+// the engine compares sampled ids against all of them. `none_ok`: -1 means "no such token" (old
+// LLaMA conversions write pad_token_id -1).
+Status parse_token_id(const FieldReader& r, const std::string& field, int64_t vocab, bool none_ok,
+                      int32_t* out) {
   const json* v = r.find(field);
   if (v == nullptr) return Status();
-  const json* id = v;
-  std::string name = field;
-  // Some checkpoints list several end tokens; the first is the canonical one.
+  std::vector<std::pair<std::string, const json*>> ids;
   if (v->is_array()) {
     if (v->empty()) return r.error(field, "is an empty list");
-    id = &(*v)[0];
-    name = field + "[0]";
+    for (size_t i = 0; i < v->size(); ++i) {
+      ids.emplace_back(field + "[" + std::to_string(i) + "]", &(*v)[i]);
+    }
+  } else {
+    ids.emplace_back(field, v);
   }
-  int64_t value = 0;
-  BURST_RETURN_IF_ERROR(r.to_int(name, *id, 0, vocab - 1, value));
-  out = static_cast<int32_t>(value);  // vocab <= kMaxVocab < 2^31, so this fits
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto& [name, id] = ids[i];
+    int64_t value = 0;
+    if (!id->is_number_integer()) return r.to_int(name, *id, 0, vocab - 1, value);  // the type
+    if (id->is_number_unsigned()) {
+      const uint64_t u = id->get<uint64_t>();
+      value = u > static_cast<uint64_t>(vocab) ? vocab : static_cast<int64_t>(u);
+    } else {
+      value = id->get<int64_t>();
+    }
+    if (none_ok && value == -1) continue;
+    if (value < 0 || value >= vocab) {
+      return r.error(name, "must be in the vocabulary [0, " + std::to_string(vocab) +
+                               ") of vocab_size " + std::to_string(vocab) +
+                               (none_ok ? " (or -1: none)" : "") + ", got " + id->dump());
+    }
+    // vocab <= kMaxVocab < 2^31, so this fits.
+    if (i == 0 && out != nullptr) *out = static_cast<int32_t>(value);
+  }
+  return Status();
+}
+
+// The RoPE base: frequencies are theta^(-2i/d), so theta <= 1 leaves every pair turning at least
+// once per position (1e-300 underflows them to infinities), and a non-finite one is no base.
+Status get_rope_theta(const FieldReader& r, float& out) {
+  const json* v = r.find("rope_theta");
+  if (v == nullptr) return Status();
+  if (!v->is_number()) {
+    return r.error("rope_theta", std::string("must be a number, got ") + type_name(*v));
+  }
+  const double d = v->get<double>();
+  if (!(d > 1 && d <= kMaxRopeTheta)) {  // NaN fails too
+    return r.error("rope_theta", "must be finite and in (1, 1e12] (released models use 1e4 to "
+                                 "1e7), got " + v->dump());
+  }
+  out = static_cast<float>(d);
   return Status();
 }
 
@@ -369,25 +410,37 @@ Result<LlamaConfig> parse_config(const json& root, const std::string& source) {
   c.num_kv_heads = c.num_heads;
   BURST_RETURN_IF_ERROR(r.get_int("num_key_value_heads", false, 1, kMaxHeads, c.num_kv_heads));
   BURST_RETURN_IF_ERROR(r.get_int("vocab_size", true, 1, kMaxVocab, c.vocab_size));
-  BURST_RETURN_IF_ERROR(
-      r.get_int("max_position_embeddings", false, 2, kMaxPositions, c.max_position_embeddings));
+  // Refused past 16M tokens with its own words: per-sequence tables are sized from it, and a
+  // value such as 2^30 is a typo, not a context length.
+  if (const json* v = r.find("max_position_embeddings"); v != nullptr) {
+    const Status st = r.to_int("max_position_embeddings", *v, 2, kMaxPositions,
+                               c.max_position_embeddings);
+    if (!st.ok() && v->is_number_integer()) {
+      return r.error("max_position_embeddings",
+                     "must be in [2, " + std::to_string(kMaxPositions) +
+                         "] (at most 16M tokens: the engine sizes per-sequence buffers from it, "
+                         "and released models stop at 10M), got " + v->dump());
+    }
+    BURST_RETURN_IF_ERROR(st);
+  }
   BURST_RETURN_IF_ERROR(r.get_float("rms_norm_eps", false, 0.0, 1.0, c.rms_norm_eps));
-  BURST_RETURN_IF_ERROR(r.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
+  BURST_RETURN_IF_ERROR(get_rope_theta(r, c.rope_theta));
   if (const json* params = r.find("rope_parameters"); params != nullptr) {
     BURST_RETURN_IF_ERROR(parse_rope_scaling(r, "rope_parameters", params,
                                              c.max_position_embeddings, c.rope_scaling));
     if (params->is_object()) {
-      FieldReader pr(*params, source);
-      BURST_RETURN_IF_ERROR(pr.get_float("rope_theta", false, 0.0, 1e12, c.rope_theta));
+      FieldReader pr(*params, source, "rope_parameters.");
+      BURST_RETURN_IF_ERROR(get_rope_theta(pr, c.rope_theta));
     }
   } else {
     BURST_RETURN_IF_ERROR(parse_rope_scaling(r, "rope_scaling", r.find("rope_scaling"),
                                              c.max_position_embeddings, c.rope_scaling));
   }
   BURST_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", c.tie_word_embeddings));
-  BURST_RETURN_IF_ERROR(parse_dtype(r, c.torch_dtype));
-  BURST_RETURN_IF_ERROR(parse_token_id(r, "bos_token_id", c.vocab_size, c.bos_token_id));
-  BURST_RETURN_IF_ERROR(parse_token_id(r, "eos_token_id", c.vocab_size, c.eos_token_id));
+  BURST_RETURN_IF_ERROR(parse_dtype(r, c.torch_dtype, c.torch_dtype_field));
+  BURST_RETURN_IF_ERROR(parse_token_id(r, "bos_token_id", c.vocab_size, false, &c.bos_token_id));
+  BURST_RETURN_IF_ERROR(parse_token_id(r, "eos_token_id", c.vocab_size, false, &c.eos_token_id));
+  BURST_RETURN_IF_ERROR(parse_token_id(r, "pad_token_id", c.vocab_size, true, nullptr));
 
   // GQA: every group of num_heads / num_kv_heads query heads shares one KV head.
   if (c.num_heads % c.num_kv_heads != 0) {

@@ -239,6 +239,47 @@ int64_t first_non_finite(const void* data, int64_t nbytes, const std::string& fi
   return -1;
 }
 
+// A weight matrix's bytes read as the other 16-bit float type land in a magnitude band that no
+// trained or initialised matrix fills:
+//  - BF16 bytes read as F16: the F16 exponent is the top five bits of the BF16 one, so every
+//    BF16 value in [2^-31, 2^32) reads as an F16 magnitude of at least 0.125. A true F16 matrix
+//    with fewer than 1/64 of its non-zero entries below 0.125 needs a spread of several units
+//    (for a normal law, sigma > 5); LLaMA matrices have sigma ~0.02, initialisation
+//    1/sqrt(fan_in), and the odd-linear fixture has every one of its F16 entries below 0.125.
+//  - F16 bytes read as BF16: an F16 value below 0.125 (exponent <= 11) gives a BF16 exponent
+//    <= 95, a magnitude below 2^-31. A true BF16 matrix with half its non-zero entries below
+//    2^-31 (5e-10) does not exist: kjv-tiny and the BF16 fixtures have none there.
+// Only 2-D tensors are judged (norm vectors sit near 1 by design), on an even sample of at most
+// kDTypeSample entries, and only with at least kDTypeMinNonZero non-zero ones in it (too few
+// values say nothing about a law).
+constexpr int64_t kDTypeSample = 4096;
+constexpr int64_t kDTypeMinNonZero = 256;
+
+// The other dtype's name when the bytes of a 16-bit tensor are that dtype's, else "".
+std::string misread_dtype(const void* data, int64_t nbytes, const std::string& file_dtype,
+                          int64_t& low, int64_t& nonzero) {
+  const bool f16 = file_dtype == "F16";
+  if (!f16 && file_dtype != "BF16") return "";
+  const auto* p = static_cast<const unsigned char*>(data);
+  const int64_t n = nbytes / 2;
+  const int64_t step = std::max<int64_t>(1, n / kDTypeSample);
+  low = 0;
+  nonzero = 0;
+  for (int64_t i = 0; i < n; i += step) {
+    uint16_t x;
+    std::memcpy(&x, p + 2 * i, 2);
+    if ((x & 0x7fff) == 0) continue;
+    ++nonzero;
+    // F16: exponent field below 12 is |x| < 2^-3; BF16: below 96 is |x| < 2^-31.
+    const bool below = f16 ? (x & 0x7c00) < (12 << 10) : (x & 0x7f80) < (96 << 7);
+    if (below) ++low;
+  }
+  if (nonzero < kDTypeMinNonZero) return "";
+  if (f16 && low * 64 < nonzero) return "BF16";
+  if (!f16 && low * 2 > nonzero) return "F16";
+  return "";
+}
+
 bool check_weights_enabled() {
   const char* v = std::getenv("BURST_SKIP_WEIGHT_CHECK");
   return v == nullptr || *v == '\0' || std::string(v) == "0";
@@ -412,6 +453,7 @@ Result<TensorView> WeightFiles::get(const std::string& name,
                          ", expected " + shape_text(shape));
   }
   BURST_RETURN_IF_ERROR(check_finite(v, v.data, v.nbytes));
+  BURST_RETURN_IF_ERROR(check_dtype_bytes(v, v.data, v.nbytes));
   return v;
 }
 
@@ -426,6 +468,19 @@ Status WeightFiles::check_finite(const TensorView& v, const void* data, int64_t 
                          "anyway)");
   }
   return {};
+}
+
+Status WeightFiles::check_dtype_bytes(const TensorView& v, const void* data, int64_t nbytes) {
+  if (!check_weights_enabled() || v.shape.size() != 2) return {};
+  int64_t low = 0, nonzero = 0;
+  const std::string other = misread_dtype(data, nbytes, v.file_dtype, low, nonzero);
+  if (other.empty()) return {};
+  const std::string band = v.file_dtype == "F16" ? "below 0.125" : "below 2^-31";
+  return Status::error(
+      v.file + ": tensor \"" + v.name + "\" is declared " + v.file_dtype + " in the header, but " +
+      std::to_string(low) + " of " + std::to_string(nonzero) + " sampled non-zero values are " +
+      band + ": its bytes are " + other + " (a header that names the wrong 16-bit type; set " +
+      "BURST_SKIP_WEIGHT_CHECK=1 to load it anyway)");
 }
 
 Result<WeightFiles::Slice> WeightFiles::read(const std::string& name,
@@ -470,10 +525,23 @@ Result<WeightFiles::Slice> WeightFiles::read(const std::string& name,
   }
   const auto nbytes = static_cast<int64_t>(buffer.size());
   BURST_RETURN_IF_ERROR(check_finite(v, buffer.data(), nbytes));
+  BURST_RETURN_IF_ERROR(check_dtype_bytes(v, buffer.data(), nbytes));
   bytes_read_ += nbytes;
   return Slice{buffer.data(), v.dtype, nbytes};
 }
 
 bool WeightFiles::contains(const std::string& name) const { return index_.count(name) != 0; }
+
+const TensorView* WeightFiles::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> WeightFiles::names() const {
+  std::vector<std::string> out;
+  out.reserve(index_.size());
+  for (const auto& [name, _] : index_) out.push_back(name);
+  return out;
+}
 
 }  // namespace burst::models

@@ -396,6 +396,96 @@ TEST(Config, RangeChecks) {
   expect_refused(with("bos_token_id", -1), {"\"bos_token_id\""});
 }
 
+// Every token id names a row of the embedding table: each element of a list (the engine stops
+// on any of them), pad_token_id too (-1 is the "none" of old LLaMA conversions).
+TEST(Config, TokenIdsInsideTheVocabulary) {
+  auto with = [](const std::string& field, const json& value) {
+    json j = llama7b();
+    j[field] = value;
+    return j;
+  };
+  expect_refused(with("eos_token_id", json::array({2, 32000})),
+                 {"\"eos_token_id[1]\"", "vocabulary [0, 32000)", "got 32000"});
+  expect_refused(with("eos_token_id", json::array({2, -3})), {"\"eos_token_id[1]\"", "got -3"});
+  expect_refused(with("bos_token_id", 40000), {"\"bos_token_id\"", "[0, 32000)", "got 40000"});
+  expect_refused(with("pad_token_id", 32000), {"\"pad_token_id\"", "(or -1: none)", "got 32000"});
+  expect_refused(with("pad_token_id", -2), {"\"pad_token_id\"", "got -2"});
+  expect_refused(with("pad_token_id", 18446744073709551615ull),
+                 {"\"pad_token_id\"", "got 18446744073709551615"});
+  expect_refused(with("pad_token_id", "0"), {"\"pad_token_id\"", "integer", "string"});
+  expect_refused(with("bos_token_id", -1), {"\"bos_token_id\"", "got -1"});  // -1 is pad's only
+  for (const json& pad : {json(-1), json(nullptr), json(0), json(31999)}) {
+    auto r = parse(with("pad_token_id", pad));
+    EXPECT_TRUE(r.ok()) << pad.dump() << ": " << r.message();
+  }
+  auto r = parse(with("eos_token_id", json::array({2, 31999, 0})));
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().eos_token_id, 2);
+}
+
+// rope_theta is a base above 1 and finite; real checkpoints use 1e4 (LLaMA-2) to 1e7.
+TEST(Config, RopeThetaAbsurdValuesRefusedWithTheRange) {
+  auto with = [](const json& value) {
+    json j = llama7b();
+    j["rope_theta"] = value;
+    return j;
+  };
+  for (const json& bad :
+       {json(1e-300), json(1), json(1.0), json(0.5), json(-10000.0), json(1e13)}) {
+    expect_refused(with(bad), {"\"rope_theta\"", "finite", "(1, 1e12]", "1e4 to 1e7"});
+  }
+  // Past a double: JSON has no infinity, and the parser refuses 1e400 rather than round it.
+  std::string text = kLlama7b;
+  text.replace(text.find("\"rope_scaling\""), 0, "\"rope_theta\": 1e400, ");
+  EXPECT_FALSE(parse_config_json(text, kSource).ok());
+  json params = llama7b();
+  params["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e-300}};
+  expect_refused(params, {"\"rope_parameters.rope_theta\"", "(1, 1e12]"});
+  for (double good : {1.5, 500.0, 10000.0, 500000.0, 1e7, 1e12}) {
+    auto r = parse(with(good));
+    ASSERT_TRUE(r.ok()) << good << ": " << r.message();
+    EXPECT_FLOAT_EQ(r.value().rope_theta, static_cast<float>(good));
+  }
+}
+
+// max_position_embeddings sizes per-sequence buffers: at most 16M tokens.
+TEST(Config, MaxPositionEmbeddingsBounded) {
+  json j = llama7b();
+  j["max_position_embeddings"] = int64_t{1} << 30;
+  expect_refused(j,
+                 {"\"max_position_embeddings\"", "[2, 16777216]", "16M tokens", "got 1073741824"});
+  j["max_position_embeddings"] = kMaxPositionEmbeddings + 1;
+  expect_refused(j, {"\"max_position_embeddings\"", "got 16777217"});
+  j["max_position_embeddings"] = kMaxPositionEmbeddings;
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r.value().max_position_embeddings, 16777216);
+  // Yarn's pretraining context has the same bound.
+  j["rope_scaling"] = {{"rope_type", "yarn"},
+                       {"factor", 4.0},
+                       {"original_max_position_embeddings", int64_t{1} << 30}};
+  expect_refused(j, {"\"rope_scaling.original_max_position_embeddings\"", "got 1073741824"});
+}
+
+// The field that declared the dtype is kept: the loader quotes it when the headers disagree.
+TEST(Config, DtypeFieldIsRemembered) {
+  json j = llama7b();
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().torch_dtype_field, "torch_dtype");
+  EXPECT_EQ(r.value().torch_dtype, engine::DType::kF16);
+  j.erase("torch_dtype");
+  j["dtype"] = "bfloat16";
+  r = parse(j);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().torch_dtype_field, "dtype");
+  EXPECT_EQ(r.value().torch_dtype, engine::DType::kBF16);
+  j.erase("dtype");
+  r = parse(j);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().torch_dtype_field, "");
+}
+
 // What the engine does not implement is refused, naming the field, not run as LLaMA.
 TEST(Config, ArchitecturesTheEngineCannotRunAreRefused) {
   auto with = [](const std::string& field, const json& value) {

@@ -515,6 +515,99 @@ TEST(Safetensors, NonFiniteWeightsRefused) {
   EXPECT_TRUE(w.value().get("c.f32", {2, 2}).ok());
 }
 
+// F16 bits of a float in F16's normal range (truncated mantissa); 0 below it (2^-14).
+uint16_t f16_bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+  const int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+  if (e <= 0) return sign;
+  return static_cast<uint16_t>(sign | (e << 10) | ((u >> 13) & 0x3ff));
+}
+
+// A weight matrix as training leaves it: normal, sigma 0.02 (LLaMA's initializer_range).
+std::vector<float> weight_values(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.f, 0.02f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// One 16-bit type's bytes under the other's name pass every size check; the magnitudes they
+// read as give them away (safetensors.cpp: misread_dtype), for whole tensors and for windows.
+TEST(Safetensors, HalfPrecisionBytesUnderTheOtherNameRefused) {
+  const auto values = weight_values(96 * 64, 7);
+  std::vector<uint16_t> as_f16, as_bf16;
+  for (float x : values) {
+    as_f16.push_back(f16_bits(x));
+    as_bf16.push_back(bf16_bits(x));
+  }
+  struct Case {
+    std::string header_dtype;
+    std::vector<uint16_t> bits;
+    std::string bytes_are;  // "" when the label is right
+  };
+  const std::vector<Case> cases = {{"F16", as_bf16, "BF16"},
+                                   {"BF16", as_f16, "F16"},
+                                   {"F16", as_f16, ""},
+                                   {"BF16", as_bf16, ""}};
+  for (const auto& c : cases) {
+    TempDir dir;
+    write_file(dir.file("model.safetensors"),
+               build({{"w", c.header_dtype, {96, 64}, bytes_of(c.bits)},
+                      // A norm vector near 1 is not judged: its magnitudes are its design.
+                      {"norm",
+                       c.header_dtype,
+                       {64},
+                       bytes_of(std::vector<uint16_t>(c.bits.begin(), c.bits.begin() + 64))}}));
+    auto w = WeightFiles::open_dir(dir.path());
+    ASSERT_TRUE(w.ok()) << w.message();
+    EXPECT_TRUE(w.value().get("norm", {64}).ok());
+    auto whole = w.value().get("w", {96, 64});
+    std::vector<char> buffer;
+    auto window = w.value().read("w", {96, 64}, {48, 48, 0, 32}, buffer);
+    if (c.bytes_are.empty()) {
+      EXPECT_TRUE(whole.ok()) << whole.message();
+      EXPECT_TRUE(window.ok()) << window.message();
+      continue;
+    }
+    for (const std::string& msg : {whole.message(), window.message()}) {
+      ASSERT_FALSE(msg.empty()) << c.header_dtype << " label over " << c.bytes_are << " bytes";
+      for (const std::string& part :
+           {dir.file("model.safetensors"), std::string("tensor \"w\""),
+            "declared " + c.header_dtype, "its bytes are " + c.bytes_are}) {
+        EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' in: " << msg;
+      }
+    }
+    ::setenv("BURST_SKIP_WEIGHT_CHECK", "1", 1);
+    EXPECT_TRUE(w.value().get("w", {96, 64}).ok());
+    ::unsetenv("BURST_SKIP_WEIGHT_CHECK");
+  }
+  // Too few non-zero values to judge a law: a small matrix of ones loads as F16.
+  TempDir dir;
+  write_file(dir.file("model.safetensors"),
+             build({{"small", "F16", {8, 8}, bytes_of(std::vector<uint16_t>(64, 0x3C00))}}));
+  auto w = WeightFiles::open_dir(dir.path());
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(w.value().get("small", {8, 8}).ok());
+}
+
+// Header entries by name, without reading data: what a loader checks its weight list against.
+TEST(Safetensors, NamesAndFindReadNoData) {
+  TempDir dir;
+  write_file(dir.file("model.safetensors"), build(sample_specs()));
+  auto w = WeightFiles::open_dir(dir.path());
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w.value().names(), (std::vector<std::string>{"a.bf16", "b.f16", "c.f32", "d.step"}));
+  const TensorView* v = w.value().find("a.bf16");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->file_dtype, "BF16");
+  EXPECT_EQ(v->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(w.value().find("absent"), nullptr);
+  EXPECT_EQ(w.value().bytes_read(), 0);
+}
+
 // Two shards plus an index, as transformers' save_pretrained writes them.
 void write_sharded(const TempDir& dir, const json& weight_map) {
   auto specs = sample_specs();

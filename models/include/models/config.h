@@ -49,9 +49,21 @@ struct LlamaConfig {
   int64_t vocab_size = 0;
   bool tie_word_embeddings = false;
   engine::DType torch_dtype = engine::DType::kF32;  // the checkpoint's declared dtype
+  // The field that declared it ("torch_dtype" or "dtype"); empty when config.json names none
+  // (the loader then has nothing to hold the weights' header dtypes against).
+  std::string torch_dtype_field;
+  // Token ids, every one inside [0, vocab_size): each element of a list, and pad_token_id too
+  // (read, not kept; -1, the "no pad token" of old LLaMA conversions, is accepted).
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 2;
 };
+
+// Bounds a config.json must meet beyond type and sign, each refused with the field and the range:
+// max_position_embeddings at most kMaxPositionEmbeddings (the engine sizes per-sequence tables
+// from it; released LLaMA-family models stop at 10M), rope_theta finite and in (1,
+// kMaxRopeTheta] (released models use 1e4 to 1e7; a base at or below 1 does not rotate).
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 24;  // 16M tokens
+inline constexpr double kMaxRopeTheta = 1e12;
 
 // Parses config.json text; `source` (a file name) is quoted in every error.
 Result<LlamaConfig> parse_config_json(const std::string& text, const std::string& source);

@@ -59,9 +59,15 @@ class WeightFiles {
   static Result<WeightFiles> open_dir(const std::string& model_dir);
 
   // The tensor `name` with exactly `shape` (dtype F32, F16 or BF16), or an error naming the
-  // file and the tensor: missing, wrong shape, or unsupported dtype.
+  // file and the tensor: missing, wrong shape, unsupported dtype, NaN or infinite values, or
+  // (a 2-D F16 / BF16 tensor) bytes of the other 16-bit type. $BURST_SKIP_WEIGHT_CHECK=1 skips
+  // the two value checks.
   Result<TensorView> get(const std::string& name, const std::vector<int64_t>& shape) const;
   bool contains(const std::string& name) const;
+  // The header entry of `name` (nullptr when absent): dtype and shape, without reading data.
+  const TensorView* find(const std::string& name) const;
+  // Every tensor name of the directory, sorted: what a loader checks its weight list against.
+  std::vector<std::string> names() const;
 
   // A part of a tensor: rows [row0, row0 + rows) and, for a 2-D tensor, columns [col0, col0 +
   // cols) (-1: all of them). A tensor-parallel rank reads only its slices.
@@ -75,7 +81,8 @@ class WeightFiles {
   };
   // get(name, shape), then the window: the whole tensor is handed out where it lies in the
   // mapping; a part is copied into `buffer` (only its bytes are read, row by row). Refuses a
-  // window outside the tensor, and (as get() does) NaN or infinite values inside the window.
+  // window outside the tensor, and (as get() does) NaN or infinite values inside the window, and
+  // a 2-D F16 or BF16 tensor whose bytes are the other 16-bit type (check_dtype_bytes).
   Result<Slice> read(const std::string& name, const std::vector<int64_t>& shape,
                      const Window& window, std::vector<char>& buffer) const;
   // Bytes of tensor data handed out by read() so far (what this process read of the files).
@@ -83,6 +90,9 @@ class WeightFiles {
 
  private:
   static Status check_finite(const TensorView& v, const void* data, int64_t nbytes);
+  // Refuses 2-D F16 bytes labelled BF16 and BF16 bytes labelled F16 by the magnitude band such
+  // bytes land in (safetensors.cpp says why no real weight matrix does).
+  static Status check_dtype_bytes(const TensorView& v, const void* data, int64_t nbytes);
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
   std::string dir_;
