@@ -115,8 +115,8 @@ RawValue raw_scalar(const gp::Message& m, const gp::FieldDescriptor* f, int inde
     case gp::FieldDescriptor::CPPTYPE_UINT32:
       return RawValue::integer(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
     case gp::FieldDescriptor::CPPTYPE_UINT64:
-      return RawValue::integer(static_cast<int64_t>(rep ? r->GetRepeatedUInt64(m, f, index)
-                                                        : r->GetUInt64(m, f)));
+      return RawValue::unsigned_integer(rep ? r->GetRepeatedUInt64(m, f, index)
+                                            : r->GetUInt64(m, f));
     case gp::FieldDescriptor::CPPTYPE_FLOAT:
       return RawValue::number(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
     case gp::FieldDescriptor::CPPTYPE_DOUBLE:
@@ -460,6 +460,9 @@ class GrpcApi::Service final : public pb::Burst::Service {
       // of the KV capacity.
       o.request.max_tokens = scheduler_.default_max_tokens(
           static_cast<int64_t>(o.request.prompt.size()), scheduler_.max_tokens_limit());
+    }
+    if (auto e = check_min_tokens(o)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e->message);
     }
     return run(ctx, std::move(o.request), writer, log);
   }

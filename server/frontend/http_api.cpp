@@ -37,6 +37,7 @@ const char* error_type(int status) {
     case 400: return "invalid_request_error";
     case 401: return "authentication_error";
     case 404: return "not_found_error";
+    case 405: return "invalid_request_error";
     case 413: return "request_too_large";
     case 415: return "invalid_request_error";
     case 408: return "timeout";
@@ -332,8 +333,7 @@ RawValue raw_value(const json& v) {
   switch (v.type()) {
     case json::value_t::boolean: return RawValue::boolean(v.get<bool>());
     case json::value_t::number_integer: return RawValue::integer(v.get<int64_t>());
-    case json::value_t::number_unsigned:
-      return RawValue::integer(static_cast<int64_t>(v.get<uint64_t>()));
+    case json::value_t::number_unsigned: return RawValue::unsigned_integer(v.get<uint64_t>());
     case json::value_t::number_float: return RawValue::number(v.get<double>());
     case json::value_t::string: return RawValue::string(v.get<std::string>());
     case json::value_t::array: {
@@ -392,6 +392,12 @@ void parse_stream(const json& body, CommonParams& p) {
 // Completions: echo and best_of, after the options (logprobs) and stream.
 void parse_echo_and_best_of(const json& body, CommonParams& p) {
   p.echo = get_bool(body, "echo", false);
+  // max_tokens 0 asks for the prompt alone: its text and logprobs (lm-eval's scoring, as the
+  // legacy OpenAI API and vLLM take it), which only echo returns.
+  if (p.max_tokens_given && p.request.max_tokens == 0 && !p.echo) {
+    throw HttpError{400, "'max_tokens' must be > 0, got 0 (0 is taken with 'echo': true only)",
+                    "", "max_tokens"};
+  }
   // echo with logprobs: the prompt's tokens' logprobs too, computed by every rank for its
   // shard of each prefill chunk.
   if (p.echo && p.logprobs) p.request.prompt_logprobs = p.request.logprobs;
@@ -470,6 +476,11 @@ struct LogprobsAcc {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
        offsets = json::array();
   size_t offset = 0;  // completions: characters of the completion before the next token
+  // Completions with echo: characters the pieces hold before the echoed text (the
+  // SentencePiece dummy prefix: "▁And" is " And" while the text starts "And"). text_offset
+  // indexes the returned text, so they are taken off.
+  size_t lead = 0;
+  size_t at(size_t o) const { return o > lead ? o - lead : 0; }
 
   bool empty() const { return content.empty() && tokens.empty(); }
   // Completions with echo: a prompt token (no logprob for the first one: null).
@@ -480,7 +491,7 @@ struct LogprobsAcc {
     tokens.push_back(text);
     token_logprobs.push_back(logprob ? json(*logprob) : json(nullptr));
     top.push_back(logprob ? alts : json(nullptr));
-    offsets.push_back(offset);
+    offsets.push_back(at(offset));
     offset += text.size();
   }
   void add_prompt_event(const Event& ev, int32_t first_token) {
@@ -507,7 +518,7 @@ struct LogprobsAcc {
     tokens.push_back(t);
     token_logprobs.push_back(ev.logprob);
     top.push_back(alts);
-    offsets.push_back(offset);
+    offsets.push_back(at(offset));
     offset += t.size();
   }
   // The choice's "logprobs" value for what was collected (then forgets it).
@@ -828,6 +839,21 @@ Prompts completion_prompts(const json& body, const CommonParams& p, const Tokeni
   return out;
 }
 
+// How many characters the prompt's pieces (as logprobs show them) hold before `echo`, the text
+// returned: the dummy-prefix space of the first word.
+size_t pieces_lead(const Tokenizer& tok, const std::vector<int32_t>& ids,
+                   const std::string& echo) {
+  std::string pieces;
+  for (int32_t id : ids) {
+    if (id >= 0 && id < tok.vocab_size()) pieces += token_text(tok, id);
+  }
+  if (pieces.size() >= echo.size() &&
+      pieces.compare(pieces.size() - echo.size(), echo.size(), echo) == 0) {
+    return pieces.size() - echo.size();
+  }
+  return !pieces.empty() && pieces[0] == ' ' && (echo.empty() || echo[0] != ' ') ? 1 : 0;
+}
+
 // Every choice (prompts x best_of) is a sequence of its own in the batch; all or none are
 // admitted: on a refusal the admitted ones are cancelled and err says why.
 bool submit_choices(Scheduler& sched, const Tokenizer& tok, const CommonParams& p,
@@ -858,7 +884,10 @@ bool submit_choices(Scheduler& sched, const Tokenizer& tok, const CommonParams& 
       c.first_of_prompt = j == 0;
       c.prompt = static_cast<int>(pi);
       c.first_token = prompts.ids[pi].front();
-      if (p.echo) c.echo = prompts.echoes[pi];
+      if (p.echo) {
+        c.echo = prompts.echoes[pi];
+        c.acc.lead = pieces_lead(tok, prompts.ids[pi], c.echo);
+      }
       choices.push_back(std::move(c));
     }
   }
@@ -1004,6 +1033,27 @@ void HttpApi::check_prompt_text(size_t bytes, const char* param) const {
   }
 }
 
+namespace {
+
+// The methods each path of install_routes() takes (HEAD: cpp-httplib answers it for a GET
+// route), for the Allow header of a 405; nullptr for a path with no route.
+const char* allowed_methods(const std::string& path) {
+  static const std::pair<const char*, const char*> kRoutes[] = {
+      {"/health", "GET, HEAD"},          {"/ping", "GET, HEAD, POST"},
+      {"/metrics", "GET, HEAD"},         {"/v1/models", "GET, HEAD"},
+      {"/version", "GET, HEAD"},         {"/detokenize", "POST"},
+      {"/tokenize", "POST"},             {"/v1/completions", "POST"},
+      {"/v1/chat/completions", "POST"},
+  };
+  for (const auto& [p, methods] : kRoutes) {
+    if (path == p) return methods;
+  }
+  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return "GET, HEAD";
+  return nullptr;
+}
+
+}  // namespace
+
 void HttpApi::install_routes() {
   install_hooks();
   httplib::Server& s = *server_;
@@ -1024,7 +1074,8 @@ void HttpApi::install_routes() {
     };
   };
 
-  s.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
+  // /ping is /health under the name vLLM and SageMaker probe (GET or POST).
+  const Fn health = guarded([this](const httplib::Request&, httplib::Response& res) {
     const std::string waiting = scheduler_.waiting_status();
     const char* state = scheduler_.draining() ? "draining"
                         : scheduler_.healthy() ? "ok"
@@ -1042,7 +1093,10 @@ void HttpApi::install_routes() {
                                     : std::string("starting the workers");
     }
     send_json(res, std::string(state) == "ok" ? 200 : 503, body);
-  }));
+  });
+  s.Get("/health", health);
+  s.Get("/ping", health);
+  s.Post("/ping", health);
   s.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   }));
@@ -1119,7 +1173,16 @@ void HttpApi::install_hooks() {
       [this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = "HTTP " + std::to_string(res.status);
-    if (res.status == 404) msg = "no route " + req.method + " " + req.path;
+    if (res.status == 404) {
+      msg = "no route " + req.method + " " + req.path;
+      if (const char* allow = allowed_methods(req.path)) {
+        // A known path asked with another method: 405 and the methods it takes.
+        res.status = 405;
+        res.set_header("Allow", allow);
+        msg = "method " + req.method + " is not allowed on " + req.path + " (Allow: " + allow +
+              ")";
+      }
+    }
     if (res.status == 413) {
       msg = "the request body is over the size limit (" +
             std::to_string(config_.max_body_bytes) + " bytes)";
@@ -1147,7 +1210,8 @@ void HttpApi::install_hooks() {
     const bool printable = std::all_of(a.id.begin(), a.id.end(),
                                        [](char ch) { return ch > 0x20 && ch < 0x7f; });
     if (a.id.empty() || a.id.size() > 200 || !printable) a.id = random_id("req-");
-    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics") {
+    if (config_.api_key.empty() || req.path == "/health" || req.path == "/ping" ||
+        req.path == "/metrics") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     const std::string auth = req.get_header_value("Authorization");
@@ -1188,6 +1252,7 @@ void HttpApi::serve(const httplib::Request& req, httplib::Response& res, bool ch
     p.request.max_tokens = scheduler_.default_max_tokens(
         static_cast<int64_t>(longest), chat ? scheduler_.max_tokens_limit() : 16);
   }
+  if (auto e = check_min_tokens(p)) throw HttpError{400, e->message, "", e->param};
   const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
   const std::string log_id = access_info().id.empty() ? id : access_info().id;
   std::vector<Choice> choices;

@@ -216,6 +216,12 @@ Planner::Update Planner::update(const Plan& p, const std::vector<runtime::Sample
     Token t;
     t.id = s.id;
     t.token = it->second;
+    if (r.max_tokens == 0) {
+      t.ends = t.discard = true;
+      ended.push_back(s.id);
+      u.tokens.push_back(t);
+      continue;
+    }
     ++s.generated;
     s.last_token = t.token;
     const bool stop_id =

@@ -24,6 +24,12 @@ RawValue RawValue::integer(int64_t v) {
   return r;
 }
 
+RawValue RawValue::unsigned_integer(uint64_t v) {
+  RawValue r = integer(static_cast<int64_t>(v));
+  r.wide = v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  return r;
+}
+
 RawValue RawValue::number(double v) {
   RawValue r;
   r.kind = Kind::kNumber;
@@ -54,20 +60,28 @@ RawValue RawValue::object(std::vector<std::pair<std::string, RawValue>> v) {
 
 namespace {
 
-// Counts (max_tokens, min_tokens, top_k) are ints downstream; larger asks mean "no limit" and
-// are refused or bounded by the scheduler's own limits.
+// Counts (min_tokens, top_k) are ints downstream; larger asks mean "no limit" and are refused
+// or bounded by the scheduler's own limits. max_tokens is kept as asked (its refusal names it).
 int clamp_count(int64_t v) { return static_cast<int>(std::min<int64_t>(v, int64_t{1} << 30)); }
 
 std::string store_max_tokens(const OptionValue& v, ParsedOptions& o) {
-  o.request.max_tokens = clamp_count(v.integer);
+  o.request.max_tokens = v.integer;
   o.max_tokens_given = true;
   return "";
 }
 
+std::string min_exceeds_max(int64_t min, int64_t max) {
+  return "'min_tokens' (" + std::to_string(min) + ") must not exceed max_tokens (" +
+         std::to_string(max) + ")";
+}
+
 std::string store_min_tokens(const OptionValue& v, ParsedOptions& o) {
+  // Against a given max_tokens now; against the default once the API set it
+  // (check_min_tokens).
   if (o.max_tokens_given && v.integer > o.request.max_tokens) {
-    return "'min_tokens' must not exceed max_tokens";
+    return min_exceeds_max(v.integer, o.request.max_tokens);
   }
+  o.min_tokens = v.integer;
   o.request.adjust.min_tokens = clamp_count(v.integer);
   return "";
 }
@@ -86,8 +100,11 @@ constexpr double kInf = OptionLimits::kNone;
 // one's value: max_completion_tokens overrides max_tokens, min_tokens is checked against it,
 // top_logprobs needs logprobs).
 const std::vector<OptionSpec> kOptions = {
-    {"max_tokens", kAllEndpoints, T::kInt, L{.lo = 0, .lo_open = true}, store_max_tokens,
-     kGenerate},
+    // Completions take 0 (the prompt alone, its logprobs: echo; http_api.cpp refuses 0
+    // without echo); the other endpoints need a token.
+    {"max_tokens", kCompletions, T::kInt, L{.lo = 0}, store_max_tokens},
+    {"max_tokens", kAllEndpoints & ~kCompletions, T::kInt, L{.lo = 0, .lo_open = true},
+     store_max_tokens, kGenerate},
     // OpenAI's newer name; given with max_tokens, it wins (both are checked).
     {"max_completion_tokens", kChat, T::kInt, L{.lo = 0, .lo_open = true}, store_max_tokens},
     {"temperature", kAllEndpoints, T::kNumber, L{.lo = 0},
@@ -105,7 +122,7 @@ const std::vector<OptionSpec> kOptions = {
        o.request.sampling.top_k = v.integer < 0 ? 0 : clamp_count(v.integer);
        return std::string();
      }},
-    {"seed", kAllEndpoints, T::kInt, L{},
+    {"seed", kAllEndpoints, T::kInt, L{.uint64_bits = true},
      [](const OptionValue& v, ParsedOptions& o) {
        o.request.sampling.seed = static_cast<uint64_t>(v.integer);  // gRPC's uint64 as sent
        o.seed_given = true;
@@ -241,15 +258,26 @@ std::string check_scalar(const OptionSpec& spec, const RawValue& raw, OptionValu
       if (raw.kind != RawValue::Kind::kBool) return bad_type;
       out.flag = raw.b;
       return "";
-    case T::kInt:
+    case T::kInt: {
       if (raw.kind != RawValue::Kind::kInt) return bad_type;
-      if (!in_range(static_cast<double>(raw.i), spec.limits)) return bad_range;
+      // The value as received, in every refusal: 2^64 - 1 is not "-1", 10^12 not a clamp.
+      const std::string got =
+          ", got " + (raw.wide ? std::to_string(static_cast<uint64_t>(raw.i))
+                               : std::to_string(raw.i));
+      if (raw.wide && !spec.limits.uint64_bits) {
+        return quoted(spec) + " must be " + range_text(spec.limits) +
+               " and below 2^63" + got;
+      }
+      const double value =
+          raw.wide ? static_cast<double>(static_cast<uint64_t>(raw.i)) : static_cast<double>(raw.i);
+      if (!in_range(value, spec.limits)) return bad_range + got;
       out.integer = raw.i;
       return "";
+    }
     default:
       if (!is_number(raw)) return bad_type;
       out.number = number_of(raw);
-      return in_range(out.number, spec.limits) ? "" : bad_range;
+      return in_range(out.number, spec.limits) ? "" : bad_range + ", got " + bound_text(out.number);
   }
 }
 
@@ -302,6 +330,11 @@ std::string check_items(const OptionSpec& spec, const RawValue& raw, int vocab_s
 }  // namespace
 
 const std::vector<OptionSpec>& option_table() { return kOptions; }
+
+std::optional<OptionError> check_min_tokens(const ParsedOptions& o) {
+  if (o.min_tokens <= o.request.max_tokens) return std::nullopt;
+  return OptionError{"min_tokens", min_exceeds_max(o.min_tokens, o.request.max_tokens)};
+}
 
 std::optional<OptionError> parse_options(const RawOptions& raw, Endpoint endpoint,
                                          int vocab_size, ParsedOptions& out) {

@@ -173,10 +173,16 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
                   "the prompt has " + std::to_string(n) + " tokens, over the model's limit of " +
                       std::to_string(options_.max_context));
   }
-  if (r.max_tokens <= 0 || r.max_tokens > options_.max_tokens_limit) {
+  // max_tokens 0: the prompt alone (its logprobs; HTTP's echo), prefilled and no token drawn.
+  if (r.max_tokens < 0 || r.max_tokens > options_.max_tokens_limit) {
     return refuse(ErrorCode::kInvalidArgument,
                   "max_tokens must be in 1.." + std::to_string(options_.max_tokens_limit) +
                       ", got " + std::to_string(r.max_tokens));
+  }
+  if (r.adjust.min_tokens > r.max_tokens) {
+    return refuse(ErrorCode::kInvalidArgument,
+                  "min_tokens (" + std::to_string(r.adjust.min_tokens) +
+                      ") must not exceed max_tokens (" + std::to_string(r.max_tokens) + ")");
   }
   if (const std::string bad = engine::validate(r.sampling); !bad.empty()) {
     return refuse(ErrorCode::kInvalidArgument, bad);
@@ -196,6 +202,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
                       std::to_string(capacity) + " tokens");
   }
   auto stream = std::make_shared<RequestStream>();
+  drop_cancelled();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return refuse(ErrorCode::kUnavailable, "the server is shutting down");
@@ -214,6 +221,34 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
   }
   cv_.notify_all();
   return stream;
+}
+
+void Scheduler::drop_cancelled() {
+  std::vector<Job> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->stream->cancelled()) {
+        gone.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (gone.empty()) return;
+    metrics_.waiting = static_cast<int64_t>(queue_.size());
+  }
+  const auto now = Clock::now();
+  for (auto& job : gone) {
+    // Nothing ran: no output state, no pages; the stream hears "cancelled" at once.
+    Event e;
+    e.kind = Event::Kind::kFinished;
+    e.finish.reason = runtime::FinishReason::kCancelled;
+    e.finish.prompt_tokens = static_cast<int64_t>(job.request.prompt.size());
+    e.finish.queue_ms = ms_between(job.arrival, now);
+    job.stream->push(std::move(e));
+    ++metrics_.requests_cancelled;
+  }
 }
 
 void Scheduler::fail_queued(const std::string& why) {
@@ -332,32 +367,27 @@ void Scheduler::publish_gauges() {
 void Scheduler::admit() {
   if (!group_) return;
   const auto& info = group_->info();
+  // Cancelled requests leave wherever they wait, not only from the head: the head may wait
+  // for pages while the clients behind it give up.
+  drop_cancelled();
   while (!planner_.full()) {
-    enum class What { kRun, kCancelled, kNever } what = What::kRun;
+    bool never = false;
     std::vector<int64_t> need;
     auto run = std::make_unique<Running>();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (queue_.empty()) break;
       Job& head = queue_.front();
-      if (head.stream->cancelled()) {
-        what = What::kCancelled;
-      } else {
-        const Planner::Fit fit = planner_.fits(head.request, &need);
-        // FIFO: the head waits for pages (finishing sequences free them); nothing passes it.
-        if (fit == Planner::Fit::kLater) break;
-        if (fit == Planner::Fit::kNever) what = What::kNever;
-      }
+      const Planner::Fit fit = planner_.fits(head.request, &need);
+      // FIFO: the head waits for pages (finishing sequences free them); nothing passes it.
+      if (fit == Planner::Fit::kLater) break;
+      never = fit == Planner::Fit::kNever;
       run->job = std::move(head);
       queue_.pop_front();
       ++in_flight_;
     }
     run->queue_ms = ms_between(run->job.arrival, Clock::now());
-    if (what == What::kCancelled) {
-      finish(*run, 0, runtime::FinishReason::kCancelled);
-      continue;
-    }
-    if (what == What::kNever) {
+    if (never) {
       // Page rounding and chunk padding can need more than the token count submit() checked.
       const ApiError err{ErrorCode::kTooLarge,
                          "the request needs more KV pages than a worker holds (" +
@@ -692,6 +722,11 @@ void Scheduler::take_outcome(const Planner::Plan& plan, const StepOutcome& out) 
   for (const auto& t : out.tokens) sampled[t.id] = &t;
   for (const Planner::Token& t : u.tokens) {
     Running& s = *running_.at(t.id);
+    if (t.discard) {  // a prompt-only request: its prefill is all it asked for
+      finish(s, t.id, t.reason);
+      running_.erase(t.id);
+      continue;
+    }
     ++s.generated;
     ++metrics_.generation_tokens;
     auto o = s.out;

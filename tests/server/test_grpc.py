@@ -179,6 +179,16 @@ def test_errors():
     check(c == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in d, f"{c} {d}")
     c, d = code_of(gen(text=PROMPT, max_tokens=3, sampling=burst_pb2.SamplingParams(top_p=2)))
     check(c == grpc.StatusCode.INVALID_ARGUMENT and "top_p" in d, f"{c} {d}")
+    # min_tokens over max_tokens, given or Chat's default, names both values as received.
+    c, d = code_of(gen(text=PROMPT, max_tokens=3, min_tokens=9))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "(9)" in d and "(3)" in d, f"{c} {d}")
+    if HAVE_KJV:
+        chat = burst_pb2.ChatRequest(
+            messages=[burst_pb2.ChatMessage(role="user", content="Who made the heaven?")],
+            min_tokens=2 ** 31 - 1)
+        c, d = code_of(lambda: list(stub.Chat(chat, metadata=MD, timeout=30)))
+        check(c == grpc.StatusCode.INVALID_ARGUMENT and "min_tokens" in d
+              and "2147483647" in d, f"min_tokens over Chat's default max_tokens: {c} {d}")
     c, d = code_of(gen(text=PROMPT, max_tokens=3, model="nope"))
     check(c == grpc.StatusCode.INVALID_ARGUMENT and "nope" in d, f"{c} {d}")
     info = stub.ModelInfo(burst_pb2.ModelInfoRequest(), metadata=MD)

@@ -3,7 +3,8 @@ embedded default (kjv-tiny, 2 CPU workers), with raw sockets where a well-behave
 would hide the fault: the listen backlog and a burst of 64 streams with no reset; 200 slow-header
 clients dropped with 408 while a normal client is served; pipelined requests answered in order;
 smuggling-style framing refused with 400 and the connection closed; a non-streaming client that
-disconnects cancels its request (KV back to 0, the next request not delayed); 8 MB prompts
+disconnects cancels its request (KV back to 0, the next request not delayed); requests abandoned
+while they wait leave the queue at once (a later one is not refused "queue full"); 8 MB prompts
 refused before tokenizing (HTTP and gRPC) with the server's RSS bounded; the connection limit
 answered with 503. Run: /usr/bin/python3 test_hostile.py --build BUILD_DIR."""
 import http.client
@@ -310,6 +311,51 @@ def test_disconnected_waiting_stream_is_cancelled():
         slow.stop()
 
 
+def test_abandoned_requests_leave_the_queue():
+    # One long request runs (--max-running 1); 10 clients send a request and leave: 4 wait in
+    # the queue (--max-queue 4), 6 are refused. The 4 leave the queue at once though the head
+    # of the queue never moves: a later request waits (it is not refused "queue full") and is
+    # served once the long one ends.
+    small = Server("--max-running", 1, "--max-queue", 4, "--grpc-port", -1)
+    try:
+        long = connect(small)
+        long.sendall(post_bytes("/v1/completions",
+                                completion({"max_tokens": 1500, "ignore_eos": True})))
+        deadline = time.time() + 20
+        while time.time() < deadline and small.metric("burst:kv_cache_used_tokens") == 0:
+            time.sleep(0.02)
+        check(small.metric("burst:kv_cache_used_tokens") > 0, "the long request runs")
+        cancelled0 = small.metric('burst:requests_total{outcome="cancelled"}')
+        gone = []
+        for _ in range(10):
+            s = connect(small)
+            s.sendall(post_bytes("/v1/completions", completion({"max_tokens": 4})))
+            gone.append(s)
+        time.sleep(0.3)
+        check(small.metric("burst:num_requests_waiting") == 4, "4 requests wait")
+        for s in gone:
+            s.close()
+        deadline = time.time() + 5
+        while time.time() < deadline and small.metric("burst:num_requests_waiting") > 0:
+            time.sleep(0.02)
+        check(small.metric("burst:num_requests_waiting") == 0,
+              "the abandoned requests left the queue")
+        check(small.metric('burst:requests_total{outcome="cancelled"}') == cancelled0 + 4,
+              "they count as cancelled")
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=small.json(
+            "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})))
+        t.start()
+        t.join(0.5)
+        check(t.is_alive(), f"the next request waits, not refused: {result.get('r')}")
+        long.close()
+        t.join(30)
+        st, r = result.get("r", (None, None))
+        check(st == 200 and r["usage"]["completion_tokens"] == 4, f"then served: {st} {r}")
+    finally:
+        small.stop()
+
+
 def test_huge_prompts_refused_before_tokenizing():
     text = ("And God said, Let there be light: and there was light. " * 150000)[:8_000_000]
     rss0 = vm_rss_kb(srv.proc.pid)
@@ -429,6 +475,7 @@ if __name__ == "__main__":
              test_smuggling_and_malformed_heads_get_400,
              test_disconnected_non_streaming_request_is_cancelled,
              test_disconnected_waiting_stream_is_cancelled,
+             test_abandoned_requests_leave_the_queue,
              test_huge_prompts_refused_before_tokenizing, test_huge_prompts_refused_over_grpc,
              test_connection_limit_gets_503])
     finally:

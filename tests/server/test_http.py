@@ -398,6 +398,75 @@ def test_echo_prompt_logprobs_any_worker_count():
         check(worst < 1e-3, f"{w} workers vs 1: prompt logprobs differ by {worst}")
 
 
+def test_echo_with_max_tokens_zero():
+    # The prompt alone (lm-eval's scoring): its text, its logprobs, no token, "length", usage 0.
+    ids = post("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    one, _ = prompt_logprobs(srv, PROMPT)
+    body = {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 2, "temperature": 0}
+    st, r = post("/v1/completions", body)
+    check(st == 200, f"max_tokens 0 with echo: {st} {r}")
+    ch = r["choices"][0]
+    lp = ch["logprobs"]
+    check(ch["text"] == PROMPT and ch["finish_reason"] == "length", f"the prompt alone: {ch}")
+    check(r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == len(ids),
+          f"usage: {r['usage']}")
+    check(lp["tokens"] == one["tokens"][:len(ids)] and lp["token_logprobs"][0] is None
+          and all(abs(a - b) < 1e-6 for a, b in zip(lp["token_logprobs"][1:],
+                                                      one["token_logprobs"][1:len(ids)])),
+          f"the prompt's logprobs, as with a token after them: {lp} vs {one}")
+    c, resp = stream("/v1/completions", {**body, "stream": True})
+    chunks = list(sse_chunks(resp))
+    c.close()
+    text = "".join(ch["text"] for j in chunks for ch in j["choices"])
+    reasons = [ch["finish_reason"] for j in chunks for ch in j["choices"] if ch["finish_reason"]]
+    check(text == PROMPT and reasons == ["length"], f"streamed: {text!r} {reasons}")
+    st, r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": True})
+    check(st == 200 and r["choices"][0]["text"] == PROMPT, f"echo without logprobs: {st} {r}")
+    # Without echo 0 asks for nothing: refused, saying so.
+    st, data, _ = srv.request("POST", "/v1/completions",
+                              json.dumps({"prompt": PROMPT, "max_tokens": 0}),
+                              {**AUTH, "Content-Type": "application/json"})
+    j = json.loads(data)
+    check(st == 400 and j["error"]["param"] == "max_tokens" and "echo" in j["error"]["message"]
+          and "got 0" in j["error"]["message"], f"max_tokens 0 without echo: {st} {j}")
+
+
+def test_echo_text_offsets_index_the_text():
+    # The offsets index the returned text: "And God said" + completion, " God" at 3 (the
+    # dummy-prefix space of "▁And" is not in the text).
+    st, r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "echo": True,
+                                     "logprobs": 0, "temperature": 0})
+    check(st == 200, f"{st} {r}")
+    text = r["choices"][0]["text"]
+    lp = r["choices"][0]["logprobs"]
+    offsets, tokens = lp["text_offset"], lp["tokens"]
+    check(offsets == sorted(offsets) and offsets[0] == 0, f"offsets: {offsets}")
+    for tok, off in zip(tokens, offsets):
+        if tok.startswith(" ") and off > 0:
+            check(text[off:off + len(tok)] == tok, f"{tok!r} at {off} in {text!r}: {offsets}")
+    n = len(post("/tokenize", {"prompt": PROMPT})[1]["tokens"])
+    check(len(tokens) > n and offsets[n] == len(PROMPT),
+          f"the first completion token at the prompt's end: {offsets} {tokens}")
+    if HAVE_KJV:
+        check(offsets[:4] == [0, 0, 3, 7], f"'And God said': {offsets[:4]} {tokens[:4]}")
+
+
+def test_max_and_min_tokens_refusals_name_the_value():
+    c = "/v1/completions"
+    for body, fragment, wrong in [
+            ({"max_tokens": 2 ** 64 - 1}, "18446744073709551615", "must be > 0"),
+            ({"max_tokens": 10 ** 12}, "1000000000000", "1073741824"),
+            ({"min_tokens": 2 ** 40}, "1099511627776", "1073741824"),
+            ({"max_tokens": 3, "min_tokens": 5}, "(5)", "1073741824")]:
+        st, data, _ = srv.request("POST", c, json.dumps({"prompt": PROMPT, **body}),
+                                  {**AUTH, "Content-Type": "application/json"})
+        msg = json.loads(data)["error"]["message"]
+        check(st == 400 and fragment in msg and wrong not in msg, f"{body}: {st} {msg}")
+    # min_tokens within the default max_tokens (16) is taken.
+    st, r = post(c, {"prompt": PROMPT, "min_tokens": 4})
+    check(st == 200, f"min_tokens 4: {st} {r}")
+
+
 def test_routes_and_content_types():
     st, m = srv.json("GET", "/v1/models/" + os.path.basename(MODEL), headers=AUTH)
     check(st == 200 and m["id"] == os.path.basename(MODEL) and m["object"] == "model", f"{m}")
@@ -425,6 +494,20 @@ def test_routes_and_content_types():
                               json.dumps({"prompt": PROMPT, "max_tokens": 1}),
                               {**AUTH, "Content-Type": "application/json; charset=utf-8"})
     check(st == 200, f"charset: {st} {data[:200]!r}")
+    # /ping is /health (vLLM, SageMaker), GET or POST, without the API key.
+    for method in ["GET", "POST"]:
+        st, data, _ = srv.request(method, "/ping")
+        check(st == 200 and json.loads(data)["status"] == "ok", f"{method} /ping: {st} {data}")
+    # A known path with another method: 405 and Allow; an unknown path stays 404.
+    for method, path, allow in [("GET", "/v1/completions", "POST"),
+                                ("DELETE", "/health", "GET"), ("PUT", "/tokenize", "POST"),
+                                ("POST", "/v1/models", "GET")]:
+        st, data, hdr = srv.request(method, path, headers=AUTH)
+        j = json.loads(data)
+        check(st == 405 and allow in hdr.get("Allow", "") and method in j["error"]["message"],
+              f"{method} {path}: {st} {hdr} {j}")
+    st, data, _ = srv.request("POST", "/v1/nowhere", headers=AUTH)
+    check(st == 404, f"unknown route: {st} {data!r}")
 
 
 def test_request_id_and_access_log():
@@ -813,6 +896,8 @@ if __name__ == "__main__":
              test_curl_sse_and_progress, test_keepalive_while_queued, test_chat, test_stop_string,
              test_bad_inputs, test_refused_and_validated_parameters,
              test_n_and_prompt_batches, test_echo_prompt_logprobs_any_worker_count,
+             test_echo_with_max_tokens_zero, test_echo_text_offsets_index_the_text,
+             test_max_and_min_tokens_refusals_name_the_value,
              test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
              test_eos_bias_min_tokens_ignore_eos, test_stop_token_ids,
              test_versions_and_help, test_json_logs,

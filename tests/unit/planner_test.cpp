@@ -3,7 +3,8 @@
 // prompt's full chunk but never twice in a row; admission follows the page ledger (kv_pages_needed
 // is checked against a hand count); a cancel in every phase gives every page back and releases
 // the sequence exactly once; EOS, ignore_eos, stop_token_ids (after min_tokens) and max_tokens
-// end sequences with the right reason; the lookahead feeds kPreviousToken and skips what ends.
+// end sequences with the right reason; a prompt-only request (max_tokens 0) ends with its
+// prefill, its token discarded; the lookahead feeds kPreviousToken and skips what ends.
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -244,6 +245,41 @@ TEST(Planner, StopTokensAndLengthEndSequencesWithTheirReason) {
   EXPECT_TRUE(u.tokens[1].is_stop);
   EXPECT_EQ(u.tokens[1].reason, FinishReason::kStop);
   EXPECT_EQ(p.running(), 0u);
+}
+
+TEST(Planner, PromptOnlyRequestEndsWithItsPrefill) {
+  // max_tokens 0 (echo with the prompt's logprobs): pages for the prompt alone; its chunks
+  // carry the prompt logprobs; the token of the last chunk is discarded and it ends "length"
+  // with nothing generated, released in the next plan.
+  Requests rq;
+  Planner p(options(1, 4, 1000));
+  p.reset(1000, 4);
+  ScheduledRequest& r = const_cast<ScheduledRequest&>(rq.make(6, 0));
+  r.prompt_logprobs = 1;
+  std::vector<int64_t> need;
+  EXPECT_EQ(p.fits(r, &need), Planner::Fit::kNow);
+  EXPECT_EQ(need, (std::vector<int64_t>{2}));  // 6 rows of 4 per page; no decode row
+  const uint64_t id = p.admit(r, need);
+  Planner::Plan plan = p.plan();
+  ASSERT_EQ(plan.step.seqs.size(), 1u);
+  EXPECT_EQ(plan.step.seqs[0].prompt_logprobs, 1);
+  EXPECT_FALSE(plan.step.seqs[0].sample);
+  Planner::Update u = p.update(plan, {}, kEos);
+  EXPECT_TRUE(u.tokens.empty());
+  plan = p.plan();
+  ASSERT_EQ(plan.step.seqs.size(), 1u);
+  EXPECT_TRUE(plan.step.seqs[0].sample);
+  EXPECT_FALSE(p.can_look_ahead(plan, true));
+  u = p.update(plan, {{id, 9, false, 0.f, {}}}, kEos);
+  ASSERT_EQ(u.tokens.size(), 1u);
+  EXPECT_TRUE(u.tokens[0].ends);
+  EXPECT_TRUE(u.tokens[0].discard);
+  EXPECT_EQ(u.tokens[0].reason, FinishReason::kLength);
+  EXPECT_EQ(p.find(id), nullptr);
+  EXPECT_EQ(p.free_pages(), (std::vector<int64_t>{1000}));
+  plan = p.plan();
+  EXPECT_EQ(plan.step.release, std::vector<uint64_t>{id});
+  EXPECT_TRUE(plan.step.seqs.empty());
 }
 
 TEST(Planner, LookaheadSkipsASequenceThatEndsByMaxTokens) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "burst/v1/burst.pb.h"
@@ -104,26 +105,52 @@ TEST(RequestOptions, WrongTypesNameTheOption) {
 
 TEST(RequestOptions, LimitsAreChecked) {
   EXPECT_EQ(error_of({{"temperature", RawValue::number(-0.5)}}),
-            "temperature: 'temperature' must be >= 0");
-  EXPECT_EQ(error_of({{"top_p", RawValue::integer(0)}}), "top_p: 'top_p' must be in (0, 1]");
-  EXPECT_EQ(error_of({{"top_p", RawValue::number(1.5)}}), "top_p: 'top_p' must be in (0, 1]");
+            "temperature: 'temperature' must be >= 0, got -0.5");
+  EXPECT_EQ(error_of({{"top_p", RawValue::integer(0)}}),
+            "top_p: 'top_p' must be in (0, 1], got 0");
+  EXPECT_EQ(error_of({{"top_p", RawValue::number(1.5)}}),
+            "top_p: 'top_p' must be in (0, 1], got 1.5");
   EXPECT_EQ(error_of({{"top_k", RawValue::integer(-2)}}),
-            "top_k: 'top_k' must be >= -1 (-1 and 0: off)");
+            "top_k: 'top_k' must be >= -1 (-1 and 0: off), got -2");
   EXPECT_EQ(error_of({{"presence_penalty", RawValue::number(2.5)}}),
-            "presence_penalty: 'presence_penalty' must be in [-2, 2]");
+            "presence_penalty: 'presence_penalty' must be in [-2, 2], got 2.5");
   EXPECT_EQ(error_of({{"repetition_penalty", RawValue::integer(0)}}),
-            "repetition_penalty: 'repetition_penalty' must be > 0");
-  EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(0)}}),
-            "max_tokens: 'max_tokens' must be > 0");
+            "repetition_penalty: 'repetition_penalty' must be > 0, got 0");
+  // Completions take max_tokens 0 (the prompt alone, with echo: http_api.cpp checks that).
+  EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(0)}}), "");
+  EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(-3)}}),
+            "max_tokens: 'max_tokens' must be >= 0, got -3");
+  EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(0)}}, kChat),
+            "max_tokens: 'max_tokens' must be > 0, got 0");
+  EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(0)}}, kGenerate),
+            "max_tokens: 'max_tokens' must be > 0, got 0");
   EXPECT_EQ(error_of({{"logprobs", RawValue::integer(21)}}),
-            "logprobs: 'logprobs' must be in [0, 20]");
+            "logprobs: 'logprobs' must be in [0, 20], got 21");
   EXPECT_EQ(error_of({{"min_tokens", RawValue::integer(-1)}}),
-            "min_tokens: 'min_tokens' must be >= 0");
+            "min_tokens: 'min_tokens' must be >= 0, got -1");
   // A number that is not finite (protobuf floats can be) is out of every range.
   EXPECT_EQ(error_of({{"temperature", RawValue::number(std::nan(""))}}),
-            "temperature: 'temperature' must be >= 0");
+            "temperature: 'temperature' must be >= 0, got nan");
   EXPECT_EQ(error_of({{"frequency_penalty", RawValue::number(HUGE_VAL)}}),
-            "frequency_penalty: 'frequency_penalty' must be in [-2, 2]");
+            "frequency_penalty: 'frequency_penalty' must be in [-2, 2], got inf");
+}
+
+TEST(RequestOptions, RefusalsNameTheValueReceived) {
+  // JSON's 2^64 - 1 (and a protobuf uint64 past 2^63) is that number, not -1; a count is kept
+  // as asked (the scheduler's limit check names 10^12, not a clamp of it).
+  EXPECT_EQ(error_of({{"max_tokens", RawValue::unsigned_integer(UINT64_MAX)}}),
+            "max_tokens: 'max_tokens' must be >= 0 and below 2^63, got 18446744073709551615");
+  EXPECT_EQ(error_of({{"min_tokens", RawValue::unsigned_integer(UINT64_MAX)}}),
+            "min_tokens: 'min_tokens' must be >= 0 and below 2^63, got 18446744073709551615");
+  ParsedOptions o;
+  ASSERT_FALSE(parse_options({{"max_tokens", RawValue::integer(1000000000000)}}, kCompletions,
+                             kVocab, o));
+  EXPECT_EQ(o.request.max_tokens, 1000000000000);
+  // A seed takes all 64 bits.
+  o = {};
+  ASSERT_FALSE(parse_options({{"seed", RawValue::unsigned_integer(UINT64_MAX)}}, kCompletions,
+                             kVocab, o));
+  EXPECT_EQ(o.request.sampling.seed, UINT64_MAX);
 }
 
 TEST(RequestOptions, TokenIdsMustBeInTheVocabulary) {
@@ -160,16 +187,29 @@ TEST(RequestOptions, StopStrings) {
 }
 
 TEST(RequestOptions, ChecksBetweenOptions) {
-  // min_tokens is checked against a given max_tokens only (else the default bounds both).
+  // min_tokens is checked against a given max_tokens at once, against the API's default once
+  // it is set (check_min_tokens), with the values as asked.
   EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(2)}, {"min_tokens", RawValue::integer(5)}}),
-            "min_tokens: 'min_tokens' must not exceed max_tokens");
+            "min_tokens: 'min_tokens' (5) must not exceed max_tokens (2)");
   EXPECT_EQ(error_of({{"min_tokens", RawValue::integer(5)}}), "");
+  {
+    ParsedOptions d;
+    ASSERT_FALSE(parse_options({{"min_tokens", RawValue::integer(int64_t{1} << 40)}},
+                               kCompletions, kVocab, d));
+    d.request.max_tokens = 16;  // the API's default
+    const auto e = check_min_tokens(d);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->param, "min_tokens");
+    EXPECT_EQ(e->message, "'min_tokens' (1099511627776) must not exceed max_tokens (16)");
+    d.request.max_tokens = int64_t{1} << 40;
+    EXPECT_FALSE(check_min_tokens(d).has_value());
+  }
   // top_logprobs needs logprobs: true (chat, gRPC), after its own range.
   EXPECT_EQ(error_of({{"top_logprobs", RawValue::integer(2)}}, kChat),
             "top_logprobs: 'top_logprobs' needs 'logprobs': true");
   EXPECT_EQ(error_of({{"logprobs", RawValue::boolean(true)},
                       {"top_logprobs", RawValue::integer(21)}}, kGrpcChat),
-            "top_logprobs: 'top_logprobs' must be in [0, 20]");
+            "top_logprobs: 'top_logprobs' must be in [0, 20], got 21");
   ParsedOptions o;
   ASSERT_FALSE(parse_options({{"logprobs", RawValue::boolean(true)},
                               {"top_logprobs", RawValue::integer(2)}},
@@ -183,7 +223,7 @@ TEST(RequestOptions, ChecksBetweenOptions) {
   EXPECT_EQ(o.request.max_tokens, 3);
   EXPECT_EQ(error_of({{"max_tokens", RawValue::integer(0)},
                       {"max_completion_tokens", RawValue::integer(3)}}, kChat),
-            "max_tokens: 'max_tokens' must be > 0");
+            "max_tokens: 'max_tokens' must be > 0, got 0");
 }
 
 TEST(RequestOptions, EndpointsTakeTheirOwnOptions) {

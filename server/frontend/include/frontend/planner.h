@@ -14,7 +14,9 @@
 //   behind a long prefill, and a stream of short prompts cannot stall the long one);
 // - the lookahead: while every running sequence decodes and nothing waits, the next decode step
 //   (runtime::kPreviousToken rows) may be sent before this one's tokens are read;
-// - finished sequences give their pages back and are released on every rank in the next plan.
+// - finished sequences give their pages back and are released on every rank in the next plan;
+// - a request of max_tokens 0 (echo of the prompt with its logprobs) is prefilled and ends with
+//   its prefill, the token drawn there discarded; it holds the prompt's pages only.
 #pragma once
 
 #include <cstdint>
@@ -107,6 +109,9 @@ class Planner {
     bool is_stop = false;  // it ended on a stop token (EOS unless ignore_eos; stop_token_ids):
                            // the token has no text
     runtime::FinishReason reason = runtime::FinishReason::kLength;  // when `ends`
+    // A prompt-only request (max_tokens 0): its prefill ran for the prompt's logprobs and the
+    // token its last chunk drew is no output (not counted, not sent); it `ends` with "length".
+    bool discard = false;
   };
   struct Update {
     std::vector<Progress> chunks;

@@ -38,7 +38,8 @@ struct RawValue {
   enum class Kind { kNull, kBool, kInt, kNumber, kString, kArray, kObject };
   Kind kind = Kind::kNull;
   bool b = false;
-  int64_t i = 0;
+  int64_t i = 0;      // kInt; above INT64_MAX (`wide`): the uint64's bits
+  bool wide = false;  // kInt above INT64_MAX (JSON's 2^64 - 1, protobuf's uint64)
   double d = 0;
   std::string s;
   std::vector<RawValue> items;                           // kArray
@@ -46,6 +47,7 @@ struct RawValue {
 
   static RawValue boolean(bool v);
   static RawValue integer(int64_t v);
+  static RawValue unsigned_integer(uint64_t v);
   static RawValue number(double v);
   static RawValue string(std::string v);
   static RawValue array(std::vector<RawValue> v);
@@ -71,12 +73,13 @@ struct OptionLimits {
   bool lo_open = false, hi_open = false;
   size_t max_count = 0;  // kStrings, kTokenIds, kTokenIdMap: the most items (0: no limit)
   const char* note = "";  // appended to the range's message (e.g. what a sentinel means)
+  bool uint64_bits = false;  // kInt: a value above INT64_MAX is taken as its bits (a seed)
 };
 
 // A checked value of its option's type.
 struct OptionValue {
   bool flag = false;                                // kBool
-  int64_t integer = 0;                              // kInt
+  int64_t integer = 0;                              // kInt (a wide one: its bits)
   double number = 0;                                // kNumber
   std::vector<std::string> strings;                 // kStrings
   std::vector<int32_t> ids;                         // kTokenIds
@@ -88,6 +91,7 @@ struct ParsedOptions {
   ScheduledRequest request;
   bool max_tokens_given = false;  // else the API's default applies (it depends on the prompt)
   bool seed_given = false;        // HTTP's n choices then sample with seed + i
+  int64_t min_tokens = 0;         // as asked (request.adjust.min_tokens is bounded to an int)
 };
 
 struct OptionSpec {
@@ -117,6 +121,10 @@ struct OptionError {
 // ones themselves). The first fault is returned; `out` is then partly filled.
 std::optional<OptionError> parse_options(const RawOptions& raw, Endpoint endpoint,
                                          int vocab_size, ParsedOptions& out);
+
+// After the API set its default max_tokens (one not given depends on the prompt): min_tokens,
+// as asked, must not exceed the request's max_tokens. Both APIs call it before submitting.
+std::optional<OptionError> check_min_tokens(const ParsedOptions& o);
 
 // How many stop token ids a request may give.
 constexpr size_t kMaxStopTokenIds = 64;

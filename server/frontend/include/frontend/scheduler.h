@@ -64,7 +64,7 @@ struct ApiError {
 struct ScheduledRequest {
   std::string id;  // for logs and responses ("cmpl-...", "req-...")
   std::vector<int32_t> prompt;
-  int max_tokens = 16;
+  int64_t max_tokens = 16;  // 0: the prompt alone (prefilled for its logprobs; HTTP's echo)
   engine::SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings: the text ends before the first match
   bool return_progress = false;
@@ -228,6 +228,9 @@ class Scheduler {
   void leave(uint64_t id);
   void fail_running(ErrorCode code, const std::string& why);
   void fail_queued(const std::string& why);
+  // Requests cancelled while they wait leave the queue wherever they are, their streams told
+  // "cancelled": only live requests count toward max_queue (submit() and admit() call it).
+  void drop_cancelled();
   void output_loop();
   void enqueue_output(std::function<void()> work);
   void publish_gauges();
