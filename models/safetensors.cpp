@@ -439,19 +439,25 @@ Result<WeightFiles> WeightFiles::open_dir(const std::string& model_dir) {
   }
 }
 
+// A dtype the engine loads and the shape the model expects.
+Status WeightFiles::check_header(const TensorView& v, const std::vector<int64_t>& shape) {
+  if (v.file_dtype != "F32" && v.file_dtype != "F16" && v.file_dtype != "BF16") {
+    return Status::error(v.file + ": tensor \"" + v.name + "\" has dtype " + v.file_dtype +
+                         "; the engine loads F32, F16 or BF16");
+  }
+  if (v.shape != shape) {
+    return Status::error(v.file + ": tensor \"" + v.name + "\" has shape " +
+                         shape_text(v.shape) + ", expected " + shape_text(shape));
+  }
+  return {};
+}
+
 Result<TensorView> WeightFiles::get(const std::string& name,
                                     const std::vector<int64_t>& shape) const {
   auto it = index_.find(name);
   if (it == index_.end()) return Status::error("missing tensor " + name + " (in " + dir_ + ")");
   const TensorView& v = *it->second;
-  if (v.file_dtype != "F32" && v.file_dtype != "F16" && v.file_dtype != "BF16") {
-    return Status::error(v.file + ": tensor \"" + name + "\" has dtype " + v.file_dtype +
-                         "; the engine loads F32, F16 or BF16");
-  }
-  if (v.shape != shape) {
-    return Status::error(v.file + ": tensor \"" + name + "\" has shape " + shape_text(v.shape) +
-                         ", expected " + shape_text(shape));
-  }
+  BURST_RETURN_IF_ERROR(check_header(v, shape));
   BURST_RETURN_IF_ERROR(check_finite(v, v.data, v.nbytes));
   BURST_RETURN_IF_ERROR(check_dtype_bytes(v, v.data, v.nbytes));
   return v;
@@ -463,7 +469,8 @@ Status WeightFiles::check_finite(const TensorView& v, const void* data, int64_t 
   if (!check_weights_enabled()) return {};
   if (const int64_t bad = first_non_finite(data, nbytes, v.file_dtype); bad >= 0) {
     return Status::error(v.file + ": tensor \"" + v.name + "\" holds a NaN or infinite value "
-                         "at element " + std::to_string(bad) + (data == v.data ? "" : " of the slice read") +
+                         "at element " + std::to_string(bad) +
+                         (data == v.data ? "" : " of the slice read") +
                          "; the weights are corrupt (set BURST_SKIP_WEIGHT_CHECK=1 to load them "
                          "anyway)");
   }
@@ -506,15 +513,7 @@ Result<WeightFiles::Slice> WeightFiles::read(const std::string& name,
     bytes_read_ += whole.value().nbytes;
     return Slice{whole.value().data, whole.value().dtype, whole.value().nbytes};
   }
-  // Shape and dtype as get() checks them, without touching the data.
-  if (v.file_dtype != "F32" && v.file_dtype != "F16" && v.file_dtype != "BF16") {
-    return Status::error(v.file + ": tensor \"" + name + "\" has dtype " + v.file_dtype +
-                         "; the engine loads F32, F16 or BF16");
-  }
-  if (v.shape != shape) {
-    return Status::error(v.file + ": tensor \"" + name + "\" has shape " + shape_text(v.shape) +
-                         ", expected " + shape_text(shape));
-  }
+  BURST_RETURN_IF_ERROR(check_header(v, shape));  // as get() does, without touching the data
   const int64_t elem = v.nbytes / std::max<int64_t>(1, total_rows * total_cols);
   const int64_t row_bytes = cols * elem;
   buffer.resize(static_cast<size_t>(rows * row_bytes));

@@ -89,6 +89,7 @@ class WeightFiles {
   int64_t bytes_read() const { return bytes_read_; }
 
  private:
+  static Status check_header(const TensorView& v, const std::vector<int64_t>& shape);
   static Status check_finite(const TensorView& v, const void* data, int64_t nbytes);
   // Refuses 2-D F16 bytes labelled BF16 and BF16 bytes labelled F16 by the magnitude band such
   // bytes land in (safetensors.cpp says why no real weight matrix does).
