@@ -331,7 +331,10 @@ def test_abandoned_requests_leave_the_queue():
             s = connect(small)
             s.sendall(post_bytes("/v1/completions", completion({"max_tokens": 4})))
             gone.append(s)
-        time.sleep(0.3)
+        deadline = time.time() + 5
+        while time.time() < deadline and small.metric("burst:num_requests_waiting") < 4:
+            time.sleep(0.02)
+        time.sleep(0.1)
         check(small.metric("burst:num_requests_waiting") == 4, "4 requests wait")
         for s in gone:
             s.close()
