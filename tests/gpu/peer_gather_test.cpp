@@ -33,9 +33,11 @@ uint32_t word_of(int rank, int call, size_t i) {
   return static_cast<uint32_t>(x);
 }
 
-// all_reduce_sum on device bf16 (tensor parallelism's row-parallel sums): every rank gets the
-// same bits (compared through an all_gather), within bf16 rounding of the exact sum of the
-// ranks' (random, never zero) values: at most world half-ulps of the sum of magnitudes.
+// all_reduce_sum and all_reduce_add on device bf16 (tensor parallelism's row-parallel sums):
+// every rank gets the same bits (compared through an all_gather), within bf16 rounding of the
+// exact result from the ranks' (random, never zero) values: at most one half-ulp of the sum of
+// magnitudes per addition. all_reduce_add sums into x = 0.5 everywhere (the residual add fused
+// on the one-shot path).
 int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream_t stream,
                      int64_t count) {
   auto value = [](int r, int64_t i) {
@@ -47,74 +49,48 @@ int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream
   for (int64_t i = 0; i < count; ++i) {
     mine[static_cast<size_t>(i)] = engine::f32_to_bf16(value(rank, i));
   }
-  void *d = nullptr, *gathered = nullptr;
-  if (cudaMalloc(&d, count * 2) != cudaSuccess ||
+  const std::vector<uint16_t> halves(count, engine::f32_to_bf16(0.5f));
+  void *d = nullptr, *x = nullptr, *gathered = nullptr;
+  if (cudaMalloc(&d, count * 2) != cudaSuccess || cudaMalloc(&x, count * 2) != cudaSuccess ||
       cudaMalloc(&gathered, count * 2 * world) != cudaSuccess) {
     return 20;
   }
-  cudaMemcpy(d, mine.data(), count * 2, cudaMemcpyHostToDevice);
-  Status st = comm.all_reduce_sum(d, count, engine::DType::kBF16);
-  if (st.ok()) st = comm.all_gather(d, gathered, static_cast<size_t>(count) * 2);
-  if (!st.ok()) {
-    std::fprintf(stderr, "rank %d: all_reduce_sum: %s\n", rank, st.message().c_str());
-    return 21;
-  }
-  if (cudaStreamSynchronize(stream) != cudaSuccess ||
-      cudaMemcpy(all.data(), gathered, count * 2 * world, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    return 22;
-  }
-  for (int src = 1; src < world; ++src) {
-    if (!std::equal(all.begin(), all.begin() + count, all.begin() + src * count)) {
-      std::fprintf(stderr, "rank %d: rank %d's sum differs from rank 0's\n", rank, src);
-      return 23;
+  for (const bool add : {false, true}) {
+    const char* what = add ? "all_reduce_add" : "all_reduce_sum";
+    const double base = add ? 0.5 : 0.0;
+    cudaMemcpy(d, mine.data(), count * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(x, halves.data(), count * 2, cudaMemcpyHostToDevice);
+    void* result = add ? x : d;
+    Status st = add ? comm.all_reduce_add(d, x, count, engine::DType::kBF16)
+                    : comm.all_reduce_sum(d, count, engine::DType::kBF16);
+    if (st.ok()) st = comm.all_gather(result, gathered, static_cast<size_t>(count) * 2);
+    if (!st.ok() || cudaStreamSynchronize(stream) != cudaSuccess ||
+        cudaMemcpy(all.data(), gathered, count * 2 * world, cudaMemcpyDeviceToHost) !=
+            cudaSuccess) {
+      std::fprintf(stderr, "rank %d: %s: %s\n", rank, what, st.message().c_str());
+      return 21;
+    }
+    for (int src = 1; src < world; ++src) {
+      if (!std::equal(all.begin(), all.begin() + count, all.begin() + src * count)) {
+        std::fprintf(stderr, "rank %d: %s: rank %d differs from rank 0\n", rank, what, src);
+        return 22;
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      double exact = base, magnitude = base;
+      for (int r = 0; r < world; ++r) {
+        exact += value(r, i);
+        magnitude += std::fabs(value(r, i));
+      }
+      const double got = engine::bf16_to_f32(all[static_cast<size_t>(i)]);
+      if (std::fabs(got - exact) > (world + (add ? 1 : 0)) * std::ldexp(magnitude, -8)) {
+        std::fprintf(stderr, "rank %d: %s element %lld: %g, exact %g\n", rank, what,
+                     (long long)i, got, exact);
+        return 23;
+      }
     }
   }
-  for (int64_t i = 0; i < count; ++i) {
-    double exact = 0, magnitude = 0;
-    for (int r = 0; r < world; ++r) {
-      exact += value(r, i);
-      magnitude += std::fabs(value(r, i));
-    }
-    const double got = engine::bf16_to_f32(all[static_cast<size_t>(i)]);
-    if (std::fabs(got - exact) > world * std::ldexp(magnitude, -8)) {
-      std::fprintf(stderr, "rank %d: element %lld: %g, exact %g\n", rank, (long long)i, got, exact);
-      return 24;
-    }
-  }
-  // all_reduce_add: x (0.5 everywhere, on every rank) += the sum, the add fused on the one-shot
-  // path: rank 0's bits on every rank, within the same rounding bound of exact + 0.5.
-  std::vector<uint16_t> x(count, engine::f32_to_bf16(0.5f));
-  void* dx = nullptr;
-  if (cudaMalloc(&dx, count * 2) != cudaSuccess) return 25;
-  cudaMemcpy(dx, x.data(), count * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(d, mine.data(), count * 2, cudaMemcpyHostToDevice);
-  st = comm.all_reduce_add(d, dx, count, engine::DType::kBF16);
-  if (st.ok()) st = comm.all_gather(dx, gathered, static_cast<size_t>(count) * 2);
-  if (!st.ok() || cudaStreamSynchronize(stream) != cudaSuccess ||
-      cudaMemcpy(all.data(), gathered, count * 2 * world, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    std::fprintf(stderr, "rank %d: all_reduce_add: %s\n", rank, st.message().c_str());
-    return 26;
-  }
-  for (int src = 1; src < world; ++src) {
-    if (!std::equal(all.begin(), all.begin() + count, all.begin() + src * count)) {
-      std::fprintf(stderr, "rank %d: rank %d's all_reduce_add differs from rank 0's\n", rank, src);
-      return 27;
-    }
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    double exact = 0.5, magnitude = 0.5;
-    for (int r = 0; r < world; ++r) {
-      exact += value(r, i);
-      magnitude += std::fabs(value(r, i));
-    }
-    const double got = engine::bf16_to_f32(all[static_cast<size_t>(i)]);
-    if (std::fabs(got - exact) > (world + 1) * std::ldexp(magnitude, -8)) {
-      std::fprintf(stderr, "rank %d: all_reduce_add element %lld: %g, exact %g\n", rank,
-                   (long long)i, got, exact);
-      return 28;
-    }
-  }
-  cudaFree(dx);
+  cudaFree(x);
   cudaFree(d);
   cudaFree(gathered);
   return 0;
