@@ -792,9 +792,11 @@ Prompts chat_prompts(const json& body, const Tokenizer& tok, const CheckText& ch
 }
 
 // Completions: a string, an array of ids, or a batch of either (at most kMaxChoices sequences
-// with best_of); echo keeps each prompt's text.
+// with best_of); echo keeps each prompt's text. A batch's texts together are held to
+// max_prompt_bytes (0: no limit) before any is tokenized.
 Prompts completion_prompts(const json& body, const CommonParams& p, const Tokenizer& tok,
-                           int64_t max_context, int vocab_size, const CheckText& check) {
+                           int64_t max_context, int vocab_size, int64_t max_prompt_bytes,
+                           const CheckText& check) {
   Prompts out;
   const json* pr = field(body, "prompt");
   if (!pr) throw HttpError{400, "'prompt' is required", "", "prompt"};
@@ -807,6 +809,24 @@ Prompts completion_prompts(const json& body, const CommonParams& p, const Tokeni
   if (static_cast<int64_t>(items.size()) * p.best_of > kMaxChoices) {
     throw HttpError{400, "a request may start at most " + std::to_string(kMaxChoices) +
                              " sequences (prompts x n)", "", "prompt"};
+  }
+  // The byte limit holds for the request as a whole: a batch of prompts each just under it
+  // would otherwise cost seconds of tokenizing before any refusal. A prompt over it by itself is
+  // the per-prompt refusal (413, naming its size); a batch over it in all is a 400.
+  if (items.size() > 1 && max_prompt_bytes > 0) {
+    size_t total = 0;
+    for (const json* one : items) {
+      if (!one->is_string()) continue;
+      const size_t bytes = one->get_ref<const std::string&>().size();
+      check(bytes, "prompt");
+      total += bytes;
+    }
+    if (static_cast<int64_t>(total) > max_prompt_bytes) {
+      throw HttpError{400, "the " + std::to_string(items.size()) + " prompts are " +
+                               std::to_string(total) + " bytes of text in all, over the limit "
+                               "of " + std::to_string(max_prompt_bytes) + " bytes per request "
+                               "(--max-prompt-bytes); none was tokenized", "", "prompt"};
+    }
   }
   out.ids.assign(items.size(), {});
   out.echoes.assign(items.size(), "");
@@ -1243,7 +1263,7 @@ void HttpApi::serve(const httplib::Request& req, httplib::Response& res, bool ch
   const Prompts prompts =
       chat ? chat_prompts(body, tokenizer_, check)
            : completion_prompts(body, p, tokenizer_, scheduler_.max_context(),
-                                scheduler_.vocab_size(), check);
+                                scheduler_.vocab_size(), scheduler_.max_prompt_bytes(), check);
   if (!p.max_tokens_given) {
     // OpenAI's defaults: 16 for completions, "until done" for chat; both bounded by what is
     // left of the KV capacity, so a default never makes a fitting prompt fail.

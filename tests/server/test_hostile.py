@@ -5,7 +5,8 @@ clients dropped with 408 while a normal client is served; pipelined requests ans
 smuggling-style framing refused with 400 and the connection closed; a non-streaming client that
 disconnects cancels its request (KV back to 0, the next request not delayed); requests abandoned
 while they wait leave the queue at once (a later one is not refused "queue full"); 8 MB prompts
-refused before tokenizing (HTTP and gRPC) with the server's RSS bounded; the connection limit
+refused before tokenizing (HTTP and gRPC) with the server's RSS bounded, and a batch of prompts
+held to the byte limit in all; the connection limit
 answered with 503. Run: /usr/bin/python3 test_hostile.py --build BUILD_DIR."""
 import http.client
 import json
@@ -406,6 +407,32 @@ def test_huge_prompts_refused_before_tokenizing():
     check(status == 413 and f"{limit + 1} bytes" in data.decode(), f"over: {status}")
 
 
+def test_batch_prompt_bytes_limited_in_all():
+    # 64 prompts each under --max-prompt-bytes: the limit is the request's, refused (400, naming
+    # the total and the limit) before any prompt is tokenized; a batch under it in all is served.
+    small = Server("--max-prompt-bytes", 1000, "--grpc-port", -1)
+    try:
+        verse = "And God said, Let there be light: and there was light. " * 20
+        text = verse[:999]
+        t0 = time.time()
+        status, data, _ = small.request("POST", "/v1/completions", json.dumps(
+            {"prompt": [text] * 64, "max_tokens": 1}))
+        err = json.loads(data)["error"]
+        check(status == 400 and "63936 bytes" in err["message"] and "1000 bytes" in err["message"]
+              and "--max-prompt-bytes" in err["message"] and err["param"] == "prompt",
+              f"64 x 999 bytes: {status} {err}")
+        check(time.time() - t0 < 1, f"refused in {time.time() - t0:.2f} s")
+        status, data, _ = small.request("POST", "/v1/completions", json.dumps(
+            {"prompt": [text, verse[:1001]], "max_tokens": 1}))
+        check(status == 413 and "1001 bytes" in data.decode(), f"one over: {status} {data!r}")
+        status, data, _ = small.request("POST", "/v1/completions", json.dumps(
+            {"prompt": [text[:500], text[:500]], "max_tokens": 1}))
+        check(status == 200 and len(json.loads(data)["choices"]) == 2,
+              f"2 x 500 bytes: {status} {data[:200]!r}")
+    finally:
+        small.stop()
+
+
 def test_huge_prompts_refused_over_grpc():
     compile_protos("burst/v1/burst.proto")
     import grpc
@@ -479,7 +506,8 @@ if __name__ == "__main__":
              test_disconnected_non_streaming_request_is_cancelled,
              test_disconnected_waiting_stream_is_cancelled,
              test_abandoned_requests_leave_the_queue,
-             test_huge_prompts_refused_before_tokenizing, test_huge_prompts_refused_over_grpc,
+             test_huge_prompts_refused_before_tokenizing, test_batch_prompt_bytes_limited_in_all,
+             test_huge_prompts_refused_over_grpc,
              test_connection_limit_gets_503])
     finally:
         srv.stop()
