@@ -27,7 +27,7 @@ grpc::StatusCode grpc_code(ErrorCode c) {
   switch (c) {
     case ErrorCode::kInvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
     case ErrorCode::kUnauthenticated: return grpc::StatusCode::UNAUTHENTICATED;
-    case ErrorCode::kNotFound: return grpc::StatusCode::INVALID_ARGUMENT;
+    case ErrorCode::kNotFound: return grpc::StatusCode::NOT_FOUND;
     case ErrorCode::kTooLarge: return grpc::StatusCode::RESOURCE_EXHAUSTED;
     case ErrorCode::kUnavailable: return grpc::StatusCode::UNAVAILABLE;
     case ErrorCode::kInternal: return grpc::StatusCode::INTERNAL;
@@ -467,10 +467,10 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return run(ctx, std::move(o.request), writer, log);
   }
 
-  // The model a request names: this server's, or none.
+  // The model a request names: this server's, or none; another is NOT_FOUND (HTTP's 404).
   grpc::Status check_model(const std::string& model) const {
     if (model.empty() || model == config_.model_name) return grpc::Status::OK;
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         "unknown model '" + model + "'; this server serves '" +
                             config_.model_name + "'");
   }

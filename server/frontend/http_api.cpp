@@ -1045,6 +1045,19 @@ void collect_choices(httplib::Response& res, std::vector<Choice>& choices, const
              {"timings", timings_json(total)}});
 }
 
+// The OpenAI error.param of a refusal by Scheduler::submit(), which names no parameter: read
+// from its message (test_http's test_max_and_min_tokens_refusals_name_the_value checks each
+// one). The prompt is "messages" in chat; prompt + max_tokens over the KV capacity names
+// max_tokens, the part a client can lower when the prompt alone fits. Others: "".
+std::string submit_error_param(const ApiError& e, bool chat) {
+  auto starts = [&](const char* prefix) { return e.message.rfind(prefix, 0) == 0; };
+  if (starts("max_tokens ") || starts("prompt (")) return "max_tokens";
+  if (starts("min_tokens ")) return "min_tokens";
+  if (starts("the prompt ") || starts("prompt token id ")) return chat ? "messages" : "prompt";
+  if (starts("a stop string ")) return "stop";
+  return "";
+}
+
 }  // namespace
 
 void HttpApi::check_prompt_text(size_t bytes, const char* param) const {
@@ -1230,8 +1243,10 @@ void HttpApi::install_hooks() {
     const bool printable = std::all_of(a.id.begin(), a.id.end(),
                                        [](char ch) { return ch > 0x20 && ch < 0x7f; });
     if (a.id.empty() || a.id.size() > 200 || !printable) a.id = random_id("req-");
+    // Probes and scrapers answer without the key by default (docs/reliability.md: they tell
+    // liveness and load, not prompts); --metrics-require-key 1 puts /metrics behind it.
     if (config_.api_key.empty() || req.path == "/health" || req.path == "/ping" ||
-        req.path == "/metrics") {
+        (req.path == "/metrics" && config_.metrics_require_key == 0)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     const std::string auth = req.get_header_value("Authorization");
@@ -1278,7 +1293,7 @@ void HttpApi::serve(const httplib::Request& req, httplib::Response& res, bool ch
   std::vector<Choice> choices;
   ApiError err;
   if (!submit_choices(scheduler_, tokenizer_, p, prompts, chat, log_id, choices, err)) {
-    send_error(res, http_status(err.code), err.message);
+    send_error(res, http_status(err.code), err.message, "", submit_error_param(err, chat));
     return;
   }
   if (p.stream) {

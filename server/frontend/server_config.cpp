@@ -44,6 +44,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"port_file", {K::kString, &c->port_file}},
       {"api_key", {K::kString, &c->api_key}},
       {"api_key_file", {K::kPath, &c->api_key_file}},
+      {"metrics_require_key", {K::kInt, &c->metrics_require_key}},
       {"remote_workers", {K::kInt, &c->remote_workers}},
       {"worker_listen", {K::kString, &c->worker_listen}},
       {"max_context", {K::kInt64, &c->max_context}},
@@ -124,6 +125,9 @@ Status validate(const ServerConfig& c) {
   if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
+  if (c.metrics_require_key != 0 && c.metrics_require_key != 1) {
+    return Status::error("metrics_require_key must be 0 or 1");
+  }
   if (c.decode_lookahead != 0 && c.decode_lookahead != 1) {
     return Status::error("decode_lookahead must be 0 or 1");
   }

@@ -189,8 +189,13 @@ def test_errors():
         c, d = code_of(lambda: list(stub.Chat(chat, metadata=MD, timeout=30)))
         check(c == grpc.StatusCode.INVALID_ARGUMENT and "min_tokens" in d
               and "2147483647" in d, f"min_tokens over Chat's default max_tokens: {c} {d}")
+    # An unknown model is NOT_FOUND, as HTTP's 404, on both calls that name one.
     c, d = code_of(gen(text=PROMPT, max_tokens=3, model="nope"))
-    check(c == grpc.StatusCode.INVALID_ARGUMENT and "nope" in d, f"{c} {d}")
+    check(c == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in d, f"Generate: {c} {d}")
+    c, d = code_of(lambda: list(stub.Chat(burst_pb2.ChatRequest(
+        messages=[burst_pb2.ChatMessage(role="user", content="Who made the heaven?")],
+        model="nope", max_tokens=2), metadata=MD, timeout=30)))
+    check(c == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in d, f"Chat: {c} {d}")
     info = stub.ModelInfo(burst_pb2.ModelInfoRequest(), metadata=MD)
     ids = burst_pb2.TokenIds(ids=[1] * (info.max_context - 2))
     c, d = code_of(gen(token_ids=ids, max_tokens=10))

@@ -173,7 +173,7 @@ def test_stop_string():
     check(r["choices"][0]["text"] == full[:full.index(stop)], f"{r['choices'][0]['text']!r}")
 
 
-def expect_error(status, path, body, fragment="", headers=AUTH, raw=False):
+def expect_error(status, path, body, fragment="", headers=AUTH, raw=False, param=None):
     st, data, hdr = srv.request("POST", path, body if raw else json.dumps(body),
                                 {**headers, "Content-Type": "application/json"})
     check(st == status, f"{path} {str(body)[:80]!r}: status {st}, want {status}: {data[:300]!r}")
@@ -182,6 +182,8 @@ def expect_error(status, path, body, fragment="", headers=AUTH, raw=False):
           f"OpenAI-style error object: {j}")
     check(fragment.lower() in j["error"]["message"].lower(),
           f"message {j['error']['message']!r} lacks {fragment!r}")
+    check(param is None or j["error"]["param"] == param,
+          f"error.param {j['error'].get('param')!r}, want {param!r}: {j}")
     return hdr
 
 
@@ -203,7 +205,7 @@ def test_bad_inputs():
     expect_error(400, c, {"prompt": PROMPT, "temperature": -0.5}, "temperature")
     expect_error(400, c, {"prompt": PROMPT, "top_p": 0}, "top_p")
     expect_error(400, c, {"prompt": PROMPT, "top_p": 1.5}, "top_p")
-    expect_error(400, c, {"prompt": [1, 99999999]}, "vocabulary")
+    expect_error(400, c, {"prompt": [1, 99999999]}, "vocabulary", param="prompt")
     expect_error(400, "/v1/chat/completions", {"messages": []}, "messages")
     expect_error(400, "/v1/chat/completions", {"messages": [{"role": "user"}]}, "content")
     expect_error(400, "/v1/chat/completions",
@@ -211,7 +213,13 @@ def test_bad_inputs():
     # Fits the context limit but never the KV capacity: 413 (RESOURCE_EXHAUSTED).
     st, m = srv.json("GET", "/v1/models", headers=AUTH)
     cap = m["data"][0]["max_model_len"]
-    expect_error(413, c, {"prompt": [1] * (cap - 2), "max_tokens": 10}, "capacity")
+    expect_error(413, c, {"prompt": [1] * (cap - 2), "max_tokens": 10}, "capacity",
+                 param="max_tokens")
+    # Over the context by itself: error.param names the prompt (chat: the messages).
+    expect_error(400, c, {"prompt": [1] * (cap + 1)}, "over the model's limit", param="prompt")
+    expect_error(400, "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "light " * (cap + 8)}]},
+                 "over the model's limit", param="messages")
     expect_error(413, c, b'{"prompt": "' + b"a" * 70000 + b'"}', "size", raw=True)
     st, data, _ = srv.request("GET", "/v1/nowhere", headers=AUTH)
     check(st == 404 and "error" in json.loads(data), f"unknown route: {st} {data!r}")
@@ -453,15 +461,20 @@ def test_echo_text_offsets_index_the_text():
 
 def test_max_and_min_tokens_refusals_name_the_value():
     c = "/v1/completions"
-    for body, fragment, wrong in [
-            ({"max_tokens": 2 ** 64 - 1}, "18446744073709551615", "must be > 0"),
-            ({"max_tokens": 10 ** 12}, "1000000000000", "1073741824"),
-            ({"min_tokens": 2 ** 40}, "1099511627776", "1073741824"),
-            ({"max_tokens": 3, "min_tokens": 5}, "(5)", "1073741824")]:
+    st, m = srv.json("GET", "/v1/models", headers=AUTH)
+    cap = m["data"][0]["max_model_len"]
+    for body, fragment, wrong, param in [
+            ({"max_tokens": 2 ** 64 - 1}, "18446744073709551615", "must be > 0", "max_tokens"),
+            ({"max_tokens": 10 ** 12}, "1000000000000", "1073741824", "max_tokens"),
+            ({"max_tokens": cap * 64}, str(cap * 64), "1073741824", "max_tokens"),
+            ({"min_tokens": 2 ** 40}, "1099511627776", "1073741824", "min_tokens"),
+            ({"max_tokens": 3, "min_tokens": 5}, "(5)", "1073741824", "min_tokens")]:
         st, data, _ = srv.request("POST", c, json.dumps({"prompt": PROMPT, **body}),
                                   {**AUTH, "Content-Type": "application/json"})
-        msg = json.loads(data)["error"]["message"]
-        check(st == 400 and fragment in msg and wrong not in msg, f"{body}: {st} {msg}")
+        err = json.loads(data)["error"]
+        msg = err["message"]
+        check(st == 400 and fragment in msg and wrong not in msg and err["param"] == param,
+              f"{body}: {st} {err}")
     # min_tokens within the default max_tokens (16) is taken.
     st, r = post(c, {"prompt": PROMPT, "min_tokens": 4})
     check(st == 200, f"min_tokens 4: {st} {r}")
@@ -785,6 +798,32 @@ def test_metrics():
     check(queried and queried <= names, f"dashboard queries missing metrics: {queried - names}")
 
 
+def test_metrics_require_key():
+    # By default /metrics, like /health, answers without the key (the main server has one);
+    # --metrics-require-key 1 puts /metrics behind it, /health stays open.
+    st, _, _ = srv.request("GET", "/metrics")
+    check(st == 200, f"default: /metrics without the key: {st}")
+    locked = Server("--api-key-file", KEY_FILE, "--metrics-require-key", 1, "--grpc-port", -1)
+    try:
+        st, data, _ = locked.request("GET", "/metrics")
+        err = json.loads(data)["error"]
+        check(st == 401 and err["code"] == "invalid_api_key" and "missing API key" in
+              err["message"], f"/metrics without the key: {st} {err}")
+        st, _, _ = locked.request("GET", "/metrics", headers={"Authorization": "Bearer nope"})
+        check(st == 401, f"/metrics with a wrong key: {st}")
+        st, data, _ = locked.request("GET", "/metrics", headers=AUTH)
+        check(st == 200 and "burst:num_requests_running" in data.decode(),
+              f"/metrics with the key: {st}")
+        st, _, _ = locked.request("GET", "/health")
+        check(st == 200, f"/health without the key: {st}")
+    finally:
+        locked.stop()
+    bad = subprocess.run([os.path.join(build_dir(), "bin", "burst-server"), "--model", MODEL,
+                          "--check-config", "--metrics-require-key", "2"], capture_output=True)
+    check(bad.returncode == 2 and b"metrics_require_key must be 0 or 1" in bad.stderr,
+          f"--metrics-require-key 2: {bad.returncode} {bad.stderr!r}")
+
+
 def test_concurrent_clients():
     errors, texts = [], []
 
@@ -901,7 +940,7 @@ if __name__ == "__main__":
              test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
              test_eos_bias_min_tokens_ignore_eos, test_stop_token_ids,
              test_versions_and_help, test_json_logs,
-             test_metrics, test_concurrent_clients,
+             test_metrics, test_metrics_require_key, test_concurrent_clients,
              test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])
     finally:
         srv.stop()

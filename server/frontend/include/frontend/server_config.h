@@ -38,6 +38,9 @@ struct ServerConfig {
   std::string port_file;  // written once both ports are bound: {"http_port": N, "grpc_port": M}
   std::string api_key;    // empty: no authentication (also read from $BURST_API_KEY)
   std::string api_key_file;  // the API key from a file (not visible in ps), instead of api_key
+  // 1: /metrics requires the API key as the API does; 0 (default): it answers without, as
+  // /health, /ping, gRPC Health and reflection always do (docs/reliability.md says why).
+  int metrics_require_key = 0;
   // Multi-node: > 0 spawns no worker and waits for this many `burst-worker --join HOST:PORT`
   // (the group's world size; "workers" is then unused), listening for them on worker_listen.
   int remote_workers = 0;
@@ -84,7 +87,8 @@ constexpr const char* kServerUsage =
                     [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
                     [--device cpu|cuda] [--workers N] [--tp T] [--threads-per-worker N]
                     [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
-                    [--port-file FILE] [--api-key KEY | --api-key-file F] [--max-context N]
+                    [--port-file FILE] [--api-key KEY | --api-key-file F]
+                    [--metrics-require-key 0|1] [--max-context N]
                     [--kv-capacity N] [--kv-memory-percent P]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
@@ -121,6 +125,8 @@ constexpr const char* kServerUsage =
                     also $BURST_API_KEY (a flag's value shows in ps: prefer the file or the
                     environment)
   --api-key-file F  the API key from file F (surrounding whitespace removed)
+  --metrics-require-key 0|1  1: /metrics requires the API key too (401 without); 0 (default):
+                    /metrics, like /health, /ping, gRPC Health and reflection, answers without
   --max-context N   longest prompt (0: the model's max_position_embeddings)
   --kv-capacity N   KV tokens of the group, shared by all requests (0: on GPUs this server
                     spawns, what --kv-memory-percent of each GPU holds beside the weights
