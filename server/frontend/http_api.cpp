@@ -1045,17 +1045,9 @@ void collect_choices(httplib::Response& res, std::vector<Choice>& choices, const
              {"timings", timings_json(total)}});
 }
 
-// The OpenAI error.param of a refusal by Scheduler::submit(), which names no parameter: read
-// from its message (test_http's test_max_and_min_tokens_refusals_name_the_value checks each
-// one). The prompt is "messages" in chat; prompt + max_tokens over the KV capacity names
-// max_tokens, the part a client can lower when the prompt alone fits. Others: "".
+// The error.param of a scheduler refusal: the field it names, "messages" for chat's prompt.
 std::string submit_error_param(const ApiError& e, bool chat) {
-  auto starts = [&](const char* prefix) { return e.message.rfind(prefix, 0) == 0; };
-  if (starts("max_tokens ") || starts("prompt (")) return "max_tokens";
-  if (starts("min_tokens ")) return "min_tokens";
-  if (starts("the prompt ") || starts("prompt token id ")) return chat ? "messages" : "prompt";
-  if (starts("a stop string ")) return "stop";
-  return "";
+  return chat && e.param == "prompt" ? "messages" : e.param;
 }
 
 }  // namespace

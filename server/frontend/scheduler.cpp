@@ -150,45 +150,50 @@ std::optional<ApiError> Scheduler::check_prompt_text(size_t bytes) {
                   "the prompt is " + std::to_string(bytes) + " bytes of text, over the limit of " +
                       std::to_string(limit) + " bytes (--max-prompt-bytes; by default the most "
                       "text " + std::to_string(options_.max_context) +
-                      " tokens of context can hold); it was not tokenized"};
+                      " tokens of context can hold); it was not tokenized", "prompt"};
 }
 
 std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* error) {
-  auto refuse = [&](ErrorCode code, std::string msg) -> std::shared_ptr<RequestStream> {
-    *error = {code, std::move(msg)};
+  auto refuse = [&](ErrorCode code, std::string msg,
+                    std::string param = "") -> std::shared_ptr<RequestStream> {
+    *error = {code, std::move(msg), std::move(param)};
     ++metrics_.requests_rejected;
     return nullptr;
   };
   const int64_t n = static_cast<int64_t>(r.prompt.size());
-  if (n == 0) return refuse(ErrorCode::kInvalidArgument, "the prompt is empty");
+  if (n == 0) return refuse(ErrorCode::kInvalidArgument, "the prompt is empty", "prompt");
   for (int32_t id : r.prompt) {
     if (id < 0 || id >= options_.vocab_size) {
       return refuse(ErrorCode::kInvalidArgument,
                     "prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                        std::to_string(options_.vocab_size) + ")");
+                        std::to_string(options_.vocab_size) + ")",
+                    "prompt");
     }
   }
   if (n > options_.max_context) {
     return refuse(ErrorCode::kInvalidArgument,
                   "the prompt has " + std::to_string(n) + " tokens, over the model's limit of " +
-                      std::to_string(options_.max_context));
+                      std::to_string(options_.max_context),
+                  "prompt");
   }
   // max_tokens 0: the prompt alone (its logprobs; HTTP's echo), prefilled and no token drawn.
   if (r.max_tokens < 0 || r.max_tokens > options_.max_tokens_limit) {
     return refuse(ErrorCode::kInvalidArgument,
                   "max_tokens must be in 1.." + std::to_string(options_.max_tokens_limit) +
-                      ", got " + std::to_string(r.max_tokens));
+                      ", got " + std::to_string(r.max_tokens),
+                  "max_tokens");
   }
   if (r.adjust.min_tokens > r.max_tokens) {
     return refuse(ErrorCode::kInvalidArgument,
                   "min_tokens (" + std::to_string(r.adjust.min_tokens) +
-                      ") must not exceed max_tokens (" + std::to_string(r.max_tokens) + ")");
+                      ") must not exceed max_tokens (" + std::to_string(r.max_tokens) + ")",
+                  "min_tokens");
   }
   if (const std::string bad = engine::validate(r.sampling); !bad.empty()) {
     return refuse(ErrorCode::kInvalidArgument, bad);
   }
   for (const auto& s : r.stop) {
-    if (s.empty()) return refuse(ErrorCode::kInvalidArgument, "a stop string is empty");
+    if (s.empty()) return refuse(ErrorCode::kInvalidArgument, "a stop string is empty", "stop");
   }
   // A request that would not fit even an empty cache can never run; one that fits waits for
   // pages when others hold them.
@@ -199,7 +204,8 @@ std::shared_ptr<RequestStream> Scheduler::submit(ScheduledRequest r, ApiError* e
     return refuse(ErrorCode::kTooLarge,
                   "prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
                       std::to_string(r.max_tokens) + ") exceeds the KV capacity of " +
-                      std::to_string(capacity) + " tokens");
+                      std::to_string(capacity) + " tokens",
+                  "max_tokens");
   }
   auto stream = std::make_shared<RequestStream>();
   drop_cancelled();
@@ -261,7 +267,7 @@ void Scheduler::fail_queued(const std::string& why) {
   for (auto& job : failed) {
     Event e;
     e.kind = Event::Kind::kError;
-    e.error = {ErrorCode::kUnavailable, why};
+    e.error = {ErrorCode::kUnavailable, why, ""};
     job.stream->push(std::move(e));
     ++metrics_.requests_failed;
   }
@@ -392,7 +398,7 @@ void Scheduler::admit() {
       const ApiError err{ErrorCode::kTooLarge,
                          "the request needs more KV pages than a worker holds (" +
                              std::to_string(info.kv_pages) + " pages of " +
-                             std::to_string(info.kv_page_size) + " tokens)"};
+                             std::to_string(info.kv_page_size) + " tokens)", ""};
       fail(*run, 0, err);
       continue;
     }
@@ -511,7 +517,7 @@ void Scheduler::finish(Running& s, uint64_t id, runtime::FinishReason reason) {
 
 void Scheduler::fail_running(ErrorCode code, const std::string& why) {
   ahead_.reset();  // a step sent ahead belonged to the same session or group
-  ApiError err{code, why};
+  ApiError err{code, why, ""};
   for (auto& [id, s] : running_) fail(*s, id, err);
   running_.clear();
   planner_.drop_all();  // the group is gone or its session ended: nothing to release
@@ -529,7 +535,7 @@ void Scheduler::drop_finished() {
       // silent finish_reason null, which a client reads as an empty normal answer).
       const ApiError err{ErrorCode::kUnavailable,
                          "the server is shutting down: the drain timeout ended this request "
-                         "after " + std::to_string(s.generated) + " generated token(s)"};
+                         "after " + std::to_string(s.generated) + " generated token(s)", ""};
       fail(s, it->first, err);
     } else if (cancelled || s.stop_hit->load()) {
       finish(s, it->first,

@@ -59,6 +59,9 @@ enum class ErrorCode {
 struct ApiError {
   ErrorCode code = ErrorCode::kInternal;
   std::string message;
+  // The request field at fault (OpenAI's error.param): "prompt", "max_tokens", "min_tokens",
+  // "stop"; empty when none is. The chat API says "messages" for "prompt".
+  std::string param;
 };
 
 struct ScheduledRequest {
