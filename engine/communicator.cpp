@@ -70,26 +70,36 @@ Result<std::unique_ptr<CommHandle>> Communicator::isendrecv(const void* send, in
   return std::unique_ptr<CommHandle>(new PairHandle(s.take(), r.take()));
 }
 
+namespace {
+
+// Element i of host memory of dtype (fp32 or bf16) as fp32, and back (one rounding).
+float load_f32(const void* base, int64_t i, DType dtype) {
+  float v;
+  if (dtype == DType::kF32) {
+    std::memcpy(&v, static_cast<const char*>(base) + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, static_cast<const char*>(base) + 2 * i, 2);
+  return bf16_to_f32(h);
+}
+
+void store_f32(void* base, int64_t i, float v, DType dtype) {
+  if (dtype == DType::kF32) {
+    std::memcpy(static_cast<char*>(base) + 4 * i, &v, 4);
+    return;
+  }
+  const uint16_t h = f32_to_bf16(v);
+  std::memcpy(static_cast<char*>(base) + 2 * i, &h, 2);
+}
+
+}  // namespace
+
 Status Communicator::all_reduce_add(void* partial, void* x, int64_t count, DType dtype) {
   BURST_RETURN_IF_ERROR(all_reduce_sum(partial, count, dtype));
   if (dtype == DType::kF16) return Status::error("all_reduce_add: fp16 is not supported");
-  const size_t size = dtype == DType::kF32 ? 4 : 2;
-  char* xs = static_cast<char*>(x);
-  const char* ps = static_cast<const char*>(partial);
   for (int64_t i = 0; i < count; ++i) {
-    float a, b;
-    if (dtype == DType::kF32) {
-      std::memcpy(&a, xs + size * i, 4);
-      std::memcpy(&b, ps + size * i, 4);
-      a += b;
-      std::memcpy(xs + size * i, &a, 4);
-    } else {
-      uint16_t ha, hb;
-      std::memcpy(&ha, xs + size * i, 2);
-      std::memcpy(&hb, ps + size * i, 2);
-      const uint16_t h = f32_to_bf16(bf16_to_f32(ha) + bf16_to_f32(hb));
-      std::memcpy(xs + size * i, &h, 2);
-    }
+    store_f32(x, i, load_f32(x, i, dtype) + load_f32(partial, i, dtype), dtype);
   }
   return {};
 }
@@ -106,28 +116,9 @@ Status Communicator::all_reduce_sum(void* data, int64_t count, DType dtype) {
   std::vector<float> sum(static_cast<size_t>(count), 0.f);
   for (int r = 0; r < world; ++r) {
     const char* block = all.data() + bytes * static_cast<size_t>(r);
-    for (int64_t i = 0; i < count; ++i) {
-      float v;
-      if (dtype == DType::kF32) {
-        std::memcpy(&v, block + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, block + 2 * i, 2);
-        v = bf16_to_f32(h);
-      }
-      sum[static_cast<size_t>(i)] += v;
-    }
+    for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(i)] += load_f32(block, i, dtype);
   }
-  char* out = static_cast<char*>(data);
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = sum[static_cast<size_t>(i)];
-    if (dtype == DType::kF32) {
-      std::memcpy(out + 4 * i, &v, 4);
-    } else {
-      const uint16_t h = f32_to_bf16(v);
-      std::memcpy(out + 2 * i, &h, 2);
-    }
-  }
+  for (int64_t i = 0; i < count; ++i) store_f32(data, i, sum[static_cast<size_t>(i)], dtype);
   return {};
 }
 

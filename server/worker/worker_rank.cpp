@@ -51,18 +51,19 @@ Result<engine::RankCommunicators> join_communicators(const WorkerProcess& proces
 
 namespace {
 
-std::string bytes_text(int64_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  return std::string(b);
-}
-
-#ifdef BURST_HAVE_CUDA
 std::string gib(double bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
   return std::string(b);
 }
+
+// Bytes of one cached token on this rank: K and V of its KV heads in every layer.
+int64_t kv_row_bytes(const engine::AttentionShape& s, const engine::Backend& backend) {
+  return int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
+         engine::dtype_size(backend.compute_dtype());
+}
+
+#ifdef BURST_HAVE_CUDA
 
 // kv_rows with --kv-capacity 0 on a CUDA backend.
 Result<int64_t> kv_rows_from_gpu(const WorkerProcess& process, const Args& a,
@@ -70,8 +71,7 @@ Result<int64_t> kv_rows_from_gpu(const WorkerProcess& process, const Args& a,
   auto mem = engine::cuda_memory_info(backend);
   if (!mem.ok()) return mem.status();
   const engine::AttentionShape s = model.attention_shape();
-  const int64_t row_bytes = int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
-                            static_cast<int64_t>(engine::dtype_size(backend.compute_dtype()));
+  const int64_t row_bytes = kv_row_bytes(s, backend);
   const int64_t rows = engine::kv_rows_from_memory(
       mem.value().free, mem.value().total, a.kv_memory_fraction, a.kv_reserve_bytes, row_bytes,
       engine::kv_page_size(backend));
@@ -118,23 +118,22 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
   // ring's blocks once both are in. The weights were checked against free memory before the
   // first byte was read (Backend::check_fits), the pool before it is allocated.
   const engine::AttentionShape s = model.attention_shape();
-  const int64_t kv_bytes = capacity.value() * int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
-                           engine::dtype_size(backend.compute_dtype());
+  const int64_t kv_bytes = capacity.value() * kv_row_bytes(s, backend);
   auto ring = engine::RingAttention::create(backend, comm, s, capacity.value(),
                                             engine::kv_page_size(backend));
   if (!ring.ok()) return ring.status();
-  std::string plan = "memory plan: weights " + bytes_text(model.weight_bytes()) +
+  std::string plan = "memory plan: weights " + gib(static_cast<double>(model.weight_bytes())) +
                      (model.tensor_parallel().size > 1
                           ? " (1/" + std::to_string(model.tensor_parallel().size) +
                                 " of the layers)"
                           : "") +
-                     ", KV cache " + bytes_text(kv_bytes) + " (" +
+                     ", KV cache " + gib(static_cast<double>(kv_bytes)) + " (" +
                      std::to_string(capacity.value()) + " tokens, " + std::to_string(s.kv_heads) +
                      " KV heads)";
 #ifdef BURST_HAVE_CUDA
   if (backend.device() == engine::DeviceKind::kCuda) {
     if (auto mem = engine::cuda_memory_info(backend); mem.ok()) {
-      plan += ", " + bytes_text(static_cast<int64_t>(mem.value().free)) +
+      plan += ", " + gib(static_cast<double>(mem.value().free)) +
               " left for activations and the ring's blocks";
     }
   }
