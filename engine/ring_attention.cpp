@@ -263,8 +263,9 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.q = static_cast<const char*>(q) + qs.row * qw * elt;
   p.k = static_cast<const char*>(k) + ks.row * kvw * elt;
   p.v = static_cast<const char*>(v) + ks.row * kvw * elt;
-  p.q_start = qs.pos;
-  p.kv_start = ks.pos;
+  const MaskStarts starts = mask_starts(qs, ks);
+  p.q_start = starts.q_start;
+  p.kv_start = starts.kv_start;
   p.mask = mask;
   p.scale = shape_.logit_scale / std::sqrt(static_cast<float>(shape_.head_dim));
   p.dtype = backend_.compute_dtype();
@@ -383,7 +384,8 @@ Status RingAttention::attend_keys(int64_t rows, const void* q, const std::vector
                                   const std::vector<Segment>& k_segs, int64_t k_row0, Tensor& o,
                                   Tensor& lse, bool fresh) {
   auto relation = [](const Segment& qs, const Segment& ks) {
-    return kernels::block_relation(qs.pos, qs.len, ks.pos, ks.len);
+    const MaskStarts m = mask_starts(qs, ks);
+    return kernels::block_relation(m.q_start, qs.len, m.kv_start, ks.len);
   };
   if (fresh && n_prefix == 0) {
     // A query segment no key reaches would keep what the buffer held: start from nothing seen.
@@ -400,7 +402,7 @@ Status RingAttention::attend_keys(int64_t rows, const void* q, const std::vector
   float* lse_acc = lse.as<float>();
   if (n_prefix > 0) {
     // Every prefix key precedes every query of the chunk: no mask, and positions do not matter.
-    BURST_RETURN_IF_ERROR(attend_merge(rows, q, pk, pv, Segment{q_segs[0].pos, 0, rows},
+    BURST_RETURN_IF_ERROR(attend_merge(rows, q, pk, pv, Segment{0, 0, rows},
                                        Segment{0, 0, n_prefix}, kernels::MaskKind::kNone, o_acc,
                                        lse_acc, fresh));
     fresh = false;
@@ -411,7 +413,7 @@ Status RingAttention::attend_keys(int64_t rows, const void* q, const std::vector
       const auto rel = relation(qs, ks);
       if (rel == kernels::BlockRelation::kSkip) continue;  // keys all after the queries
       BURST_RETURN_IF_ERROR(attend_merge(
-          rows, q, k, v, qs, Segment{ks.pos, k_row0 + ks.row, ks.len},
+          rows, q, k, v, qs, Segment{ks.pos, k_row0 + ks.row, ks.len, ks.stride},
           rel == kernels::BlockRelation::kFull ? kernels::MaskKind::kNone
                                                : kernels::MaskKind::kCausal,
           o_acc, lse_acc, first));

@@ -328,7 +328,7 @@ void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
     // Padding (id 0, past the chunk's end) is never cached, attended to or sampled.
     for (const auto& sg : sr.plan.segments(rank)) {
       for (int64_t j = 0; j < sg.len; ++j) {
-        const int64_t pos = sg.pos + j;
+        const int64_t pos = sg.position(j);
         const bool real = pos < s.start + n;
         in.batch.ids.push_back(real ? s.tokens[static_cast<size_t>(pos - s.start)] : 0);
         in.batch.positions.push_back(pos);
@@ -346,7 +346,7 @@ void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
       int64_t row = sr.row;
       for (const auto& sg : sr.plan.segments(rank)) {
         for (int64_t j = 0; j < sg.len; ++j, ++row) {
-          const int64_t pos = sg.pos + j;
+          const int64_t pos = sg.position(j);
           if (pos < s.start + n && pos + 1 < s.prompt_len) {
             mine.emplace_back(pos, static_cast<int64_t>(in.batch.logit_rows.size()));
             in.batch.logit_rows.push_back(row);

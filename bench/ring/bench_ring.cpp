@@ -10,6 +10,7 @@
 //
 // usage: burst-bench-ring --world N [--seq 32768,131072] [--heads 32] [--kv-heads 32]
 //                         [--head-dim 128] [--reps 5] [--chunk C] [--out FILE.json]
+//                         [--layout striped|zigzag|contiguous]
 #include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ using namespace burst::engine;
 struct Opts {
   int world = 2, heads = 32, kv_heads = 32, head_dim = 128, reps = 5;
   int64_t chunk = 0;
+  ShardLayout layout = ShardLayout::kStriped;
   std::vector<int64_t> seqs = {32768, 131072};
   std::string out;
 };
@@ -64,7 +66,7 @@ int run_chunked(const Opts& o, int rank, Backend& be, Communicator& comm, cudaSt
   int64_t rows_total = 0;
   for (int64_t start = 0; start < seq; start += o.chunk) {
     Chunk c;
-    c.plan = ShardPlan::make(ShardLayout::kZigzag, std::min(o.chunk, seq - start), o.world, start);
+    c.plan = ShardPlan::make(o.layout, std::min(o.chunk, seq - start), o.world, start);
     const int64_t rows = c.plan.local_rows(rank);
     rows_total += rows;
     for (auto [t, w] : {std::pair{&c.q, qw}, {&c.k, kvw}, {&c.v, kvw}, {&c.out[0], qw},
@@ -78,7 +80,7 @@ int run_chunked(const Opts& o, int rank, Backend& be, Communicator& comm, cudaSt
     be.fill_random(c.k, 23 + salt, 1.f, false);
     be.fill_random(c.v, 37 + salt, 1.f, false);
     for (const auto& sg : c.plan.segments(rank)) {
-      for (int64_t i = 0; i < sg.len; ++i) c.positions.push_back(sg.pos + i);
+      for (int64_t i = 0; i < sg.len; ++i) c.positions.push_back(sg.position(i));
     }
     chunks.push_back(std::move(c));
   }
@@ -161,7 +163,7 @@ int run_rank(const Opts& o, int rank, const std::string& store) {
   json << "[";
   for (size_t si = 0; si < o.seqs.size(); ++si) {
     const int64_t seq = o.seqs[si];
-    const auto plan = ShardPlan::make(ShardLayout::kZigzag, seq, o.world);
+    const auto plan = ShardPlan::make(o.layout, seq, o.world);
     const int64_t rows = plan.local_rows(rank);
     const int64_t qw = int64_t{o.heads} * o.head_dim, kvw = int64_t{o.kv_heads} * o.head_dim;
     auto q = be.alloc({rows, qw}, be.compute_dtype());
@@ -179,7 +181,7 @@ int run_rank(const Opts& o, int rank, const std::string& store) {
     if (!ring.ok()) return fail(rank, ring.message());
     std::vector<int64_t> positions;
     for (const auto& sg : plan.segments(rank)) {
-      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
+      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.position(i));
     }
     cudaEvent_t a, b;
     cudaEventCreate(&a);
@@ -271,6 +273,12 @@ int main(int argc, char** argv) {
     else if (f == "--reps") o.reps = std::stoi(v);
     else if (f == "--out") o.out = v;
     else if (f == "--chunk") o.chunk = std::stoll(v);
+    else if (f == "--layout") {
+      if (!parse_shard_layout(v, &o.layout)) {
+        std::fprintf(stderr, "burst-bench-ring: --layout is striped, zigzag or contiguous\n");
+        return 2;
+      }
+    }
     else if (f == "--seq") {
       o.seqs.clear();
       std::stringstream ss(v);

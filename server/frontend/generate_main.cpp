@@ -67,7 +67,7 @@ struct Args {
   int max_tokens = 64;
   int workers = 0;
   int tp = 1;
-  burst::engine::ShardLayout layout = burst::engine::ShardLayout::kZigzag;
+  burst::engine::ShardLayout layout = burst::engine::ShardLayout::kStriped;
   burst::engine::SamplingParams sampling{0.8f, 40, 0.95f, 0};
 };
 
@@ -104,9 +104,9 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--tp") a.tp = parse_number<int>(flag, val);
     else if (flag == "--prefill-chunk") a.prefill_chunk = parse_number<int64_t>(flag, val);
     else if (flag == "--layout") {
-      if (val != "zigzag" && val != "contiguous") usage_error("--layout is zigzag or contiguous");
-      a.layout = val == "zigzag" ? burst::engine::ShardLayout::kZigzag
-                                 : burst::engine::ShardLayout::kContiguous;
+      if (!burst::engine::parse_shard_layout(val, &a.layout)) {
+        usage_error("--layout is striped, zigzag or contiguous");
+      }
     }
     else usage_error("unknown flag " + flag);
   }

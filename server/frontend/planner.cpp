@@ -13,12 +13,14 @@ std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t
                                      bool mixed_chunks) {
   std::vector<int64_t> rows(static_cast<size_t>(world), 0);
   if (chunk <= 0) chunk = prompt;
+  // Striped: rank r holds the positions congruent to r, however the prompt is chunked (the
+  // loop below gives the same count for any chunk size).
   for (int64_t start = 0; start < prompt; start += chunk) {
     const auto plan =
         engine::ShardPlan::make(layout, std::min(chunk, prompt - start), world, start);
     for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)] += plan.real_rows(r);
   }
-  if (mixed_chunks) {
+  if (mixed_chunks && layout != engine::ShardLayout::kStriped) {
     for (auto& n : rows) n = std::max(n, std::min(prompt, prompt / world + 2));
   }
   // Decode tokens at positions prompt .. prompt + max_tokens - 1 (the last one is never fed

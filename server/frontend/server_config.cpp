@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/sharding.h"
 #include "group/worker_registry.h"
 
 namespace burst::server {
@@ -113,8 +114,10 @@ Status validate(const ServerConfig& c) {
     return Status::error("tp " + std::to_string(c.tp) + " does not divide the " +
                          std::to_string(n) + " workers (workers = tp x the ring's ranks)");
   }
-  if (c.layout != "zigzag" && c.layout != "contiguous") {
-    return Status::error("layout must be zigzag or contiguous");
+  engine::ShardLayout layout;
+  if (!engine::parse_shard_layout(c.layout, &layout)) {
+    return Status::error("layout must be striped, zigzag or contiguous, got \"" + c.layout +
+                         "\"");
   }
   for (int p : {c.grpc_port, c.http_port}) {
     if (p < -1 || p > 65535) return Status::error("ports must be in -1..65535");

@@ -168,8 +168,7 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   so.group.start_timeout = cfg.start_timeout_ms > 0
                                ? std::chrono::milliseconds(cfg.start_timeout_ms)
                                : server::default_start_timeout(weight_bytes);
-  so.group.layout = cfg.layout == "contiguous" ? engine::ShardLayout::kContiguous
-                                               : engine::ShardLayout::kZigzag;
+  engine::parse_shard_layout(cfg.layout, &so.group.layout);  // checked by the config
   so.max_context = cfg.max_context;
   so.max_prompt_bytes = cfg.max_prompt_bytes;
   so.max_tokens_limit = cfg.max_tokens_limit;

@@ -27,7 +27,11 @@ std::vector<std::pair<int32_t, float>> top_of(const Msg& m) {
 
 pb::StepRequest encode_plan(const runtime::StepPlan& plan, bool report_progress) {
   pb::StepRequest req;
-  req.set_layout(plan.layout == engine::ShardLayout::kContiguous ? pb::CONTIGUOUS : pb::ZIGZAG);
+  switch (plan.layout) {
+    case engine::ShardLayout::kStriped: req.set_layout(pb::STRIPED); break;
+    case engine::ShardLayout::kZigzag: req.set_layout(pb::ZIGZAG); break;
+    case engine::ShardLayout::kContiguous: req.set_layout(pb::CONTIGUOUS); break;
+  }
   req.mutable_release()->Add(plan.release.begin(), plan.release.end());
   for (const runtime::SeqWork& s : plan.seqs) {
     pb::SeqWork* w = req.add_seqs();
@@ -60,8 +64,9 @@ pb::StepRequest encode_plan(const runtime::StepPlan& plan, bool report_progress)
 
 runtime::StepPlan decode_plan(const pb::StepRequest& req) {
   runtime::StepPlan plan;
-  plan.layout = req.layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
-                                               : engine::ShardLayout::kZigzag;
+  plan.layout = req.layout() == pb::STRIPED      ? engine::ShardLayout::kStriped
+                : req.layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
+                                                 : engine::ShardLayout::kZigzag;
   plan.release.assign(req.release().begin(), req.release().end());
   for (const pb::SeqWork& w : req.seqs()) {
     runtime::SeqWork s;

@@ -428,13 +428,15 @@ TEST_P(BatchRunnerSampling, MixedRowsDrawTheHostSamplersTokens) {
 
 INSTANTIATE_TEST_SUITE_P(
     Worlds, BatchRunnerSampling,
-    ::testing::Values(SamplingCase{1, engine::ShardLayout::kZigzag},
+    ::testing::Values(SamplingCase{1, engine::ShardLayout::kStriped},
+                      SamplingCase{2, engine::ShardLayout::kStriped},
+                      SamplingCase{3, engine::ShardLayout::kStriped},
                       SamplingCase{2, engine::ShardLayout::kZigzag},
                       SamplingCase{2, engine::ShardLayout::kContiguous},
                       SamplingCase{3, engine::ShardLayout::kContiguous}),
     [](const ::testing::TestParamInfo<SamplingCase>& i) {
       return std::to_string(i.param.world) +
-             (i.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig");
+             "_" + engine::shard_layout_name(i.param.layout);
     });
 
 // Counts broadcasts and all-gathers (the collectives whose number must not grow with the

@@ -62,8 +62,8 @@ struct Fixture {
     std::vector<int64_t> pos;
     for (const auto& sg : plan.segments(0)) {
       for (int64_t i = 0; i < sg.len; ++i) {
-        rows.push_back(sg.pos + i < n ? ids[static_cast<size_t>(sg.pos + i)] : 0);
-        pos.push_back(sg.pos + i);
+        rows.push_back(sg.position(i) < n ? ids[static_cast<size_t>(sg.position(i))] : 0);
+        pos.push_back(sg.position(i));
       }
     }
     int64_t last = 0;

@@ -96,10 +96,13 @@ struct Rows {
     v = backend.alloc({rows, kvw}, DType::kF32).take();
     o = backend.alloc({rows, qw}, DType::kF32).take();
     for (const auto& sg : plan.segments(rank)) {
-      std::memcpy(q.as<float>() + sg.row * qw, pr.q.data() + sg.pos * qw, sg.len * qw * 4);
-      std::memcpy(k.as<float>() + sg.row * kvw, pr.k.data() + sg.pos * kvw, sg.len * kvw * 4);
-      std::memcpy(v.as<float>() + sg.row * kvw, pr.v.data() + sg.pos * kvw, sg.len * kvw * 4);
-      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
+      for (int64_t i = 0; i < sg.len; ++i) {
+        const int64_t row = sg.row + i, pos = sg.position(i);
+        std::memcpy(q.as<float>() + row * qw, pr.q.data() + pos * qw, qw * 4);
+        std::memcpy(k.as<float>() + row * kvw, pr.k.data() + pos * kvw, kvw * 4);
+        std::memcpy(v.as<float>() + row * kvw, pr.v.data() + pos * kvw, kvw * 4);
+        positions.push_back(pos);
+      }
     }
   }
   // Output elements at positions before `end` farther than 2e-5 from the monolithic rows (the
@@ -108,13 +111,13 @@ struct Rows {
     const int64_t qw = int64_t{pr.s.heads} * pr.s.head_dim;
     int bad = 0;
     for (const auto& sg : plan.segments(rank)) {
-      for (int64_t i = 0; i < sg.len && sg.pos + i < end; ++i) {
+      for (int64_t i = 0; i < sg.len && sg.position(i) < end; ++i) {
         for (int64_t c = 0; c < qw; ++c) {
           const float got = o.as<float>()[(sg.row + i) * qw + c];
-          const float want = pr.o_ref[(sg.pos + i) * qw + c];
+          const float want = pr.o_ref[sg.position(i) * qw + c];
           if (!(std::fabs(got - want) <= 2e-5f) && bad++ < 3) {
             std::fprintf(stderr, "rank %d pos %ld col %ld: %g vs %g\n", rank,
-                         static_cast<long>(sg.pos + i), static_cast<long>(c), got, want);
+                         static_cast<long>(sg.position(i)), static_cast<long>(c), got, want);
           }
         }
       }
@@ -220,7 +223,13 @@ TEST_P(RingAttentionTest, EqualsMonolithicAttention) {
 
 INSTANTIATE_TEST_SUITE_P(
     Worlds, RingAttentionTest,
-    ::testing::Values(RingCase{1, {37, 4, 2, 16}, ShardLayout::kZigzag},
+    ::testing::Values(RingCase{1, {37, 4, 2, 16}, ShardLayout::kStriped},
+                      RingCase{2, {37, 4, 2, 16}, ShardLayout::kStriped},
+                      RingCase{3, {101, 6, 2, 32}, ShardLayout::kStriped},
+                      RingCase{4, {127, 8, 2, 16}, ShardLayout::kStriped},
+                      RingCase{4, {3, 2, 1, 16}, ShardLayout::kStriped},  // a rank holds padding
+                      RingCase{3, {101, 6, 2, 32}, ShardLayout::kStriped, false},
+                      RingCase{1, {37, 4, 2, 16}, ShardLayout::kZigzag},
                       RingCase{2, {37, 4, 2, 16}, ShardLayout::kZigzag},
                       RingCase{3, {101, 6, 2, 32}, ShardLayout::kZigzag},
                       RingCase{4, {127, 8, 2, 16}, ShardLayout::kZigzag},
@@ -233,7 +242,7 @@ INSTANTIATE_TEST_SUITE_P(
       const RingCase& c = info.param;
       std::ostringstream os;  // not string +: see attention_cpu_test.cpp
       os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
-         << c.shape.kv_heads << "kv_" << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous")
+         << c.shape.kv_heads << "kv_" << shard_layout_name(c.layout)
          << (c.kernel_merges ? "" : "_partials");
       return os.str();
     });
@@ -304,7 +313,7 @@ struct ChunkedCase {
 void PrintTo(const ChunkedCase& c, std::ostream* os) {
   *os << c.world << " ranks, " << c.shape.n << " tokens, " << c.shape.heads << "/"
       << c.shape.kv_heads << " heads x " << c.shape.head_dim << ", "
-      << (c.layout == ShardLayout::kZigzag ? "zigzag" : "contiguous") << ", "
+      << shard_layout_name(c.layout) << ", "
       << (c.pass == RingPass::kQ ? "pass-Q" : c.pass == RingPass::kKv ? "pass-KV" : "auto");
 }
 
@@ -322,7 +331,12 @@ TEST_P(RingChunkedTest, ChunkByChunkEqualsMonolithicAttention) {
 
 INSTANTIATE_TEST_SUITE_P(
     Passes, RingChunkedTest,
-    ::testing::Values(ChunkedCase{1, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kQ},
+    ::testing::Values(ChunkedCase{1, {61, 4, 2, 16}, ShardLayout::kStriped, RingPass::kQ},
+                      ChunkedCase{2, {61, 4, 2, 16}, ShardLayout::kStriped, RingPass::kKv},
+                      ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kStriped, RingPass::kQ},
+                      ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kStriped, RingPass::kKv},
+                      ChunkedCase{4, {83, 4, 1, 32}, ShardLayout::kStriped, RingPass::kAuto},
+                      ChunkedCase{1, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kQ},
                       ChunkedCase{2, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kKv},
                       ChunkedCase{2, {61, 4, 2, 16}, ShardLayout::kZigzag, RingPass::kQ},
                       ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kZigzag, RingPass::kQ},
@@ -335,7 +349,7 @@ INSTANTIATE_TEST_SUITE_P(
       std::ostringstream os;
       os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
          << c.shape.kv_heads << "kv_"
-         << (c.layout == ShardLayout::kZigzag ? "zigzag_" : "contiguous_")
+         << shard_layout_name(c.layout) << "_"
          << (c.pass == RingPass::kQ ? "passQ" : c.pass == RingPass::kKv ? "passKV" : "auto");
       return os.str();
     });
@@ -405,7 +419,7 @@ TEST(RingAttentionOverlap, DoubleBufferHidesTheTransfer) {
     }
     std::vector<int64_t> positions;
     for (const auto& sg : plan.segments(rank)) {
-      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.pos + i);
+      for (int64_t i = 0; i < sg.len; ++i) positions.push_back(sg.position(i));
     }
     auto run = [&](Communicator& comm) {
       auto ring = RingAttention::create(*backend, comm, {1, s.heads, s.kv_heads, s.head_dim},

@@ -76,8 +76,8 @@ int rank_main(const Case& c, int global_rank, const std::string& store) {
   std::vector<int64_t> pos;
   for (const auto& sg : plan.segments(rank)) {
     for (int64_t i = 0; i < sg.len; ++i) {
-      ids.push_back(sg.pos + i < n ? prompt[sg.pos + i] : 0);
-      pos.push_back(sg.pos + i);
+      ids.push_back(sg.position(i) < n ? prompt[sg.position(i)] : 0);
+      pos.push_back(sg.position(i));
     }
   }
   int64_t row = 0;
@@ -162,33 +162,35 @@ TEST_P(ShardedModel, MatchesTransformersOnEveryWorldSize) {
 
 INSTANTIATE_TEST_SUITE_P(
     Worlds, ShardedModel,
-    ::testing::Values(Case{"kjv-tiny", "models/kjv-tiny", 1, engine::ShardLayout::kZigzag},
-                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kZigzag},
-                      Case{"kjv-tiny", "models/kjv-tiny", 3, engine::ShardLayout::kZigzag},
-                      Case{"kjv-tiny", "models/kjv-tiny", 4, engine::ShardLayout::kZigzag},
+    ::testing::Values(Case{"kjv-tiny", "models/kjv-tiny", 1, engine::ShardLayout::kStriped},
+                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kStriped},
+                      Case{"kjv-tiny", "models/kjv-tiny", 3, engine::ShardLayout::kStriped},
+                      Case{"kjv-tiny", "models/kjv-tiny", 4, engine::ShardLayout::kStriped},
                       Case{"kjv-tiny", "models/kjv-tiny", 3, engine::ShardLayout::kContiguous},
-                      Case{"odd-linear", kOddLinear, 1, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", kOddLinear, 2, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kZigzag},
-                      Case{"odd-linear", kOddLinear, 4, engine::ShardLayout::kZigzag},
+                      Case{"kjv-tiny", "models/kjv-tiny", 3, engine::ShardLayout::kZigzag},
+                      Case{"odd-linear", kOddLinear, 1, engine::ShardLayout::kStriped},
+                      Case{"odd-linear", kOddLinear, 2, engine::ShardLayout::kStriped},
+                      Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kStriped},
+                      Case{"odd-linear", kOddLinear, 4, engine::ShardLayout::kStriped},
                       Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kContiguous},
-                      Case{"odd-dynamic", kOddDynamic, 4, engine::ShardLayout::kZigzag},
+                      Case{"odd-linear", kOddLinear, 4, engine::ShardLayout::kZigzag},
+                      Case{"odd-dynamic", kOddDynamic, 4, engine::ShardLayout::kStriped},
                       // Tensor parallelism: odd-linear has 6 heads and 2 KV heads (tp 2: one
                       // KV head each), odd-dynamic 4 and 4 (tp 4: one head each), kjv-tiny 2
                       // heads and 1 KV head (tp 2: the KV head replicated).
-                      Case{"odd-linear", kOddLinear, 1, engine::ShardLayout::kZigzag, 2},
-                      Case{"odd-linear", kOddLinear, 2, engine::ShardLayout::kZigzag, 2},
+                      Case{"odd-linear", kOddLinear, 1, engine::ShardLayout::kStriped, 2},
+                      Case{"odd-linear", kOddLinear, 2, engine::ShardLayout::kStriped, 2},
                       Case{"odd-linear", kOddLinear, 3, engine::ShardLayout::kContiguous, 2},
-                      Case{"odd-dynamic", kOddDynamic, 1, engine::ShardLayout::kZigzag, 4},
-                      Case{"odd-dynamic", kOddDynamic, 2, engine::ShardLayout::kZigzag, 2},
-                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kZigzag, 2},
+                      Case{"odd-dynamic", kOddDynamic, 1, engine::ShardLayout::kStriped, 4},
+                      Case{"odd-dynamic", kOddDynamic, 2, engine::ShardLayout::kStriped, 2},
+                      Case{"kjv-tiny", "models/kjv-tiny", 2, engine::ShardLayout::kStriped, 2},
                       // yarn (4 heads, 2 KV heads): uneven shards of the 40-token prompt, and
                       // tp 2 x a ring of 2.
-                      Case{"odd-yarn", kOddYarn, 3, engine::ShardLayout::kZigzag},
-                      Case{"odd-yarn", kOddYarn, 2, engine::ShardLayout::kZigzag, 2}),
+                      Case{"odd-yarn", kOddYarn, 3, engine::ShardLayout::kStriped},
+                      Case{"odd-yarn", kOddYarn, 2, engine::ShardLayout::kStriped, 2}),
     [](const auto& info) {
       std::string s = std::string(info.param.fixture) + "_" + std::to_string(info.param.world) +
-                      (info.param.layout == engine::ShardLayout::kZigzag ? "_zigzag" : "_contig") +
+                      "_" + engine::shard_layout_name(info.param.layout) +
                       (info.param.tp > 1 ? "_tp" + std::to_string(info.param.tp) : "");
       for (char& ch : s) ch = ch == '-' ? '_' : ch;
       return s;

@@ -65,7 +65,8 @@ TEST(WorkerGroup, KvRowsFromMemory) {
 TEST(WorkerGroup, KvPagesHoldAnyMixOfChunkSizes) {
   std::mt19937 rng(5);
   for (int world : {1, 2, 3, 4}) {
-    for (auto layout : {engine::ShardLayout::kZigzag, engine::ShardLayout::kContiguous}) {
+    for (auto layout : {engine::ShardLayout::kStriped, engine::ShardLayout::kZigzag,
+                        engine::ShardLayout::kContiguous}) {
       const int64_t small = 4 * world, full = 12 * world;  // multiples of 2 x ranks
       for (int trial = 0; trial < 200; ++trial) {
         const int64_t prompt = 1 + static_cast<int64_t>(rng() % 400);
@@ -106,8 +107,9 @@ TEST(WorkerGroup, GreedyTokensIdenticalForOneToFourWorkers) {
               }).ok());
   ASSERT_EQ(want.size(), 16u);
   for (int n = 1; n <= 4; ++n) {
-    for (auto layout : {engine::ShardLayout::kZigzag, engine::ShardLayout::kContiguous}) {
-      if (layout == engine::ShardLayout::kContiguous && n != 3) continue;
+    for (auto layout : {engine::ShardLayout::kStriped, engine::ShardLayout::kZigzag,
+                        engine::ShardLayout::kContiguous}) {
+      if (layout != engine::ShardLayout::kStriped && n != 3) continue;
       auto opt = options(n, 128);
       opt.layout = layout;
       auto group = WorkerGroup::start(opt);

@@ -1,6 +1,7 @@
 // BurstAttention: the attention context of one rank in a sequence-sharded worker group, over a
 // paged KV cache that holds many sequences. A forward is one step of a batch: each sequence in
-// it contributes either a prefill chunk (this rank's zigzag share of the chunk's tokens) or one
+// it contributes either a prefill chunk (this rank's share of the chunk's
+// tokens, engine/sharding.h) or one
 // decode token (replicated on every rank). Every rank runs the same steps in the same order.
 //
 // Prefill chunk (per layer): the rank holds q, k, v of its share of the chunk, and its share of
@@ -18,7 +19,8 @@
 //   context-parallel inference paper). Each chunk takes the ring that moves fewer bytes; one
 //   rank always takes pass-Q, which attends its keys in place (pass-KV copies them first).
 // Every prefix key precedes every chunk query (kNone); each (q segment, kv segment) pair of the
-// chunk is skipped, full or causal by absolute positions (kernels::block_relation). Partial
+// chunk is skipped, full or causal by absolute positions (kernels::block_relation over the
+// pair's mask_starts: with the striped layout every pair is one causal block). Partial
 // results merge by the online-softmax merge (GAO) in fp32. An unchunked prefill is the case of
 // an empty prefix.
 //

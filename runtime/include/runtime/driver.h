@@ -35,7 +35,7 @@ struct GenerateRequest {
   engine::SamplingParams sampling;
   bool stop_at_eos = true;
   int64_t prefill_chunk = 0;  // prefill in chunks of this many tokens (0: the whole prompt)
-  engine::ShardLayout layout = engine::ShardLayout::kZigzag;
+  engine::ShardLayout layout = engine::ShardLayout::kStriped;
 };
 
 struct GenerateStats {

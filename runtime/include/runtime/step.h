@@ -71,7 +71,7 @@ struct PromptLogprobs {
 struct StepPlan {
   std::vector<uint64_t> release;  // sequences to forget first (finished, cancelled)
   std::vector<SeqWork> seqs;
-  engine::ShardLayout layout = engine::ShardLayout::kZigzag;  // of the prefill chunks
+  engine::ShardLayout layout = engine::ShardLayout::kStriped;  // of the prefill chunks
 };
 
 struct SampledToken {

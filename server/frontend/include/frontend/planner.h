@@ -46,7 +46,7 @@ std::vector<int64_t> kv_pages_needed(int64_t prompt, int64_t max_tokens, int64_t
 
 struct PlannerOptions {
   int world = 1;
-  engine::ShardLayout layout = engine::ShardLayout::kZigzag;
+  engine::ShardLayout layout = engine::ShardLayout::kStriped;
   int64_t prefill_chunk = 0;           // 0: whole prompts
   int64_t prefill_chunk_decoding = 0;  // the chunk of a step that also decodes (0: the same)
   int64_t max_batched_tokens = 1;      // tokens per step (> 0)

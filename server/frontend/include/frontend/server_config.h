@@ -31,7 +31,7 @@ struct ServerConfig {
   int workers = 2;
   int tp = 1;  // tensor parallelism: workers = tp x the ring's ranks (engine::ParallelLayout)
   int threads_per_worker = 0;  // 0: cores / workers
-  std::string layout = "zigzag";
+  std::string layout = "striped";
   std::string host = "127.0.0.1";
   int grpc_port = 50051;  // 0: any free port; -1: no gRPC
   int http_port = 8080;   // 0: any free port; -1: no HTTP
@@ -86,7 +86,7 @@ constexpr const char* kServerUsage =
     R"(usage: burst-server [--config FILE] [--model DIR | --preset 1b|7b|13b|70b --random-weights SEED]
                     [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
                     [--device cpu|cuda] [--workers N] [--tp T] [--threads-per-worker N]
-                    [--layout zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
+                    [--layout striped|zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
                     [--port-file FILE] [--api-key KEY | --api-key-file F]
                     [--metrics-require-key 0|1] [--max-context N]
                     [--kv-capacity N] [--kv-memory-percent P]
@@ -117,7 +117,8 @@ constexpr const char* kServerUsage =
   --tp T            tensor parallelism (default 1): each T consecutive workers split every
                     layer's weights (Megatron), the BurstAttention ring joins the groups
   --threads-per-worker N  threads per CPU worker (0: cores / workers)
-  --layout L        sequence sharding: zigzag (default) or contiguous
+  --layout L        sequence sharding: striped (default; prefix caching needs it),
+                    zigzag or contiguous
   --host ADDR       the address HTTP and gRPC bind (default 127.0.0.1)
   --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
   --port-file FILE  write {"http_port": N, "grpc_port": M, "worker_port": W} once bound

@@ -64,7 +64,7 @@ struct WorkerGroupOptions {
   double kv_memory_fraction = 0.9;
   int64_t kv_reserve_bytes = 0;
   int64_t prefill_chunk = 0;   // the largest prefill chunk a step carries (0: whole prompts)
-  engine::ShardLayout layout = engine::ShardLayout::kZigzag;
+  engine::ShardLayout layout = engine::ShardLayout::kStriped;
   // From the spawn until every rank answers (loading the weights included): see
   // default_start_timeout().
   std::chrono::milliseconds start_timeout{120000};
