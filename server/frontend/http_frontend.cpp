@@ -39,7 +39,22 @@ constexpr auto kLinger = std::chrono::milliseconds(1000);
 constexpr size_t kMaxLingering = 1024;
 
 // The request a handler runs for on this thread (client_disconnected()).
-thread_local int t_connection_fd = -1;
+struct ThreadRequest {
+  int fd = -1;
+  bool http10 = false;
+  bool response_started = false;  // a byte of the response is written
+  bool sse_chunked = false;       // the response is an uncompressed chunked text/event-stream
+  bool probe_sent = false;        // bytes were written after the client's FIN (see below)
+  std::chrono::milliseconds write_timeout{0};
+};
+thread_local ThreadRequest t_request;
+
+// A preflight's answer may be cached this long by the browser (seconds; Starlette's, so vLLM's).
+constexpr int kCorsMaxAge = 600;
+
+// The process-wide starting point of every HttpFrontendOptions' client policy.
+std::mutex g_policy_mu;
+HttpClientPolicy g_policy;
 
 int ms_until(Clock::time_point deadline) {
   const auto left =
@@ -80,12 +95,14 @@ std::string quoted(std::string_view s) {
 
 const char* reason_phrase(int status) {
   switch (status) {
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 414: return "URI Too Long";
     case 417: return "Expectation Failed";
     case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";  // nginx's name; no standard one exists
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 505: return "HTTP Version Not Supported";
@@ -142,13 +159,110 @@ std::string peer_address(int fd, int* port) {
   return host;
 }
 
+// `extra`: header lines (each ending in CRLF) to add, the CORS ones of the request's origin.
+std::string canned_response(int status, const std::string& body, const std::string& extra = "") {
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
+         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n" + (status == 503 ? "Retry-After: 1\r\n" : "") + extra +
+         "\r\n" + body;
+}
+
+// Case-insensitive equality of ASCII names (header names, methods, origins' scheme and host).
+bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// Whether a CORS list ("*": anything) holds `item`.
+bool listed(const std::vector<std::string>& list, std::string_view item) {
+  return std::any_of(list.begin(), list.end(),
+                     [&](const std::string& e) { return e == "*" || same_name(e, item); });
+}
+
+bool lists_any(const std::vector<std::string>& list) {
+  return std::find(list.begin(), list.end(), "*") != list.end();
+}
+
+std::string joined(const std::vector<std::string>& list) {
+  std::string out;
+  for (const auto& e : list) out += (out.empty() ? "" : ", ") + e;
+  return out;
+}
+
+// The CORS headers of a response to a request from `origin`: none unless it is allowed. A
+// listed origin is echoed (with Vary: Origin, so that caches keep one answer per origin);
+// "*" is answered "*". X-Request-Id is exposed so that a page can read it.
+std::string cors_headers(const CorsPolicy& cors, const std::string& origin) {
+  if (!cors.enabled() || origin.empty() || !listed(cors.origins, origin)) return "";
+  if (lists_any(cors.origins)) {
+    return "Access-Control-Allow-Origin: *\r\nAccess-Control-Expose-Headers: X-Request-Id\r\n";
+  }
+  return "Access-Control-Allow-Origin: " + origin +
+         "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: X-Request-Id\r\n";
+}
+
+// A preflight's grants as header lines, or (in *why) what it asked that is not allowed.
+std::string preflight_grants(const CorsPolicy& cors, const RequestHead& h, std::string* why) {
+  if (!listed(cors.origins, h.origin)) {
+    *why = "CORS: origin " + quoted(std::string_view(h.origin)) +
+           " is not allowed (--allowed-origins)";
+    return "";
+  }
+  if (!listed(cors.methods, h.cors_method)) {
+    *why = "CORS: method " + quoted(std::string_view(h.cors_method)) +
+           " is not allowed (--allowed-methods " + joined(cors.methods) + ")";
+    return "";
+  }
+  std::string_view asked = h.cors_headers;
+  while (!asked.empty()) {
+    const size_t comma = asked.find(',');
+    const std::string_view name = trim_ows(asked.substr(0, comma));
+    asked = comma == std::string_view::npos ? std::string_view() : asked.substr(comma + 1);
+    if (!name.empty() && !listed(cors.headers, name)) {
+      *why = "CORS: request header " + quoted(name) + " is not allowed (--allowed-headers " +
+             joined(cors.headers) + ")";
+      return "";
+    }
+  }
+  // "*" grants what was asked, by name: a literal "*" would not cover Authorization, and
+  // browsers ignore it on requests with credentials.
+  std::string out = cors_headers(cors, h.origin) + "Access-Control-Allow-Methods: " +
+                    (lists_any(cors.methods) ? h.cors_method : joined(cors.methods)) + "\r\n";
+  if (!h.cors_headers.empty()) {
+    out += "Access-Control-Allow-Headers: " +
+           (lists_any(cors.headers) ? h.cors_headers : joined(cors.headers)) + "\r\n";
+  }
+  return out + "Access-Control-Max-Age: " + std::to_string(kCorsMaxAge) + "\r\n";
+}
+
+// A response head as cpp-httplib wrote it (status line, header lines, blank line), amended:
+// `extra` header lines added, and 499's reason phrase, which cpp-httplib does not know (it
+// writes "Internal Server Error"). *sse: whether the body is an uncompressed chunked
+// text/event-stream, into which client_disconnected() may write a comment chunk.
+std::string amend_response_head(std::string_view head, const std::string& extra, bool* sse) {
+  std::string out(head.substr(0, head.size() - 2));  // up to the blank line
+  if (out.compare(0, 13, "HTTP/1.1 499 ") == 0) {
+    out.replace(0, out.find("\r\n"), "HTTP/1.1 499 Client Closed Request");
+  }
+  const std::string low = lower(out);
+  *sse = low.find("\r\ntransfer-encoding: chunked\r\n") != std::string::npos &&
+         low.find("\r\ncontent-type: text/event-stream") != std::string::npos &&
+         low.find("\r\ncontent-encoding:") == std::string::npos;
+  return out + extra + "\r\n";
+}
+
 // One request's bytes for cpp-httplib: reads never go past them (so it can never take a byte
 // of the next pipelined request); writes go to the socket under the write timeout.
 class OneRequestStream : public httplib::Stream {
  public:
+  // `extra`: header lines every response head gets (the CORS ones of the request's origin).
   OneRequestStream(int fd, std::string_view request, std::chrono::milliseconds write_timeout,
-                   const std::string& ip, int port)
-      : fd_(fd), request_(request), write_timeout_(write_timeout), ip_(ip), port_(port) {}
+                   const std::string& ip, int port, const std::string& extra)
+      : fd_(fd), request_(request), write_timeout_(write_timeout), ip_(ip), port_(port),
+        extra_(extra) {}
 
   bool is_readable() const override { return pos_ < request_.size(); }
   bool is_writable() const override {
@@ -163,8 +277,16 @@ class OneRequestStream : public httplib::Stream {
     return static_cast<ssize_t>(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
-    return send_all(fd_, std::string_view(ptr, size), write_timeout_) ? static_cast<ssize_t>(size)
-                                                                      : -1;
+    std::string_view data(ptr, size);
+    std::string head;
+    // cpp-httplib writes a response's status line and headers in one write, before the body.
+    if (!t_request.response_started && data.starts_with("HTTP/1.1 ") &&
+        data.ends_with("\r\n\r\n")) {
+      head = amend_response_head(data, extra_, &t_request.sse_chunked);
+      data = head;
+    }
+    t_request.response_started = true;
+    return send_all(fd_, data, write_timeout_) ? static_cast<ssize_t>(size) : -1;
   }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     ip = ip_;
@@ -185,14 +307,8 @@ class OneRequestStream : public httplib::Stream {
   std::chrono::milliseconds write_timeout_;
   std::string ip_;
   int port_;
+  std::string extra_;
 };
-
-std::string canned_response(int status, const std::string& body) {
-  return "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
-         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\nConnection: close\r\n" + (status == 503 ? "Retry-After: 1\r\n" : "") + "\r\n" +
-         body;
-}
 
 // A refusal of a request head: the HTTP status (0: none) and what was wrong.
 struct HeadError {
@@ -250,9 +366,10 @@ HeadError check_request_line(std::string_view line, std::string_view* version) {
 }
 
 // Header line i (at byte `offset` of the head): its syntax, and the framing headers we act on
-// (Content-Length, Transfer-Encoding, Expect) into h; the counts catch repeated ones.
+// (Content-Length, Transfer-Encoding, Expect) into h, as Connection and the CORS ones; the
+// counts catch repeated ones; keep_alive: "Connection: keep-alive" (an HTTP/1.0 client's ask).
 HeadError check_header_line(size_t i, std::string_view line, size_t offset, RequestHead& h,
-                            int& content_lengths, int& transfer_encodings) {
+                            int& content_lengths, int& transfer_encodings, bool& keep_alive) {
   if (line.size() > kMaxHeaderLine) {
     return {431, "header line " + std::to_string(i) + " is over " +
                      std::to_string(kMaxHeaderLine) + " bytes"};
@@ -298,6 +415,21 @@ HeadError check_header_line(size_t i, std::string_view line, size_t offset, Requ
     h.expect_continue = true;
     h.expect_begin = offset;
     h.expect_end = offset + line.size() + 2;
+  } else if (key == "connection") {
+    // A token list ("keep-alive, Upgrade"); what matters here is whether it ends the connection.
+    for (std::string_view rest = value; !rest.empty();) {
+      const size_t comma = rest.find(',');
+      const std::string token = lower(trim_ows(rest.substr(0, comma)));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      if (token == "close") h.close = true;
+      if (token == "keep-alive") keep_alive = true;
+    }
+  } else if (key == "origin" && h.origin.empty()) {
+    h.origin = value;
+  } else if (key == "access-control-request-method" && h.cors_method.empty()) {
+    h.cors_method = value;
+  } else if (key == "access-control-request-headers" && h.cors_headers.empty()) {
+    h.cors_headers = value;
   }
   return {};
 }
@@ -321,12 +453,17 @@ RequestHead parse_request_head(std::string_view head) {
   if (lines.size() - 1 > kMaxHeaderLines) {
     return bad({431, "more than " + std::to_string(kMaxHeaderLines) + " header lines"});
   }
+  h.method = lines[0].substr(0, lines[0].find(' '));
+  h.http10 = version == "HTTP/1.0";
   int content_lengths = 0, transfer_encodings = 0;
+  bool keep_alive = false;
   size_t offset = lines[0].size() + 2;
   for (size_t i = 1; i < lines.size(); offset += lines[i].size() + 2, ++i) {
-    HeadError e = check_header_line(i, lines[i], offset, h, content_lengths, transfer_encodings);
+    HeadError e = check_header_line(i, lines[i], offset, h, content_lengths, transfer_encodings,
+                                     keep_alive);
     if (e.status != 0) return bad(std::move(e));
   }
+  if (h.http10 && !keep_alive) h.close = true;  // HTTP/1.0 closes unless asked not to
   if (content_lengths > 0 && h.chunked) {
     return bad({400, "Content-Length together with Transfer-Encoding: chunked (a request "
                      "smuggling pattern) is refused"});
@@ -391,15 +528,48 @@ ChunkScan scan_chunked_body(std::string_view data, int64_t max_body, size_t* end
 }
 
 bool client_disconnected() {
-  const int fd = t_connection_fd;
-  if (fd < 0) return false;
-  pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+  ThreadRequest& r = t_request;
+  if (r.fd < 0) return false;
+  pollfd p = {r.fd, POLLIN | POLLRDHUP, 0};
   if (poll(&p, 1, 0) <= 0) return false;
-  if ((p.revents & (POLLERR | POLLHUP | POLLRDHUP)) != 0) return true;
-  // Readable: bytes of a pipelined request, or the EOF of a closed connection.
-  char byte;
-  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  // A reset (or both directions shut): gone. A FIN is POLLRDHUP.
+  if ((p.revents & (POLLERR | POLLHUP)) != 0) return true;
+  if ((p.revents & POLLRDHUP) == 0) {
+    // Readable without a FIN: bytes of a pipelined request; unless the peek finds the EOF.
+    char byte;
+    const ssize_t n = ::recv(r.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+      return false;
+    }
+    if (n < 0) return true;
+  }
+  // The client sent its FIN: it closed the connection, or only its sending side and still
+  // reads (shutdown(SHUT_WR) after a request is legitimate HTTP). A closed socket answers data
+  // with a reset, which the next call sees as POLLERR | POLLHUP: write once what the client
+  // must accept anyway. Once written, the FIN alone means a half-close.
+  if (r.probe_sent) return false;
+  std::string probe;
+  if (!r.response_started && !r.http10) {
+    probe = "HTTP/1.1 100 Continue\r\n\r\n";  // an interim answer, before the response
+  } else if (r.response_started && r.sse_chunked) {
+    probe = "e\r\n: keep-alive\n\n\r\n";  // a chunk of 14 bytes: an SSE comment, as the API's
+  } else {
+    // HTTP/1.0 has no interim answers, and a body of another kind cannot take foreign bytes:
+    // the FIN has to count as a disconnect.
+    return true;
+  }
+  r.probe_sent = true;
+  return !send_all(r.fd, probe, r.write_timeout);
+}
+
+HttpClientPolicy default_http_client_policy() {
+  std::lock_guard<std::mutex> lock(g_policy_mu);
+  return g_policy;
+}
+
+void set_default_http_client_policy(HttpClientPolicy policy) {
+  std::lock_guard<std::mutex> lock(g_policy_mu);
+  g_policy = std::move(policy);
 }
 
 HttpFrontend::HttpFrontend(HttpRouter& router, HttpFrontendOptions options, HttpRefusal refusal)
@@ -457,14 +627,80 @@ void HttpFrontend::stop() {
   cv_.notify_all();
   if (acceptor_.joinable()) acceptor_.join();
   if (rejecter_.joinable()) rejecter_.join();
-  std::vector<std::thread> workers;
+  // Workers see stopping_ under the lock, so none leaves workers_ for exited_ after this swap.
+  std::list<std::thread> workers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     workers.swap(workers_);
   }
   for (auto& t : workers) t.join();
+  join_exited_workers();
   ::close(listen_fd_);
   ::close(wake_fd_);
+}
+
+void HttpFrontend::join_exited_workers() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done.swap(exited_);
+  }
+  // Each has left its loop; joining waits at most for it to release the lock and return.
+  for (auto& t : done) t.join();
+}
+
+void HttpFrontend::release(Slot& slot) {
+  --open_;
+  auto it = per_client_.find(slot.ip);
+  if (it != per_client_.end() && --it->second <= 0) per_client_.erase(it);
+}
+
+bool HttpFrontend::evict_idle(const std::string* ip) {
+  Slot* oldest = nullptr;
+  for (Slot& s : slots_) {
+    if (s.idle && !s.evicted && (ip == nullptr || s.ip == *ip) &&
+        (oldest == nullptr || s.idle_since < oldest->idle_since)) {
+      oldest = &s;
+    }
+  }
+  if (oldest == nullptr) return false;
+  // Its worker, waiting for the next request, wakes to the EOF and closes it; the descriptor
+  // stays open until that worker has removed the slot (under this lock), so it is this
+  // connection's. The client sees an idle keep-alive connection closed, which HTTP clients
+  // expect and answer by opening another when they next need one.
+  oldest->evicted = true;
+  oldest->idle = false;
+  if (::shutdown(oldest->fd, SHUT_RDWR) != 0 && errno != ENOTCONN) {
+    spdlog::warn("HTTP: closing an idle connection: {}", std::strerror(errno));
+  }
+  release(*oldest);
+  spdlog::debug("HTTP: closed an idle keep-alive connection of {} to make room", oldest->ip);
+  return true;
+}
+
+std::string HttpFrontend::admit(const std::string& ip) {
+  const int per_client = options_.client.max_connections_per_client;
+  const auto mine = per_client_.find(ip);
+  if (per_client > 0 && mine != per_client_.end() && mine->second >= per_client &&
+      !evict_idle(&ip)) {
+    return "too many connections from " + (ip.empty() ? std::string("this client") : ip) +
+           ": this server serves at most " + std::to_string(per_client) +
+           " at once from one client (--http-max-connections-per-client); retry";
+  }
+  if (open_ >= options_.max_connections && !evict_idle(nullptr)) {
+    return "too many connections: this server serves at most " +
+           std::to_string(options_.max_connections) +
+           " at once (--http-max-connections); retry";
+  }
+  return "";
+}
+
+bool HttpFrontend::set_idle(SlotRef slot, bool idle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slot->evicted) return false;
+  slot->idle = idle;
+  if (idle) slot->idle_since = Clock::now();
+  return true;
 }
 
 void HttpFrontend::accept_loop() {
@@ -485,45 +721,58 @@ void HttpFrontend::accept_loop() {
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // SSE tokens go out at once
     int port = -1;
-    if (active_.load() >= options_.max_connections) {
-      refuse(fd, 503, "too many connections: this server serves at most " +
-                          std::to_string(options_.max_connections) +
-                          " at once (--http-max-connections); retry",
-             peer_address(fd, &port));
-      continue;
-    }
+    const std::string ip = peer_address(fd, &port);
     std::unique_lock<std::mutex> lock(mu_);
-    // A connection holds its worker for its whole life (a stream runs on it); active_ bounds
-    // both, so a worker is started whenever none is idle.
-    if (idle_workers_ <= static_cast<int>(pending_.size())) {
-      try {
-        workers_.emplace_back([this] { worker_loop(); });
-      } catch (const std::system_error& e) {
-        lock.unlock();
-        refuse(fd, 503, std::string("no thread for another connection (") + e.what() +
-                            "); retry", peer_address(fd, &port));
+    std::string why = admit(ip);
+    if (why.empty()) {
+      const SlotRef slot = slots_.insert(slots_.end(), Slot{fd, ip, false, {}, false});
+      ++open_;
+      ++per_client_[ip];
+      // A connection holds its worker for its whole life (a stream runs on it); the limits
+      // bound both, so a worker is started whenever none is idle.
+      if (idle_workers_ <= static_cast<int>(pending_.size())) {
+        const WorkerRef worker = workers_.emplace(workers_.end());
+        try {
+          // The new thread waits for the lock held here before it looks at `worker`.
+          *worker = std::thread([this, worker] { worker_loop(worker); });
+          ++idle_workers_;
+        } catch (const std::system_error& e) {
+          workers_.erase(worker);
+          release(*slot);
+          slots_.erase(slot);
+          why = std::string("no thread for another connection (") + e.what() + "); retry";
+        }
+      }
+      if (why.empty()) {
+        pending_.push_back(slot);
+        cv_.notify_one();
         continue;
       }
-      ++idle_workers_;
     }
-    ++active_;
-    pending_.push_back(fd);
-    cv_.notify_one();
+    lock.unlock();
+    refuse(fd, 503, why, ip);
   }
 }
 
-void HttpFrontend::worker_loop() {
+void HttpFrontend::worker_loop(WorkerRef self) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    if (!cv_.wait_for(lock, kWorkerIdleExit, [&] { return stopping_ || !pending_.empty(); })) {
+      // Idle for kWorkerIdleExit: beyond the warm few, the thread ends (reject_loop joins it).
+      if (idle_workers_ > kWarmWorkers) {
+        --idle_workers_;
+        exited_.push_back(std::move(*self));
+        workers_.erase(self);
+        return;
+      }
+      continue;
+    }
     if (pending_.empty()) break;  // stopping
-    const int fd = pending_.front();
+    const SlotRef slot = pending_.front();
     pending_.pop_front();
     --idle_workers_;
     lock.unlock();
-    serve(fd);
-    ::close(fd);
-    --active_;
+    serve(slot);
     lock.lock();
     ++idle_workers_;
   }
@@ -544,10 +793,12 @@ void HttpFrontend::refuse(int fd, int status, const std::string& message,
 }
 
 void HttpFrontend::reject_loop() {
-  // Refused connections, each kept until its client's EOF or kLinger.
+  // Refused connections, each kept until its client's EOF or kLinger. This loop also joins the
+  // worker threads that ended (it wakes every 50 ms).
   std::vector<std::pair<int, Clock::time_point>> open;
   std::vector<pollfd> p;
   while (!stopping_ || !open.empty()) {
+    join_exited_workers();
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (int fd : rejected_) open.emplace_back(fd, Clock::now() + kLinger);
@@ -583,8 +834,8 @@ void HttpFrontend::reject_loop() {
 // requests wait there) and the deadline of what it waits for.
 class HttpFrontend::Connection {
  public:
-  Connection(HttpFrontend& frontend, int fd) : f_(frontend), fd_(fd) {
-    ip_ = peer_address(fd, &port_);
+  Connection(HttpFrontend& frontend, SlotRef slot) : f_(frontend), slot_(slot), fd_(slot->fd) {
+    ip_ = peer_address(fd_, &port_);
   }
 
   // Serves requests in order until the client closes, a limit or a refusal ends the connection.
@@ -596,11 +847,16 @@ class HttpFrontend::Connection {
       if (served > 0 && in_.empty()) {
         deadline_ = Clock::now() + HttpFrontend::kKeepAliveIdle;
         idle_ = true;
+        // From now on the accept loop may close this connection to make room for another.
+        if (!f_.set_idle(slot_, true)) return;
       }
       size_t head_end = 0;
+      cors_.clear();
       if (!read_head(head_end)) return;
       const RequestHead head = parse_request_head(std::string_view(in_).substr(0, head_end + 4));
       if (head.status != 0) return refuse(head.status, head.message);
+      const CorsPolicy& cors = f_.options_.client.cors;
+      cors_ = cors_headers(cors, head.origin);
       if (head.content_length > f_.options_.max_body_bytes) {
         return refuse(413, "the request body (" + std::to_string(head.content_length) +
                                " bytes) is over the size limit (" +
@@ -610,12 +866,20 @@ class HttpFrontend::Connection {
       if (!read_body(head, body_at, body_bytes)) return;
       const size_t request_bytes = body_at + body_bytes;
       const bool last = served + 1 >= kRequestsPerConnection || f_.stopping_;
+      if (cors.enabled() && head.method == "OPTIONS" && !head.origin.empty() &&
+          !head.cors_method.empty()) {
+        // A CORS preflight: answered here, before cpp-httplib's routes and the API key check
+        // (a browser sends no Authorization on a preflight, only on the request it asks for).
+        in_.erase(0, request_bytes);
+        if (!answer_preflight(cors, head, last || head.close)) return;
+        continue;
+      }
       bool closed = false;
       OneRequestStream stream(fd_, std::string_view(in_).substr(0, request_bytes),
-                              f_.options_.write_timeout, ip_, port_);
-      t_connection_fd = fd_;
+                              f_.options_.write_timeout, ip_, port_, cors_);
+      t_request = ThreadRequest{fd_, head.http10, false, false, false, f_.options_.write_timeout};
       const bool ok = f_.router_.process_request(stream, last, closed, nullptr);
-      t_connection_fd = -1;
+      t_request = ThreadRequest{};
       in_.erase(0, request_bytes);
       if (in_.capacity() > kMaxHeadBytes && in_.size() < kMaxHeadBytes) in_.shrink_to_fit();
       if (!ok || closed || last) return;
@@ -641,8 +905,26 @@ class HttpFrontend::Connection {
     return true;
   }
 
+  // A preflight's answer: 204 with the grants, or 400 naming what is not allowed (as vLLM's
+  // Starlette answers; then close). False when the connection is done.
+  bool answer_preflight(const CorsPolicy& cors, const RequestHead& head, bool close) {
+    std::string why;
+    const std::string grants = preflight_grants(cors, head, &why);
+    if (!why.empty()) {
+      cors_.clear();  // a refused preflight carries no grant
+      refuse(400, why);
+      return false;
+    }
+    // A 204 has no body and no Content-Length (RFC 9110 8.6).
+    const std::string response = "HTTP/1.1 204 No Content\r\n" + grants +
+                                 (close ? "Connection: close\r\n" : "") + "\r\n";
+    spdlog::debug("HTTP: CORS preflight from {} ({} {}) allowed", ip_, head.cors_method,
+                  head.origin);
+    return send_all(fd_, response, f_.options_.write_timeout) && !close;
+  }
+
   void refuse(int status, const std::string& message) {
-    send_all(fd_, canned_response(status, f_.refusal_(status, message, ip_)),
+    send_all(fd_, canned_response(status, f_.refusal_(status, message, ip_), cors_),
              f_.options_.write_timeout);
     shutdown(fd_, SHUT_WR);
     // Waits briefly for the client's EOF so that unread bytes do not reset the connection.
@@ -690,6 +972,7 @@ class HttpFrontend::Connection {
       if (idle_) {
         idle_ = false;
         deadline_ = Clock::now() + f_.options_.header_timeout;
+        if (!f_.set_idle(slot_, false)) return false;  // closed to make room meanwhile
       }
     }
   }
@@ -741,14 +1024,28 @@ class HttpFrontend::Connection {
   }
 
   HttpFrontend& f_;
+  const SlotRef slot_;
   const int fd_;
   std::string ip_;
   int port_ = -1;
   std::string in_;  // bytes received and not yet served
   Clock::time_point deadline_;
   bool idle_ = false;  // waiting for a keep-alive connection's next request
+  std::string cors_;   // the CORS header lines of the current request's answers
 };
 
-void HttpFrontend::serve(int fd) { Connection(*this, fd).run(); }
+void HttpFrontend::serve(SlotRef slot) {
+  Connection(*this, slot).run();
+  int fd = -1;
+  {
+    // The slot goes before the descriptor is closed: evict_idle() never sees a closed (and
+    // perhaps reused) descriptor.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!slot->evicted) release(*slot);
+    fd = slot->fd;
+    slots_.erase(slot);
+  }
+  ::close(fd);
+}
 
 }  // namespace burst::server

@@ -1,6 +1,9 @@
 #include "frontend/server_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -62,8 +65,12 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
       {"http_backlog", {K::kInt, &c->http_backlog}},
       {"http_max_connections", {K::kInt, &c->http_max_connections}},
+      {"http_max_connections_per_client", {K::kInt, &c->http_max_connections_per_client}},
       {"http_header_timeout_ms", {K::kInt, &c->http_header_timeout_ms}},
       {"http_body_timeout_ms", {K::kInt, &c->http_body_timeout_ms}},
+      {"allowed_origins", {K::kString, &c->allowed_origins}},
+      {"allowed_methods", {K::kString, &c->allowed_methods}},
+      {"allowed_headers", {K::kString, &c->allowed_headers}},
       {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
       {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
       {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
@@ -142,6 +149,16 @@ Status validate(const ServerConfig& c) {
   if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");
   if (c.http_backlog < 1) return Status::error("http_backlog must be >= 1");
   if (c.http_max_connections < 1) return Status::error("http_max_connections must be >= 1");
+  if (c.http_max_connections_per_client < 0) {
+    return Status::error("http_max_connections_per_client must be >= 0 (0: no limit)");
+  }
+  for (const auto& [key, text] : {std::pair<std::string, const std::string*>{
+                                      "allowed_origins", &c.allowed_origins},
+                                  {"allowed_methods", &c.allowed_methods},
+                                  {"allowed_headers", &c.allowed_headers}}) {
+    auto list = parse_cors_list(*text, key);
+    if (!list.ok()) return list.status();
+  }
   if (c.http_header_timeout_ms < 10 || c.http_body_timeout_ms < 10) {
     return Status::error("http_header_timeout_ms and http_body_timeout_ms must be >= 10");
   }
@@ -171,7 +188,65 @@ Status validate(const ServerConfig& c) {
   return {};
 }
 
+bool is_token(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) ||
+           std::strchr("!#$%&'*+-.^_`|~", ch) != nullptr;
+  });
+}
+
+// SCHEME://HOST[:PORT], as a browser writes an Origin header (no path, no trailing slash).
+bool is_origin(std::string_view s) {
+  const size_t sep = s.find("://");
+  if (sep == std::string_view::npos || sep == 0) return false;
+  const std::string_view scheme = s.substr(0, sep), rest = s.substr(sep + 3);
+  auto ok = [](std::string_view part, const char* extra) {
+    return !part.empty() && std::all_of(part.begin(), part.end(), [&](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr(extra, ch) != nullptr;
+    });
+  };
+  return ok(scheme, "+-.") && ok(rest, "-.:[]");
+}
+
 }  // namespace
+
+Result<std::vector<std::string>> parse_cors_list(const std::string& text,
+                                                 const std::string& key) {
+  std::vector<std::string> items;
+  const size_t first = text.find_first_not_of(" \t");
+  if (first != std::string::npos && text[first] == '[') {
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_array()) {
+      return Status::error(key + ": not a JSON array of strings: " + text);
+    }
+    for (const auto& e : j) {
+      if (!e.is_string()) return Status::error(key + ": not a JSON array of strings: " + text);
+      items.push_back(e.get<std::string>());
+    }
+  } else {
+    for (size_t pos = 0; pos <= text.size();) {
+      const size_t comma = std::min(text.find(',', pos), text.size());
+      items.push_back(text.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+  }
+  std::vector<std::string> out;
+  for (std::string& item : items) {
+    const size_t b = item.find_first_not_of(" \t");
+    if (b == std::string::npos) continue;
+    item = item.substr(b, item.find_last_not_of(" \t") - b + 1);
+    if (key == "allowed_origins" && item.size() > 1 && item.back() == '/') item.pop_back();
+    const bool valid = item == "*" || (key == "allowed_origins" ? item == "null" || is_origin(item)
+                                                                : is_token(item));
+    if (!valid) {
+      return Status::error(key + ": \"" + item + "\" is not " +
+                           (key == "allowed_origins" ? "an origin (SCHEME://HOST[:PORT], or *)"
+                                                     : "a name (or *)"));
+    }
+    out.push_back(item);
+  }
+  return out;
+}
 
 Status apply_config_file(const std::string& path, ServerConfig* config) {
   std::ifstream f(path);

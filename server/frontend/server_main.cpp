@@ -6,6 +6,7 @@
 // requests in flight get drain_timeout_ms to finish and are then cancelled, the listeners close,
 // the workers stop, and the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
 // the config and flags, prints the resolved settings and exits (deployment checks, CI).
+// The HTTP front end's client policy (per-client connections, CORS) is set here from the config.
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "engine/kv_pages.h"
 #include "common/heap.h"
 #include "frontend/http_api.h"
+#include "frontend/http_frontend.h"
 #include "common/logging.h"
 #include "frontend/metrics.h"
 #include "frontend/scheduler.h"
@@ -229,6 +231,17 @@ burst::Result<std::shared_ptr<burst::server::WorkerRegistry>> start_registry(
   return registry;
 }
 
+// The HTTP front end's client policy from the config (whose lists the config has validated).
+burst::server::HttpClientPolicy http_client_policy(const burst::server::ServerConfig& cfg) {
+  using burst::server::parse_cors_list;
+  burst::server::HttpClientPolicy p;
+  p.max_connections_per_client = cfg.http_max_connections_per_client;
+  p.cors.origins = parse_cors_list(cfg.allowed_origins, "allowed_origins").value();
+  p.cors.methods = parse_cors_list(cfg.allowed_methods, "allowed_methods").value();
+  p.cors.headers = parse_cors_list(cfg.allowed_headers, "allowed_headers").value();
+  return p;
+}
+
 void install_signal_handlers() {
   struct sigaction sa = {};
   sa.sa_handler = on_signal;
@@ -321,6 +334,11 @@ int main(int argc, char** argv) {
   Metrics metrics;
   metrics.model_name = cfg.model_name;
   Scheduler scheduler(so, *tokenizer, metrics);
+  set_default_http_client_policy(http_client_policy(cfg));
+  if (!cfg.allowed_origins.empty()) {
+    spdlog::info("CORS: origins {}, methods {}, headers {}", cfg.allowed_origins,
+                 cfg.allowed_methods, cfg.allowed_headers);
+  }
   std::optional<HttpApi> http;
   std::optional<GrpcApi> grpc_api;
   int http_port = -1, grpc_port = -1;

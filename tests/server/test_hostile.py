@@ -7,7 +7,10 @@ disconnects cancels its request (KV back to 0, the next request not delayed); re
 while they wait leave the queue at once (a later one is not refused "queue full"); 8 MB prompts
 refused before tokenizing (HTTP and gRPC) with the server's RSS bounded, and a batch of prompts
 held to the byte limit in all; the connection limit
-answered with 503. Run: /usr/bin/python3 test_hostile.py --build BUILD_DIR."""
+answered with 503; a client that half-closes its connection gets its answer (a full close still
+cancels); one client's idle connections neither lock others out (a per-client limit, idle
+keep-alive connections closed to make room) nor leave threads behind.
+Run: /usr/bin/python3 test_hostile.py --build BUILD_DIR."""
 import http.client
 import json
 import re
@@ -24,8 +27,11 @@ BODY_TIMEOUT_MS = 1500
 srv = None
 
 
-def connect(server=None, timeout=30):
-    return socket.create_connection(("127.0.0.1", (server or srv).http_port), timeout=timeout)
+def connect(server=None, timeout=30, source=None):
+    """A TCP connection to the server's HTTP port; `source`: the local address to connect from
+    (127.0.0.2 and the like are other clients on the loopback)."""
+    return socket.create_connection(("127.0.0.1", (server or srv).http_port), timeout=timeout,
+                                    source_address=(source, 0) if source else None)
 
 
 def read_response(sock_file):
@@ -81,11 +87,28 @@ def post_bytes(path, body, extra=b""):
             f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
 
 
-def vm_rss_kb(pid):
+def proc_status(pid, field):
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise KeyError("VmRSS")
+    raise KeyError(field)
+
+
+def vm_rss_kb(pid):
+    return proc_status(pid, "VmRSS")
+
+
+def read_final_response(f):
+    """The final response on a socket file, past any interim 1xx ones: (status, headers, body,
+    the statuses seen, interim ones included)."""
+    seen = []
+    while True:
+        r = read_response(f)
+        if r is None:
+            return None, {}, b"", seen
+        seen.append(r[0])
+        if r[0] >= 200:
+            return (*r, seen)
 
 
 def test_backlog_and_burst_of_64_streams():
@@ -265,16 +288,16 @@ def kv_freed_after_close(server, s, what):
     """Waits for the request on socket s to hold KV, closes s, and returns the seconds until
     the server holds none again (10 at most)."""
     deadline = time.time() + 20
-    while time.time() < deadline and server.metric("burst:kv_cache_used_tokens") == 0:
+    while time.time() < deadline and server.kv_held() == 0:
         time.sleep(0.02)
-    check(server.metric("burst:kv_cache_used_tokens") > 0, f"{what}: the request runs")
+    check(server.kv_held() > 0, f"{what}: the request runs")
     s.close()
     t0 = time.time()
-    while time.time() - t0 < 10 and server.metric("burst:kv_cache_used_tokens") > 0:
+    while time.time() - t0 < 10 and server.kv_held() > 0:
         time.sleep(0.02)
     freed = time.time() - t0
     print(f"{what}: KV freed {freed:.2f} s after the close")
-    check(server.metric("burst:kv_cache_used_tokens") == 0, f"{what}: KV never freed")
+    check(server.kv_held() == 0, f"{what}: KV never freed")
     return freed
 
 
@@ -291,6 +314,47 @@ def test_disconnected_non_streaming_request_is_cancelled():
     st, r = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
     check(st == 200 and time.time() - t0 < 5, f"the next request is not delayed: "
                                                f"{time.time() - t0:.1f} s, {st}")
+
+
+def test_half_closed_client_gets_its_answer():
+    # A client that sends its request and then shuts down its sending side (shutdown(SHUT_WR))
+    # still reads: its request runs to the end and the answer comes (before: cancelled, "499
+    # Internal Server Error"). The server tells it from a close by writing an interim
+    # "100 Continue" (a closed socket answers that with a reset).
+    want = srv.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 30,
+                                                "temperature": 0})[1]["choices"][0]["text"]
+    s = connect()
+    s.sendall(post_bytes("/v1/completions", completion({"max_tokens": 30})))
+    s.shutdown(socket.SHUT_WR)
+    f = s.makefile("rb")
+    st, headers, body, lines = read_final_response(f)
+    s.close()
+    check(st == 200, f"half-closed non-streaming request: {lines} {body[:300]!r}")
+    r = json.loads(body)
+    check(r["choices"][0]["text"] == want and r["usage"]["completion_tokens"] == 30,
+          f"the whole completion: {r}")
+    # A stream, half-closed: every event to [DONE].
+    s = connect()
+    s.sendall(post_bytes("/v1/completions", completion({"max_tokens": 30, "stream": True})))
+    s.shutdown(socket.SHUT_WR)
+    f = s.makefile("rb")
+    st, headers, body, lines = read_final_response(f)
+    s.close()
+    events = [ln[6:] for ln in body.decode().split("\n") if ln.startswith("data: ")]
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    check(st == 200 and events and events[-1] == "[DONE]" and text == want,
+          f"half-closed stream: {st} {lines} {text!r} vs {want!r}")
+    # HTTP/1.0 has no interim answers: a FIN there still counts as the client leaving, and the
+    # 499 written (to a client that still reads it here) has its own reason phrase.
+    body = completion({"max_tokens": 1500, "ignore_eos": True})
+    s = connect()
+    s.sendall(f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.shutdown(socket.SHUT_WR)
+    data = s.makefile("rb").read()
+    s.close()
+    check(data.startswith(b"HTTP/1.1 499 Client Closed Request\r\n"),
+          f"HTTP/1.0 half-close: {data[:200]!r}")
 
 
 def test_disconnected_waiting_stream_is_cancelled():
@@ -323,9 +387,9 @@ def test_abandoned_requests_leave_the_queue():
         long.sendall(post_bytes("/v1/completions",
                                 completion({"max_tokens": 1500, "ignore_eos": True})))
         deadline = time.time() + 20
-        while time.time() < deadline and small.metric("burst:kv_cache_used_tokens") == 0:
+        while time.time() < deadline and small.kv_held() == 0:
             time.sleep(0.02)
-        check(small.metric("burst:kv_cache_used_tokens") > 0, "the long request runs")
+        check(small.kv_held() > 0, "the long request runs")
         cancelled0 = small.metric('burst:requests_total{outcome="cancelled"}')
         gone = []
         for _ in range(10):
@@ -494,6 +558,60 @@ def test_connection_limit_gets_503():
         small.stop()
 
 
+def test_idle_connections_of_one_client_do_not_lock_out_others():
+    # One client (127.0.0.2) opens 40 connections and sends nothing: 16 are held
+    # (--http-max-connections-per-client), the rest refused 503 at once. Another (127.0.0.3)
+    # holds 8 idle keep-alive connections: the server is at --http-max-connections (24). A third
+    # client (127.0.0.1) is still served: each of its connections closes an idle keep-alive one
+    # to make room (before: 503 on every request while the idle sockets stayed). Once they all
+    # close, the worker threads leave again (before: the pool never shrank).
+    small = Server("--http-max-connections", 24, "--http-max-connections-per-client", 16,
+                   "--grpc-port", -1)
+    try:
+        pid = small.proc.pid
+        time.sleep(0.3)
+        threads0 = proc_status(pid, "Threads")
+        idle = [connect(small, source="127.0.0.2") for _ in range(40)]
+        time.sleep(0.5)
+        refused = select.select(idle, [], [], 0)[0]
+        answers = [s.recv(4096) for s in refused]
+        check(len(refused) == 24 and all(a.startswith(b"HTTP/1.1 503 ") for a in answers) and
+              b"--http-max-connections-per-client" in answers[0],
+              f"{len(refused)} of 40 refused: {answers[:1]}")
+        keep = []
+        for _ in range(8):
+            s = connect(small, source="127.0.0.3")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            f = s.makefile("rb")
+            r = read_response(f)
+            check(r and r[0] == 200, f"keep-alive request: {r}")
+            keep.append((s, f))
+        busy = proc_status(pid, "Threads")
+        statuses = []
+        for _ in range(10):
+            st, _, _ = small.request("GET", "/v1/models")
+            statuses.append(st)
+        closed = sum(1 for s, f in keep if select.select([s], [], [], 0)[0] and f.read() == b"")
+        print(f"idle connections: threads {threads0} -> {busy} with 24 held; another client "
+              f"served {statuses.count(200)} of 10, {closed} idle keep-alive ones closed")
+        check(statuses == [200] * 10, f"the third client is served: {statuses}")
+        check(closed >= 1, "an idle keep-alive connection made room")
+        for s in idle:
+            s.close()
+        for s, f in keep:
+            f.close()  # the socket's descriptor closes with its last file object
+            s.close()
+        deadline = time.time() + 8
+        while time.time() < deadline and proc_status(pid, "Threads") > threads0 + 4:
+            time.sleep(0.2)
+        after = proc_status(pid, "Threads")
+        print(f"threads {after} {time.time() - deadline + 8:.1f} s after the clients left")
+        check(busy >= threads0 + 16 and after <= threads0 + 4,
+              f"threads {threads0} -> {busy} -> {after}: the pool shrinks back")
+    finally:
+        small.stop()
+
+
 if __name__ == "__main__":
     srv = Server("--http-header-timeout-ms", HEADER_TIMEOUT_MS, "--http-body-timeout-ms",
                  BODY_TIMEOUT_MS)
@@ -504,10 +622,12 @@ if __name__ == "__main__":
              test_pipelined_requests_are_answered_in_order,
              test_smuggling_and_malformed_heads_get_400,
              test_disconnected_non_streaming_request_is_cancelled,
+             test_half_closed_client_gets_its_answer,
              test_disconnected_waiting_stream_is_cancelled,
              test_abandoned_requests_leave_the_queue,
              test_huge_prompts_refused_before_tokenizing, test_batch_prompt_bytes_limited_in_all,
              test_huge_prompts_refused_over_grpc,
-             test_connection_limit_gets_503])
+             test_connection_limit_gets_503,
+             test_idle_connections_of_one_client_do_not_lock_out_others])
     finally:
         srv.stop()

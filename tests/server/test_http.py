@@ -2,7 +2,7 @@
 OpenAI completions and chat (stream and not), SSE details (usage chunk, [DONE], progress events,
 keep-alive comments), /health, /v1/models, /tokenize, /metrics, every bad-input class, the API
 key, greedy equality with burst-generate, 16 concurrent clients, 200 cancelled streams with the
-KV use back to zero, and SIGTERM draining. Run: python3 test_http.py --build BUILD_DIR."""
+KV use back to zero, CORS for browsers (--allowed-origins), and SIGTERM draining. Run: python3 test_http.py --build BUILD_DIR."""
 import http.client
 import json
 import os
@@ -523,6 +523,62 @@ def test_routes_and_content_types():
     check(st == 404, f"unknown route: {st} {data!r}")
 
 
+def test_cors():
+    # Off by default: no preflight answered, no CORS header (the suite's server has none set).
+    st, _, hdr = srv.request("OPTIONS", "/v1/completions", headers={
+        "Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"})
+    check(st != 204 and not any(k.lower().startswith("access-control") for k in hdr),
+          f"CORS off: {st} {hdr}")
+    origin = "https://app.example.com"
+    web = Server("--api-key-file", KEY_FILE, "--grpc-port", -1, "--allowed-origins",
+                 f"{origin}, http://localhost:3000", "--allowed-headers",
+                 "authorization,content-type,x-request-id")
+    try:
+        # The preflight needs no key (browsers send none on it): 204 with the grants.
+        st, data, hdr = web.request("OPTIONS", "/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        check(st == 204 and data == b"" and hdr.get("Access-Control-Allow-Origin") == origin
+              and "POST" in hdr.get("Access-Control-Allow-Methods", "") and
+              "authorization" in hdr.get("Access-Control-Allow-Headers", "").lower() and
+              hdr.get("Vary") == "Origin", f"preflight: {st} {hdr} {data!r}")
+        # A disallowed origin, or a header not in --allowed-headers: 400 naming it, no grant.
+        for h, word in [({"Origin": "https://evil.example.com"}, "origin"),
+                        ({"Origin": origin, "Access-Control-Request-Headers": "x-secret"},
+                         "x-secret")]:
+            st, data, hdr = web.request("OPTIONS", "/v1/completions", headers={
+                "Access-Control-Request-Method": "POST", **h})
+            check(st == 400 and word in json.loads(data)["error"]["message"] and
+                  "Access-Control-Allow-Origin" not in hdr, f"refused preflight: {st} {hdr}")
+        # The request itself still needs the key; its answers carry the origin: a completion,
+        # an SSE stream, an error, the 401.
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 3})
+        for payload, headers, want in [
+                (body, AUTH, 200),
+                (json.dumps({"prompt": PROMPT, "max_tokens": 3, "stream": True}), AUTH, 200),
+                (json.dumps({"prompt": 42}), AUTH, 400), (body, {}, 401)]:
+            st, data, hdr = web.request("POST", "/v1/completions", payload, {
+                **headers, "Origin": origin, "Content-Type": "application/json"})
+            check(st == want and hdr.get("Access-Control-Allow-Origin") == origin and
+                  "X-Request-Id" in hdr.get("Access-Control-Expose-Headers", ""),
+                  f"{want}: {st} {hdr} {data[:200]!r}")
+        st, data, hdr = web.request("POST", "/v1/completions", body, {
+            **AUTH, "Origin": "https://evil.example.com", "Content-Type": "application/json"})
+        check(st == 200 and "Access-Control-Allow-Origin" not in hdr,
+              f"a disallowed origin gets no CORS header (the browser blocks it): {hdr}")
+    finally:
+        web.stop()
+    # vLLM's JSON-list form is taken; an origin with a path is refused by name.
+    server = os.path.join(build_dir(), "bin", "burst-server")
+    ok = subprocess.run([server, "--model", MODEL, "--check-config", "--allowed-origins",
+                         '["https://a.example", "http://b.example:8000"]'], capture_output=True)
+    check(ok.returncode == 0 and b'"https://a.example' in ok.stdout, f"JSON list: {ok.stderr!r}")
+    bad = subprocess.run([server, "--model", MODEL, "--check-config", "--allowed-origins",
+                          "https://a.example/app"], capture_output=True)
+    check(bad.returncode == 2 and b"allowed_origins" in bad.stderr and b"not an origin" in
+          bad.stderr, f"bad origin: {bad.returncode} {bad.stderr!r}")
+
+
 def test_request_id_and_access_log():
     st, data, hdr = srv.request("POST", "/v1/completions",
                                 json.dumps({"prompt": PROMPT, "max_tokens": 2}),
@@ -855,12 +911,12 @@ def test_cancelled_streams_free_kv():
         c.close()
     deadline = time.time() + 60
     while time.time() < deadline:
-        if (srv.metric("burst:kv_cache_used_tokens") == 0
+        if (srv.kv_held() == 0
                 and srv.metric("burst:num_requests_running") == 0
                 and srv.metric("burst:num_requests_waiting") == 0):
             break
         time.sleep(0.2)
-    check(srv.metric("burst:kv_cache_used_tokens") == 0, "KV use back to zero")
+    check(srv.kv_held() == 0, "KV use back to zero")
     check(srv.metric('burst:requests_total{outcome="cancelled"}') >= 150,
           "disconnects cancel their requests")
     st, r = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
@@ -937,7 +993,8 @@ if __name__ == "__main__":
              test_n_and_prompt_batches, test_echo_prompt_logprobs_any_worker_count,
              test_echo_with_max_tokens_zero, test_echo_text_offsets_index_the_text,
              test_max_and_min_tokens_refusals_name_the_value,
-             test_routes_and_content_types, test_request_id_and_access_log, test_logprobs,
+             test_routes_and_content_types, test_cors, test_request_id_and_access_log,
+             test_logprobs,
              test_eos_bias_min_tokens_ignore_eos, test_stop_token_ids,
              test_versions_and_help, test_json_logs,
              test_metrics, test_metrics_require_key, test_concurrent_clients,

@@ -69,8 +69,14 @@ struct ServerConfig {
   // The HTTP front end (http_frontend.h).
   int http_backlog = 1024;           // listen() backlog (the kernel caps it at somaxconn)
   int http_max_connections = 512;    // beyond: 503 at once
+  int http_max_connections_per_client = 256;  // from one peer address; 0: no limit
   int http_header_timeout_ms = 10000;  // a request's head must arrive within this
   int http_body_timeout_ms = 30000;    // its body within this after the head
+  // CORS (vLLM's flags): comma lists (or JSON arrays) of the origins browsers may call from
+  // (empty: CORS off, no CORS header), and the methods and request headers they may use.
+  std::string allowed_origins;
+  std::string allowed_methods = "*";
+  std::string allowed_headers = "*";
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
   int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
   // Spawn to serving, the weights' loading included; 0: scaled to the weights' size
@@ -94,7 +100,9 @@ constexpr const char* kServerUsage =
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
                     [--decode-lookahead 0|1] [--max-body-bytes B]
                     [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
+                    [--http-max-connections-per-client N]
                     [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
+                    [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST]
                     [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
                     [--log-level LEVEL] [--log-format text|json]
                     [--remote-workers N [--worker-listen HOST:PORT]] [--version] [--help]
@@ -152,9 +160,19 @@ constexpr const char* kServerUsage =
   --http-backlog N  listen backlog of the HTTP socket (default 1024; capped by the kernel's
                     net.core.somaxconn)
   --http-max-connections N  open HTTP connections at most; more get 503 at once (default 512)
+  --http-max-connections-per-client N  open HTTP connections from one address at most
+                    (default 256; 0: no limit; behind a proxy every client is the proxy). At
+                    either limit the connection idle longest between requests is closed to
+                    make room; only when none idles does the newcomer get 503
   --http-header-timeout-ms MS  a request's head must arrive within this (from its first byte;
                     from the accept for a connection's first request), else 408 (default 10000)
   --http-body-timeout-ms MS  its body within this after the head, else 408 (default 30000)
+  --allowed-origins LIST  CORS: origins browsers may call the HTTP API from, comma-separated
+                    or a JSON array (vLLM's form), e.g. https://app.example.com; * for any.
+                    Default: none (CORS off: no preflight answered, no CORS header sent)
+  --allowed-methods LIST  CORS: methods a preflight may ask for (default *)
+  --allowed-headers LIST  CORS: request headers a preflight may ask for (default *: whatever
+                    is asked, Authorization included)
   --keepalive-ms MS SSE keep-alive comment interval while no token is ready (default 5000)
   --drain-timeout-ms MS  SIGTERM: how long requests in flight may finish (default 30000)
   --start-timeout-ms MS  how long the worker group may take to start, loading the weights
@@ -175,6 +193,11 @@ constexpr const char* kServerUsage =
 // Parses argv (defaults, then --config, then the other flags). An error message means usage
 // error (exit 2); --help sets help.
 Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help);
+
+// A CORS list (--allowed-origins, --allowed-methods, --allowed-headers): comma-separated, or
+// a JSON array of strings as vLLM takes it; entries trimmed. Origins must be "*", "null" or
+// SCHEME://HOST[:PORT]; methods and header names tokens. `key` names the setting in errors.
+Result<std::vector<std::string>> parse_cors_list(const std::string& text, const std::string& key);
 
 // Reads a config file over `base` (for tests and the embedded default).
 Status apply_config_file(const std::string& path, ServerConfig* config);
