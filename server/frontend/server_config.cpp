@@ -71,6 +71,12 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"allowed_origins", {K::kString, &c->allowed_origins}},
       {"allowed_methods", {K::kString, &c->allowed_methods}},
       {"allowed_headers", {K::kString, &c->allowed_headers}},
+      {"grpc_max_threads", {K::kInt, &c->grpc_max_threads}},
+      {"grpc_message_timeout_ms", {K::kInt, &c->grpc_message_timeout_ms}},
+      {"grpc_handshake_timeout_ms", {K::kInt, &c->grpc_handshake_timeout_ms}},
+      {"grpc_max_connection_idle_ms", {K::kInt, &c->grpc_max_connection_idle_ms}},
+      {"grpc_max_connection_age_ms", {K::kInt, &c->grpc_max_connection_age_ms}},
+      {"grpc_keepalive_ms", {K::kInt, &c->grpc_keepalive_ms}},
       {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
       {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
       {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
@@ -158,6 +164,18 @@ Status validate(const ServerConfig& c) {
                                   {"allowed_headers", &c.allowed_headers}}) {
     auto list = parse_cors_list(*text, key);
     if (!list.ok()) return list.status();
+  }
+  // gRPC's sync server keeps up to 2 threads polling for calls besides those running calls.
+  if (c.grpc_max_threads < 4) return Status::error("grpc_max_threads must be >= 4");
+  for (const auto& [key, ms] : {std::pair<const char*, int>{"grpc_message_timeout_ms",
+                                                            c.grpc_message_timeout_ms},
+                                {"grpc_handshake_timeout_ms", c.grpc_handshake_timeout_ms},
+                                {"grpc_max_connection_idle_ms", c.grpc_max_connection_idle_ms},
+                                {"grpc_keepalive_ms", c.grpc_keepalive_ms}}) {
+    if (ms < 10) return Status::error(std::string(key) + " must be >= 10");
+  }
+  if (c.grpc_max_connection_age_ms < 0) {
+    return Status::error("grpc_max_connection_age_ms must be >= 0 (0: no limit)");
   }
   if (c.http_header_timeout_ms < 10 || c.http_body_timeout_ms < 10) {
     return Status::error("http_header_timeout_ms and http_body_timeout_ms must be >= 10");

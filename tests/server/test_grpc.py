@@ -1,10 +1,16 @@
 """End-to-end test of burst-server's gRPC API with the Python gRPC client (Debian
 python3-grpcio), stubs generated from proto/burst/v1/burst.proto by protoc and Debian's
 grpc_python_plugin: a streaming Generate (started, tokens, finished; text equal to the HTTP
-API's), Tokenize, ModelInfo, the error codes, the API key, and the grpc.health.v1 service.
+API's), Tokenize, ModelInfo, the error codes, the API key, the grpc.health.v1 service, and the
+limits for slow and idle clients (bounded threads, a deadline for a call's message, handshake and
+idle-connection deadlines).
 Run: /usr/bin/python3 test_grpc.py --build BUILD_DIR."""
 import os
+import socket
+import subprocess
 import tempfile
+import threading
+import time
 
 import grpc
 
@@ -268,7 +274,7 @@ def test_cancel():
     deadline = time.time() + 20
     while time.time() < deadline and srv.metric("burst:num_requests_running") != 0:
         time.sleep(0.1)
-    check(srv.metric("burst:kv_cache_used_tokens") == 0, "KV freed after a gRPC cancel")
+    check(srv.kv_held() == 0, "KV freed after a gRPC cancel")
 
 
 def test_health_service():
@@ -276,6 +282,119 @@ def test_health_service():
     for service in ["", "burst.v1.Burst"]:
         r = h.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         check(r.status == health_pb2.HealthCheckResponse.SERVING, f"{service!r}: {r}")
+
+
+def threads_of(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise KeyError("Threads")
+
+
+def test_calls_without_a_message_are_bounded_and_cancelled():
+    # 200 Generate calls that open and never send their message. Each used to hold a server
+    # thread with no deadline (1000 such calls: 1552 threads). Now at most --grpc-max-threads
+    # run (the others get RESOURCE_EXHAUSTED at once), those end with DEADLINE_EXCEEDED after
+    # --grpc-message-timeout-ms, a normal call is served, and the threads go back down.
+    small = Server("--grpc-max-threads", 32, "--grpc-message-timeout-ms", 1500)
+    release = threading.Event()
+    try:
+        threads0 = threads_of(small.proc.pid)
+        channel = grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}")
+        generate = channel.stream_stream("/burst.v1.Burst/Generate",
+                                         request_serializer=lambda b: b,
+                                         response_deserializer=lambda b: b)
+
+        def no_message():
+            release.wait()  # the call's headers go out; its message never does
+            return
+            yield
+
+        results = []
+
+        def call():
+            try:
+                list(generate(no_message(), timeout=60))
+                results.append(("OK", ""))
+            except grpc.RpcError as e:
+                results.append((e.code(), e.details()))
+
+        t0 = time.time()
+        calls = [threading.Thread(target=call) for _ in range(200)]
+        for t in calls:
+            t.start()
+        time.sleep(1.0)
+        held = threads_of(small.proc.pid)
+        for t in calls:
+            t.join(10)
+        ended = time.time() - t0
+        codes = {}
+        for code, details in results:
+            codes[code] = codes.get(code, 0) + 1
+        print(f"200 calls without a message: server threads {threads0} -> {held}, all ended "
+              f"after {ended:.1f} s: {codes}")
+        check(held <= threads0 + 32 + 4, f"threads {threads0} -> {held} (at most 32 more)")
+        check(len(results) == 200 and set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                     grpc.StatusCode.RESOURCE_EXHAUSTED},
+              f"how they ended: {codes}")
+        timed_out = [d for c, d in results if c == grpc.StatusCode.DEADLINE_EXCEEDED]
+        check(timed_out and "--grpc-message-timeout-ms" in timed_out[0] and ended < 6,
+              f"cancelled after the message deadline: {timed_out[:1]}, {ended:.1f} s")
+        events = list(burst_pb2_grpc.BurstStub(channel).Generate(
+            burst_pb2.GenerateRequest(text=PROMPT, max_tokens=3), timeout=30))
+        check(events[-1].finished.completion_tokens == 3, f"a normal call: {events[-1]}")
+        deadline = time.time() + 8
+        while time.time() < deadline and threads_of(small.proc.pid) > threads0 + 4:
+            time.sleep(0.2)
+        check(threads_of(small.proc.pid) <= threads0 + 4,
+              f"threads back down: {threads0} -> {threads_of(small.proc.pid)}")
+        channel.close()
+    finally:
+        release.set()
+        small.stop()
+
+
+def test_idle_connections_are_closed():
+    # A connection that never speaks HTTP/2 is closed after --grpc-handshake-timeout-ms (gRPC's
+    # own default: 120 s), one without calls after --grpc-max-connection-idle-ms (default:
+    # never); the client reconnects on its next call.
+    small = Server("--grpc-handshake-timeout-ms", 1000, "--grpc-max-connection-idle-ms", 1000)
+    try:
+        s = socket.create_connection(("127.0.0.1", small.grpc_port), timeout=10)
+        t0 = time.time()
+        try:
+            data = s.recv(4096)
+            while data:
+                data = s.recv(4096)
+        except ConnectionResetError:
+            pass
+        except socket.timeout:
+            check(False, "a silent connection is still open after 10 s")
+        silent = time.time() - t0
+        s.close()
+        check(silent < 3, f"a silent connection closed after {silent:.1f} s")
+
+        def established():
+            out = subprocess.run(["ss", "-tnH", "state", "established",
+                                  f"( dport = :{small.grpc_port} )"], capture_output=True,
+                                 text=True, check=True).stdout
+            return len(out.splitlines())
+
+        channel = grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}")
+        stub2 = burst_pb2_grpc.BurstStub(channel)
+        stub2.ModelInfo(burst_pb2.ModelInfoRequest(), timeout=10)
+        check(established() == 1, "one connection after a call")
+        t0 = time.time()
+        while time.time() - t0 < 8 and established() > 0:
+            time.sleep(0.1)
+        idle = time.time() - t0
+        print(f"gRPC: a silent connection closed after {silent:.1f} s, an idle one after "
+              f"{idle:.1f} s")
+        check(established() == 0 and idle < 4, f"an idle connection closed after {idle:.1f} s")
+        stub2.ModelInfo(burst_pb2.ModelInfoRequest(), timeout=10)  # reconnects
+        channel.close()
+    finally:
+        small.stop()
 
 
 if __name__ == "__main__":
@@ -289,6 +408,7 @@ if __name__ == "__main__":
              test_chat,
              test_access_log,
              test_tokenize_and_model_info, test_errors, test_malformed_requests, test_cancel,
-             test_health_service])
+             test_health_service, test_calls_without_a_message_are_bounded_and_cancelled,
+             test_idle_connections_are_closed])
     finally:
         srv.stop()

@@ -77,6 +77,15 @@ struct ServerConfig {
   std::string allowed_origins;
   std::string allowed_methods = "*";
   std::string allowed_headers = "*";
+  // gRPC limits: sync-server threads (a call holds one while it runs), how long a call's
+  // request message, a new connection's HTTP/2 handshake, an idle connection and any
+  // connection may take or live, and the keepalive ping interval.
+  int grpc_max_threads = 256;
+  int grpc_message_timeout_ms = 30000;
+  int grpc_handshake_timeout_ms = 10000;
+  int grpc_max_connection_idle_ms = 300000;
+  int grpc_max_connection_age_ms = 0;  // 0: no limit
+  int grpc_keepalive_ms = 60000;
   int keepalive_ms = 5000;   // SSE keep-alive comment interval while no token is ready
   int drain_timeout_ms = 30000;  // SIGTERM: in-flight requests get this long, then are cancelled
   // Spawn to serving, the weights' loading included; 0: scaled to the weights' size
@@ -103,6 +112,9 @@ constexpr const char* kServerUsage =
                     [--http-max-connections-per-client N]
                     [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
                     [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST]
+                    [--grpc-max-threads N] [--grpc-message-timeout-ms MS]
+                    [--grpc-handshake-timeout-ms MS] [--grpc-max-connection-idle-ms MS]
+                    [--grpc-max-connection-age-ms MS] [--grpc-keepalive-ms MS]
                     [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
                     [--log-level LEVEL] [--log-format text|json]
                     [--remote-workers N [--worker-listen HOST:PORT]] [--version] [--help]
@@ -173,6 +185,18 @@ constexpr const char* kServerUsage =
   --allowed-methods LIST  CORS: methods a preflight may ask for (default *)
   --allowed-headers LIST  CORS: request headers a preflight may ask for (default *: whatever
                     is asked, Authorization included)
+  --grpc-max-threads N  gRPC server threads at most (default 256); a call holds one while it
+                    runs, calls beyond get RESOURCE_EXHAUSTED at once
+  --grpc-message-timeout-ms MS  a call's request message must arrive within this after the
+                    call starts, else the call is cancelled (default 30000)
+  --grpc-handshake-timeout-ms MS  a new connection must complete its HTTP/2 handshake within
+                    this, else it is closed (default 10000)
+  --grpc-max-connection-idle-ms MS  a connection without calls for this long is closed (a
+                    GOAWAY; clients reconnect when they next call) (default 300000)
+  --grpc-max-connection-age-ms MS  a connection older than this is asked to go away; its
+                    calls get --drain-timeout-ms to finish (default 0: no limit)
+  --grpc-keepalive-ms MS  the server pings a connection silent for this long and closes it
+                    if the ping is not answered within 20 s (default 60000)
   --keepalive-ms MS SSE keep-alive comment interval while no token is ready (default 5000)
   --drain-timeout-ms MS  SIGTERM: how long requests in flight may finish (default 30000)
   --start-timeout-ms MS  how long the worker group may take to start, loading the weights
