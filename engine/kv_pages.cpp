@@ -1,6 +1,7 @@
 #include "engine/kv_pages.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace burst::engine {
 
@@ -34,11 +35,83 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend, Att
   std::unique_ptr<PagedKvCache> c(new PagedKvCache(backend, shape, pages, page_size));
   BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, pages * page_size, c->k_, c->v_));
   for (int64_t p = 0; p < pages; ++p) c->free_.insert(c->free_.end(), static_cast<int32_t>(p));
+  c->refs_.assign(static_cast<size_t>(pages), 0);
   return c;
 }
 
 KvUsage PagedKvCache::usage() const {
-  return {pages_, pages_ - free_pages(), static_cast<int64_t>(seqs_.size()), page_size_};
+  KvUsage u{pages_, pages_ - free_pages(), static_cast<int64_t>(seqs_.size()), page_size_};
+  u.blocks = static_cast<int64_t>(blocks_.size());
+  for (const auto& [id, page] : blocks_) u.cached_pages += refs_[static_cast<size_t>(page)] == 1;
+  return u;
+}
+
+void PagedKvCache::unref(int32_t p) {
+  if (--refs_[static_cast<size_t>(p)] > 0) return;
+  if (poison_freed_) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (std::vector<Tensor>* pools : {&k_, &v_}) {
+      for (Tensor& pool : *pools) {
+        Tensor rows = pool.rows(int64_t{p} * page_size_, page_size_);
+        (void)backend_.fill_random(rows, 0, nan, /*constant=*/true);
+      }
+    }
+  }
+  free_.insert(p);
+}
+
+Status PagedKvCache::publish(uint64_t seq, int64_t index, int64_t id) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return Status::error(StatusCode::kInvalidArgument,
+                         "kv cache: publish of unknown sequence " + std::to_string(seq));
+  }
+  if (index < 0 || (index + 1) * page_size_ > it->second.length) {
+    return Status::error(StatusCode::kInvalidArgument,
+                         "kv cache: page " + std::to_string(index) + " of sequence " +
+                             std::to_string(seq) + " is not full (" +
+                             std::to_string(it->second.length) + " rows)");
+  }
+  if (!blocks_.emplace(id, it->second.pages[static_cast<size_t>(index)]).second) {
+    return Status::error(StatusCode::kInvalidArgument,
+                         "kv cache: prefix block " + std::to_string(id) + " exists");
+  }
+  ++refs_[static_cast<size_t>(it->second.pages[static_cast<size_t>(index)])];
+  return {};
+}
+
+Status PagedKvCache::adopt(uint64_t seq, const std::vector<int64_t>& blocks) {
+  if (seqs_.count(seq) != 0) {
+    return Status::error(StatusCode::kInvalidArgument,
+                         "kv cache: sequence " + std::to_string(seq) +
+                             " exists: only a new sequence starts from prefix blocks");
+  }
+  for (int64_t id : blocks) {
+    if (!has_block(id)) {
+      return Status::error(StatusCode::kInvalidArgument,
+                           "kv cache: no prefix block " + std::to_string(id));
+    }
+  }
+  Seq& s = seqs_[seq];
+  for (int64_t id : blocks) {
+    const int32_t page = blocks_.at(id);
+    ++refs_[static_cast<size_t>(page)];
+    s.pages.push_back(page);
+  }
+  s.length = static_cast<int64_t>(blocks.size()) * page_size_;
+  return {};
+}
+
+Status PagedKvCache::evict(int64_t id) {
+  const auto it = blocks_.find(id);
+  if (it == blocks_.end()) {
+    return Status::error(StatusCode::kInvalidArgument,
+                         "kv cache: no prefix block " + std::to_string(id) + " to evict");
+  }
+  const int32_t page = it->second;
+  blocks_.erase(it);
+  unref(page);
+  return {};
 }
 
 int64_t PagedKvCache::length(uint64_t seq) const {
@@ -83,6 +156,7 @@ Status PagedKvCache::reserve(uint64_t seq, int64_t rows) {
     auto it = s.pages.empty() ? free_.end() : free_.find(s.pages.back() + 1);
     if (it == free_.end()) it = free_.find(run_start());
     s.pages.push_back(*it);
+    refs_[static_cast<size_t>(*it)] = 1;
     free_.erase(it);
   }
   s.pending += rows;
@@ -164,7 +238,7 @@ void PagedKvCache::commit(uint64_t seq) {
 void PagedKvCache::release(uint64_t seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  free_.insert(it->second.pages.begin(), it->second.pages.end());
+  for (int32_t p : it->second.pages) unref(p);
   seqs_.erase(it);
 }
 
@@ -172,6 +246,9 @@ void PagedKvCache::release_all() {
   std::vector<uint64_t> ids;
   for (const auto& [id, s] : seqs_) ids.push_back(id);
   for (uint64_t id : ids) release(id);
+  std::vector<int64_t> blocks;
+  for (const auto& [id, page] : blocks_) blocks.push_back(id);
+  for (int64_t id : blocks) (void)evict(id);
 }
 
 int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk) {

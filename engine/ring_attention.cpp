@@ -45,6 +45,29 @@ int64_t RingAttention::rows_on(uint64_t seq, int r) const {
   return it == rows_.end() ? 0 : it->second[static_cast<size_t>(r)];
 }
 
+Status RingAttention::adopt(uint64_t seq, const std::vector<int64_t>& blocks) {
+  if (rows_.count(seq) != 0) {
+    return Status::error(StatusCode::kInvalidArgument,
+                         "ring: sequence " + std::to_string(seq) +
+                             " exists: only a new sequence starts from prefix blocks");
+  }
+  BURST_RETURN_IF_ERROR(cache_->adopt(seq, blocks));
+  rows_[seq].assign(static_cast<size_t>(comm_.world_size()),
+                    static_cast<int64_t>(blocks.size()) * cache_->page_size());
+  return {};
+}
+
+Status RingAttention::publish(uint64_t seq, int64_t index, int64_t id) {
+  for (int r = 0; r < comm_.world_size(); ++r) {
+    if (rows_on(seq, r) < (index + 1) * cache_->page_size()) {
+      return Status::error(StatusCode::kInvalidArgument,
+                           "ring: page " + std::to_string(index) + " of sequence " +
+                               std::to_string(seq) + " is not full on rank " + std::to_string(r));
+    }
+  }
+  return cache_->publish(seq, index, id);
+}
+
 Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
   const int world = comm_.world_size(), rank = comm_.rank();
   if (in_step_) return Status::error("ring: a step is already in progress");

@@ -11,7 +11,32 @@ Status BatchRunner::validate(const StepPlan& plan) const {
   auto bad = [](std::string m) {
     return Status::error(StatusCode::kInvalidArgument, std::move(m));
   };
-  if (plan.seqs.empty() && plan.release.empty()) return bad("an empty step");
+  if (plan.seqs.empty() && plan.release.empty() && plan.publish.empty() && plan.evict.empty()) {
+    return bad("an empty step");
+  }
+  // Prefix blocks: those that exist once the plan's publish and evict are applied.
+  const engine::RingAttention& ring = ring_;
+  const int64_t page = ring.cache().page_size();
+  std::unordered_set<int64_t> published, evicted;
+  for (const PublishBlock& b : plan.publish) {
+    const std::string what = "prefix block " + std::to_string(b.id) + ": ";
+    if (ring.cache().has_block(b.id) || !published.insert(b.id).second) {
+      return bad(what + "exists already");
+    }
+    for (int r = 0; r < comm_.world_size(); ++r) {
+      if (b.index < 0 || ring.rows_on(b.seq, r) < (b.index + 1) * page) {
+        return bad(what + "page " + std::to_string(b.index) + " of sequence " +
+                   std::to_string(b.seq) + " is not full on rank " + std::to_string(r));
+      }
+    }
+  }
+  auto block_exists = [&](int64_t id) {
+    return (ring.cache().has_block(id) || published.count(id) != 0) && evicted.count(id) == 0;
+  };
+  for (int64_t id : plan.evict) {
+    if (!block_exists(id)) return bad("prefix block " + std::to_string(id) + ": none to evict");
+    evicted.insert(id);
+  }
   for (const SeqWork& s : plan.seqs) {
     const std::string who = "sequence " + std::to_string(s.id) + ": ";
     if (!seen.insert(s.id).second) return bad(who + "appears twice in one step");
@@ -32,7 +57,18 @@ Status BatchRunner::validate(const StepPlan& plan) const {
         return bad(who + "token id " + std::to_string(t) + " outside the vocabulary");
       }
     }
-    const int64_t next = state ? state->next_pos : 0;
+    if (!s.reuse.empty()) {
+      if (state != nullptr || s.decode) {
+        return bad(who + "only a new sequence's first chunk starts from prefix blocks");
+      }
+      for (int64_t id : s.reuse) {
+        if (!block_exists(id)) return bad(who + "no prefix block " + std::to_string(id));
+      }
+    }
+    const int64_t next =
+        state ? state->next_pos
+              : static_cast<int64_t>(s.reuse.size()) *
+                    block_tokens(comm_.world_size(), static_cast<int>(page));
     if (s.start != next) {
       return bad(who + "starts at position " + std::to_string(s.start) + ", its next is " +
                  std::to_string(next));
@@ -424,7 +460,15 @@ Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) 
     return Status::error("batch: " + std::to_string(launched_.size()) +
                          " steps are launched and not finished (finish() first)");
   }
+  // Publish before release: a finishing sequence's last pages stay as blocks.
+  for (const PublishBlock& b : given.publish) {
+    BURST_RETURN_IF_ERROR(ring_.publish(b.seq, b.index, b.id));
+  }
   for (uint64_t id : given.release) release(id);
+  for (int64_t id : given.evict) BURST_RETURN_IF_ERROR(ring_.evict(id));
+  for (const SeqWork& s : given.seqs) {
+    if (!s.reuse.empty()) BURST_RETURN_IF_ERROR(ring_.adopt(s.id, s.reuse));
+  }
   const bool previous = std::any_of(given.seqs.begin(), given.seqs.end(), [](const SeqWork& s) {
     return s.decode && s.tokens[0] == kPreviousToken;
   });

@@ -531,6 +531,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
           f->set_decode_tokens_per_s(fi.decode_tokens_per_s);
           f->set_ttft_ms(fi.ttft_ms);
           f->set_queue_ms(fi.queue_ms);
+          f->set_cached_tokens(static_cast<int32_t>(fi.cached_tokens));
           writer->Write(out);
           return grpc::Status::OK;
         }

@@ -432,7 +432,8 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
 json usage_json(const FinishInfo& f) {
   return {{"prompt_tokens", f.prompt_tokens},
           {"completion_tokens", f.completion_tokens},
-          {"total_tokens", f.prompt_tokens + f.completion_tokens}};
+          {"total_tokens", f.prompt_tokens + f.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", f.cached_tokens}}}};
 }
 
 // burst's own timing numbers, beside OpenAI's usage (clients ignore unknown fields).
@@ -557,9 +558,12 @@ struct Choice {
 // Usage over the choices: the prompts once each, every choice's completion.
 FinishInfo total_usage(const std::vector<Choice>& cs) {
   FinishInfo f = cs.at(0).finish;
-  f.prompt_tokens = f.completion_tokens = 0;
+  f.prompt_tokens = f.completion_tokens = f.cached_tokens = 0;
   for (const Choice& c : cs) {
-    if (c.first_of_prompt) f.prompt_tokens += c.finish.prompt_tokens;
+    if (c.first_of_prompt) {
+      f.prompt_tokens += c.finish.prompt_tokens;
+      f.cached_tokens += c.finish.cached_tokens;
+    }
     f.completion_tokens += c.finish.completion_tokens;
   }
   return f;

@@ -119,6 +119,18 @@ std::string Metrics::render() const {
          static_cast<double>(waiting.load()));
   scalar(&out, l, "burst:kv_cache_used_tokens", "gauge", "Tokens held in the workers' KV shards.",
          static_cast<double>(kv_used_tokens.load()));
+  scalar(&out, l, "burst:kv_cache_cached_tokens", "gauge",
+         "Of the KV tokens held, those of prefix-cache blocks no running request uses.",
+         static_cast<double>(kv_cached_tokens.load()));
+  scalar(&out, l, "burst:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries).",
+         static_cast<double>(prefix_cache_queries.load()));
+  scalar(&out, l, "burst:prefix_cache_hits_total", "counter",
+         "Prompt tokens found in the prefix cache (vLLM's prefix_cache_hits).",
+         static_cast<double>(prefix_cache_hits.load()));
+  scalar(&out, l, "burst:prefix_cache_evicted_blocks_total", "counter",
+         "Prefix-cache blocks evicted (least recently used) to make room for requests.",
+         static_cast<double>(prefix_cache_evictions.load()));
   scalar(&out, l, "burst:kv_cache_capacity_tokens", "gauge", "KV capacity (tokens, whole group).",
          static_cast<double>(kv_capacity_tokens.load()));
   const int64_t cap = kv_capacity_tokens.load();

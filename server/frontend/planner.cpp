@@ -40,30 +40,63 @@ int64_t Planner::Seq::prompt_len() const { return static_cast<int64_t>(request->
 void Planner::reset(int64_t pages, int page_size) {
   pages_ = pages;
   page_size_ = page_size;
-  free_pages_.assign(static_cast<size_t>(options_.world), pages);
-  seqs_.clear();
-  to_release_.clear();
+  drop_all();
   deferred_full_ = false;
+}
+
+bool Planner::caching() const {
+  return options_.prefix_caching && options_.layout == engine::ShardLayout::kStriped &&
+         page_size_ > 0;
+}
+
+std::vector<int64_t> Planner::hits_for(const ScheduledRequest& r) const {
+  if (!caching() || r.prompt_logprobs >= 0 || r.adjust.repetition_penalty != 1.f) return {};
+  // The prompt's last token is always computed: its logits draw the first token.
+  const auto prompt = static_cast<int64_t>(r.prompt.size());
+  return cache_.match(r.prompt, prompt > 0 ? (prompt - 1) / cache_.block_tokens() : 0);
 }
 
 Planner::Fit Planner::fits(const ScheduledRequest& r, std::vector<int64_t>* need) const {
   *need = kv_pages_needed(static_cast<int64_t>(r.prompt.size()), r.max_tokens,
                           options_.prefill_chunk, options_.world, options_.layout, page_size_,
                           options_.prefill_chunk_decoding > 0);
+  // Cached blocks it starts from are pages it does not take (one per rank each); blocks no
+  // sequence holds can be evicted for it (but not the ones it is about to use).
+  const std::vector<int64_t> hits = hits_for(r);
+  int64_t evictable = cache_.evictable();
+  for (int64_t id : hits) evictable -= cache_.refs(id) == 0 ? 1 : 0;
   bool later = false;
   for (size_t k = 0; k < need->size(); ++k) {
     if ((*need)[k] > pages_) return Fit::kNever;
-    later = later || (*need)[k] > free_pages_[k];
+    (*need)[k] -= static_cast<int64_t>(hits.size());
+    later = later || (*need)[k] > free_pages_[k] + evictable;
   }
   return later ? Fit::kLater : Fit::kNow;
 }
 
 uint64_t Planner::admit(const ScheduledRequest& r, std::vector<int64_t> need) {
-  for (size_t k = 0; k < need.size() && k < free_pages_.size(); ++k) free_pages_[k] -= need[k];
   auto s = std::make_unique<Seq>();
+  s->blocks = hits_for(r);
+  cache_.acquire(s->blocks);
+  int64_t short_by = 0;
+  for (size_t k = 0; k < need.size() && k < free_pages_.size(); ++k) {
+    short_by = std::max(short_by, need[k] - free_pages_[k]);
+  }
+  if (short_by > 0) {
+    // Least recently used blocks that no sequence holds make room: their pages go back on
+    // every rank in the next plan, before this request's first chunk.
+    const std::vector<int64_t> gone = cache_.evict(short_by);
+    to_evict_.insert(to_evict_.end(), gone.begin(), gone.end());
+    cached_pages_ -= static_cast<int64_t>(gone.size());
+    evicted_ += gone.size();
+    for (auto& f : free_pages_) f += static_cast<int64_t>(gone.size());
+  }
+  for (size_t k = 0; k < need.size() && k < free_pages_.size(); ++k) free_pages_[k] -= need[k];
   s->id = next_id_++;
   s->request = &r;
   s->pages = std::move(need);
+  s->hits = static_cast<int64_t>(s->blocks.size());
+  s->prefilled = s->cached = s->hits * cache_.block_tokens();
   const uint64_t id = s->id;
   seqs_.push_back(std::move(s));
   return id;
@@ -74,9 +107,12 @@ void Planner::finish(uint64_t id) {
                                [&](const std::unique_ptr<Seq>& s) { return s->id == id; });
   if (it == seqs_.end()) return;
   const Seq& s = **it;
+  // Its own pages that became blocks stay, as cache pages; the rest go back.
   for (size_t r = 0; r < s.pages.size() && r < free_pages_.size(); ++r) {
-    free_pages_[r] += s.pages[r];
+    free_pages_[r] += s.pages[r] - s.published;
   }
+  cached_pages_ += s.published;
+  cache_.release(s.blocks);
   to_release_.push_back(id);
   seqs_.erase(it);
 }
@@ -84,7 +120,43 @@ void Planner::finish(uint64_t id) {
 void Planner::drop_all() {
   seqs_.clear();
   to_release_.clear();
+  to_publish_.clear();
+  to_evict_.clear();
+  cache_ = PrefixCache(runtime::block_tokens(options_.world, std::max(page_size_, 1)));
+  cached_pages_ = 0;
   free_pages_.assign(static_cast<size_t>(options_.world), pages_);
+}
+
+void Planner::publish_blocks(Seq& s) {
+  if (!caching()) return;
+  const ScheduledRequest& r = *s.request;
+  const int64_t g = cache_.block_tokens(), prompt = s.prompt_len();
+  // Tokens whose K/V the ranks hold: the prompt's prefilled rows, then each generated token
+  // fed back (the last one drawn is not fed yet).
+  const int64_t computed =
+      s.decoding() ? prompt + std::max<int64_t>(0, static_cast<int64_t>(s.output.size()) - 1)
+                   : s.prefilled;
+  std::vector<int32_t> ids(static_cast<size_t>(g));
+  for (auto k = static_cast<int64_t>(s.blocks.size()); (k + 1) * g <= computed; ++k) {
+    for (int64_t i = 0; i < g; ++i) {
+      const int64_t p = k * g + i;
+      ids[static_cast<size_t>(i)] = p < prompt ? r.prompt[static_cast<size_t>(p)]
+                                               : s.output[static_cast<size_t>(p - prompt)];
+    }
+    const auto [id, inserted] = cache_.insert(s.blocks.empty() ? -1 : s.blocks.back(), ids.data());
+    s.blocks.push_back(id);
+    if (inserted) {
+      to_publish_.push_back({s.id, k, id});
+      ++s.published;
+    }
+  }
+}
+
+void Planner::take_pending(runtime::StepPlan& step) {
+  step.layout = options_.layout;
+  step.publish.swap(to_publish_);
+  step.release.swap(to_release_);
+  step.evict.swap(to_evict_);
 }
 
 const Planner::Seq* Planner::find(uint64_t id) const {
@@ -107,6 +179,10 @@ runtime::SeqWork Planner::decode_row(const Seq& s, int32_t token, int64_t pos) c
 runtime::SeqWork Planner::prefill_row(const Seq& s, int64_t len) const {
   const ScheduledRequest& r = *s.request;
   runtime::SeqWork w = runtime::prefill_work(s.id, r.prompt, s.prefilled, len, r.sampling);
+  // Its first chunk starts from the prefix blocks it found.
+  if (s.hits > 0 && s.prefilled == s.hits * cache_.block_tokens()) {
+    w.reuse.assign(s.blocks.begin(), s.blocks.begin() + s.hits);
+  }
   w.adjust = r.adjust;
   w.logprobs = r.logprobs;
   w.prompt_logprobs = r.prompt_logprobs;
@@ -118,8 +194,7 @@ runtime::SeqWork Planner::prefill_row(const Seq& s, int64_t len) const {
 
 Planner::Plan Planner::plan() {
   Plan p;
-  p.step.layout = options_.layout;
-  p.step.release.swap(to_release_);
+  take_pending(p.step);
   int64_t budget = options_.max_batched_tokens;
   // Decode first: every sequence past its prompt advances one token per step.
   for (const auto& sp : seqs_) {
@@ -181,8 +256,7 @@ bool Planner::can_look_ahead(const Plan& p, bool queue_empty) const {
 
 Planner::Plan Planner::continue_decode(const Plan& p) {
   Plan next;
-  next.step.layout = p.step.layout;
-  next.step.release.swap(to_release_);
+  take_pending(next.step);
   for (const runtime::SeqWork& w : p.step.seqs) {
     const Seq* s = find(w.id);
     // `p` draws token number generated + 1; the next row feeds it. A sequence `p` ends by EOS
@@ -194,8 +268,14 @@ Planner::Plan Planner::continue_decode(const Plan& p) {
   return next;
 }
 
-void Planner::keep_releases(std::vector<uint64_t> ids) {
-  to_release_.insert(to_release_.end(), ids.begin(), ids.end());
+void Planner::keep(runtime::StepPlan leftover) {
+  // Ahead of whatever was queued since: the order the ranks must apply them in.
+  leftover.publish.insert(leftover.publish.end(), to_publish_.begin(), to_publish_.end());
+  leftover.release.insert(leftover.release.end(), to_release_.begin(), to_release_.end());
+  leftover.evict.insert(leftover.evict.end(), to_evict_.begin(), to_evict_.end());
+  to_publish_.swap(leftover.publish);
+  to_release_.swap(leftover.release);
+  to_evict_.swap(leftover.evict);
 }
 
 Planner::Update Planner::update(const Plan& p, const std::vector<runtime::SampledToken>& tokens,
@@ -226,6 +306,7 @@ Planner::Update Planner::update(const Plan& p, const std::vector<runtime::Sample
     }
     ++s.generated;
     s.last_token = t.token;
+    s.output.push_back(t.token);
     const bool stop_id =
         std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t.token) !=
             r.stop_token_ids.end() &&
@@ -239,6 +320,10 @@ Planner::Update Planner::update(const Plan& p, const std::vector<runtime::Sample
     u.tokens.push_back(t);
   }
   u.dropped = tokens.size() - u.tokens.size();
+  // Full blocks of what the step computed become prefix blocks (before any release).
+  for (const runtime::SeqWork& w : p.step.seqs) {
+    if (Seq* s = find_mut(w.id)) publish_blocks(*s);
+  }
   for (uint64_t id : ended) finish(id);
   return u;
 }

@@ -77,6 +77,7 @@ struct Scheduler::Running {
   int64_t generated = 0;
   Clock::time_point admitted, prefill_done;
   double queue_ms = 0, prefill_ms = 0;
+  int64_t cached_tokens = 0;  // of the prompt, from the prefix cache
   int64_t prompt_len() const { return static_cast<int64_t>(job.request.prompt.size()); }
 };
 
@@ -112,6 +113,11 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, Metri
   po.max_batched_tokens = options_.max_batched_tokens;
   po.max_running = options_.max_running;
   po.decode_lookahead = options_.decode_lookahead;
+  po.prefix_caching = options_.prefix_caching;
+  if (options_.prefix_caching && options_.group.layout != engine::ShardLayout::kStriped) {
+    spdlog::warn("prefix caching is off: it needs the striped layout (--layout {})",
+                 engine::shard_layout_name(options_.group.layout));
+  }
   planner_ = Planner(po);
   kv_capacity_ = options_.group.kv_capacity;
   metrics_.kv_capacity_tokens = options_.group.kv_capacity;
@@ -404,6 +410,12 @@ void Scheduler::admit() {
     }
     Running& s = *run;
     const uint64_t id = planner_.admit(s.job.request, std::move(need));
+    s.cached_tokens = planner_.find(id)->cached;
+    if (planner_.caching()) {
+      metrics_.prefix_cache_queries += static_cast<uint64_t>(s.prompt_len());
+      metrics_.prefix_cache_hits += static_cast<uint64_t>(s.cached_tokens);
+    }
+    metrics_.prefix_cache_evictions = planner_.evicted_blocks();
     running_[id] = std::move(run);
     started(s);
   }
@@ -457,6 +469,7 @@ void Scheduler::finish(Running& s, uint64_t id, runtime::FinishReason reason) {
   FinishInfo f;
   f.reason = reason;
   f.prompt_tokens = s.prompt_len();
+  f.cached_tokens = s.cached_tokens;
   f.queue_ms = s.queue_ms;
   f.prefill_ms = s.prefill_ms;
   const double decode_ms = s.generated > 0 ? ms_between(s.prefill_done, end) : 0;
@@ -503,9 +516,10 @@ void Scheduler::finish(Running& s, uint64_t id, runtime::FinishReason reason) {
       ++m->requests_ok;
       ++(f.reason == runtime::FinishReason::kLength ? m->success_length : m->success_stop);
     }
-    spdlog::info("{} done: prompt {} tokens, queue {:.1f} ms, prefill {:.1f} ms, TTFT {:.1f} ms, "
-                 "decode {:.1f} ms for {} tokens ({:.1f} tok/s), finish {}",
-                 rid, f.prompt_tokens, f.queue_ms, f.prefill_ms, f.ttft_ms, decode_ms,
+    spdlog::info("{} done: prompt {} tokens ({} cached), queue {:.1f} ms, prefill {:.1f} ms, "
+                 "TTFT {:.1f} ms, decode {:.1f} ms for {} tokens ({:.1f} tok/s), finish {}",
+                 rid, f.prompt_tokens, f.cached_tokens, f.queue_ms, f.prefill_ms, f.ttft_ms,
+                 decode_ms,
                  f.completion_tokens, f.decode_tokens_per_s,
                  runtime::finish_reason_name(f.reason));
     Event e;
@@ -650,7 +664,7 @@ bool Scheduler::look_ahead(const Planner::Plan& plan) {
   if (cancel_all_ || !planner_.can_look_ahead(plan, queue_empty)) return true;
   Planner::Plan next = planner_.continue_decode(plan);
   if (next.step.seqs.empty()) {
-    planner_.keep_releases(std::move(next.step.release));  // they go with the next step
+    planner_.keep(std::move(next.step));  // its releases and blocks go with the next step
     return true;
   }
   observe_step(next);
@@ -673,7 +687,10 @@ bool Scheduler::run_step() {
     ahead_.reset();
   } else {
     plan = planner_.plan();
-    if (plan.step.seqs.empty() && plan.step.release.empty()) return false;
+    if (plan.step.seqs.empty() && plan.step.release.empty() && plan.step.publish.empty() &&
+        plan.step.evict.empty()) {
+      return false;
+    }
     bool progress = false;
     on_layer = layer_progress(plan, &progress);
     observe_step(plan);
@@ -699,6 +716,8 @@ void Scheduler::take_outcome(const Planner::Plan& plan, const StepOutcome& out) 
   int64_t used = 0;
   for (int64_t p : out.kv_used_pages) used += p;
   metrics_.kv_used_tokens = used * group_->info().kv_page_size;
+  metrics_.kv_cached_tokens = out.kv.cached_pages * group_->info().kv_page_size *
+                              static_cast<int64_t>(out.kv_used_pages.size());
   const auto now = Clock::now();
   const Planner::Update u = planner_.update(plan, out.tokens, group_->info().eos_token_id);
   for (const Planner::Progress& c : u.chunks) {

@@ -61,6 +61,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
       {"prefill_chunk_decoding", {K::kInt64, &c->prefill_chunk_decoding}},
       {"decode_lookahead", {K::kInt, &c->decode_lookahead}},
+      {"prefix_caching", {K::kInt, &c->prefix_caching}},
       {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
       {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
       {"http_backlog", {K::kInt, &c->http_backlog}},
@@ -143,6 +144,9 @@ Status validate(const ServerConfig& c) {
   if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
   if (c.metrics_require_key != 0 && c.metrics_require_key != 1) {
     return Status::error("metrics_require_key must be 0 or 1");
+  }
+  if (c.prefix_caching != 0 && c.prefix_caching != 1) {
+    return Status::error("prefix_caching must be 0 or 1");
   }
   if (c.decode_lookahead != 0 && c.decode_lookahead != 1) {
     return Status::error("decode_lookahead must be 0 or 1");
@@ -424,6 +428,10 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
       return c;
     }
     if (flag.rfind("--", 0) != 0) return Status::error("unexpected argument " + flag);
+    if (flag == "--no-prefix-caching") {  // vLLM's spelling; the one flag without a value
+      c.prefix_caching = 0;
+      continue;
+    }
     if (i + 1 >= argc) return Status::error("missing value for " + flag);
     const std::string val = argv[++i];
     if (flag == "--config" || flag == "--data-dir") continue;

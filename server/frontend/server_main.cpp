@@ -203,6 +203,7 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
                               : cuda ? 2048
                                      : so.group.prefill_chunk;
   so.decode_lookahead = cfg.decode_lookahead == 1;
+  so.prefix_caching = cfg.prefix_caching == 1;
   so.vocab_size = static_cast<int>(model.vocab_size);
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;

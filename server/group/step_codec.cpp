@@ -33,6 +33,13 @@ pb::StepRequest encode_plan(const runtime::StepPlan& plan, bool report_progress)
     case engine::ShardLayout::kContiguous: req.set_layout(pb::CONTIGUOUS); break;
   }
   req.mutable_release()->Add(plan.release.begin(), plan.release.end());
+  req.mutable_evict()->Add(plan.evict.begin(), plan.evict.end());
+  for (const runtime::PublishBlock& b : plan.publish) {
+    pb::PublishBlock* m = req.add_publish();
+    m->set_seq(b.seq);
+    m->set_index(b.index);
+    m->set_id(b.id);
+  }
   for (const runtime::SeqWork& s : plan.seqs) {
     pb::SeqWork* w = req.add_seqs();
     w->set_id(s.id);
@@ -58,6 +65,7 @@ pb::StepRequest encode_plan(const runtime::StepPlan& plan, bool report_progress)
     w->set_logprobs(s.logprobs + 1);
     w->set_prompt_logprobs(s.prompt_logprobs + 1);
     w->set_next_token(s.next_token + 1);
+    w->mutable_reuse()->Add(s.reuse.begin(), s.reuse.end());
   }
   return req;
 }
@@ -68,6 +76,8 @@ runtime::StepPlan decode_plan(const pb::StepRequest& req) {
                 : req.layout() == pb::CONTIGUOUS ? engine::ShardLayout::kContiguous
                                                  : engine::ShardLayout::kZigzag;
   plan.release.assign(req.release().begin(), req.release().end());
+  plan.evict.assign(req.evict().begin(), req.evict().end());
+  for (const pb::PublishBlock& b : req.publish()) plan.publish.push_back({b.seq(), b.index(), b.id()});
   for (const pb::SeqWork& w : req.seqs()) {
     runtime::SeqWork s;
     s.id = w.id();
@@ -85,6 +95,7 @@ runtime::StepPlan decode_plan(const pb::StepRequest& req) {
     s.logprobs = w.logprobs() - 1;
     s.prompt_logprobs = w.prompt_logprobs() - 1;
     s.next_token = w.next_token() - 1;
+    s.reuse.assign(w.reuse().begin(), w.reuse().end());
     plan.seqs.push_back(std::move(s));
   }
   return plan;
@@ -122,6 +133,8 @@ pb::StepReply encode_result(const runtime::StepResult& r, int layers) {
   }
   reply.set_kv_used_pages(r.kv.used_pages);
   reply.set_kv_total_pages(r.kv.total_pages);
+  reply.set_kv_cached_pages(r.kv.cached_pages);
+  reply.set_kv_blocks(r.kv.blocks);
   reply.set_rows(r.rows);
   reply.set_ring_compute_ms(r.ring_compute_ms);
   reply.set_ring_wait_ms(r.ring_wait_ms);
@@ -154,6 +167,8 @@ runtime::StepResult decode_result(const pb::StepReply& reply) {
   }
   out.kv.used_pages = reply.kv_used_pages();
   out.kv.total_pages = reply.kv_total_pages();
+  out.kv.cached_pages = reply.kv_cached_pages();
+  out.kv.blocks = reply.kv_blocks();
   out.rows = reply.rows();
   out.ring_compute_ms = reply.ring_compute_ms();
   out.ring_wait_ms = reply.ring_wait_ms();

@@ -42,6 +42,7 @@ HOST:PORT` (multi-node), which sends rank, world size and KV capacity.
                     (default 0.9)
   --kv-reserve-bytes B  with --kv-capacity 0: bytes kept free for activations (default 0)
   --comm-timeout-ms MS  the communicator's timeout (spawned form; default 30000)
+  --poison-freed-kv 1  fill freed KV pages with NaN (a test; also $BURST_POISON_FREED_KV=1)
   --join HOST:PORT  register with burst-server's worker registry (multi-node)
   --advertise-host H  the address the server and the other workers reach this one at
                     (default: this host's address on the route to the server)
@@ -98,6 +99,7 @@ void set_flag(Args& a, const std::string& f, const std::string& v) {
   else if (f == "--join") a.join = v;
   else if (f == "--advertise-host") a.advertise_host = v;
   else if (f == "--cluster-token-file") a.cluster_token_file = v;
+  else if (f == "--poison-freed-kv") a.poison_freed_kv = to_int(f, v) != 0;
   else usage("unknown flag " + f);
 }
 
@@ -129,6 +131,9 @@ void check(const Args& a) {
 
 Args parse_args(int argc, char** argv) {
   Args a;
+  if (const char* p = std::getenv("BURST_POISON_FREED_KV"); p != nullptr) {
+    a.poison_freed_kv = std::string(p) == "1";
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     // The only flags without a value.

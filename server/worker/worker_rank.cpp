@@ -122,6 +122,7 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
   auto ring = engine::RingAttention::create(backend, comm, s, capacity.value(),
                                             engine::kv_page_size(backend));
   if (!ring.ok()) return ring.status();
+  ring.value()->cache_mut().set_poison_freed(a.poison_freed_kv);
   std::string plan = "memory plan: weights " + gib(static_cast<double>(model.weight_bytes())) +
                      (model.tensor_parallel().size > 1
                           ? " (1/" + std::to_string(model.tensor_parallel().size) +

@@ -104,6 +104,12 @@ class Server:
                 return float(line.split()[1])
         raise KeyError(name)
 
+    def kv_held(self):
+        """KV tokens that requests hold: those in use less the prefix cache's blocks that no
+        request uses (they stay, for later requests that start with the same tokens)."""
+        return (self.metric("burst:kv_cache_used_tokens")
+                - self.metric("burst:kv_cache_cached_tokens"))
+
     def read_log(self):
         try:
             return open(self.log_path, errors="replace").read()[-6000:]

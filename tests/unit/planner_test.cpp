@@ -39,6 +39,7 @@ PlannerOptions options(int world, int64_t chunk, int64_t budget) {
   o.prefill_chunk = chunk;
   o.max_batched_tokens = budget;
   o.max_running = 8;
+  o.prefix_caching = false;  // tests/unit/prefix_cache_test.cpp tests the planner with it
   return o;
 }
 

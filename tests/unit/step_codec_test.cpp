@@ -34,6 +34,7 @@ runtime::SeqWork every_field_set(uint64_t id) {
   w.logprobs = 2;
   w.prompt_logprobs = 3;
   w.next_token = 99;
+  w.reuse = {4, 2, 8};
   return w;
 }
 
@@ -56,6 +57,7 @@ void expect_same(const runtime::SeqWork& a, const runtime::SeqWork& b) {
   EXPECT_EQ(a.logprobs, b.logprobs);
   EXPECT_EQ(a.prompt_logprobs, b.prompt_logprobs);
   EXPECT_EQ(a.next_token, b.next_token);
+  EXPECT_EQ(a.reuse, b.reuse);
 }
 
 // The first field (by full name) that is at its default in every message of ms (singular: not
@@ -90,6 +92,8 @@ TEST(StepCodec, PlanRoundTripsEveryField) {
   runtime::StepPlan plan;
   plan.layout = engine::ShardLayout::kContiguous;
   plan.release = {3, 8};
+  plan.publish = {{7, 2, 41}, {9, 0, 42}};
+  plan.evict = {12, 5};
   plan.seqs.push_back(every_field_set(21));
   runtime::SeqWork none = runtime::decode_work(22, runtime::kPreviousToken, 50, 40, {});
   none.logprobs = -1;
@@ -104,10 +108,23 @@ TEST(StepCodec, PlanRoundTripsEveryField) {
   // A prefill chunk with every option and a decode token: each field is written by one.
   EXPECT_EQ(first_unset({&req.seqs(0), &req.seqs(1)}), "")
       << "a SeqWork field the encoder does not write";
+  for (int i = 0; i < req.GetDescriptor()->field_count(); ++i) {  // the request's own fields
+    const auto* f = req.GetDescriptor()->field(i);
+    const auto* r = req.GetReflection();
+    EXPECT_TRUE(f->is_repeated() ? r->FieldSize(req, f) > 0 : r->HasField(req, f) || f->enum_type())
+        << "a StepRequest field the encoder does not write: " << f->full_name();
+  }
 
   const runtime::StepPlan back = decode_plan(req);
   EXPECT_EQ(back.layout, plan.layout);
   EXPECT_EQ(back.release, plan.release);
+  EXPECT_EQ(back.evict, plan.evict);
+  ASSERT_EQ(back.publish.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(back.publish[i].seq, plan.publish[i].seq);
+    EXPECT_EQ(back.publish[i].index, plan.publish[i].index);
+    EXPECT_EQ(back.publish[i].id, plan.publish[i].id);
+  }
   ASSERT_EQ(back.seqs.size(), 2u);
   expect_same(back.seqs[0], plan.seqs[0]);
   expect_same(back.seqs[1], plan.seqs[1]);
@@ -126,6 +143,8 @@ TEST(StepCodec, ResultRoundTripsEveryField) {
   r.prompt_logprobs.push_back(pl);
   r.kv.used_pages = 12;
   r.kv.total_pages = 64;
+  r.kv.cached_pages = 5;
+  r.kv.blocks = 9;
   r.rows = 37;
   r.ring_compute_ms = 1.25;
   r.ring_wait_ms = 0.5;
@@ -155,6 +174,8 @@ TEST(StepCodec, ResultRoundTripsEveryField) {
   }
   EXPECT_EQ(back.kv.used_pages, 12);
   EXPECT_EQ(back.kv.total_pages, 64);
+  EXPECT_EQ(back.kv.cached_pages, 5);
+  EXPECT_EQ(back.kv.blocks, 9);
   EXPECT_EQ(back.rows, 37);
   EXPECT_EQ(back.ring_compute_ms, 1.25);
   EXPECT_EQ(back.ring_wait_ms, 0.5);

@@ -27,9 +27,11 @@ namespace burst::engine {
 
 struct KvUsage {
   int64_t total_pages = 0;
-  int64_t used_pages = 0;
+  int64_t used_pages = 0;    // held by sequences or by prefix blocks
   int64_t sequences = 0;
   int page_size = 0;
+  int64_t cached_pages = 0;  // held by prefix blocks alone (no sequence reads them)
+  int64_t blocks = 0;        // prefix blocks
 };
 
 class PagedKvCache {
@@ -55,9 +57,28 @@ class PagedKvCache {
   Status write(uint64_t seq, int layer, int64_t row, const Tensor& k, const Tensor& v);
   // The reserved rows become the sequence's.
   void commit(uint64_t seq);
-  // Gives every page of seq back (a finished, cancelled or failed sequence).
+  // Gives every page of seq back (a finished, cancelled or failed sequence); a page that a
+  // prefix block or another sequence also holds stays.
   void release(uint64_t seq);
+  // Every sequence and every prefix block: the pool is empty.
   void release_all();
+
+  // Prefix blocks (prefix caching): a block is one full page of a sequence, named by the
+  // planner, that outlives the sequence until evicted. Pages are reference-counted: by each
+  // sequence whose page table holds them and by the block. No sequence ever writes a shared
+  // page: a block is whole when it is published, and a sequence that adopts blocks writes only
+  // after them.
+  // Page `index` of seq (committed and full) becomes block `id`.
+  Status publish(uint64_t seq, int64_t index, int64_t id);
+  // A new sequence starts with these blocks as its first pages (blocks.size() x page_size
+  // committed rows).
+  Status adopt(uint64_t seq, const std::vector<int64_t>& blocks);
+  // The block goes; its page is freed unless a sequence still holds it.
+  Status evict(int64_t id);
+  bool has_block(int64_t id) const { return blocks_.count(id) != 0; }
+  // Freed pages are filled with NaN first (a test of the prefix cache: a request that read a
+  // page after it was freed gives NaN logits, not plausible tokens).
+  void set_poison_freed(bool on) { poison_freed_ = on; }
   // The page table of seq (page indices in row order).
   const std::vector<int32_t>& pages(uint64_t seq) const;
   const Tensor& k_pool(int layer) const { return k_[static_cast<size_t>(layer)]; }
@@ -85,8 +106,14 @@ class PagedKvCache {
   // the start of the largest free run, or its middle when a sequence ends right before it.
   int32_t run_start() const;
 
+  // One reference less on page p; at none it is free (and poisoned when asked).
+  void unref(int32_t p);
+
   std::set<int32_t> free_;  // free page indices, ordered (runs of consecutive pages)
   std::unordered_map<uint64_t, Seq> seqs_;
+  std::vector<int32_t> refs_;                    // per page: holders (sequences and a block)
+  std::unordered_map<int64_t, int32_t> blocks_;  // prefix block id -> page
+  bool poison_freed_ = false;
 };
 
 // KV rows each rank caches for a group holding `total` tokens: its share (zigzag: each chunk of

@@ -88,6 +88,15 @@ class RingAttention final : public AttentionContext {
   void release(uint64_t seq);
   // Rows of `seq` on rank r, as every rank computes them (each rank sees the same steps).
   int64_t rows_on(uint64_t seq, int r) const;
+  // Prefix caching over the striped layout: the first k x N x page_size tokens of a sequence
+  // are its first k pages on every rank, so a prefix block is one page per rank
+  // (PagedKvCache::publish, adopt, evict). A new sequence that adopts k blocks holds
+  // k x page_size rows on every rank; page `index` of seq becomes block `id` once every rank
+  // holds it whole.
+  Status adopt(uint64_t seq, const std::vector<int64_t>& blocks);
+  Status publish(uint64_t seq, int64_t index, int64_t id);
+  Status evict(int64_t id) { return cache_->evict(id); }
+  PagedKvCache& cache_mut() { return *cache_; }
   const PagedKvCache& cache() const { return *cache_; }
 
   Status attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -45,6 +45,19 @@ struct SeqWork {
   // (its shard of the chunk) and rank 0 gathers them in position order.
   int prompt_logprobs = -1;
   int32_t next_token = -1;
+  // Prefix caching: a new sequence's first chunk may start after prefix blocks that hold its
+  // first reuse.size() x block_tokens tokens (its first pages on every rank, computed by
+  // another sequence); start is then that many tokens.
+  std::vector<int64_t> reuse;
+};
+
+// A full page of a running sequence (its rows [index x page_size, (index + 1) x page_size) on
+// every rank: tokens [index x block_tokens, (index + 1) x block_tokens)) becomes prefix block
+// `id`, which outlives the sequence until a plan evicts it.
+struct PublishBlock {
+  uint64_t seq = 0;
+  int64_t index = 0;
+  int64_t id = 0;
 };
 
 // The work of prefilling prompt tokens [start, start + len) of sequence id (sampling after
@@ -68,8 +81,16 @@ struct PromptLogprobs {
   std::vector<PromptTokenLogprob> entries;  // in position order
 };
 
+// Tokens of one prefix block: one page on each of the ring's ranks (striped layout).
+inline int64_t block_tokens(int ring_ranks, int page_size) {
+  return int64_t{ring_ranks} * page_size;
+}
+
+// A rank applies a plan in this order: publish, release, evict, then the sequences' work.
 struct StepPlan {
-  std::vector<uint64_t> release;  // sequences to forget first (finished, cancelled)
+  std::vector<PublishBlock> publish;  // pages that become prefix blocks
+  std::vector<uint64_t> release;      // sequences to forget (finished, cancelled)
+  std::vector<int64_t> evict;         // prefix blocks to drop
   std::vector<SeqWork> seqs;
   engine::ShardLayout layout = engine::ShardLayout::kStriped;  // of the prefill chunks
 };

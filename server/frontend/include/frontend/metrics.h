@@ -61,7 +61,11 @@ struct Metrics {
   std::atomic<uint64_t> lookahead_dropped{0};  // their rows of sequences that had ended meanwhile
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
+  std::atomic<uint64_t> prefix_cache_queries{0};  // prompt tokens looked up in the prefix cache
+  std::atomic<uint64_t> prefix_cache_hits{0};     // of those, found there (not computed)
+  std::atomic<uint64_t> prefix_cache_evictions{0};  // blocks evicted to make room
   std::atomic<int64_t> kv_used_tokens{0};  // tokens of the KV pages in use, all ranks
+  std::atomic<int64_t> kv_cached_tokens{0};  // of those, held by prefix blocks alone
   std::atomic<int64_t> kv_capacity_tokens{0};
   std::atomic<int> healthy{0};
   std::string model_name;  // the model_name label of every sample; set before serving

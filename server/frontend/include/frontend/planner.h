@@ -16,7 +16,16 @@
 //   (runtime::kPreviousToken rows) may be sent before this one's tokens are read;
 // - finished sequences give their pages back and are released on every rank in the next plan;
 // - a request of max_tokens 0 (echo of the prompt with its logprobs) is prefilled and ends with
-//   its prefill, the token drawn there discarded; it holds the prompt's pages only.
+//   its prefill, the token drawn there discarded; it holds the prompt's pages only;
+// - prefix caching (striped layout): every full block of a sequence's computed tokens (one page
+//   on every ring rank: ring ranks x page_size tokens, prompt and generated alike) becomes a
+//   prefix block (PrefixCache; the next plan publishes it on the ranks), and an admitted
+//   request starts after the longest run of cached blocks its prompt begins with (at least its
+//   last token is computed: its logits are needed). Blocks are reference-counted; the ledger
+//   counts the pages of blocks no sequence holds as cache pages, which admission evicts (LRU)
+//   when the free pages do not suffice, never a block a running sequence holds. Requests that
+//   need every prompt row computed (prompt logprobs) or their whole prompt on rank 0 (a
+//   repetition penalty) do not read the cache, but publish to it.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +34,7 @@
 #include <vector>
 
 #include "engine/sharding.h"
+#include "frontend/prefix_cache.h"
 #include "runtime/driver.h"
 #include "runtime/step.h"
 
@@ -52,6 +62,7 @@ struct PlannerOptions {
   int64_t max_batched_tokens = 1;      // tokens per step (> 0)
   int max_running = 64;
   bool decode_lookahead = true;
+  bool prefix_caching = true;  // with the striped layout only
 };
 
 class Planner {
@@ -93,8 +104,9 @@ class Planner {
   // The decode step after `p`: each of its sequences still running and not ending by
   // max_tokens at `p` feeds the token `p` draws (kPreviousToken). Takes the releases due.
   Plan continue_decode(const Plan& p);
-  // Releases that found no step to go with (a lookahead with no rows): they go with the next.
-  void keep_releases(std::vector<uint64_t> ids);
+  // Releases, publishes and evictions that found no step to go with (a lookahead with no
+  // rows): they go with the next.
+  void keep(runtime::StepPlan leftover);
 
   // What a step's outcome did to one running sequence.
   struct Progress {
@@ -127,9 +139,17 @@ class Planner {
     uint64_t id = 0;
     const ScheduledRequest* request = nullptr;
     std::vector<int64_t> pages;  // reserved per rank
-    int64_t prefilled = 0;
+    int64_t prefilled = 0;       // prompt tokens cached (from prefix blocks or computed)
     int64_t generated = 0;
     int32_t last_token = -1;
+    std::vector<int32_t> output;  // the generated ids (prefix blocks of a longer chat)
+    // Prefix caching: the blocks it holds (the cached prefix it started from, then a block for
+    // each full block of its own tokens), how many of them it found cached, how many of its
+    // own pages became blocks.
+    std::vector<int64_t> blocks;
+    int64_t hits = 0;
+    int64_t cached = 0;  // prompt tokens it did not compute: hits x block tokens
+    int64_t published = 0;
     int64_t prompt_len() const;
     bool decoding() const { return prefilled >= prompt_len(); }
   };
@@ -137,6 +157,12 @@ class Planner {
   size_t running() const { return seqs_.size(); }
   const std::vector<int64_t>& free_pages() const { return free_pages_; }
   const PlannerOptions& options() const { return options_; }
+  const PrefixCache& prefix_cache() const { return cache_; }
+  // Pages (per rank) of prefix blocks that no running sequence reserved: held for reuse.
+  int64_t cached_pages() const { return cached_pages_; }
+  uint64_t evicted_blocks() const { return evicted_; }  // since start
+  // Whether requests may start from prefix blocks (on, striped layout).
+  bool caching() const;
 
  private:
   Seq* find_mut(uint64_t id);
@@ -144,6 +170,12 @@ class Planner {
   runtime::SeqWork prefill_row(const Seq& s, int64_t len) const;
   // Prefill chunks into `p` while `budget` lasts (decode rows are in already).
   void add_prefills(Plan& p, int64_t budget, int64_t chunk);
+  // The cached blocks r's prompt starts with that r may use.
+  std::vector<int64_t> hits_for(const ScheduledRequest& r) const;
+  // Every full block of s's computed tokens not yet a block of s becomes one (publish).
+  void publish_blocks(Seq& s);
+  // What the next plan carries besides its rows.
+  void take_pending(runtime::StepPlan& step);
 
   PlannerOptions options_;
   int page_size_ = 0;
@@ -151,6 +183,11 @@ class Planner {
   std::vector<int64_t> free_pages_;  // per rank: the ledger (mirrors the ranks' caches)
   std::vector<std::unique_ptr<Seq>> seqs_;  // in admission order
   std::vector<uint64_t> to_release_;
+  std::vector<runtime::PublishBlock> to_publish_;
+  std::vector<int64_t> to_evict_;
+  PrefixCache cache_;
+  int64_t cached_pages_ = 0;
+  uint64_t evicted_ = 0;
   bool deferred_full_ = false;  // the last plan left a full prefill chunk for this one
   uint64_t next_id_ = 1;
 };

@@ -83,6 +83,7 @@ struct ScheduledRequest {
 struct FinishInfo {
   runtime::FinishReason reason = runtime::FinishReason::kLength;  // the API says its name
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // of prompt_tokens: found in the prefix cache, not computed
   int64_t completion_tokens = 0;
   double queue_ms = 0;
   double prefill_ms = 0;
@@ -142,6 +143,10 @@ struct SchedulerOptions {
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk / 4)
   int max_running = 64;            // sequences in flight at once
   int64_t max_prompt_bytes = 0;    // prompt text beyond this is refused untokenized; 0: no limit
+  // A request whose prompt starts with blocks of tokens computed before (by a finished or a
+  // running request: ring ranks x page size tokens a block) reuses their KV pages and prefills
+  // only the rest (Planner; the striped layout only).
+  bool prefix_caching = true;
 };
 
 class Scheduler {

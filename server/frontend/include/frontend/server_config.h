@@ -62,6 +62,7 @@ struct ServerConfig {
   // 1: while every running sequence decodes, the next decode step goes to the workers before
   // the replies of the current one are read (Scheduler, "lookahead"); 0: one step at a time.
   int decode_lookahead = 1;
+  int prefix_caching = 1;  // requests reuse the KV of prompt blocks computed before
   int64_t max_body_bytes = 8 << 20;
   // Prompt text (bytes) refused before tokenizing; 0: max_context x the tokenizer's longest
   // piece, the most text max_context tokens can stand for.
@@ -107,7 +108,8 @@ constexpr const char* kServerUsage =
                     [--kv-capacity N] [--kv-memory-percent P]
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
-                    [--decode-lookahead 0|1] [--max-body-bytes B]
+                    [--decode-lookahead 0|1] [--prefix-caching 0|1 | --no-prefix-caching]
+                    [--max-body-bytes B]
                     [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
                     [--http-max-connections-per-client N]
                     [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
@@ -165,6 +167,12 @@ constexpr const char* kServerUsage =
                     decode step before the current one's tokens come back, so the workers
                     start it at once (a sequence that ends meanwhile costs one wasted row);
                     0: one step at a time
+  --prefix-caching 0|1  1 (default): a prompt that starts with blocks of tokens computed
+                    before (ring ranks x the KV page size tokens each, of a finished or a
+                    running request, its answer included) reuses their KV pages on every rank
+                    and prefills only the rest; unused blocks are evicted least recently used
+                    first when pages run out. Needs the striped layout.
+                    --no-prefix-caching: 0
   --max-body-bytes B  largest HTTP request body (default 8 MiB)
   --max-prompt-bytes B  prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is
                     tokenized (0, the default: max context x the longest token's text, the most

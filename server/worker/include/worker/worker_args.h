@@ -20,6 +20,10 @@ struct Args {
   std::string join, advertise_host;
   std::string cluster_token_file;  // --join: the cluster token's file (else $BURST_CLUSTER_TOKEN)
   bool local_flags = false;  // any of --rank --world --store --port-file --kv-capacity ...
+  // A test of prefix caching: freed KV pages are filled with NaN (PagedKvCache::
+  // set_poison_freed), so a request that reads a page after it was freed gives garbage, not
+  // plausible tokens. $BURST_POISON_FREED_KV=1 turns it on too (spawned workers inherit it).
+  bool poison_freed_kv = false;
 };
 
 // The arguments; --help and --version print and exit 0, a bad command line prints the usage
