@@ -1,7 +1,10 @@
 // Tokenizer tests against the reference: Debian's `spm_encode` command-line tool (the same
 // SentencePiece that Meta's tokenizer.model was made for) on a varied corpus of our own text in
 // tests/fixtures/tokenizer_corpus/, plus known ids, decode identities, streaming detokenization,
-// and the error paths (invalid UTF-8, missing or garbage model files).
+// and the error paths (invalid UTF-8, missing or garbage model files). Text cut into pieces
+// encoded on several threads must give the ids of SentencePiece encoding it whole: on the
+// corpus, the KJV, the docs, adversarial and random text, and on models whose settings or
+// vocabulary move or forbid the cuts.
 #include "common/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -9,13 +12,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace burst::server {
@@ -370,6 +377,371 @@ TEST_F(TokenizerTest, RejectsInvalidUtf8WithOffset) {
                                "\xF4\x8F\xBF\xBF", "\x7F"}) {
     EXPECT_TRUE(tok_->encode(ok, false, false).ok());
   }
+}
+
+// --- Encoding in pieces ---------------------------------------------------------------------
+
+constexpr size_t kWhole = std::numeric_limits<size_t>::max();
+
+// SentencePiece on the whole text, on this thread: what every split must reproduce.
+std::vector<int> whole_ids(const Tokenizer& tok, const std::string& text) {
+  size_t pieces = 0;
+  auto r = tok.encode_split(text, false, false, {kWhole, 1}, &pieces);
+  EXPECT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(pieces, 1u);
+  return r.ok() ? r.value() : std::vector<int>{};
+}
+
+// Encodes text cut every piece_bytes (at the next safe point) on `threads` threads, checks the
+// ids against `want` and returns the number of pieces.
+size_t expect_split_equal(const Tokenizer& tok, const std::string& text,
+                          const std::vector<int>& want, size_t piece_bytes, size_t threads,
+                          const std::string& what) {
+  size_t pieces = 0;
+  auto r = tok.encode_split(text, false, false, {piece_bytes, threads}, &pieces);
+  EXPECT_TRUE(r.ok()) << what << ": " << r.message();
+  if (!r.ok()) return 0;
+  EXPECT_EQ(r.value(), want) << what << " (piece_bytes " << piece_bytes << ", threads " << threads
+                             << ", " << pieces << " pieces)";
+  EXPECT_GE(pieces, 1u);
+  return pieces;
+}
+
+// A deterministic generator (the tests must fail the same way on every machine).
+struct Lcg {
+  uint64_t state;
+  uint32_t next() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  }
+};
+
+// Fragments that make hard text: runs and mixes of whitespace, a literal U+2581 (the piece-level
+// space), CJK, Arabic, Devanagari, emoji with a ZWJ, a character only byte fallback encodes
+// (U+20000), NUL, digits and ASCII words.
+const std::vector<std::string> kFragments = {" ",
+                                             "  ",
+                                             "    ",
+                                             "\t",
+                                             "\n",
+                                             "\r\n",
+                                             " \t ",
+                                             "\n ",
+                                             "a",
+                                             "b",
+                                             "the",
+                                             "x",
+                                             "Hello",
+                                             "\xE2\x96\x81",
+                                             "\xC3\xA9",
+                                             "\xE4\xBD\xA0\xE5\xA5\xBD",
+                                             "\xD8\xB9\xD8\xB1\xD8\xA8",
+                                             "\xE0\xA4\xB9\xE0\xA4\xBF",
+                                             "\xF0\x9F\x98\x80",
+                                             "\xE2\x80\x8D",
+                                             "\xF0\xA0\x80\x80",
+                                             std::string("\0", 1),
+                                             "1",
+                                             "2024",
+                                             ".",
+                                             ","};
+
+std::string random_text(Lcg& rng, size_t fragments) {
+  std::string text;
+  for (size_t i = 0; i < fragments; ++i) text += kFragments[rng.next() % kFragments.size()];
+  return text;
+}
+
+TEST_F(TokenizerTest, LlamaModelAllowsSplitting) {
+  // Without this every split test below would only exercise the whole-text path.
+  EXPECT_TRUE(tok_->can_split());
+  EXPECT_GE(Tokenizer::encode_threads(), 1u);
+  EXPECT_LE(Tokenizer::encode_threads(), Tokenizer::kMaxEncodeThreads);
+}
+
+// Where the cuts go, counted with piece_bytes 1 (a cut at every safe point): before a space
+// whose preceding character is not a space or a literal U+2581, never at offset 0.
+TEST_F(TokenizerTest, SplitCutsBeforeSpacesOnly) {
+  struct Case {
+    std::string text;
+    size_t pieces;
+  };
+  const std::vector<Case> cases = {
+      {"Hello world!", 2},
+      {"a b c", 3},
+      {"a  b", 2},  // not inside the run
+      {"a    b    c", 3},
+      {"   x", 1},  // leading spaces: offset 0, then after spaces
+      {"x   ", 2},  // trailing run: one cut, before its first space
+      {"x ", 1},    // never at the last byte: the piece would be a lone space
+      {" ", 1},
+      {"a\xE2\x96\x81 b", 1},  // after a literal U+2581: "▁▁" is a piece
+      {"a\t b\n c", 3},        // a tab or newline before the space is fine
+      {"\xE4\xBD\xA0\xE5\xA5\xBD \xE4\xB8\x96\xE7\x95\x8C", 2},
+      {std::string(1000, 'x'), 1},
+      {std::string(1000, ' '), 1},
+  };
+  for (const auto& c : cases) {
+    const auto want = whole_ids(*tok_, c.text);
+    EXPECT_EQ(expect_split_equal(*tok_, c.text, want, 1, 2, c.text), c.pieces) << c.text;
+  }
+}
+
+TEST_F(TokenizerTest, SplitMatchesWholeOnCorpus) {
+  const auto lines = corpus_lines();
+  size_t cut_lines = 0;
+  for (const auto& line : lines) {
+    const auto want = whole_ids(*tok_, line);
+    EXPECT_EQ(want, enc(line)) << line;  // encode() is the whole text's ids too
+    size_t most = 0;
+    for (size_t piece_bytes : {1, 2, 3, 7, 16, 64}) {
+      for (size_t threads : {1, 2}) {
+        most = std::max(most, expect_split_equal(*tok_, line, want, piece_bytes, threads, line));
+      }
+    }
+    cut_lines += most > 1;
+  }
+  // 365 of the 519 lines have a space to cut at (CJK, Khmer and short lines have none).
+  EXPECT_GT(cut_lines, 300u);
+
+  std::string text;
+  for (const auto& line : lines) text += line + "\n";
+  const auto want = whole_ids(*tok_, text);
+  for (size_t piece_bytes : {1, 100, 1000, 4096}) {
+    EXPECT_GT(expect_split_equal(*tok_, text, want, piece_bytes, 2, "corpus"), 5u);
+  }
+}
+
+// The KJV as Debian's `bible` prints it (verse numbers, indentation, headings): 4.3 MB, 1.25M
+// tokens. Two encodes only (the whole text and one split), as each takes seconds.
+TEST_F(TokenizerTest, SplitMatchesWholeOnKjv) {
+  const auto kjv = run_command("bible Gen1:1-Rev22:21 2>/dev/null");
+  if (!kjv.ok || kjv.out.size() < 1000000) {
+    GTEST_SKIP() << "needs the `bible` command (Debian bible-kjv; scripts/setup.sh installs it)";
+  }
+  const auto want = whole_ids(*tok_, kjv.out);
+  ASSERT_GT(want.size(), 1000000u);
+  EXPECT_GT(expect_split_equal(*tok_, kjv.out, want, 64 << 10, 2, "KJV"), 60u);
+}
+
+// A long real text that is always in the tree: the project's documentation.
+TEST_F(TokenizerTest, SplitMatchesWholeOnDocs) {
+  std::string text;
+  for (const auto& entry : fs::directory_iterator(kRoot + "/docs")) {
+    if (entry.path().extension() == ".md") text += read_file(entry.path().string());
+  }
+  ASSERT_GT(text.size(), 50000u);
+  const auto want = whole_ids(*tok_, text);
+  EXPECT_GT(expect_split_equal(*tok_, text, want, 512, 2, "docs"), 50u);
+  EXPECT_GT(expect_split_equal(*tok_, text, want, 1, 2, "docs"), 5000u);
+  // encode()'s own choice: pieces of about kPieceBytes on every thread the pool has.
+  EXPECT_GT(expect_split_equal(*tok_, text, want, 0, 0, "docs, encode()'s choice"),
+            text.size() / Tokenizer::kPieceBytes / 2);
+}
+
+TEST_F(TokenizerTest, SplitMatchesWholeOnAdversarialText) {
+  const std::string cjk =
+      "\xE5\x9C\xA8\xE8\xB5\xB7\xE5\x88\x9D\xE7\xA5\x9E\xE5\x88\x9B\xE9\x80"
+      "\xA0\xE5\xA4\xA9\xE5\x9C\xB0";
+  const std::string arabic =
+      "\xD9\x81\xD9\x8A \xD8\xA7\xD9\x84\xD8\xA8\xD8\xAF\xD8\xA1 \xD8\xAE"
+      "\xD9\x84\xD9\x82 \xD8\xA7\xD9\x84\xD9\x84\xD9\x87";
+  const std::string devanagari =
+      "\xE0\xA4\x86\xE0\xA4\xA6\xE0\xA4\xBF \xE0\xA4\xAE\xE0\xA5\x87"
+      "\xE0\xA4\x82 \xE0\xA4\xAA\xE0\xA4\xB0\xE0\xA4\xAE\xE0\xA5\x87"
+      "\xE0\xA4\xB6\xE0\xA5\x8D\xE0\xA4\xB5\xE0\xA4\xB0";
+  const std::string family =
+      "\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F"
+      "\x91\xA7";
+  std::string space_runs;  // every run length from 1 to 40 between words
+  for (int k = 1; k <= 40; ++k) space_runs += 'w' + std::to_string(k) + std::string(k, ' ');
+  std::string mixed_ws;  // every mix of space, tab and newline up to length 4, between words
+  for (int code = 0; code < 3 * 3 * 3 * 3; ++code) {
+    mixed_ws += "z";
+    for (int c = code, k = 0; k < 4; ++k, c /= 3) mixed_ws += " \t\n"[c % 3];
+  }
+  std::string scripts;
+  for (int i = 0; i < 200; ++i) {
+    scripts += cjk + " " + arabic + " " + devanagari + " " + family + " \xF0\xA0\x80\x80 " +
+               std::to_string(i) + " ";
+  }
+  const std::vector<std::pair<std::string, std::string>> texts = {
+      {"space runs", space_runs},
+      {"space runs x50",
+       [&] {
+         std::string t;
+         for (int i = 0; i < 50; ++i) t += space_runs;
+         return t;
+       }()},
+      {"10000 spaces between words",
+       "begin" + std::string(10000, ' ') + "end middle" + std::string(9999, ' ') + " end"},
+      {"mixed whitespace", mixed_ws},
+      {"mixed scripts and byte fallback", scripts},
+      {"starts and ends with spaces", "   In the beginning   God created   "},
+      {"one space at each end", " x y z "},
+      {"literal U+2581 before spaces", "a\xE2\x96\x81 b\xE2\x96\x81\xE2\x96\x81  c \xE2\x96\x81"},
+      {"no space: one 300 KB word", std::string(300000, 'x')},
+      {"no space: 300 KB of CJK",
+       [&] {
+         std::string t;
+         while (t.size() < 300000) t += cjk;
+         return t;
+       }()},
+  };
+  size_t cut_texts = 0;
+  for (const auto& [what, text] : texts) {
+    const auto want = whole_ids(*tok_, text);
+    ASSERT_FALSE(want.empty()) << what;
+    size_t most = 0;
+    const bool no_space = what.rfind("no space", 0) == 0;  // every encode is whole: slow
+    for (size_t piece_bytes : {1, 2, 3, 5, 8, 13, 64, 1000, 4096}) {
+      if (no_space && piece_bytes != 1) continue;
+      most = std::max(most, expect_split_equal(*tok_, text, want, piece_bytes, 2, what));
+    }
+    EXPECT_EQ(expect_split_equal(*tok_, text, want, 1, 1, what), most) << what;
+    if (no_space) {
+      EXPECT_EQ(most, 1u) << what << ": nothing to cut at, so whole";
+    } else {
+      cut_texts += most > 1;
+    }
+    // encode() (below or above kSplitMinBytes) agrees as well.
+    auto r = tok_->encode(text, false, false);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value(), want) << what;
+  }
+  EXPECT_EQ(cut_texts, texts.size() - 2);
+}
+
+// Random mixes of the fragments above, cut at every safe point: whatever lands next to a cut.
+TEST_F(TokenizerTest, SplitMatchesWholeOnRandomText) {
+  Lcg rng{20261128};
+  size_t cuts = 0;
+  for (int i = 0; i < 400; ++i) {
+    const std::string text = random_text(rng, 1 + rng.next() % 120);
+    const auto want = whole_ids(*tok_, text);
+    for (size_t piece_bytes : {1, 4, 17}) {
+      const std::string what = "random " + std::to_string(i);
+      cuts += std::max<size_t>(expect_split_equal(*tok_, text, want, piece_bytes, 2, what), 1) - 1;
+    }
+  }
+  EXPECT_GT(cuts, 4000u);
+  const std::string big = random_text(rng, 100000);
+  const auto want = whole_ids(*tok_, big);
+  EXPECT_GT(expect_split_equal(*tok_, big, want, 1, 2, "random, big"), 10000u);
+  EXPECT_GT(expect_split_equal(*tok_, big, want, 0, 2, "random, big"), 1u);
+}
+
+TEST_F(TokenizerTest, SplitKeepsBosEosAndErrors) {
+  const std::string text = "In the beginning God created the heaven and the earth.";
+  const auto want = whole_ids(*tok_, text);
+  size_t pieces = 0;
+  auto r = tok_->encode_split(text, true, true, {1, 2}, &pieces);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(pieces, 5u);
+  ASSERT_EQ(r.value().size(), want.size() + 2);
+  EXPECT_EQ(r.value().front(), 1);
+  EXPECT_EQ(r.value().back(), 2);
+  EXPECT_EQ(std::vector<int>(r.value().begin() + 1, r.value().end() - 1), want);
+  // Invalid UTF-8 anywhere, far past the first cut, is still refused with its offset.
+  std::string bad = std::string(100000, 'a') + " b " + std::string(50000, 'c') + " \xC3";
+  auto e = tok_->encode_split(bad, false, false, {1000, 2}, &pieces);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("byte offset " + std::to_string(bad.size() - 1)), std::string::npos)
+      << e.message();
+  EXPECT_FALSE(tok_->encode(bad, false, false).ok());
+}
+
+// Many callers at once share the process's pool: every one gets its own text's ids.
+TEST_F(TokenizerTest, SplitFromManyThreadsAtOnce) {
+  Lcg rng{7};
+  std::vector<std::string> texts;
+  std::vector<std::vector<int>> wants;
+  for (int i = 0; i < 8; ++i) {
+    texts.push_back(random_text(rng, 20000 + 1000 * i));
+    wants.push_back(whole_ids(*tok_, texts.back()));
+  }
+  std::vector<int> ok(texts.size(), 0);
+  std::vector<std::thread> callers;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    callers.emplace_back([&, i] {
+      bool same = true;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto r = tok_->encode(texts[i], false, false);
+        same = same && r.ok() && r.value() == wants[i];
+      }
+      ok[i] = same;
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_TRUE(ok[i]) << "caller " << i;
+}
+
+// Variants of the LLaMA-2 model made by appending protobuf fields to its bytes (a later field
+// overrides or, for pieces, adds): what the cut rule reads from the model must follow them.
+class TokenizerVariantTest : public ::testing::Test {
+ protected:
+  static std::unique_ptr<Tokenizer> load_variant(const std::string& name,
+                                                 const std::string& suffix) {
+    const fs::path path = fs::path(::testing::TempDir()) /
+                          ("burst_tok_" + name + "_" + std::to_string(getpid()) + ".model");
+    std::ofstream(path, std::ios::binary) << read_file(kModel) + suffix;
+    auto r = Tokenizer::load(path.string());
+    fs::remove(path);
+    EXPECT_TRUE(r.ok()) << name << ": " << r.message();
+    return r.ok() ? r.take() : nullptr;
+  }
+};
+
+TEST_F(TokenizerVariantTest, NoDummyPrefixCutsKeepTheSpace) {
+  // normalizer_spec { add_dummy_prefix: false }
+  auto tok = load_variant("nodummy", std::string("\x1a\x02\x18\x00", 4));
+  ASSERT_TRUE(tok);
+  EXPECT_TRUE(tok->can_split());
+  const std::string text = "Hello world, and  again\n  indented text \xE4\xBD\xA0 ok ";
+  const auto want = whole_ids(*tok, text);
+  EXPECT_EQ(want.front(), 10994) << "no U+2581 before the first word: 'Hello'";
+  EXPECT_GT(expect_split_equal(*tok, text, want, 1, 2, "no dummy prefix"), 5u);
+  Lcg rng{99};
+  for (int i = 0; i < 100; ++i) {
+    const std::string t = random_text(rng, 1 + rng.next() % 80);
+    expect_split_equal(*tok, t, whole_ids(*tok, t), 1, 2, "no dummy prefix, random");
+  }
+}
+
+TEST_F(TokenizerVariantTest, PieceJoiningACharacterToASpaceMovesTheCut) {
+  // pieces { piece: "x\u2581" score: 0 type: NORMAL }: "x" before a space now merges with it.
+  // Wire format: a tag byte (field << 3 | wire type), then a length for strings and messages.
+  const std::string piece = "x\xE2\x96\x81";
+  std::string inner = {'\x0a', static_cast<char>(piece.size())};  // piece (1, string)
+  inner += piece;
+  inner += std::string("\x15\x00\x00\x00\x00", 5);                   // score (2, float) 0
+  inner += "\x18\x01";                                               // type (3, varint) NORMAL
+  std::string appended = {'\x0a', static_cast<char>(inner.size())};  // pieces (1, message)
+  appended += inner;
+  auto tok = load_variant("xjoin", appended);
+  ASSERT_TRUE(tok);
+  ASSERT_EQ(tok->vocab_size(), 32001);
+  EXPECT_TRUE(tok->can_split());
+  // Whole, "x y" is "▁ x▁ y": a cut before the space would give "▁x ▁y" instead.
+  EXPECT_EQ(whole_ids(*tok, "x y"), (std::vector<int>{29871, 32000, 29891}));
+  EXPECT_EQ(expect_split_equal(*tok, "x y", whole_ids(*tok, "x y"), 1, 1, "x y"), 1u);
+  EXPECT_EQ(expect_split_equal(*tok, "a y", whole_ids(*tok, "a y"), 1, 1, "a y"), 2u);
+  Lcg rng{5};
+  for (int i = 0; i < 100; ++i) {
+    const std::string t = random_text(rng, 1 + rng.next() % 80);
+    expect_split_equal(*tok, t, whole_ids(*tok, t), 1, 2, "x joins a space, random");
+  }
+}
+
+TEST_F(TokenizerVariantTest, ContextDependentNormalizingForbidsCutting) {
+  // normalizer_spec { remove_extra_whitespaces: true }: whether a space survives depends on
+  // its neighbours, so the text is encoded whole.
+  auto tok = load_variant("collapse", std::string("\x1a\x02\x20\x01", 4));
+  ASSERT_TRUE(tok);
+  EXPECT_FALSE(tok->can_split());
+  const std::string text = "a  b   c    d";
+  EXPECT_EQ(expect_split_equal(*tok, text, whole_ids(*tok, text), 1, 2, "collapse"), 1u);
+  EXPECT_EQ(whole_ids(*tok, text), whole_ids(*tok, "a b c d"));
 }
 
 TEST(TokenizerLoad, MissingOrGarbageFileIsAnError) {

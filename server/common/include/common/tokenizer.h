@@ -2,8 +2,11 @@
 // model directory's tokenizer.model (rebuilt from npm by scripts/make_tokenizer.py).
 // SentencePiece runs inside libburst_spm.so, loaded on first use from $BURST_SPM_MODULE, else
 // beside the running executable, else the build tree (common/spm_abi.h says why).
+// A long text is cut where no token can span the cut, and its pieces are encoded at once on a
+// pool of threads shared by the process; the ids are those of encoding it whole.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -24,8 +27,36 @@ class Tokenizer {
   ~Tokenizer();
 
   // Encodes UTF-8 text; BOS (id 1) first when add_bos, EOS (id 2) last when add_eos. Bytes that
-  // are not valid UTF-8 are an error (the caller reports it), not silently replaced.
+  // are not valid UTF-8 are an error (the caller reports it), not silently replaced. A text of
+  // kSplitMinBytes or more is cut into pieces of about kPieceBytes, encoded on the calling
+  // thread and the process's pool (encode_split), when the model allows cutting it; the ids are
+  // the same either way.
   Result<std::vector<int>> encode(std::string_view text, bool add_bos, bool add_eos) const;
+
+  // encode() with its split spelled out, for tests and bench/bench_tokenize.cpp.
+  struct Split {
+    // About this many bytes a piece: each cut goes at the first safe point at least this far
+    // past the previous one. 0: encode()'s choice. >= the text's size: the whole text, one piece.
+    size_t piece_bytes = 0;
+    // At most this many threads encode the pieces, the calling thread included (the process's
+    // pool gives at most encode_threads()). 0: encode_threads().
+    size_t threads = 0;
+  };
+  // *pieces (when not null) gets the number of pieces the text was encoded as (1: whole).
+  Result<std::vector<int>> encode_split(std::string_view text, bool add_bos, bool add_eos,
+                                        const Split& split, size_t* pieces = nullptr) const;
+  // Whether this model's settings and vocabulary allow cutting text at all (tokenizer.cpp,
+  // cut_rule_from_model, lists what it checks); when not, every text is encoded whole.
+  bool can_split() const { return can_split_; }
+  // Threads that encode one text at most: the caller plus the helpers of the process's pool,
+  // min(hardware_concurrency, kMaxEncodeThreads).
+  static size_t encode_threads();
+  static constexpr size_t kMaxEncodeThreads = 16;
+  // SentencePiece's BPE keeps a heap over all of a text's symbol pairs, so its time per byte
+  // grows with the text (about 3x from 2 KB to 500 KB: docs/benchmarks.md): pieces of about
+  // kPieceBytes are cheaper even on one thread. Below kSplitMinBytes a text is encoded whole.
+  static constexpr size_t kPieceBytes = 2 << 10;
+  static constexpr size_t kSplitMinBytes = 4 << 10;
   // Decodes ids to text (control tokens vanish; byte pieces join into UTF-8; an incomplete or
   // invalid byte sequence becomes U+FFFD per byte). Ids outside [0, vocab_size) are skipped: the
   // engine never samples them, and decode has no error channel.
@@ -47,8 +78,16 @@ class Tokenizer {
   friend class StreamDecoder;
   Tokenizer() = default;
   bool is_byte(int id) const;
+  // Offset of the first safe cut at or after `from` (text[cut] is a space), or npos.
+  size_t find_cut(std::string_view text, size_t from) const;
   const Module* module_ = nullptr;
   BurstSpm* spm_ = nullptr;
+  // Where text may be cut, read from the model at load (tokenizer.cpp says why it is safe).
+  bool can_split_ = false;
+  bool dummy_prefix_ = true;  // SentencePiece puts a U+2581 before the text
+  // Characters that some piece joins to a following U+2581 (LLaMA-2: U+2581 itself, in its
+  // pieces of whitespace runs), ' ' written as U+2581: a cut is never placed after one of them.
+  std::vector<std::string> joins_space_;
   // A normal piece whose text has no leading U+2581 (e.g. "a"), or -1. StreamDecoder decodes
   // its window after this piece: the window's first word keeps its space, and no byte piece
   // before the window can join the window's bytes into one character.
