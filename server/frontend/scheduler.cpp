@@ -336,6 +336,7 @@ Scheduler::GroupState Scheduler::ensure_group() {
     fail_running(ErrorCode::kUnavailable, "worker failure: the group restarted");
   }
   planner_.reset(group_->info().kv_pages, group_->info().kv_page_size);
+  warm_up();
   kv_capacity_ = group_->kv_capacity_tokens();
   metrics_.kv_capacity_tokens = kv_capacity_.load();
   healthy_ = true;
@@ -420,6 +421,34 @@ void Scheduler::admit() {
     started(s);
   }
   publish_gauges();
+}
+
+void Scheduler::warm_up() {
+  const int64_t n = std::min<int64_t>(options_.warmup_tokens, options_.max_context);
+  if (n <= 0) return;
+  runtime::GenerateRequest req;
+  req.prompt.push_back(1);  // BOS, then ids spread over the vocabulary (no text needed)
+  const auto vocab = static_cast<uint64_t>(std::max(group_->info().vocab_size, 260));
+  for (int64_t i = 1; i < n; ++i) {
+    req.prompt.push_back(static_cast<int32_t>(3 + (static_cast<uint64_t>(i) * 2654435761u) %
+                                                      (vocab - 3)));
+  }
+  req.max_tokens = 2;
+  req.stop_at_eos = false;
+  req.prefill_chunk = options_.group.prefill_chunk;
+  req.layout = options_.group.layout;
+  req.sampling.temperature = 0.f;
+  const auto t0 = Clock::now();
+  // Its own sequence id, far from the planner's; generate() releases it at the end. Nothing of
+  // it reaches the metrics or the prefix cache.
+  auto r = runtime::generate(*group_, req, [](int32_t) { return true; }, nullptr,
+                             uint64_t{1} << 62);
+  if (!r.ok()) {
+    spdlog::warn("warm-up request of {} tokens failed: {}", n, r.message());
+    return;
+  }
+  spdlog::info("warm-up: a {}-token request in {:.1f} ms (TTFT {:.1f} ms) before serving", n,
+               ms_between(t0, Clock::now()), r.value().prefill_ms);
 }
 
 void Scheduler::started(Running& s) {

@@ -62,6 +62,7 @@ std::map<std::string, Field> fields(ServerConfig* c) {
       {"prefill_chunk_decoding", {K::kInt64, &c->prefill_chunk_decoding}},
       {"decode_lookahead", {K::kInt, &c->decode_lookahead}},
       {"prefix_caching", {K::kInt, &c->prefix_caching}},
+      {"warmup_tokens", {K::kInt64, &c->warmup_tokens}},
       {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
       {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
       {"http_backlog", {K::kInt, &c->http_backlog}},
@@ -145,6 +146,7 @@ Status validate(const ServerConfig& c) {
   if (c.metrics_require_key != 0 && c.metrics_require_key != 1) {
     return Status::error("metrics_require_key must be 0 or 1");
   }
+  if (c.warmup_tokens < -1) return Status::error("warmup_tokens must be >= -1 (-1: the default)");
   if (c.prefix_caching != 0 && c.prefix_caching != 1) {
     return Status::error("prefix_caching must be 0 or 1");
   }

@@ -204,6 +204,11 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
                                      : so.group.prefill_chunk;
   so.decode_lookahead = cfg.decode_lookahead == 1;
   so.prefix_caching = cfg.prefix_caching == 1;
+  // The warm-up: on GPUs a request as long as the longest prompt (at most 128K tokens: beyond,
+  // the start would take minutes), on CPUs none unless asked.
+  so.warmup_tokens = cfg.warmup_tokens >= 0 ? cfg.warmup_tokens
+                     : cuda                  ? std::min<int64_t>(cfg.max_context, 131072)
+                                             : 0;
   so.vocab_size = static_cast<int>(model.vocab_size);
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;

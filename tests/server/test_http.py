@@ -83,8 +83,12 @@ def test_completion_matches_burst_generate():
             usage = j["usage"]
     c.close()
     check(done and text == want and finish == "length", f"stream {text!r} done={done}")
+    cached = (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens")
+    check(isinstance(cached, int) and 0 <= cached < r["usage"]["prompt_tokens"],
+          f"usage.prompt_tokens_details.cached_tokens: {usage}")
     check(usage == {"prompt_tokens": r["usage"]["prompt_tokens"], "completion_tokens": 12,
-                    "total_tokens": r["usage"]["prompt_tokens"] + 12}, f"usage {usage}")
+                    "total_tokens": r["usage"]["prompt_tokens"] + 12,
+                    "prompt_tokens_details": {"cached_tokens": cached}}, f"usage {usage}")
 
 
 def test_curl_sse_and_progress():

@@ -10,7 +10,8 @@ was freed would not give the cold tokens):
 - the next turn of a chat hits the previous turn's pages, its answer included;
 - 300 mixed requests (shared and unshared prefixes, cancels and disconnects at random points)
   on a pool small enough to force eviction: every completed request gives its cold tokens,
-  and afterwards no request holds a page (only the cache's blocks stay).
+  and afterwards no request holds a page (only the cache's blocks stay);
+- the warm-up request (--warmup-tokens) runs before the server is ready and leaves nothing.
 Run: /usr/bin/python3 test_prefix_cache.py --build BUILD_DIR."""
 import http.client
 import json
@@ -250,6 +251,20 @@ def test_mixed_load_with_eviction_and_cancels():
         srv.stop()
 
 
+def test_warm_up_before_serving():
+    # The warm-up request runs before /health says ready, through the workers, and leaves
+    # nothing behind: no metrics, no KV, no prefix blocks.
+    srv = Server("--warmup-tokens", 300, "--prefill-chunk", 64, workers=2)
+    try:
+        check("warm-up: a 300-token request" in srv.read_log(), "the warm-up ran before ready")
+        check(srv.metric("burst:prompt_tokens_total") == 0, "the warm-up is no request")
+        check(srv.metric("burst:kv_cache_used_tokens") == 0, "the warm-up's KV was freed")
+        out = complete(srv, doc(100, 3))
+        check(cached(out) == 0 and out["choices"][0]["text"], f"a request after it: {out}")
+    finally:
+        srv.stop()
+
+
 if __name__ == "__main__":
     run([test_cached_equals_cold_for_1_to_4_workers, test_chat_turns_and_grpc_report_cached_tokens,
-         test_mixed_load_with_eviction_and_cancels])
+         test_mixed_load_with_eviction_and_cancels, test_warm_up_before_serving])

@@ -147,6 +147,10 @@ struct SchedulerOptions {
   // running request: ring ranks x page size tokens a block) reuses their KV pages and prefills
   // only the rest (Planner; the striped layout only).
   bool prefix_caching = true;
+  // Before a (re)started group serves, one request of this many tokens (and 2 new ones) runs
+  // through it, chunked as requests are: the first request of that size would otherwise pay
+  // for the memory pools' growth, the kernels' loading and the libraries' first calls (0: none).
+  int64_t warmup_tokens = 0;
 };
 
 class Scheduler {
@@ -213,6 +217,7 @@ class Scheduler {
   enum class GroupState { kReady, kWaiting, kFailed };
   void loop();
   GroupState ensure_group();  // starts, restarts or awaits the group
+  void warm_up();             // the warm-up request on a fresh group (warmup_tokens)
   void admit();
   void started(Running& s);  // admitted: the kStarted event, its output state
   Running* running(uint64_t id);

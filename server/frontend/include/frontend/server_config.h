@@ -63,6 +63,8 @@ struct ServerConfig {
   // the replies of the current one are read (Scheduler, "lookahead"); 0: one step at a time.
   int decode_lookahead = 1;
   int prefix_caching = 1;  // requests reuse the KV of prompt blocks computed before
+  int64_t warmup_tokens = -1;  // the warm-up request's tokens; -1: the longest prompt on GPUs
+                               // (at most 128K), none on CPUs
   int64_t max_body_bytes = 8 << 20;
   // Prompt text (bytes) refused before tokenizing; 0: max_context x the tokenizer's longest
   // piece, the most text max_context tokens can stand for.
@@ -109,7 +111,7 @@ constexpr const char* kServerUsage =
                     [--max-tokens-limit N] [--max-queue N] [--max-running N]
                     [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
                     [--decode-lookahead 0|1] [--prefix-caching 0|1 | --no-prefix-caching]
-                    [--max-body-bytes B]
+                    [--warmup-tokens N] [--max-body-bytes B]
                     [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
                     [--http-max-connections-per-client N]
                     [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
@@ -173,6 +175,10 @@ constexpr const char* kServerUsage =
                     and prefills only the rest; unused blocks are evicted least recently used
                     first when pages run out. Needs the striped layout.
                     --no-prefix-caching: 0
+  --warmup-tokens N before the workers serve (at start and after a restart), one request of N
+                    tokens runs through them, so that the first request is as fast as the
+                    next (-1, the default: the max context, at most 131072, on GPUs; none
+                    on CPUs)
   --max-body-bytes B  largest HTTP request body (default 8 MiB)
   --max-prompt-bytes B  prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is
                     tokenized (0, the default: max context x the longest token's text, the most
