@@ -12,31 +12,10 @@ Waits for the port file and /health (the server is ready only after its warm-up)
 import argparse
 import http.client
 import json
-import os
 import sys
 import time
 
-
-def wait_ready(ports_file):
-    deadline = time.time() + 900
-    while not os.path.exists(ports_file):
-        if time.time() > deadline:
-            sys.exit("no port file")
-        time.sleep(0.2)
-    port = json.load(open(ports_file))["http_port"]
-    t0 = time.time()
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                print(f"ready {time.time() - t0:.1f} s after the port file", flush=True)
-                return port
-        except OSError:
-            pass
-        if time.time() > deadline:
-            sys.exit("never healthy")
-        time.sleep(0.2)
+from gpu_client import wait_ready
 
 
 def post(port, path, body):

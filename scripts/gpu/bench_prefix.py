@@ -15,44 +15,15 @@ Run it against a server with prefix caching and one with --no-prefix-caching: sa
 import argparse
 import http.client
 import json
-import os
 import statistics
 import sys
 import threading
 import time
 
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
+from gpu_client import splitmix64, wait_ready
 
 def ids(n, salt):
     return [259 + splitmix64(salt * 1000003 + i) % 31741 for i in range(n)]
-
-
-def wait_ready(ports_file):
-    deadline = time.time() + 900
-    while not os.path.exists(ports_file):
-        if time.time() > deadline:
-            sys.exit("bench_prefix: no port file")
-        time.sleep(0.2)
-    port = json.load(open(ports_file))["http_port"]
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return port
-        except OSError:
-            pass
-        if time.time() > deadline:
-            sys.exit("bench_prefix: never healthy")
-        time.sleep(0.5)
 
 
 def ttft(port, prompt, max_tokens=4):

@@ -24,16 +24,9 @@ import statistics
 import sys
 import time
 
+from gpu_client import splitmix64
+
 PEAK_TFLOPS = 770.0
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
 
 def prompt(n, vocab=32000):
     return [1] + [259 + splitmix64(i) % (vocab - 259) for i in range(1, n)]

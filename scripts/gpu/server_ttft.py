@@ -9,39 +9,14 @@ and the server's own timings from the usage chunk.
 """
 import http.client
 import json
-import os
 import sys
 import time
 
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
+from gpu_client import splitmix64, wait_ready
 
 def main():
     ports_file, sizes = sys.argv[1], [int(x) for x in sys.argv[2:]]
-    deadline = time.time() + 600
-    while not os.path.exists(ports_file):
-        if time.time() > deadline:
-            sys.exit("server_ttft: no port file")
-        time.sleep(0.2)
-    port = json.load(open(ports_file))["http_port"]
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            sys.exit("server_ttft: never healthy")
-        time.sleep(0.5)
+    port = wait_ready(ports_file, timeout=600)
     for n in sizes:
         prompt = [1] + [259 + splitmix64(i) % 31741 for i in range(1, n)]
         body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True,

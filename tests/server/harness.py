@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -190,6 +191,20 @@ def kill_mid_stream(events, pid):
         if ev != "comment" and "error" in json.loads(data):
             error = json.loads(data)["error"]
     return error, time.time() - t0
+
+
+def run_at_most(fn, n, width):
+    """fn(0), ..., fn(n - 1), each on its own thread started in order, at most `width` at once
+    (a thread waits for the oldest running one to end)."""
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=fn, args=(i,))
+        t.start()
+        threads.append(t)
+        if len(threads) >= width:
+            threads.pop(0).join()
+    for t in threads:
+        t.join()
 
 
 def check(cond, msg):

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 
-from harness import PROMPT, Server, check, run
+from harness import PROMPT, Server, check, run, run_at_most
 
 WORDS = ("In the beginning God created the heaven and the earth . And the earth was without "
          "form , and void ; and darkness was upon the face of the deep .").split()
@@ -116,15 +116,7 @@ def test_cancels_in_every_phase_free_every_page():
                     break
             c.close()
 
-        threads = []
-        for i in range(200):
-            t = threading.Thread(target=cancel_after, args=(i,))
-            t.start()
-            threads.append(t)
-            if len(threads) >= 16:
-                threads.pop(0).join()
-        for t in threads:
-            t.join()
+        run_at_most(cancel_after, 200, 16)
         check(wait_kv_empty(srv, 60), "KV usage back to 0 after 200 mixed cancels")
         text, _, finish = text_and_ttft(srv, PROMPT, 5)
         check(finish == "length" and text, f"the server still serves: {text!r} {finish}")

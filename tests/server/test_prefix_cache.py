@@ -17,10 +17,9 @@ import http.client
 import json
 import os
 import random
-import threading
 import time
 
-from harness import HAVE_KJV, Server, check, compile_protos, run
+from harness import HAVE_KJV, Server, check, compile_protos, run, run_at_most
 
 os.environ["BURST_POISON_FREED_KV"] = "1"  # the servers' workers inherit it
 PAGE = 16  # a CPU rank's KV page (engine::kDefaultKvPageSize)
@@ -217,15 +216,7 @@ def test_mixed_load_with_eviction_and_cancels():
             c.close()
             results[i] = "cancelled"
 
-        threads = []
-        for i in range(len(plan)):
-            t = threading.Thread(target=one, args=(i,))
-            t.start()
-            threads.append(t)
-            if len(threads) >= 12:
-                threads.pop(0).join()
-        for t in threads:
-            t.join()
+        run_at_most(one, len(plan), 12)
         hits = 0
         for i, (k, cancel, _) in enumerate(plan):
             check(results[i] is not None, f"request {i} ended")
