@@ -4,7 +4,8 @@
 #   common      shared paths and names, log(), the Spec (request) and Result records
 #   cli         the command line: flags, defaults, checks, value parsers
 #   tokenizer   counting tokens (the target's or SentencePiece), exact-length prefixes
-#   workload    the prompts of a run: random ids or text, KJV / text file, JSONL
+#   workload    the prompts of a run: random ids or text, KJV / text file, JSONL, shared
+#               prefixes (prefix-repetition)
 #   httpwire    HTTP/1.1 over asyncio streams: keep-alive pool, chunked bodies
 #   openai_http the OpenAI-compatible target (/v1/completions, chat, SSE streaming)
 #   grpc_client the burst.v1.Burst gRPC target
@@ -19,6 +20,9 @@
     burst-bench --base-url http://127.0.0.1:8080 --input-len 1024 --output-len 128 \\
         --num-requests 100 --request-rate 4 --result-json out.json --plot plots/
     burst-bench --grpc 127.0.0.1:50051 --input-lens 4K,16K --output-len 32 --ignore-eos
+    burst-bench --base-url http://127.0.0.1:8080 --dataset-name prefix-repetition \\
+        --prefix-repetition-prefix-len 2K --prefix-repetition-suffix-len 128 \\
+        --prefix-repetition-num-prefixes 4 --num-prompts 64 --request-rate 2
     burst-bench --report a.json b.json --markdown table.md --plot plots/   # combine results
 
 Python standard library only (asyncio streams for HTTP and SSE), run by /usr/bin/python3;
@@ -36,5 +40,9 @@ carry no text (burst's chat role chunk is sent before the prefill):
 Field names of --result-json are vLLM's (completed, failed, duration, total_input_tokens, ...,
 mean_/median_/std_/pNN_ of ttft_ms, tpot_ms, itl_ms, e2el_ms, input_lens, output_lens, ttfts,
 itls, errors), plus burst's per-request server timings (server_queue_ms, server_prefill_ms,
-server_ttft_ms, server_decode_tokens_per_s) where the server reports them.
+server_ttft_ms, server_decode_tokens_per_s) where the server reports them, and the prefix
+cache: prefix_cache_hit_rate = the completed requests' usage.prompt_tokens_details.cached_tokens
+(0 where not reported) over their prompt tokens, per request cached_tokens, and
+server_prefix_cache_hit_rate from the server's /metrics counters (burst: or vllm:
+prefix_cache_hits_total / prefix_cache_queries_total) over the run, where it has them.
 """

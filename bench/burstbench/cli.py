@@ -1,6 +1,8 @@
 # Contract: burst-bench's command line. parse_args(argv) returns the argparse Namespace (flags,
 # defaults and help as documented in --help; --report skips the run's checks; a bad
-# combination exits with argparse's usage error, code 2); parse_count / parse_range /
+# combination exits with argparse's usage error, code 2; --dataset-name prefix_repetition is
+# read as prefix-repetition, whose lengths then stand in --input-len and --output-len);
+# parse_count / parse_range /
 # parse_list / key_value are the value parsers; parse_goodput turns --goodput's METRIC:MS items
 # into {metric: ms}.
 import argparse
@@ -23,6 +25,11 @@ def parse_count(s):
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{s!r}: must be > 0")
     return v
+
+
+def parse_count0(s):
+    """parse_count, 0 allowed."""
+    return 0 if str(s).strip() == "0" else parse_count(s)
 
 
 def parse_range(s):
@@ -75,10 +82,13 @@ def parse_args(argv):
                    help="wait up to S seconds for the server's /health (gRPC: ModelInfo)")
     t.add_argument("--request-timeout", type=float, default=3600.0, metavar="S")
     w = p.add_argument_group("workload")
-    w.add_argument("--dataset-name", default="random", choices=["random", "kjv", "text", "jsonl"],
+    w.add_argument("--dataset-name", default="random",
+                   choices=["random", "kjv", "text", "jsonl", "prefix-repetition",
+                            "prefix_repetition"],
                    help="random token ids (default), the KJV text (Debian bible-kjv), a text "
-                        "file (--dataset-path) cut to exact lengths, or a JSONL file of "
-                        "{\"prompt\": str | [ids], \"output_len\": n}")
+                        "file (--dataset-path) cut to exact lengths, a JSONL file of "
+                        "{\"prompt\": str | [ids], \"output_len\": n}, or shared prefixes "
+                        "(prefix-repetition, vLLM's prefix_repetition: --prefix-repetition-*)")
     w.add_argument("--dataset-path")
     w.add_argument("--input-len", type=parse_count, default=1024,
                    help="exact prompt length in tokens, BOS included (4K = 4096)")
@@ -108,6 +118,22 @@ def parse_args(argv):
     w.add_argument("--top-k", type=int)
     w.add_argument("--extra-body", type=json.loads, default={},
                    help="JSON object merged into every HTTP request body")
+    pr = p.add_argument_group(
+        "prefix-repetition workload",
+        "D random prefixes of P tokens (BOS included); each request is one of them followed by "
+        "a fresh random suffix of S tokens, P + S in all; each prefix serves N / D requests")
+    pr.add_argument("--prefix-repetition-prefix-len", type=parse_count, default=256,
+                    metavar="P", help="tokens of each shared prefix, BOS included (default 256)")
+    pr.add_argument("--prefix-repetition-suffix-len", type=parse_count0, default=256,
+                    metavar="S", help="tokens of each request's own suffix (default 256)")
+    pr.add_argument("--prefix-repetition-num-prefixes", type=int, default=10, metavar="D",
+                    help="distinct prefixes (default 10; at most --num-prompts)")
+    pr.add_argument("--prefix-repetition-output-len", type=parse_count, default=None,
+                    metavar="O", help="max_tokens (default: --output-len)")
+    pr.add_argument("--prefix-repetition-order", default="random",
+                    choices=["random", "round-robin"],
+                    help="which prefix each request gets: shuffled with --seed (default), or "
+                         "0, 1, ..., D-1, 0, ...")
     ld = p.add_argument_group("load")
     ld.add_argument("--num-requests", "--num-prompts", type=int, default=100)
     ld.add_argument("--max-concurrency", type=int, default=None)
@@ -151,4 +177,18 @@ def parse_args(argv):
         p.error("--max-concurrency must be > 0")
     if not isinstance(a.extra_body, dict):
         p.error("--extra-body must be a JSON object")
+    if a.dataset_name == "prefix_repetition":
+        a.dataset_name = "prefix-repetition"
+    if a.dataset_name == "prefix-repetition":
+        if a.input_lens or a.input_len_range or a.long_fraction > 0:
+            p.error("--dataset-name prefix-repetition takes its lengths from "
+                    "--prefix-repetition-prefix-len and -suffix-len")
+        if a.prefix_repetition_num_prefixes < 1:
+            p.error("--prefix-repetition-num-prefixes must be >= 1")
+        if a.num_requests < a.prefix_repetition_num_prefixes:
+            p.error(f"--num-prompts ({a.num_requests}) must be >= "
+                    f"--prefix-repetition-num-prefixes ({a.prefix_repetition_num_prefixes})")
+        a.input_len = a.prefix_repetition_prefix_len + a.prefix_repetition_suffix_len
+        if a.prefix_repetition_output_len is not None:
+            a.output_len = a.prefix_repetition_output_len
     return a

@@ -29,6 +29,7 @@ class Spec:
     ids: list | None = None
     text: str | None = None
     payload: object = None  # the pre-built request body (bytes) or protobuf message
+    prefix: int | None = None  # prefix-repetition: which shared prefix the prompt starts with
 
 
 @dataclass
@@ -52,3 +53,5 @@ class Result:
     finish_reason: str | None = None
     timings: dict = field(default_factory=dict)
     chunks: int = 0
+    cached_tokens: int | None = None  # of the prompt, from the server's prefix cache (usage)
+    prefix: int | None = None  # the Spec's

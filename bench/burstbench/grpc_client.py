@@ -1,6 +1,7 @@
 # Contract: the gRPC target, burst.v1.Burst (--grpc HOST:PORT), with the same interface as the
 # HTTP one (openai_http.HttpTarget): kind, backend, model, wait_ready, discover_model,
-# server_tokenizer, prepare(spec), send(spec, res, t0), classify(exception), close. grpcio is
+# server_tokenizer, prepare(spec), send(spec, res, t0) (Finished's cached_tokens included),
+# classify(exception), prefix_cache_counters (None: /metrics is HTTP's), close. grpcio is
 # imported, and the Python modules generated from proto/burst/v1/burst.proto (protoc with
 # grpc_python_plugin, else grpc_tools) into a temporary folder, only when a GrpcTarget is made.
 import asyncio
@@ -148,6 +149,7 @@ class GrpcTarget:
                     res.output_len = f.completion_tokens
                     res.finish_reason = f.finish_reason
                     res.server_input_len = f.prompt_tokens or res.server_input_len
+                    res.cached_tokens = getattr(f, "cached_tokens", None)
                     res.timings = {"queue_ms": f.queue_ms, "prefill_ms": f.prefill_ms,
                                    "ttft_ms": f.ttft_ms,
                                    "decode_tokens_per_s": f.decode_tokens_per_s}
@@ -163,6 +165,9 @@ class GrpcTarget:
         if isinstance(e, self.grpc.aio.AioRpcError):
             return f"gRPC {e.code().name}", e.details() or ""
         return None
+
+    async def prefix_cache_counters(self):
+        return None  # the counters are in the HTTP port's /metrics
 
     async def close(self):
         if self.channel is not None:

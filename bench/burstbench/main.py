@@ -67,12 +67,16 @@ async def main_async(args):
             if bad:
                 log(f"burst-bench: {len(bad)} warm-up requests failed, e.g. {bad[0].error_kind}:"
                     f" {bad[0].error}")
-        results, duration = [], 0.0
+        results, duration, counters = [], 0.0, None
         if not stop.is_set():
             log(f"burst-bench: {len(specs)} requests to {args.base_url or args.grpc} "
                 f"(rate {args.request_rate}, max concurrency {args.max_concurrency})")
+            before = await target.prefix_cache_counters()
             results, duration = await run_requests(target, specs, args, rng, "requests", stop)
-        j = result_json(results, duration, args, goodput, target, tok, seed, stop.is_set())
+            if before is not None:
+                counters = (before, await target.prefix_cache_counters())
+        j = result_json(results, duration, args, goodput, target, tok, seed, stop.is_set(),
+                        counters)
     finally:
         await target.close()
     print_summary(j, args)

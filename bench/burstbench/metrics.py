@@ -1,8 +1,9 @@
 # Contract: the numbers, as vLLM's `bench serve` computes them. percentile and describe (mean,
 # median, std, pNN); tpot_of; output tokens/s over time; compute(results, duration, args,
 # goodput) gives the run's aggregate fields (vLLM names: completed, failed, duration, ...,
-# mean_/median_/std_/pNN_ of ttft_ms, tpot_ms, itl_ms, e2el_ms), goodput, burst's server
-# timings and the errors by kind; group_metrics per group of a mixed workload; ok_rows picks
+# mean_/median_/std_/pNN_ of ttft_ms, tpot_ms, itl_ms, e2el_ms), goodput, the prefix cache
+# hit rate from usage (cached_tokens over prompt tokens), burst's server timings and the
+# errors by kind; group_metrics per group of a mixed workload; ok_rows picks
 # the successful requests of a result JSON. Pure functions, no I/O.
 import math
 import statistics
@@ -89,6 +90,13 @@ def compute(results, duration, args, goodput):
         "max_output_tokens_per_s": max_tokens_per_s(
             [(r.start, r.ttft, r.itls, r.output_len) for r in ok], duration),
     }
+    # the prompt tokens the server counted (its usage.prompt_tokens, as cached_tokens is),
+    # else ours; cached_tokens is 0 where the server reports none
+    prompt_tokens = sum(r.server_input_len if r.server_input_len is not None else r.input_len
+                        for r in ok)
+    cached = sum(r.cached_tokens or 0 for r in ok)
+    out["total_cached_tokens"] = cached
+    out["prefix_cache_hit_rate"] = cached / prompt_tokens if prompt_tokens else 0.0
     for name, xs in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         for stat, v in describe(xs, pcts).items():
             out[f"{stat}_{name}_ms"] = v

@@ -3,8 +3,10 @@
 # discover_model (GET /v1/models), server_tokenizer (POST /tokenize), prepare(spec) (the JSON
 # body of /v1/completions or /v1/chat/completions, streaming with usage), send(spec, res, t0)
 # (reads the SSE stream into res: TTFT at the first chunk with text, ITLs between such chunks,
-# usage, burst's timings, in-stream errors; a non-streamed answer is taken whole), classify
-# (an exception to its error kind: "HTTP 400", "connection refused", ...) and close.
+# usage with its prompt_tokens_details.cached_tokens, burst's timings, in-stream errors; a
+# non-streamed answer is taken whole), classify (an exception to its error kind: "HTTP 400",
+# "connection refused", ...), prefix_cache_counters (the server's prefix-cache queries and hits
+# from GET /metrics, burst: or vllm:; None without them) and close.
 import asyncio
 import json
 import time
@@ -183,6 +185,7 @@ class HttpTarget(HttpClient):
             res.output_len = int(u.get("completion_tokens") or 0)
             if u.get("prompt_tokens") is not None:
                 res.server_input_len = int(u["prompt_tokens"])
+            res.cached_tokens = cached_tokens(u)
         if isinstance(j.get("timings"), dict):
             res.timings = {k: j["timings"].get(k) for k in SERVER_TIMINGS}
         return got_text
@@ -198,6 +201,7 @@ class HttpTarget(HttpClient):
         u = j.get("usage") or {}
         res.output_len = int(u.get("completion_tokens") or 0) or (1 if res.text else 0)
         res.server_input_len = u.get("prompt_tokens")
+        res.cached_tokens = cached_tokens(u)
         if isinstance(j.get("timings"), dict):
             res.timings = {k: j["timings"].get(k) for k in SERVER_TIMINGS}
         res.chunks = 1
@@ -213,6 +217,47 @@ class HttpTarget(HttpClient):
         if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError, ValueError)):
             return "bad response", str(e)
         return None
+
+    async def prefix_cache_counters(self):
+        """(queries, hits): the server's prefix-cache counters in GET /metrics, in prompt
+        tokens (burst's burst:prefix_cache_*_total, vLLM's vllm:prefix_cache_*_total), summed
+        over their labels; None when the server has none or /metrics does not answer."""
+        try:
+            status, body = await self.request_json("GET", "/metrics")
+        except (OSError, ConnectionError, HttpError, asyncio.IncompleteReadError):
+            return None
+        if status != 200 or not isinstance(body, str):
+            return None
+        return parse_prefix_cache_counters(body)
+
+
+def cached_tokens(usage):
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's), None when absent."""
+    d = usage.get("prompt_tokens_details")
+    if isinstance(d, dict) and d.get("cached_tokens") is not None:
+        return int(d["cached_tokens"])
+    return None
+
+
+def parse_prefix_cache_counters(text):
+    """(queries, hits) from Prometheus text, the first namespace that has both counters."""
+    sums = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, rest = line.split("{", 1)[0], line.rsplit("}", 1)[-1]
+        else:
+            name, _, rest = line.partition(" ")
+        try:
+            sums[name.strip()] = sums.get(name.strip(), 0.0) + float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+    for ns in ("burst", "vllm"):
+        q, h = f"{ns}:prefix_cache_queries_total", f"{ns}:prefix_cache_hits_total"
+        if q in sums and h in sums:
+            return sums[q], sums[h]
+    return None
 
 
 def error_message(data):

@@ -1,6 +1,8 @@
 # Contract: what a run or --report leaves behind, apart from plots. result_json: the result
 # record (run metadata, metrics.compute's fields, per-request arrays with vLLM's names, burst's
-# server timings, --metadata); print_summary: vLLM's "Serving Benchmark Result" block on stdout;
+# server timings, the prefix cache: hit rate from usage, and from the server's /metrics
+# counters over the run where it has them, --metadata);
+# print_summary: vLLM's "Serving Benchmark Result" block on stdout;
 # markdown_table and report(paths, markdown, plotdir): the --report command (table on stdout,
 # --markdown file, --plot), exit code 0.
 import datetime
@@ -17,7 +19,10 @@ METRIC_NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (e
                 "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
 
 
-def result_json(results, duration, args, goodput, target, tokenizer, seed, interrupted):
+def result_json(results, duration, args, goodput, target, tokenizer, seed, interrupted,
+                cache_counters=None):
+    """cache_counters: ((queries, hits) before the run, after it) of the server's /metrics, or
+    None."""
     m = compute(results, duration, args, goodput)
     out = {
         "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -46,7 +51,20 @@ def result_json(results, duration, args, goodput, target, tokenizer, seed, inter
         "seed": seed,
         "interrupted_run": interrupted,
     }
+    if args.dataset_name == "prefix-repetition":
+        out.update({"prefix_repetition_prefix_len": args.prefix_repetition_prefix_len,
+                    "prefix_repetition_suffix_len": args.prefix_repetition_suffix_len,
+                    "prefix_repetition_num_prefixes": args.prefix_repetition_num_prefixes,
+                    "prefix_repetition_output_len": args.output_len,
+                    "prefix_repetition_order": args.prefix_repetition_order})
     out.update(m)
+    q = h = rate = None
+    if cache_counters and cache_counters[0] and cache_counters[1]:
+        (q0, h0), (q1, h1) = cache_counters
+        q, h = int(q1 - q0), int(h1 - h0)
+        rate = h / q if q > 0 else None
+    out.update({"server_prefix_cache_queries": q, "server_prefix_cache_hits": h,
+                "server_prefix_cache_hit_rate": rate})
     out["groups_summary"] = group_metrics(results, duration, args)
     out.update({
         "input_lens": [r.input_len for r in results],
@@ -59,6 +77,8 @@ def result_json(results, duration, args, goodput, target, tokenizer, seed, inter
         "groups": [r.group for r in results],
         "finish_reasons": [r.finish_reason for r in results],
         "server_input_lens": [r.server_input_len for r in results],
+        "cached_tokens": [r.cached_tokens for r in results],
+        "prefixes": [r.prefix for r in results],
         "generated_texts": [r.text for r in results],
         "errors": [(f"{r.error_kind}: {r.error}" if r.error_kind else "") for r in results],
         "error_kinds": [r.error_kind for r in results],
@@ -100,6 +120,13 @@ def print_summary(j, args):
         row(f"Median {short} (ms):", j[f"median_{m}_ms"])
         for p in args.metric_percentiles:
             row(f"P{p:g} {short} (ms):", j[f"p{p:g}_{m}_ms"])
+    if (j.get("dataset_name") == "prefix-repetition" or j.get("total_cached_tokens")
+            or j.get("server_prefix_cache_hits")):
+        lines.append("Prefix cache".center(w, "-"))
+        row("Cached prompt tokens (usage):", j.get("total_cached_tokens", 0))
+        row("Prefix cache hit rate (%):", 100.0 * j.get("prefix_cache_hit_rate", 0.0))
+        if j.get("server_prefix_cache_hit_rate") is not None:
+            row("Server prefix cache hit rate (%):", 100.0 * j["server_prefix_cache_hit_rate"])
     if any(k.startswith("mean_server_") for k in j):
         lines.append("Server timings (reported by burst)".center(w, "-"))
         for key, name in (("queue_ms", "queue (ms)"), ("prefill_ms", "prefill (ms)"),

@@ -57,7 +57,7 @@ class Progress:
 
 async def one_request(target, spec, t0, sem, timeout):
     res = Result(index=spec.index, group=spec.group, input_len=spec.input_len or 0,
-                 output_len_req=spec.output_len)
+                 output_len_req=spec.output_len, prefix=spec.prefix)
     try:
         if sem is not None:
             async with sem:

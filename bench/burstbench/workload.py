@@ -1,8 +1,11 @@
 # Contract: the requests of a run, as Specs (warm-ups first): build_specs(args, rng, tok,
 # wants_text, total) gives prompts of the requested lengths (--input-len, --input-len-range,
 # --input-lens, a --long-fraction mix with groups short / long) as random token ids, random text
-# or KJV / text-file slices cut to exact token counts, or the rows of a JSONL file. All the
-# randomness comes from rng (the run's seed). Errors in the inputs end the run (SystemExit).
+# or KJV / text-file slices cut to exact token counts, or the rows of a JSONL file; or the
+# prefix-repetition workload (prefix_repetition_specs: D shared random prefixes, each request
+# one of them + a fresh random suffix; warm-ups get prompts of their own, so that they leave no
+# shared prefix in the server's cache). All the randomness comes from rng (the run's seed).
+# Errors in the inputs end the run (SystemExit).
 import json
 import re
 import subprocess
@@ -94,8 +97,50 @@ async def corpus_text(rng, n, corpus, tok):
     raise SystemExit(f"burst-bench: could not cut the corpus to exactly {n} tokens")
 
 
+async def prefix_repetition_specs(args, rng, tok, wants_text):
+    """vLLM's prefix_repetition dataset: D random prefixes of P tokens (BOS included), each
+    request one of them (each prefix as often as the others, within one; in an order shuffled
+    with the seed, or round robin) followed by a fresh random suffix of S tokens. Token ids:
+    exactly P + S tokens; text: the prefix and the suffix cut to P and S tokens apiece, the
+    length the count of the whole prompt. Warm-ups first, with prompts that share nothing."""
+    plen, slen = args.prefix_repetition_prefix_len, args.prefix_repetition_suffix_len
+    nprefix, out_len = args.prefix_repetition_num_prefixes, args.output_len
+    lo, hi = args.token_id_range
+
+    async def piece(n, first):
+        if n == 0:
+            return "" if wants_text else []
+        if wants_text:
+            return await random_text(rng, n + (0 if first else 1), args, tok)
+        return random_ids(rng, n, args) if first else rng.choices(range(lo, hi), k=n)
+
+    specs = []
+    for i in range(args.num_warmups):
+        head, tail = await piece(plen, True), await piece(slen, False)
+        specs.append((head, tail, "warmup"))
+    prefixes = [await piece(plen, True) for _ in range(nprefix)]
+    order = [i % nprefix for i in range(args.num_requests)]
+    if args.prefix_repetition_order == "random":
+        rng.shuffle(order)
+    for k in order:
+        specs.append((prefixes[k], await piece(slen, False), f"prefix{k}"))
+    out = []
+    for i, (head, tail, g) in enumerate(specs):
+        if wants_text:
+            text = head + (" " + tail if tail else "")
+            out.append(Spec(i, await tok.count(text), out_len, "warmup" if g == "warmup"
+                            else "all", text=text))
+        else:
+            out.append(Spec(i, len(head) + len(tail), out_len,
+                            "warmup" if g == "warmup" else "all", ids=head + tail))
+        out[-1].prefix = None if g == "warmup" else int(g[6:])
+    return out
+
+
 async def build_specs(args, rng, tok, wants_text, total):
     """The requests of the run (warm-ups first)."""
+    if args.dataset_name == "prefix-repetition":
+        return await prefix_repetition_specs(args, rng, tok, wants_text)
     specs = []
     if args.dataset_name == "jsonl":
         rows = []

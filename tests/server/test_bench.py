@@ -5,7 +5,8 @@ as the server counted them, output lengths, positive TTFTs, ITLs and TPOTs consi
 end-to-end latency), burst's server timings, exact-length text prompts (KJV text and random text
 cut with the server's tokenizer), errors counted by kind (400 over the context, 401 wrong key,
 503 queue full; gRPC INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE; connection refused),
-Ctrl-C ending a run with partial results, the plots, and --report.
+Ctrl-C ending a run with partial results, the plots, --report, and the prefix-repetition
+workload's prefix cache hit rate (from usage and from /metrics; 0 with --no-prefix-caching).
 Run: /usr/bin/python3 test_bench.py --build BUILD_DIR."""
 import json
 import os
@@ -204,6 +205,41 @@ def test_interrupt_keeps_partial_results():
     check(srv.metric("burst:num_requests_running") == 0, "the server saw the cancel")
 
 
+def prefix_repetition_run(s, *extra):
+    """P 200, S 20, D 2, 12 prompts: each prefix's 6 full blocks (2 ranks x 16 tokens) are
+    cached after its first request."""
+    j, out, _ = bench("--base-url", http_url(s), *extra, "--dataset-name", "prefix-repetition",
+                      "--prefix-repetition-prefix-len", 200, "--prefix-repetition-suffix-len", 20,
+                      "--prefix-repetition-num-prefixes", 2, "--prefix-repetition-output-len", 3,
+                      "--ignore-eos", "--num-prompts", 12, "--max-concurrency", 2,
+                      "--request-rate", 200, "--seed", 5, "--goodput", "ttft:60000")
+    check_run(j, 12, [220] * 12, 3)
+    check(sorted(j["prefixes"]) == [0] * 6 + [1] * 6, f"prefixes {j['prefixes']}")
+    check(j["request_goodput"] is not None and j["request_goodput"] > 0, "goodput")
+    check("Prefix cache hit rate (%):" in out and "Request goodput" in out, f"summary:\n{out}")
+    cached = j["cached_tokens"]
+    check(all(c is not None for c in cached), f"cached_tokens {cached}")
+    check(j["total_cached_tokens"] == sum(cached), "total_cached_tokens")
+    check(j["prefix_cache_hit_rate"] == sum(cached) / sum(j["server_input_lens"]),
+          f"hit rate {j['prefix_cache_hit_rate']} != {sum(cached)} / "
+          f"{sum(j['server_input_lens'])}")
+    check(j["server_prefix_cache_hits"] == sum(cached), f"/metrics hits "
+          f"{j['server_prefix_cache_hits']} != usage {sum(cached)}")
+    return j
+
+
+def test_prefix_repetition():
+    j = prefix_repetition_run(srv, "--api-key", KEY)
+    check(j["prefix_cache_hit_rate"] > 0.5,
+          f"hit rate {j['prefix_cache_hit_rate']}: {j['cached_tokens']}")
+    check(j["server_prefix_cache_hit_rate"] is not None and
+          j["server_prefix_cache_hit_rate"] > 0.5, f"{j['server_prefix_cache_hit_rate']}")
+    with Server("--no-prefix-caching") as s:
+        j = prefix_repetition_run(s)
+        check(j["prefix_cache_hit_rate"] == 0 and j["cached_tokens"] == [0] * 12,
+              f"no prefix caching: {j['prefix_cache_hit_rate']}, {j['cached_tokens']}")
+
+
 def test_report():
     files = sorted(os.path.join(TMP, f) for f in os.listdir(TMP) if f.startswith("run"))[:3]
     md = os.path.join(TMP, "table.md")
@@ -226,7 +262,7 @@ if __name__ == "__main__":
     try:
         run([test_http_random_ids_and_plots, test_grpc_random_ids_poisson,
              test_exact_text_prompts, test_errors_by_kind, test_queue_full,
-             test_interrupt_keeps_partial_results, test_report])
+             test_interrupt_keeps_partial_results, test_prefix_repetition, test_report])
     finally:
         srv.stop()
         shutil.rmtree(TMP, ignore_errors=True)
