@@ -3,7 +3,9 @@
 # repository root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR first). burst-server on
 # WORKERS GPUs (default 4) with the 7B preset (random weights), once with prefix caching and
 # once with --no-prefix-caching, each driven by scripts/gpu/bench_prefix.py (a DOC-token
-# document, then questions one at a time and CONCURRENCY at once, then a growing chat).
+# document, then questions one at a time and CONCURRENCY at once, then a growing chat), then by
+# burst-bench's prefix-repetition workload (PREFIXES documents of PREFIX_LEN tokens, SUFFIX_LEN-
+# token questions, PROMPTS requests at RATE req/s, Poisson; goodput TTFT <= 1 s, TPOT <= 50 ms).
 # DOC (default 131072), QUESTIONS (20), TURNS (10), TURN_TOKENS (6400), KV (tokens; default
 # 0: from the GPUs' memory). Results under $OUT: prefix_{on,off}.{txt,json}, server_*.log.
 set -uo pipefail
@@ -29,6 +31,14 @@ for mode in on off; do
     --questions "${QUESTIONS:-20}" --concurrency "${CONCURRENCY:-8}" --turns "${TURNS:-10}" \
     --turn-tokens "${TURN_TOKENS:-6400}" --json "$out/prefix_$mode.json" \
     2>&1 | tee "$out/prefix_$mode.txt"
+  url=http://127.0.0.1:$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['http_port'])" "$ports")
+  timeout "${STEP_TIMEOUT:-420}" python3 bench/burst_bench.py --base-url "$url" --no-progress \
+    --dataset-name prefix-repetition --prefix-repetition-prefix-len "${PREFIX_LEN:-32768}" \
+    --prefix-repetition-suffix-len "${SUFFIX_LEN:-200}" \
+    --prefix-repetition-num-prefixes "${PREFIXES:-4}" --prefix-repetition-output-len 32 \
+    --ignore-eos --num-prompts "${PROMPTS:-48}" --request-rate "${RATE:-1}" --seed 1 \
+    --goodput ttft:1000 tpot:50 --label "prefix-repetition $mode" \
+    --result-json "$out/prefix_repetition_$mode.json" 2>&1 | tee "$out/prefix_repetition_$mode.txt"
   kill -TERM $server 2>/dev/null
   wait $server 2>/dev/null
 done
