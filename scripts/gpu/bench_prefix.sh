@@ -7,7 +7,7 @@
 # burst-bench's prefix-repetition workload (PREFIXES documents of PREFIX_LEN tokens, SUFFIX_LEN-
 # token questions, PROMPTS requests at RATE req/s, Poisson; goodput TTFT <= 1 s, TPOT <= 50 ms).
 # DOC (default 131072), QUESTIONS (20), TURNS (10), TURN_TOKENS (6400), KV (tokens; default
-# 0: from the GPUs' memory). Results under $OUT: prefix_{on,off}.{txt,json}, server_*.log.
+# 0: from the GPUs' memory), MODES ("on off"). Results under $OUT: prefix_{on,off}.{txt,json}, server_*.log.
 set -uo pipefail
 workers=${1:-4}
 out=${OUT:-$PWD/gpu-out}
@@ -17,7 +17,7 @@ source .devpack/env.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 doc=${DOC:-131072}
 ctx=$((doc + 8192))
-for mode in on off; do
+for mode in ${MODES:-on off}; do
   flags=()
   [ "$mode" = off ] && flags=(--no-prefix-caching)
   ports=$(mktemp -d)/ports.json
