@@ -111,6 +111,16 @@ class Server:
         return (self.metric("burst:kv_cache_used_tokens")
                 - self.metric("burst:kv_cache_cached_tokens"))
 
+    def wait_kv_released(self, timeout=30):
+        """True once no request holds KV and none runs (a finished request's pages are
+        released by the next step, and the gauges follow that step)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.kv_held() == 0 and self.metric("burst:num_requests_running") == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
     def read_log(self):
         try:
             return open(self.log_path, errors="replace").read()[-6000:]

@@ -68,13 +68,7 @@ def concurrently(fn, n, stagger=0.0):
 
 
 def wait_kv_empty(srv, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if srv.kv_held() == 0 and \
-           srv.metric("burst:num_requests_running") == 0:
-            return True
-        time.sleep(0.05)
-    return False
+    return srv.wait_kv_released(timeout)
 
 
 def test_batch_invariance_and_chunking():

@@ -17,7 +17,6 @@ import http.client
 import json
 import os
 import random
-import time
 
 from harness import HAVE_KJV, Server, check, compile_protos, run, run_at_most
 
@@ -115,7 +114,7 @@ def test_cached_equals_cold_for_1_to_4_workers():
                         same_logprobs(got, want[(d, 1)], what)
             check(srv.metric("burst:prefix_cache_hits_total") - hits0 == expect_hits,
                   "prefix_cache_hits_total counts the cached tokens exactly")
-            check(srv.kv_held() == 0, "no request holds a page once all are done")
+            check(srv.wait_kv_released(), "no request holds a page once all are done")
             check(srv.metric("burst:kv_cache_cached_tokens") > 0, "the blocks stay cached")
         finally:
             srv.stop()
@@ -228,11 +227,7 @@ def test_mixed_load_with_eviction_and_cancels():
         check(hits > 50, f"only {hits} requests hit the cache")
         evicted = srv.metric("burst:prefix_cache_evicted_blocks_total")
         check(evicted > 20, f"the pool is small enough to evict: {evicted} blocks evicted")
-        deadline = time.time() + 30
-        while time.time() < deadline and (srv.kv_held() != 0 or
-                                          srv.metric("burst:num_requests_running") != 0):
-            time.sleep(0.05)
-        check(srv.kv_held() == 0, f"{srv.kv_held()} KV tokens still held after the load")
+        check(srv.wait_kv_released(), f"{srv.kv_held()} KV tokens still held after the load")
         log = srv.read_log()
         check("cached)" in log, "the request log line says how many tokens were cached")
         # Still serving, and still the cold tokens.
@@ -249,9 +244,11 @@ def test_warm_up_before_serving():
     try:
         check("warm-up: a 300-token request" in srv.read_log(), "the warm-up ran before ready")
         check(srv.metric("burst:prompt_tokens_total") == 0, "the warm-up is no request")
-        check(srv.metric("burst:kv_cache_used_tokens") == 0, "the warm-up's KV was freed")
         out = complete(srv, doc(100, 3))
         check(cached(out) == 0 and out["choices"][0]["text"], f"a request after it: {out}")
+        # The gauges come from the workers after each step: pages the warm-up kept would show
+        # as held once the request is done.
+        check(srv.wait_kv_released(), f"{srv.kv_held()} KV tokens held after the warm-up")
     finally:
         srv.stop()
 
