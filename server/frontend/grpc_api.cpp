@@ -179,6 +179,7 @@ const char* code_name(grpc::StatusCode c) {
     case grpc::StatusCode::OK: return "OK";
     case grpc::StatusCode::CANCELLED: return "CANCELLED";
     case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
     case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
     case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
@@ -253,8 +254,9 @@ class GrpcApi::Service final : public pb::Burst::Service {
   template <typename Resp>
   using UnaryStreamer = grpc::ServerUnaryStreamer<grpc::ByteBuffer, Resp>;
 
-  Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
-      : config_(config), scheduler_(scheduler), tokenizer_(tokenizer) {
+  Service(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer,
+          const GrpcLimits& limits)
+      : config_(config), scheduler_(scheduler), tokenizer_(tokenizer), limits_(limits) {
     MarkMethodStreamed(
         method_index("Generate"),
         new RawStreaming<pb::GenerateResponse>([this](grpc::ServerContext* ctx, Streamer* s) {
@@ -316,6 +318,14 @@ class GrpcApi::Service final : public pb::Burst::Service {
     if (grpc::Status st = check_auth(ctx); !st.ok()) return st;
     grpc::ByteBuffer raw;
     if (!reader->Read(&raw)) {
+      // GrpcLimits' watchdog cancels a call whose message is late with DEADLINE_EXCEEDED,
+      // which fails this read: the log gets the status the client got.
+      if (ctx->IsCancelled() && limits_.cancelled_late(ctx)) {
+        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            "the request message did not arrive within " +
+                                std::to_string(config_.grpc_message_timeout_ms) +
+                                " ms of the call's start (--grpc-message-timeout-ms)");
+      }
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message");
     }
     return parse_request(raw, req);
@@ -550,11 +560,12 @@ class GrpcApi::Service final : public pb::Burst::Service {
   const ServerConfig& config_;
   Scheduler& scheduler_;
   const Tokenizer& tokenizer_;
+  const GrpcLimits& limits_;
 };
 
 GrpcApi::GrpcApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
-    : config_(config), scheduler_(scheduler), tokenizer_(tokenizer),
-      service_(std::make_unique<Service>(config, scheduler, tokenizer)) {}
+    : config_(config), scheduler_(scheduler), tokenizer_(tokenizer), limits_(config),
+      service_(std::make_unique<Service>(config, scheduler, tokenizer, limits_)) {}
 
 GrpcApi::~GrpcApi() { stop(); }
 
@@ -562,6 +573,7 @@ Result<int> GrpcApi::start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  limits_.apply(builder);
   int port = 0;
   const std::string host = config_.host.find(':') != std::string::npos
                                ? "[" + config_.host + "]"

@@ -729,6 +729,18 @@ Result<int> HttpApi::start() {
   o.header_timeout = std::chrono::milliseconds(config_.http_header_timeout_ms);
   o.body_timeout = std::chrono::milliseconds(config_.http_body_timeout_ms);
   o.max_body_bytes = config_.max_body_bytes;
+  o.client.max_connections_per_client = config_.http_max_connections_per_client;
+  // CORS from the config's lists (validated with the config, so these parse).
+  Status cors_error;
+  auto cors_list = [&](const std::string& text, const char* key) {
+    auto list = parse_cors_list(text, key);
+    if (!list.ok()) cors_error = list.status();
+    return list.ok() ? list.take() : std::vector<std::string>{};
+  };
+  o.client.cors.origins = cors_list(config_.allowed_origins, "allowed_origins");
+  o.client.cors.methods = cors_list(config_.allowed_methods, "allowed_methods");
+  o.client.cors.headers = cors_list(config_.allowed_headers, "allowed_headers");
+  if (!cors_error.ok()) return cors_error;
   frontend_ = std::make_unique<HttpFrontend>(
       *server_, o, [this](int status, const std::string& message, const std::string& client) {
         return refusal(status, message, client);

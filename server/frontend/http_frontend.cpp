@@ -52,10 +52,6 @@ thread_local ThreadRequest t_request;
 // A preflight's answer may be cached this long by the browser (seconds; Starlette's, so vLLM's).
 constexpr int kCorsMaxAge = 600;
 
-// The process-wide starting point of every HttpFrontendOptions' client policy.
-std::mutex g_policy_mu;
-HttpClientPolicy g_policy;
-
 int ms_until(Clock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -560,16 +556,6 @@ bool client_disconnected() {
   }
   r.probe_sent = true;
   return !send_all(r.fd, probe, r.write_timeout);
-}
-
-HttpClientPolicy default_http_client_policy() {
-  std::lock_guard<std::mutex> lock(g_policy_mu);
-  return g_policy;
-}
-
-void set_default_http_client_policy(HttpClientPolicy policy) {
-  std::lock_guard<std::mutex> lock(g_policy_mu);
-  g_policy = std::move(policy);
 }
 
 HttpFrontend::HttpFrontend(HttpRouter& router, HttpFrontendOptions options, HttpRefusal refusal)

@@ -6,31 +6,20 @@
 // requests in flight get drain_timeout_ms to finish and are then cancelled, the listeners close,
 // the workers stop, and the process exits 0. Usage errors exit 2; start-up failures exit 1. --check-config validates
 // the config and flags, prints the resolved settings and exits (deployment checks, CI).
-// The gRPC server's limits for slow and idle clients (GrpcLimits below) and the HTTP front end's
-// client policy (per-client connections, CORS) are set here from the config.
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <variant>
 #include <vector>
 
-#include <grpc/grpc.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/server_builder_plugin.h>
-#include <grpcpp/resource_quota.h>
-#include <grpcpp/support/server_interceptor.h>
 #include <spdlog/spdlog.h>
 
 #include "models/config.h"
@@ -39,7 +28,6 @@
 #include "engine/kv_pages.h"
 #include "common/heap.h"
 #include "frontend/http_api.h"
-#include "frontend/http_frontend.h"
 #include "common/logging.h"
 #include "frontend/metrics.h"
 #include "frontend/scheduler.h"
@@ -247,211 +235,6 @@ burst::Result<std::shared_ptr<burst::server::WorkerRegistry>> start_registry(
   return registry;
 }
 
-// The HTTP front end's client policy from the config (whose lists the config has validated).
-burst::server::HttpClientPolicy http_client_policy(const burst::server::ServerConfig& cfg) {
-  using burst::server::parse_cors_list;
-  burst::server::HttpClientPolicy p;
-  p.max_connections_per_client = cfg.http_max_connections_per_client;
-  p.cors.origins = parse_cors_list(cfg.allowed_origins, "allowed_origins").value();
-  p.cors.methods = parse_cors_list(cfg.allowed_methods, "allowed_methods").value();
-  p.cors.headers = parse_cors_list(cfg.allowed_headers, "allowed_headers").value();
-  return p;
-}
-
-// The gRPC server's limits for slow and idle clients, as the HTTP front end has its own:
-// - threads: grpc++'s sync server starts a thread for every call that arrives while none
-//   polls, without bound (1000 calls that never sent their message held 1552 threads); a
-//   ResourceQuota bounds them, and a call beyond gets RESOURCE_EXHAUSTED at once;
-// - the request message: the Burst methods read their message inside the handler (GrpcApi
-//   installs them as streamed, to refuse a bad message with INVALID_ARGUMENT), so a call that
-//   never sends one held its thread forever. An interceptor notes when each call starts and
-//   when its first message arrives; a watchdog ends calls still waiting after
-//   --grpc-message-timeout-ms with DEADLINE_EXCEEDED, which wakes their handler's read;
-// - connections: a handshake deadline (gRPC's default is 120 s for a connection that never
-//   speaks HTTP/2), max idle and max age (GOAWAY), keepalive pings for vanished peers.
-// GrpcApi builds its ServerBuilder itself; these reach it through a ServerBuilderPlugin, the
-// hook grpc++'s reflection uses too, armed for the one server built next.
-class GrpcLimits {
- public:
-  explicit GrpcLimits(const burst::server::ServerConfig& cfg)
-      : cfg_(cfg), message_timeout_(cfg.grpc_message_timeout_ms),
-        watchdog_([this] { watch_loop(); }) {}
-  ~GrpcLimits() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    watchdog_.join();
-  }
-  GrpcLimits(const GrpcLimits&) = delete;
-  GrpcLimits& operator=(const GrpcLimits&) = delete;
-
-  // The next grpc::ServerBuilder made in this process takes these limits.
-  void arm() {
-    static const bool registered = [] {
-      grpc::ServerBuilder::InternalAddPluginFactory(&make_plugin);
-      return true;
-    }();
-    (void)registered;
-    armed_.store(this);
-  }
-
- private:
-  class Plugin;
-  class Interceptor;
-  class InterceptorFactory;
-  struct Waiting {
-    std::chrono::steady_clock::time_point deadline;
-    std::string method;
-  };
-
-  static std::unique_ptr<grpc::ServerBuilderPlugin> make_plugin();
-
-  void update_builder(grpc::ServerBuilder* builder);
-
-  void update_channel_args(grpc::ChannelArguments* args) const {
-    args->SetInt(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, cfg_.grpc_handshake_timeout_ms);
-    args->SetInt(GRPC_ARG_MAX_CONNECTION_IDLE_MS, cfg_.grpc_max_connection_idle_ms);
-    if (cfg_.grpc_max_connection_age_ms > 0) {
-      args->SetInt(GRPC_ARG_MAX_CONNECTION_AGE_MS, cfg_.grpc_max_connection_age_ms);
-      args->SetInt(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, cfg_.drain_timeout_ms);
-    }
-    args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, cfg_.grpc_keepalive_ms);
-    args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
-  }
-
-  // A call has started: its message is due within message_timeout_.
-  void watch(grpc::ServerContextBase* ctx, const char* method) {
-    std::lock_guard<std::mutex> lock(mu_);
-    waiting_[ctx] = {std::chrono::steady_clock::now() + message_timeout_, method};
-    cv_.notify_all();
-  }
-  // Its message arrived, or it ends: no longer watched. Takes the lock the watchdog cancels
-  // under, so the context outlives any cancel in progress.
-  void forget(grpc::ServerContextBase* ctx) {
-    std::lock_guard<std::mutex> lock(mu_);
-    waiting_.erase(ctx);
-  }
-
-  void watch_loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      auto next = std::chrono::steady_clock::time_point::max();
-      const auto now = std::chrono::steady_clock::now();
-      for (auto it = waiting_.begin(); it != waiting_.end();) {
-        if (it->second.deadline > now) {
-          next = std::min(next, it->second.deadline);
-          ++it;
-          continue;
-        }
-        // Thread-safe in gRPC core; ends the call with this status (the client sees it) and
-        // fails the handler's pending read, which frees its thread.
-        const std::string why = "the request message did not arrive within " +
-                                std::to_string(message_timeout_.count()) +
-                                " ms of the call's start (--grpc-message-timeout-ms)";
-        spdlog::warn("gRPC {} from {}: {}; cancelled", it->second.method, it->first->peer(),
-                     why);
-        const grpc_call_error err = grpc_call_cancel_with_status(
-            it->first->c_call(), GRPC_STATUS_DEADLINE_EXCEEDED, why.c_str(), nullptr);
-        if (err != GRPC_CALL_OK) spdlog::warn("gRPC: cancelling a call failed ({})", err);
-        it = waiting_.erase(it);
-      }
-      if (next == std::chrono::steady_clock::time_point::max()) {
-        cv_.wait(lock);
-      } else {
-        cv_.wait_until(lock, next);
-      }
-    }
-  }
-
-  static inline std::atomic<GrpcLimits*> armed_{nullptr};
-  const burst::server::ServerConfig& cfg_;
-  const std::chrono::milliseconds message_timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<grpc::ServerContextBase*, Waiting> waiting_;
-  bool stop_ = false;
-  std::thread watchdog_;  // last: started once the members above exist
-};
-
-// Watches one call from its start until its first message (POST_RECV_MESSAGE also marks a
-// read that found no message) or its status.
-class GrpcLimits::Interceptor : public grpc::experimental::Interceptor {
- public:
-  Interceptor(GrpcLimits& limits, grpc::experimental::ServerRpcInfo* info)
-      : limits_(limits), info_(info) {}
-  ~Interceptor() override {
-    if (watching_) limits_.forget(info_->server_context());
-  }
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    using grpc::experimental::InterceptionHookPoints;
-    if (methods->QueryInterceptionHookPoint(
-            InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
-      limits_.watch(info_->server_context(), info_->method());
-      watching_ = true;
-    }
-    if (watching_ &&
-        (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) ||
-         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS))) {
-      limits_.forget(info_->server_context());
-      watching_ = false;
-    }
-    methods->Proceed();
-  }
-
- private:
-  GrpcLimits& limits_;
-  grpc::experimental::ServerRpcInfo* info_;
-  bool watching_ = false;  // the call's own thread's (hooks of one call run in turn)
-};
-
-class GrpcLimits::InterceptorFactory
-    : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  explicit InterceptorFactory(GrpcLimits& limits) : limits_(limits) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(
-      grpc::experimental::ServerRpcInfo* info) override {
-    return new Interceptor(limits_, info);
-  }
-
- private:
-  GrpcLimits& limits_;
-};
-
-void GrpcLimits::update_builder(grpc::ServerBuilder* builder) {
-  // The sync server's threads come from the builder's quota (unbounded without one).
-  grpc::ResourceQuota quota("burst-grpc");
-  quota.SetMaxThreads(cfg_.grpc_max_threads);
-  builder->SetResourceQuota(quota);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> f;
-  f.push_back(std::make_unique<InterceptorFactory>(*this));
-  builder->experimental().SetInterceptorCreators(std::move(f));
-}
-
-class GrpcLimits::Plugin : public grpc::ServerBuilderPlugin {
- public:
-  explicit Plugin(GrpcLimits* limits) : limits_(limits) {}
-  std::string name() override { return "burst_grpc_limits"; }
-  void UpdateServerBuilder(grpc::ServerBuilder* builder) override {
-    if (limits_ != nullptr) limits_->update_builder(builder);
-  }
-  void UpdateChannelArguments(grpc::ChannelArguments* args) override {
-    if (limits_ != nullptr) limits_->update_channel_args(args);
-  }
-  void InitServer(grpc::ServerInitializer*) override {}
-  void Finish(grpc::ServerInitializer*) override {}
-  void ChangeArguments(const std::string&, void*) override {}
-
- private:
-  GrpcLimits* limits_;  // null: a builder this process makes for something else
-};
-
-std::unique_ptr<grpc::ServerBuilderPlugin> GrpcLimits::make_plugin() {
-  // Every builder gets a plugin (a null one would be dereferenced); only the armed one acts.
-  return std::make_unique<Plugin>(armed_.exchange(nullptr));
-}
-
 void install_signal_handlers() {
   struct sigaction sa = {};
   sa.sa_handler = on_signal;
@@ -544,12 +327,10 @@ int main(int argc, char** argv) {
   Metrics metrics;
   metrics.model_name = cfg.model_name;
   Scheduler scheduler(so, *tokenizer, metrics);
-  set_default_http_client_policy(http_client_policy(cfg));
   if (!cfg.allowed_origins.empty()) {
     spdlog::info("CORS: origins {}, methods {}, headers {}", cfg.allowed_origins,
                  cfg.allowed_methods, cfg.allowed_headers);
   }
-  std::unique_ptr<GrpcLimits> grpc_limits;  // outlives the gRPC server (declared before it)
   std::optional<HttpApi> http;
   std::optional<GrpcApi> grpc_api;
   int http_port = -1, grpc_port = -1;
@@ -560,8 +341,6 @@ int main(int argc, char** argv) {
     http_port = p.value();
   }
   if (cfg.grpc_port >= 0) {
-    grpc_limits = std::make_unique<GrpcLimits>(cfg);
-    grpc_limits->arm();
     grpc_api.emplace(cfg, scheduler, *tokenizer);
     auto p = grpc_api->start();
     if (!p.ok()) return fail(p.message());

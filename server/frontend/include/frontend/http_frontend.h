@@ -84,12 +84,6 @@ struct HttpClientPolicy {
   CorsPolicy cors;
 };
 
-// The policy every HttpFrontendOptions starts with. HttpApi builds its options from the config
-// field by field, and these fields are not among them: burst-server's main sets them from the
-// config here before the API starts.
-HttpClientPolicy default_http_client_policy();
-void set_default_http_client_policy(HttpClientPolicy policy);
-
 struct HttpFrontendOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port
@@ -99,7 +93,7 @@ struct HttpFrontendOptions {
   std::chrono::milliseconds body_timeout{30000};
   std::chrono::milliseconds write_timeout{30000};
   int64_t max_body_bytes = 8 << 20;
-  HttpClientPolicy client = default_http_client_policy();
+  HttpClientPolicy client;
 };
 
 // What the front end writes when it refuses a request itself: `respond` returns the body
