@@ -132,12 +132,12 @@ TEST(WorkerToken, TokenFileIsTrimmedAndMustBeARegularNonEmptyFile) {
 TEST(ModelFingerprint, DependsOnConfigAndWeights) {
   auto cfg = models::preset_config("7b");
   ASSERT_TRUE(cfg.ok());
-  const std::string a = model_fingerprint(cfg.value(), {"", "7b", 0});
-  EXPECT_EQ(a, model_fingerprint(cfg.value(), {"", "7b", 0}));
-  EXPECT_NE(a, model_fingerprint(cfg.value(), {"", "7b", 1})) << "another random seed";
+  const std::string a = model_fingerprint(cfg.value(), {"", "7b", 0, {}});
+  EXPECT_EQ(a, model_fingerprint(cfg.value(), {"", "7b", 0, {}}));
+  EXPECT_NE(a, model_fingerprint(cfg.value(), {"", "7b", 1, {}})) << "another random seed";
   auto other = cfg.value();
   other.vocab_size = 32001;
-  EXPECT_NE(a, model_fingerprint(other, {"", "7b", 0}));
+  EXPECT_NE(a, model_fingerprint(other, {"", "7b", 0, {}}));
 }
 
 // A registry on a free loopback port and a client channel to it.
