@@ -14,7 +14,13 @@ Status BatchRunner::validate(const StepPlan& plan) const {
   if (plan.seqs.empty() && plan.release.empty() && plan.publish.empty() && plan.evict.empty()) {
     return bad("an empty step");
   }
-  // Prefix blocks: those that exist once the plan's publish and evict are applied.
+  // Prefix blocks: those that exist once the plan's publish and evict are applied. A block is
+  // one page a rank only under the striped layout (engine/sharding.h).
+  const bool reuses = std::any_of(plan.seqs.begin(), plan.seqs.end(),
+                                  [](const SeqWork& s) { return !s.reuse.empty(); });
+  if ((reuses || !plan.publish.empty()) && plan.layout != engine::ShardLayout::kStriped) {
+    return bad("prefix blocks need the striped layout");
+  }
   const engine::RingAttention& ring = ring_;
   const int64_t page = ring.cache().page_size();
   std::unordered_set<int64_t> published, evicted;
@@ -61,8 +67,10 @@ Status BatchRunner::validate(const StepPlan& plan) const {
       if (state != nullptr || s.decode) {
         return bad(who + "only a new sequence's first chunk starts from prefix blocks");
       }
+      std::unordered_set<int64_t> once;
       for (int64_t id : s.reuse) {
         if (!block_exists(id)) return bad(who + "no prefix block " + std::to_string(id));
+        if (!once.insert(id).second) return bad(who + "prefix block " + std::to_string(id) + " twice");
       }
     }
     const int64_t next =

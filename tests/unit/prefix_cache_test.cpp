@@ -17,6 +17,8 @@
 #include "frontend/planner.h"
 #include "frontend/prefix_cache.h"
 #include "frontend/scheduler.h"
+#include "models/llama.h"
+#include "runtime/driver.h"
 
 namespace burst::server {
 namespace {
@@ -178,6 +180,71 @@ TEST(PrefixPages, StripedLayoutIsTheSameForAnyChunking) {
       }
     }
   }
+}
+
+// One rank in this process: a sequence published as blocks, released, and a new sequence that
+// starts from them draws the token a cold run draws; plans that misuse blocks are refused
+// before anything runs.
+TEST(PrefixPages, ReusedBlocksGiveTheColdTokenAndBadPlansAreRefused) {
+  auto backend = engine::make_cpu_backend();
+  auto model = models::LlamaModel::load(
+      *backend, std::string(BURST_SOURCE_DIR) + "/tests/fixtures/golden/odd-linear/model");
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto made = runtime::LocalStepRunner::create(*model.value(), 512, /*page_size=*/16);
+  ASSERT_TRUE(made.ok()) << made.message();
+  runtime::LocalStepRunner& run = *made.value();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 45; ++i) prompt.push_back(static_cast<int32_t>(5 + (i * 37) % 4000));
+  auto greedy = [&](uint64_t id, int64_t start, std::vector<int64_t> reuse,
+                    std::vector<runtime::PublishBlock> publish) -> Result<int32_t> {
+    runtime::StepPlan p;
+    p.publish = std::move(publish);
+    runtime::SeqWork w = runtime::prefill_work(id, prompt, start,
+                                               static_cast<int64_t>(prompt.size()) - start, {});
+    w.reuse = std::move(reuse);
+    p.seqs.push_back(w);
+    auto r = run.run_step(p, nullptr);
+    if (!r.ok()) return r.status();
+    return r.value().tokens.at(0).token;
+  };
+  auto cold = greedy(1, 0, {}, {});
+  ASSERT_TRUE(cold.ok()) << cold.message();
+  // Sequence 1's pages 0 and 1 (tokens 0-31) become blocks 7 and 8; it is released.
+  runtime::StepPlan keep;
+  keep.publish = {{1, 0, 7}, {1, 1, 8}};
+  keep.release = {1};
+  ASSERT_TRUE(run.run_step(keep, nullptr).ok());
+  runtime::BatchRunner& b = run.batch();
+  auto refused = [&](runtime::StepPlan p, const std::string& why) {
+    const Status st = b.validate(p);
+    EXPECT_FALSE(st.ok()) << why;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  };
+  runtime::StepPlan bad;
+  bad.seqs.push_back(runtime::prefill_work(2, prompt, 32, 13, {}));
+  bad.seqs[0].reuse = {7, 8};
+  bad.layout = engine::ShardLayout::kZigzag;
+  refused(bad, "striped");
+  bad.layout = engine::ShardLayout::kStriped;
+  bad.seqs[0].reuse = {7, 7};
+  refused(bad, "twice");
+  bad.seqs[0].reuse = {7, 9};
+  refused(bad, "no prefix block 9");
+  bad.seqs[0].reuse = {7};
+  refused(bad, "starts at position 32, its next is 16");
+  bad.seqs[0].reuse = {7, 8};
+  bad.evict = {8};
+  refused(bad, "no prefix block 8");
+  bad.evict = {99};
+  refused(bad, "none to evict");
+  runtime::StepPlan early;
+  early.publish = {{2, 0, 10}};
+  refused(early, "not full");
+  // Sequence 2 starts after both blocks: only tokens 32-44 are computed, the same token drawn.
+  auto warm = greedy(2, 32, {7, 8}, {});
+  ASSERT_TRUE(warm.ok()) << warm.message();
+  EXPECT_EQ(warm.value(), cold.value());
+  EXPECT_EQ(b.ring().cache().usage().blocks, 2);
 }
 
 // The planner with prefix caching.
