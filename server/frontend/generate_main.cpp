@@ -24,7 +24,7 @@ constexpr const char* kUsage =
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
-                      [--workers N [--tp T]] [--layout zigzag|contiguous] [--prefill-chunk N]
+                      [--workers N [--tp T]] [--layout striped|zigzag|contiguous] [--prefill-chunk N]
                       [--version] [--help]
 
   --model DIR          Hugging Face LLaMA directory (config.json, *.safetensors, tokenizer.model)
@@ -40,7 +40,8 @@ constexpr const char* kUsage =
                        without it, one in-process engine
   --tp T               tensor parallelism (default 1): each T consecutive workers split every
                        layer's weights, the ring joins the N / T groups
-  --layout L           sequence sharding across workers: zigzag (default) or contiguous
+  --layout L           sequence sharding across workers: striped (default), zigzag or
+                       contiguous
   --prefill-chunk N    prefill the prompt N tokens at a time (each chunk one
                        ring pass over the cached prefix; less activation memory for prompts
                        near the KV capacity); default: the whole prompt in one pass

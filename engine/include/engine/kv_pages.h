@@ -116,9 +116,9 @@ class PagedKvCache {
   bool poison_freed_ = false;
 };
 
-// KV rows each rank caches for a group holding `total` tokens: its share (zigzag: each chunk of
-// a prompt gives a rank at most 2 rows over its exact share) plus that slack for prompts cut in
-// chunks of `chunk` tokens (0: whole prompts).
+// KV rows each rank caches for a group holding `total` tokens: its share plus slack for prompts
+// cut in chunks of `chunk` tokens (0: whole prompts): under zigzag each chunk gives a rank at
+// most 2 rows over its exact share (striped: at most 1 over, whatever the chunks).
 int64_t kv_capacity_per_rank(int64_t total, int ranks, int64_t chunk = 0);
 
 // KV rows a rank holds when its pool is sized from its GPU's memory (--kv-capacity 0): what is

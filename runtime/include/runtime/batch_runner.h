@@ -1,6 +1,6 @@
 // One step of continuous batching on one rank of a sequence-sharded group: a batch of
-// sequences, each contributing a prefill chunk (its tokens sharded over the ranks, zigzag
-// within the chunk) or one decode token (replicated), runs as ONE forward: the GEMMs see every
+// sequences, each contributing a prefill chunk (its tokens sharded over the ranks,
+// engine/sharding.h) or one decode token (replicated), runs as ONE forward: the GEMMs see every
 // row of every sequence, attention runs per sequence through the ring (engine::RingAttention),
 // and all decode tokens share one all-gather per layer. Every rank calls step() with the same
 // plan, in the same order; rank 0 returns the tokens. A sampled row whose logits nothing on
