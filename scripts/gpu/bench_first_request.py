@@ -13,9 +13,8 @@ import argparse
 import http.client
 import json
 import sys
-import time
 
-from gpu_client import wait_ready
+from gpu_client import stream_completion, wait_ready
 
 
 def post(port, path, body):
@@ -29,18 +28,10 @@ def post(port, path, body):
 
 
 def ttft(port, prompt):
-    body = json.dumps({"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True})
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1200)
-    t0 = time.time()
-    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        sys.exit(f"HTTP {r.status}: {r.read()[:300]!r}")
-    first = None
-    for line in r:
-        if first is None and line.startswith(b"data: {") and b'"text"' in line:
-            first = time.time() - t0
-    return first
+    try:
+        return stream_completion(port, prompt, 2)[0]
+    except RuntimeError as e:
+        sys.exit(str(e))
 
 
 def main():

@@ -13,14 +13,12 @@ Waits for the server's port file and /health. Then, with token-id prompts (exact
 Run it against a server with prefix caching and one with --no-prefix-caching: same requests.
 """
 import argparse
-import http.client
 import json
 import statistics
 import sys
 import threading
-import time
 
-from gpu_client import splitmix64, wait_ready
+from gpu_client import splitmix64, stream_completion, wait_ready
 
 def ids(n, salt):
     return [259 + splitmix64(salt * 1000003 + i) % 31741 for i in range(n)]
@@ -28,26 +26,12 @@ def ids(n, salt):
 
 def ttft(port, prompt, max_tokens=4):
     """(client TTFT in s, cached prompt tokens) of one streamed greedy request."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}})
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1200)
-    t0 = time.time()
-    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        sys.exit(f"bench_prefix: HTTP {r.status}: {r.read()[:300]!r}")
-    first, cached = None, None
-    for line in r:
-        line = line.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        j = json.loads(line[6:])
-        if first is None and j.get("choices"):
-            first = time.time() - t0
-        if j.get("usage"):
-            cached = j["usage"].get("prompt_tokens_details", {}).get("cached_tokens")
-    c.close()
-    return first, cached
+    try:
+        first, _, final = stream_completion(port, prompt, max_tokens)
+    except RuntimeError as e:
+        sys.exit(f"bench_prefix: {e}")
+    usage = final.get("usage") or {}
+    return first, usage.get("prompt_tokens_details", {}).get("cached_tokens")
 
 
 def pct(xs, p):

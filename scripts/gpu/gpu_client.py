@@ -1,6 +1,7 @@
 """What the GPU machine's client scripts share (server_ttft.py, bench_prefix.py,
 bench_first_request.py, hf_prefill.py): the token ids burst-generate --prompt-tokens uses
-(splitmix64 of the position), and waiting for a burst-server's port file and /health."""
+(splitmix64 of the position), waiting for a burst-server's port file and /health, and one
+streamed completion timed by the client."""
 import http.client
 import json
 import os
@@ -39,3 +40,28 @@ def wait_ready(ports_file, timeout=900):
         if time.time() > deadline:
             sys.exit("the server never became healthy")
         time.sleep(0.2)
+
+
+def stream_completion(port, prompt, max_tokens):
+    """One streamed greedy /v1/completions request (usage included): (client TTFT in s, total
+    in s, the last chunk that carried usage, {} if none). RuntimeError on an HTTP error."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1200)
+    t0 = time.time()
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    first, final = None, {}
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        j = json.loads(line[6:])
+        if first is None and j.get("choices"):
+            first = time.time() - t0
+        if j.get("usage"):
+            final = j
+    c.close()
+    return first, time.time() - t0, final
