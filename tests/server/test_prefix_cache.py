@@ -18,7 +18,7 @@ import json
 import os
 import random
 
-from harness import HAVE_KJV, Server, check, compile_protos, run, run_at_most
+from harness import HAVE_KJV, Server, check, compile_protos, run, run_at_most, sse_chunks
 
 os.environ["BURST_POISON_FREED_KV"] = "1"  # the servers' workers inherit it
 PAGE = 16  # a CPU rank's KV page (engine::kDefaultKvPageSize)
@@ -48,11 +48,7 @@ def complete(srv, prompt, max_tokens=6, stream=False, logprobs=None, timeout=120
         c.close()
         return out
     text, usage = "", None
-    for line in r:
-        line = line.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
+    for chunk in sse_chunks(r):
         for ch in chunk.get("choices", []):
             text += ch.get("text", "")
         usage = chunk.get("usage") or usage
