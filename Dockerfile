@@ -30,7 +30,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN set -eu; \
     pkgs="build-essential cmake ninja-build pkg-config ca-certificates \
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-          libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev \
+          libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev \
           libsentencepiece-dev libgloo-dev libcpp-httplib-dev"; \
     apt-get update; \
     if apt-cache show grpc-proto >/dev/null 2>&1; then pkgs="$pkgs grpc-proto"; fi; \

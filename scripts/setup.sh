@@ -10,7 +10,7 @@ trainer=0
 debs=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece libgloo-dev libcpp-httplib-dev
   python3-sentencepiece python3-grpcio python3-protobuf python3-numpy
   grpc-proto  # upstream health.proto (built into burst-server) and reflection.proto (its test)

@@ -1,65 +1,35 @@
 // burst-generate: a one-off CLI. Loads a model (an HF directory or a preset with random
 // weights), prefills a prompt, streams the generated text to stdout, and prints prompt tokens,
 // prefill time (TTFT) and decode speed to stderr. Bad arguments: usage and exit code 2.
+// Flags on CLI11 (common/cli.h).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
 
 #include "engine/backend.h"
 #include "engine/parallel_layout.h"
 #include "engine/random.h"
 #include "runtime/driver.h"
+#include "common/cli.h"
 #include "common/logging.h"
 #include "common/tokenizer.h"
 #include "group/worker_group.h"
 
 namespace {
 
-constexpr const char* kUsage =
+// The synopsis; each flag's description is where it is declared (parse_args).
+constexpr const char* kSynopsis =
     R"(usage: burst-generate (--model DIR | --preset 1b|7b|13b|70b --random-weights SEED)
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
                       [--workers N [--tp T]] [--layout striped|zigzag|contiguous] [--prefill-chunk N]
                       [--version] [--help]
-
-  --model DIR          Hugging Face LLaMA directory (config.json, *.safetensors, tokenizer.model)
-  --preset NAME        architecture preset; needs --random-weights SEED (no files read)
-  --prompt-tokens N    a prompt of N random token ids (for benchmarks; no tokenizer needed)
-  --max-tokens N       tokens to generate (default 64)
-  --temperature T      0 = greedy (default 0.8); --top-k (default 40), --top-p (default 0.95)
-  --seed S             sampling seed (default 0)
-  --device D           cpu (default) or cuda[:N]
-  --tokenizer FILE     tokenizer.model (default: DIR/tokenizer.model with --model)
-  --kv-capacity N      KV cache tokens (default: prompt + max-tokens)
-  --workers N          shard the prompt over N burst-worker processes (BurstAttention ring);
-                       without it, one in-process engine
-  --tp T               tensor parallelism (default 1): each T consecutive workers split every
-                       layer's weights, the ring joins the N / T groups
-  --layout L           sequence sharding across workers: striped (default), zigzag or
-                       contiguous
-  --prefill-chunk N    prefill the prompt N tokens at a time (each chunk one
-                       ring pass over the cached prefix; less activation memory for prompts
-                       near the KV capacity); default: the whole prompt in one pass
-  --version            print the version and build, then exit
+Flags take --flag VALUE or --flag=VALUE.
 )";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "burst-generate: " << msg << "\n" << kUsage;
-  std::exit(2);
-}
-
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text) {
-  std::istringstream is(text);
-  T v{};
-  if (!(is >> v) || !is.eof()) usage_error("bad value '" + text + "' for " + flag);
-  return v;
-}
 
 struct Args {
   std::string model_dir, preset, prompt, prompt_file, tokenizer, device = "cpu";
@@ -72,59 +42,86 @@ struct Args {
   burst::engine::SamplingParams sampling{0.8f, 40, 0.95f, 0};
 };
 
+[[noreturn]] void usage_error(const CLI::App& app, const std::string& msg) {
+  std::cerr << "burst-generate: " << msg << "\n" << app.help();
+  std::exit(2);
+}
+
+// Every flag, bound to its field of `a`, with its --help line.
+void add_flags(CLI::App& app, Args& a, std::string& layout, bool& version) {
+  app.add_option("--model", a.model_dir, "Hugging Face LLaMA directory (config.json, "
+                 "*.safetensors, tokenizer.model)")->type_name("DIR");
+  app.add_option("--preset", a.preset, "architecture preset (1b, 7b, 13b, 70b); needs "
+                 "--random-weights SEED (no files read)")->type_name("NAME");
+  app.add_option("--random-weights", a.random_seed, "the preset's weights' seed")
+      ->type_name("SEED");
+  app.add_option("--prompt", a.prompt, "the prompt text")->type_name("TEXT");
+  app.add_option("--prompt-file", a.prompt_file, "the prompt text from a file")->type_name("FILE");
+  app.add_option("--prompt-tokens", a.prompt_tokens, "a prompt of N random token ids (for "
+                 "benchmarks; no tokenizer needed)")->type_name("N");
+  app.add_option("--max-tokens", a.max_tokens, "tokens to generate (default 64)")->type_name("N");
+  app.add_option("--temperature", a.sampling.temperature, "0 = greedy (default 0.8)")
+      ->type_name("T");
+  app.add_option("--top-k", a.sampling.top_k, "top-k sampling (default 40)")->type_name("K");
+  app.add_option("--top-p", a.sampling.top_p, "top-p sampling (default 0.95)")->type_name("P");
+  app.add_option("--seed", a.sampling.seed, "sampling seed (default 0)")->type_name("S");
+  app.add_option("--device", a.device, "cpu (default) or cuda[:N]")->type_name("D");
+  app.add_option("--tokenizer", a.tokenizer, "tokenizer.model (default: DIR/tokenizer.model "
+                 "with --model)")->type_name("FILE");
+  app.add_option("--kv-capacity", a.kv_capacity, "KV cache tokens (default: prompt + "
+                 "max-tokens)")->type_name("N");
+  app.add_option("--workers", a.workers, "shard the prompt over N burst-worker processes "
+                 "(BurstAttention ring); without it, one in-process engine")->type_name("N");
+  app.add_option("--tp", a.tp, "tensor parallelism (default 1): each T consecutive workers "
+                 "split every layer's weights, the ring joins the N / T groups")->type_name("T");
+  app.add_option("--layout", layout, "sequence sharding across workers: striped (default), "
+                 "zigzag or contiguous")->type_name("L");
+  app.add_option("--prefill-chunk", a.prefill_chunk, "prefill the prompt N tokens at a time "
+                 "(each chunk one ring pass over the cached prefix; less activation memory for "
+                 "prompts near the KV capacity); default: the whole prompt in one pass")
+      ->type_name("N");
+  app.add_flag("--version", version, "print the version and build, then exit");
+}
+
 Args parse_args(int argc, char** argv) {
   Args a;
-  bool have_prompt = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (flag == "--version") {
-      std::cout << burst::server::version_string("burst-generate") << "\n";
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usage_error("missing value for " + flag);
-    const std::string val = argv[++i];
-    if (flag == "--model") a.model_dir = val;
-    else if (flag == "--preset") a.preset = val;
-    else if (flag == "--random-weights") a.random_seed = parse_number<uint64_t>(flag, val);
-    else if (flag == "--prompt") { a.prompt = val; have_prompt = true; }
-    else if (flag == "--prompt-file") { a.prompt_file = val; have_prompt = true; }
-    else if (flag == "--prompt-tokens") { a.prompt_tokens = parse_number<int64_t>(flag, val); have_prompt = true; }
-    else if (flag == "--max-tokens") a.max_tokens = parse_number<int>(flag, val);
-    else if (flag == "--temperature") a.sampling.temperature = parse_number<float>(flag, val);
-    else if (flag == "--top-k") a.sampling.top_k = parse_number<int>(flag, val);
-    else if (flag == "--top-p") a.sampling.top_p = parse_number<float>(flag, val);
-    else if (flag == "--seed") a.sampling.seed = parse_number<uint64_t>(flag, val);
-    else if (flag == "--device") a.device = val;
-    else if (flag == "--tokenizer") a.tokenizer = val;
-    else if (flag == "--kv-capacity") a.kv_capacity = parse_number<int64_t>(flag, val);
-    else if (flag == "--workers") a.workers = parse_number<int>(flag, val);
-    else if (flag == "--tp") a.tp = parse_number<int>(flag, val);
-    else if (flag == "--prefill-chunk") a.prefill_chunk = parse_number<int64_t>(flag, val);
-    else if (flag == "--layout") {
-      if (!burst::engine::parse_shard_layout(val, &a.layout)) {
-        usage_error("--layout is striped, zigzag or contiguous");
-      }
-    }
-    else usage_error("unknown flag " + flag);
+  auto app = burst::server::make_cli("burst-generate", kSynopsis);
+  std::string layout;
+  bool version = false, help = false;
+  add_flags(*app, a, layout, version);
+  const std::string error = burst::server::parse_cli(*app, argc, argv, &help);
+  if (help) {
+    std::cout << app->help();
+    std::exit(0);
   }
-  if (a.model_dir.empty() == a.preset.empty()) usage_error("give exactly one of --model, --preset");
-  if (!a.preset.empty() && !a.random_seed) usage_error("--preset needs --random-weights SEED");
-  if (!have_prompt) usage_error("give --prompt, --prompt-file or --prompt-tokens");
-  if (a.max_tokens <= 0) usage_error("--max-tokens must be > 0");
-  if (a.prompt_tokens < 0) usage_error("--prompt-tokens must be > 0");
-  if (a.workers < 0 || a.workers > 64) usage_error("--workers must be in 1..64");
+  if (!error.empty()) usage_error(*app, error);
+  if (version) {
+    std::cout << burst::server::version_string("burst-generate") << "\n";
+    std::exit(0);
+  }
+  const bool have_prompt =
+      app->count("--prompt") + app->count("--prompt-file") + app->count("--prompt-tokens") > 0;
+  if (!layout.empty() && !burst::engine::parse_shard_layout(layout, &a.layout)) {
+    usage_error(*app, "--layout is striped, zigzag or contiguous");
+  }
+  if (a.model_dir.empty() == a.preset.empty()) {
+    usage_error(*app, "give exactly one of --model, --preset");
+  }
+  if (!a.preset.empty() && !a.random_seed) usage_error(*app, "--preset needs --random-weights SEED");
+  if (!have_prompt) usage_error(*app, "give --prompt, --prompt-file or --prompt-tokens");
+  if (a.max_tokens <= 0) usage_error(*app, "--max-tokens must be > 0");
+  if (a.prompt_tokens < 0) usage_error(*app, "--prompt-tokens must be > 0");
+  if (a.workers < 0 || a.workers > 64) usage_error(*app, "--workers must be in 1..64");
   if (a.tp != 1) {
-    if (a.workers == 0) usage_error("--tp needs --workers (tp x the ring's ranks)");
-    if (auto layout = burst::engine::ParallelLayout::of(a.workers, a.tp); !layout.ok()) {
-      usage_error(layout.message());
+    if (a.workers == 0) usage_error(*app, "--tp needs --workers (tp x the ring's ranks)");
+    if (auto pl = burst::engine::ParallelLayout::of(a.workers, a.tp); !pl.ok()) {
+      usage_error(*app, pl.message());
     }
   }
-  if (a.prefill_chunk < 0) usage_error("--prefill-chunk must be > 0");
-  if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) usage_error(bad);
+  if (a.prefill_chunk < 0) usage_error(*app, "--prefill-chunk must be > 0");
+  if (const std::string bad = burst::engine::validate(a.sampling); !bad.empty()) {
+    usage_error(*app, bad);
+  }
   if (a.tokenizer.empty() && !a.model_dir.empty()) {
     // The model's own tokenizer when it ships one; without it only --prompt-tokens works.
     const std::string own = a.model_dir + "/tokenizer.model";

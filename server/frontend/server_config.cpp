@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "engine/sharding.h"
 #include "group/worker_registry.h"
 
@@ -22,69 +23,217 @@ using nlohmann::json;
 
 namespace {
 
-// One table drives both the JSON keys and the flags, so the two can never disagree.
+// One table drives the JSON keys, the flags (the key with '-' for '_') and --help, so the three
+// can never disagree: a new setting is a member of ServerConfig and one row here.
 struct Field {
   enum class Kind { kString, kInt, kInt64, kPath };
+  const char* key;
   Kind kind;
   void* target;
+  const char* metavar;  // the value's name in --help
+  const char* help;
 };
 
-std::map<std::string, Field> fields(ServerConfig* c) {
+std::vector<Field> fields(ServerConfig* c) {
   using K = Field::Kind;
   return {
-      {"model", {K::kPath, &c->model}},
-      {"preset", {K::kString, &c->preset}},
-      {"random_weights", {K::kInt64, &c->random_weights}},
-      {"tokenizer", {K::kPath, &c->tokenizer}},
-      {"model_name", {K::kString, &c->model_name}},
-      {"device", {K::kString, &c->device}},
-      {"workers", {K::kInt, &c->workers}},
-      {"tp", {K::kInt, &c->tp}},
-      {"threads_per_worker", {K::kInt, &c->threads_per_worker}},
-      {"layout", {K::kString, &c->layout}},
-      {"host", {K::kString, &c->host}},
-      {"grpc_port", {K::kInt, &c->grpc_port}},
-      {"http_port", {K::kInt, &c->http_port}},
-      {"port_file", {K::kString, &c->port_file}},
-      {"api_key", {K::kString, &c->api_key}},
-      {"api_key_file", {K::kPath, &c->api_key_file}},
-      {"metrics_require_key", {K::kInt, &c->metrics_require_key}},
-      {"remote_workers", {K::kInt, &c->remote_workers}},
-      {"worker_listen", {K::kString, &c->worker_listen}},
-      {"max_context", {K::kInt64, &c->max_context}},
-      {"kv_capacity", {K::kInt64, &c->kv_capacity}},
-      {"kv_memory_percent", {K::kInt, &c->kv_memory_percent}},
-      {"max_tokens_limit", {K::kInt, &c->max_tokens_limit}},
-      {"max_queue", {K::kInt, &c->max_queue}},
-      {"max_running", {K::kInt, &c->max_running}},
-      {"max_batched_tokens", {K::kInt64, &c->max_batched_tokens}},
-      {"prefill_chunk", {K::kInt64, &c->prefill_chunk}},
-      {"prefill_chunk_decoding", {K::kInt64, &c->prefill_chunk_decoding}},
-      {"decode_lookahead", {K::kInt, &c->decode_lookahead}},
-      {"prefix_caching", {K::kInt, &c->prefix_caching}},
-      {"warmup_tokens", {K::kInt64, &c->warmup_tokens}},
-      {"max_body_bytes", {K::kInt64, &c->max_body_bytes}},
-      {"max_prompt_bytes", {K::kInt64, &c->max_prompt_bytes}},
-      {"http_backlog", {K::kInt, &c->http_backlog}},
-      {"http_max_connections", {K::kInt, &c->http_max_connections}},
-      {"http_max_connections_per_client", {K::kInt, &c->http_max_connections_per_client}},
-      {"http_header_timeout_ms", {K::kInt, &c->http_header_timeout_ms}},
-      {"http_body_timeout_ms", {K::kInt, &c->http_body_timeout_ms}},
-      {"allowed_origins", {K::kString, &c->allowed_origins}},
-      {"allowed_methods", {K::kString, &c->allowed_methods}},
-      {"allowed_headers", {K::kString, &c->allowed_headers}},
-      {"grpc_max_threads", {K::kInt, &c->grpc_max_threads}},
-      {"grpc_message_timeout_ms", {K::kInt, &c->grpc_message_timeout_ms}},
-      {"grpc_handshake_timeout_ms", {K::kInt, &c->grpc_handshake_timeout_ms}},
-      {"grpc_max_connection_idle_ms", {K::kInt, &c->grpc_max_connection_idle_ms}},
-      {"grpc_max_connection_age_ms", {K::kInt, &c->grpc_max_connection_age_ms}},
-      {"grpc_keepalive_ms", {K::kInt, &c->grpc_keepalive_ms}},
-      {"keepalive_ms", {K::kInt, &c->keepalive_ms}},
-      {"drain_timeout_ms", {K::kInt, &c->drain_timeout_ms}},
-      {"start_timeout_ms", {K::kInt, &c->start_timeout_ms}},
-      {"log_level", {K::kString, &c->log_level}},
-      {"log_format", {K::kString, &c->log_format}},
+      {"model", K::kPath, &c->model, "DIR",
+       "a Hugging Face LLaMA directory (config.json, *.safetensors)"},
+      {"preset", K::kString, &c->preset, "NAME",
+       "random weights of a LLaMA-2 shape (1b, 7b, 13b, 70b; no model directory); the tokenizer "
+       "is --tokenizer FILE or the data directory's models/kjv-tiny/tokenizer.model"},
+      {"random_weights", K::kInt64, &c->random_weights, "SEED", "the preset's weights' seed"},
+      {"tokenizer", K::kPath, &c->tokenizer, "FILE",
+       "tokenizer.model (default: MODEL/tokenizer.model)"},
+      {"model_name", K::kString, &c->model_name, "NAME",
+       "the name clients use (default: the model directory's name)"},
+      {"device", K::kString, &c->device, "D", "cpu (default) or cuda"},
+      {"workers", K::kInt, &c->workers, "N",
+       "burst-worker processes (default 2): tp x the ring's ranks"},
+      {"tp", K::kInt, &c->tp, "T",
+       "tensor parallelism (default 1): each T consecutive workers split every layer's weights "
+       "(Megatron), the BurstAttention ring joins the groups"},
+      {"threads_per_worker", K::kInt, &c->threads_per_worker, "N",
+       "threads per CPU worker (0: cores / workers)"},
+      {"layout", K::kString, &c->layout, "L",
+       "sequence sharding: striped (default; prefix caching needs it), zigzag or contiguous"},
+      {"host", K::kString, &c->host, "ADDR",
+       "the address HTTP and gRPC bind (default 127.0.0.1)"},
+      {"grpc_port", K::kInt, &c->grpc_port, "P",
+       "the gRPC port (default 50051); 0 picks a free port, -1 disables gRPC"},
+      {"http_port", K::kInt, &c->http_port, "P",
+       "the HTTP port (default 8080); 0 picks a free port, -1 disables HTTP"},
+      {"port_file", K::kString, &c->port_file, "FILE",
+       "write {\"http_port\": N, \"grpc_port\": M, \"worker_port\": W} once bound"},
+      {"api_key", K::kString, &c->api_key, "KEY",
+       "require \"Authorization: Bearer KEY\" (HTTP) / authorization metadata (gRPC); also "
+       "$BURST_API_KEY (a flag's value shows in ps: prefer the file or the environment)"},
+      {"api_key_file", K::kPath, &c->api_key_file, "F",
+       "the API key from file F (surrounding whitespace removed)"},
+      {"metrics_require_key", K::kInt, &c->metrics_require_key, "0|1",
+       "1: /metrics requires the API key too (401 without); 0 (default): /metrics, like "
+       "/health, /ping, gRPC Health and reflection, answers without"},
+      {"remote_workers", K::kInt, &c->remote_workers, "N",
+       "multi-node: spawn no worker; wait for N `burst-worker --join HOST:PORT` (same model as "
+       "the server) to register, then serve. Until they have, /health answers 503: waiting for "
+       "workers (k/N registered)"},
+      {"worker_listen", K::kString, &c->worker_listen, "HOST:PORT",
+       "where remote workers register and rendezvous (default 0.0.0.0:50052; port 0: any free "
+       "port)"},
+      {"max_context", K::kInt64, &c->max_context, "N",
+       "longest prompt (0: the model's max_position_embeddings)"},
+      {"kv_capacity", K::kInt64, &c->kv_capacity, "N",
+       "KV tokens of the group, shared by all requests (0: on GPUs this server spawns, what "
+       "--kv-memory-percent of each GPU holds beside the weights and activations; otherwise the "
+       "max context)"},
+      {"kv_memory_percent", K::kInt, &c->kv_memory_percent, "P",
+       "with --kv-capacity 0 on GPUs: the share of each GPU to fill (90)"},
+      {"max_tokens_limit", K::kInt, &c->max_tokens_limit, "N",
+       "largest max_tokens accepted (0: the KV capacity)"},
+      {"max_queue", K::kInt, &c->max_queue, "N",
+       "waiting requests beyond which new ones get 503 (default 64)"},
+      {"max_running", K::kInt, &c->max_running, "N", "sequences batched at once (default 64)"},
+      {"max_batched_tokens", K::kInt64, &c->max_batched_tokens, "T",
+       "tokens per engine step (0: chunk + max(max-running, chunk / 4))"},
+      {"prefill_chunk", K::kInt64, &c->prefill_chunk, "T",
+       "prompt tokens per prefill chunk (0: 256 on CPU; on CUDA 8192 with one worker, 2048 x "
+       "workers with more)"},
+      {"prefill_chunk_decoding", K::kInt64, &c->prefill_chunk_decoding, "T",
+       "the chunk while other sequences decode, which bounds their inter-token time (0: 2048 on "
+       "CUDA, --prefill-chunk on CPU)"},
+      {"decode_lookahead", K::kInt, &c->decode_lookahead, "0|1",
+       "1 (default): while every running sequence decodes, send the next decode step before the "
+       "current one's tokens come back, so the workers start it at once (a sequence that ends "
+       "meanwhile costs one wasted row); 0: one step at a time"},
+      {"prefix_caching", K::kInt, &c->prefix_caching, "0|1",
+       "1 (default): a prompt that starts with blocks of tokens computed before (ring ranks x "
+       "the KV page size tokens each, of a finished or a running request, its answer included) "
+       "reuses their KV pages on every rank and prefills only the rest; unused blocks are "
+       "evicted least recently used first when pages run out. Needs the striped layout. "
+       "--no-prefix-caching: 0"},
+      {"warmup_tokens", K::kInt64, &c->warmup_tokens, "N",
+       "before the workers serve (at start and after a restart), one request of N tokens runs "
+       "through them, so that the first request is as fast as the next (-1, the default: the "
+       "max context, at most 131072, on GPUs; none on CPUs)"},
+      {"max_body_bytes", K::kInt64, &c->max_body_bytes, "B",
+       "largest HTTP request body (default 8 MiB)"},
+      {"max_prompt_bytes", K::kInt64, &c->max_prompt_bytes, "B",
+       "prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is tokenized (0, "
+       "the default: max context x the longest token's text, the most text that can fit the "
+       "context)"},
+      {"http_backlog", K::kInt, &c->http_backlog, "N",
+       "listen backlog of the HTTP socket (default 1024; capped by the kernel's "
+       "net.core.somaxconn)"},
+      {"http_max_connections", K::kInt, &c->http_max_connections, "N",
+       "open HTTP connections at most; more get 503 at once (default 512)"},
+      {"http_max_connections_per_client", K::kInt, &c->http_max_connections_per_client, "N",
+       "open HTTP connections from one address at most (default 256; 0: no limit; behind a "
+       "proxy every client is the proxy). At either limit the connection idle longest between "
+       "requests is closed to make room; only when none idles does the newcomer get 503"},
+      {"http_header_timeout_ms", K::kInt, &c->http_header_timeout_ms, "MS",
+       "a request's head must arrive within this (from its first byte; from the accept for a "
+       "connection's first request), else 408 (default 10000)"},
+      {"http_body_timeout_ms", K::kInt, &c->http_body_timeout_ms, "MS",
+       "its body within this after the head, else 408 (default 30000)"},
+      {"allowed_origins", K::kString, &c->allowed_origins, "LIST",
+       "CORS: origins browsers may call the HTTP API from, comma-separated or a JSON array "
+       "(vLLM's form), e.g. https://app.example.com; * for any. Default: none (CORS off: no "
+       "preflight answered, no CORS header sent)"},
+      {"allowed_methods", K::kString, &c->allowed_methods, "LIST",
+       "CORS: methods a preflight may ask for (default *)"},
+      {"allowed_headers", K::kString, &c->allowed_headers, "LIST",
+       "CORS: request headers a preflight may ask for (default *: whatever is asked, "
+       "Authorization included)"},
+      {"grpc_max_threads", K::kInt, &c->grpc_max_threads, "N",
+       "gRPC server threads at most (default 256); a call holds one while it runs, calls beyond "
+       "get RESOURCE_EXHAUSTED at once"},
+      {"grpc_message_timeout_ms", K::kInt, &c->grpc_message_timeout_ms, "MS",
+       "a call's request message must arrive within this after the call starts, else the call "
+       "is cancelled (default 30000)"},
+      {"grpc_handshake_timeout_ms", K::kInt, &c->grpc_handshake_timeout_ms, "MS",
+       "a new connection must complete its HTTP/2 handshake within this, else it is closed "
+       "(default 10000)"},
+      {"grpc_max_connection_idle_ms", K::kInt, &c->grpc_max_connection_idle_ms, "MS",
+       "a connection without calls for this long is closed (a GOAWAY; clients reconnect when "
+       "they next call) (default 300000)"},
+      {"grpc_max_connection_age_ms", K::kInt, &c->grpc_max_connection_age_ms, "MS",
+       "a connection older than this is asked to go away; its calls get --drain-timeout-ms to "
+       "finish (default 0: no limit)"},
+      {"grpc_keepalive_ms", K::kInt, &c->grpc_keepalive_ms, "MS",
+       "the server pings a connection silent for this long and closes it if the ping is not "
+       "answered within 20 s (default 60000)"},
+      {"keepalive_ms", K::kInt, &c->keepalive_ms, "MS",
+       "SSE keep-alive comment interval while no token is ready (default 5000)"},
+      {"drain_timeout_ms", K::kInt, &c->drain_timeout_ms, "MS",
+       "SIGTERM: how long requests in flight may finish (default 30000)"},
+      {"start_timeout_ms", K::kInt, &c->start_timeout_ms, "MS",
+       "how long the worker group may take to start, loading the weights included (0, the "
+       "default: 120 s + 30 s per GB of weights per worker; kjv-tiny 120 s, 7b on GPUs 524 s); "
+       "progress is logged every 5 s and shown on /health"},
+      {"log_level", K::kString, &c->log_level, "LEVEL",
+       "trace, debug, info (default), warn, error, critical or off"},
+      {"log_format", K::kString, &c->log_format, "F",
+       "text (default) or json (one object per line); logs go to stderr, with one access-log "
+       "line per HTTP request (status, route, latency, request id)"},
   };
+}
+
+const Field* find_field(const std::vector<Field>& table, const std::string& key) {
+  for (const Field& f : table) {
+    if (key == f.key) return &f;
+  }
+  return nullptr;
+}
+
+// "max_queue" -> "--max-queue".
+std::string flag_of(const std::string& key) {
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+constexpr const char* kSynopsis =
+    R"(usage: burst-server [--config FILE] [--model DIR | --preset 1b|7b|13b|70b --random-weights SEED]
+                    [--FLAG VALUE | --FLAG=VALUE ...] [--check-config] [--version] [--help]
+
+Every setting is a flag below and a key of the JSON config file (--config FILE: keys as the
+flags, with '_' for '-'); flags override the file. Without --config: the data directory's
+configs/cpu-tiny.json (the tiny model on 2 CPU workers). Usage errors exit 2.
+)";
+
+// The settings given as flags, by config key; what --config, --data-dir and the actions ask.
+struct Flags {
+  std::map<std::string, std::string> values;
+  std::string config_path, data_dir;
+  bool no_prefix_caching = false;
+};
+
+// An App that knows every flag; parsing fills *flags (values stay text until the config file is
+// read, so a flag overrides the file whatever their order on the command line).
+std::unique_ptr<CLI::App> server_cli(Flags* flags, ServerActions* actions) {
+  auto app = make_cli("burst-server", kSynopsis);
+  app->add_option("--config", flags->config_path,
+                  "JSON config (keys as the flags, with '_' for '-'); flags override it. Without "
+                  "it: the data directory's configs/cpu-tiny.json (tiny model, 2 CPU workers)")
+      ->type_name("FILE");
+  app->add_option("--data-dir", flags->data_dir,
+                  "the shipped configs/ and models/ (else $BURST_DATA_DIR, else "
+                  "<exe>/../share/burst, else the source tree or install prefix built in)")
+      ->type_name("DIR");
+  app->add_flag("--check-config", actions->check_config,
+                "validate the config and flags, print the resolved settings as JSON and exit "
+                "(0: valid, 2: not); model files are checked only where present");
+  app->add_flag("--version", actions->version, "print the version and build, then exit");
+  ServerConfig scratch;
+  for (const Field& f : fields(&scratch)) {
+    const std::string key = f.key;
+    app->add_option_function<std::string>(
+           flag_of(key), [flags, key](const std::string& v) { flags->values[key] = v; }, f.help)
+        ->type_name(f.metavar);
+  }
+  app->add_flag("--no-prefix-caching", flags->no_prefix_caching,
+                "vLLM's spelling of --prefix-caching 0");
+  return app;
 }
 
 // A relative path from a config file: as given if it exists from here, else from the config
@@ -95,7 +244,7 @@ std::string resolve(const std::string& p, const fs::path& config_path) {
   return fs::exists(alt) ? alt.lexically_normal().string() : p;
 }
 
-Status set_from_string(const std::string& key, const Field& f, const std::string& text) {
+Status set_from_string(const std::string& flag, const Field& f, const std::string& text) {
   try {
     size_t used = 0;
     switch (f.kind) {
@@ -110,9 +259,9 @@ Status set_from_string(const std::string& key, const Field& f, const std::string
         *static_cast<int64_t*>(f.target) = std::stoll(text, &used);
         break;
     }
-    if (used != text.size()) return Status::error("bad value '" + text + "' for " + key);
+    if (used != text.size()) return Status::error("bad value '" + text + "' for " + flag);
   } catch (const std::exception&) {
-    return Status::error("bad value '" + text + "' for " + key);
+    return Status::error("bad value '" + text + "' for " + flag);
   }
   return {};
 }
@@ -282,11 +431,11 @@ Status apply_config_file(const std::string& path, ServerConfig* config) {
     return Status::error(path + ": " + e.what());
   }
   if (!j.is_object()) return Status::error(path + ": the config must be a JSON object");
-  auto table = fields(config);
+  const auto table = fields(config);
   for (const auto& [key, value] : j.items()) {
-    auto it = table.find(key);
-    if (it == table.end()) return Status::error(path + ": unknown key \"" + key + "\"");
-    const Field& fd = it->second;
+    const Field* found = find_field(table, key);
+    if (found == nullptr) return Status::error(path + ": unknown key \"" + key + "\"");
+    const Field& fd = *found;
     const bool want_string = fd.kind == Field::Kind::kString || fd.kind == Field::Kind::kPath;
     if (want_string ? !value.is_string() : !value.is_number_integer()) {
       return Status::error(path + ": \"" + key + "\" must be " +
@@ -343,7 +492,8 @@ Result<std::string> find_data_dir(const std::string& explicit_dir, const fs::pat
 std::string config_to_json(const ServerConfig& config) {
   ServerConfig copy = config;
   json j = json::object();
-  for (const auto& [key, f] : fields(&copy)) {
+  for (const Field& f : fields(&copy)) {
+    const std::string key = f.key;
     switch (f.kind) {
       case Field::Kind::kString:
       case Field::Kind::kPath:
@@ -401,18 +551,38 @@ Status resolve_preset_tokenizer(ServerConfig& c) {
   return {};
 }
 
+std::string server_help() {
+  Flags flags;
+  ServerActions actions;
+  return server_cli(&flags, &actions)->help();
+}
+
 Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
-  *help = false;
+  ServerActions actions;
+  auto c = parse_server_args(argc, argv, &actions);
+  *help = actions.help;
+  return c;
+}
+
+Result<ServerConfig> parse_server_args(int argc, char** argv, ServerActions* actions) {
+  *actions = ServerActions();
   ServerConfig c;
-  std::string config_path, data_dir_flag;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--config") config_path = argv[i + 1];
-    if (std::string(argv[i]) == "--data-dir") data_dir_flag = argv[i + 1];
+  Flags flags;
+  auto app = server_cli(&flags, actions);
+  const std::string error = parse_cli(*app, argc, argv, &actions->help);
+  if (actions->help) return c;
+  if (error == "unknown flag --join") {
+    return Status::error("unknown flag --join: it is burst-worker's (burst-worker --join "
+                         "HOST:PORT); the server waits for such workers with "
+                         "--remote-workers N --worker-listen HOST:PORT");
   }
+  if (!error.empty()) return Status::error(error);
+  if (actions->version) return c;
+  std::string config_path = flags.config_path;
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   std::vector<std::string> looked;
-  auto data_dir = find_data_dir(data_dir_flag, ec ? fs::path() : self, &looked);
+  auto data_dir = find_data_dir(flags.data_dir, ec ? fs::path() : self, &looked);
   if (!data_dir.ok()) return data_dir.status();
   c.data_dir = data_dir.value();
   // The embedded default: the data directory's configs/cpu-tiny.json.
@@ -420,34 +590,15 @@ Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help) {
     const fs::path embedded = fs::path(c.data_dir) / "configs" / "cpu-tiny.json";
     if (fs::exists(embedded, ec)) config_path = embedded.string();
   }
-  if (!config_path.empty()) BURST_RETURN_IF_ERROR(apply_config_file(config_path, &c));
-
-  auto table = fields(&c);
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      *help = true;
-      return c;
-    }
-    if (flag.rfind("--", 0) != 0) return Status::error("unexpected argument " + flag);
-    if (flag == "--no-prefix-caching") {  // vLLM's spelling; the one flag without a value
-      c.prefix_caching = 0;
-      continue;
-    }
-    if (i + 1 >= argc) return Status::error("missing value for " + flag);
-    const std::string val = argv[++i];
-    if (flag == "--config" || flag == "--data-dir") continue;
-    std::string key = flag.substr(2);
-    for (char& ch : key) ch = ch == '-' ? '_' : ch;
-    auto it = table.find(key);
-    if (it == table.end() && flag == "--join") {
-      return Status::error("unknown flag --join: it is burst-worker's (burst-worker --join "
-                           "HOST:PORT); the server waits for such workers with "
-                           "--remote-workers N --worker-listen HOST:PORT");
-    }
-    if (it == table.end()) return Status::error("unknown flag " + flag);
-    BURST_RETURN_IF_ERROR(set_from_string(flag, it->second, val));
+  if (!config_path.empty()) {
+    BURST_RETURN_IF_ERROR(apply_config_file(config_path, &c));
+    c.config_file = fs::absolute(config_path, ec).lexically_normal().string();
   }
+  const auto table = fields(&c);
+  for (const auto& [key, value] : flags.values) {
+    BURST_RETURN_IF_ERROR(set_from_string(flag_of(key), *find_field(table, key), value));
+  }
+  if (flags.no_prefix_caching) c.prefix_caching = 0;
   BURST_RETURN_IF_ERROR(resolve_api_key(c));
   if (c.model.empty() && c.preset.empty()) {
     std::string where;

@@ -92,37 +92,28 @@ int64_t kv_activation_reserve(const burst::models::LlamaConfig& m, int64_t max_c
   return (int64_t{1} << 30) + 2 * (prefix + chunk * per_token);
 }
 
-// The flags: --version and --check-config (no value, unlike every config flag) are taken out
-// before parsing. Returns the config, or the exit code when the process is done already.
+// The flags (CLI11, frontend/server_config.h). Returns the config, or the exit code when the
+// process is done already (--help, --version, --check-config, a usage error).
 std::variant<burst::server::ServerConfig, int> parse_flags(int argc, char** argv) {
   using namespace burst::server;
-  bool check_only = false;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    if (i > 0 && std::string(argv[i]) == "--version") {
-      std::cout << version_string("burst-server") << "\n";
-      return 0;
-    }
-    if (i > 0 && std::string(argv[i]) == "--check-config") {
-      check_only = true;
-    } else {
-      args.push_back(argv[i]);
-    }
-  }
-  bool help = false;
-  auto parsed = parse_server_args(static_cast<int>(args.size()), args.data(), &help);
-  if (help) {
-    std::cout << kServerUsage;
+  ServerActions actions;
+  auto parsed = parse_server_args(argc, argv, &actions);
+  if (actions.help) {
+    std::cout << server_help();
     return 0;
   }
   if (!parsed.ok()) {
-    std::cerr << "burst-server: " << parsed.message() << "\n" << kServerUsage;
+    std::cerr << "burst-server: " << parsed.message() << "\n\n" << server_help();
     return 2;
   }
+  if (actions.version) {
+    std::cout << version_string("burst-server") << "\n";
+    return 0;
+  }
   ServerConfig cfg = parsed.take();
-  if (check_only) return check_config(cfg);
+  if (actions.check_config) return check_config(cfg);
   if (burst::Status st = setup_logging("burst-server", cfg.log_level, cfg.log_format); !st.ok()) {
-    std::cerr << "burst-server: " << st.message() << "\n" << kServerUsage;
+    std::cerr << "burst-server: " << st.message() << "\n";
     return 2;
   }
   return cfg;
@@ -261,8 +252,12 @@ bool write_port_file(const std::string& path, int http_port, int grpc_port, int 
 void log_serving(const burst::server::ServerConfig& cfg,
                  const burst::server::SchedulerOptions& so, int64_t weight_bytes,
                  bool kv_from_memory, int http_port, int grpc_port, int workers) {
+  // A disabled API says so, not "127.0.0.1:-1".
+  auto where = [&](int port) {
+    return port < 0 ? std::string("off") : cfg.host + ":" + std::to_string(port);
+  };
   spdlog::info("serving model '{}' ({}, {:.2f} GB of weights per worker, start timeout {} s): "
-               "HTTP {}:{}, gRPC {}:{}, {} worker(s) on {}, max context {}, KV capacity {}, "
+               "HTTP {}, gRPC {}, {} worker(s) on {}, max context {}, KV capacity {}, "
                "prompt text limit {} bytes, auth {}",
                cfg.model_name,
                cfg.preset.empty() ? cfg.model
@@ -270,8 +265,7 @@ void log_serving(const burst::server::ServerConfig& cfg,
                                         std::to_string(cfg.random_weights),
                static_cast<double>(weight_bytes) / 1e9,
                std::chrono::duration_cast<std::chrono::seconds>(so.group.start_timeout).count(),
-               cfg.host, http_port, cfg.host, grpc_port,
-               workers,
+               where(http_port), where(grpc_port), workers,
                cfg.device, cfg.max_context,
                kv_from_memory ? "from GPU memory (" + std::to_string(cfg.kv_memory_percent) +
                                     " % of each GPU)"
@@ -292,6 +286,8 @@ int main(int argc, char** argv) {
   if (const int* code = std::get_if<int>(&flags)) return *code;
   ServerConfig cfg = std::get<ServerConfig>(std::move(flags));
   spdlog::info("{}", version_string("burst-server"));
+  spdlog::info("config file: {}", cfg.config_file.empty() ? "none (defaults and flags)"
+                                                          : cfg.config_file);
 
   // A preset (random weights, for benchmarks) takes the place of the model directory.
   auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)

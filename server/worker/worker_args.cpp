@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/cli.h"
 #include "common/logging.h"
 #include "engine/parallel_layout.h"
 #include "group/worker_registry.h"
@@ -11,7 +12,8 @@
 namespace burst::worker {
 namespace {
 
-constexpr const char* kUsage =
+// The synopsis; the flags' descriptions are where each flag is declared (add_flags).
+constexpr const char* kSynopsis =
     R"(usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R --world N
                     --store DIR --port-file FILE [--progress-file FILE] [--device D]
                     [--kv-capacity TOKENS] [--kv-memory-fraction F] [--kv-reserve-bytes B]
@@ -22,109 +24,92 @@ constexpr const char* kUsage =
 
 The first form is started by burst-server / burst-generate --workers N (with the group's secret
 in $BURST_WORKER_SECRET); the second joins `burst-server --remote-workers N --worker-listen
-HOST:PORT` (multi-node), which sends rank, world size and KV capacity.
-
-  --model DIR       a Hugging Face LLaMA directory (config.json, *.safetensors)
-  --preset NAME     random weights of a LLaMA-2 shape: 1b, 7b, 13b or 70b
-  --random-weights SEED  the preset's weights' seed
-  --device D        cpu (default), cuda or cuda:N
-  --threads T       CPU threads (0: cores / world size; with --join: all cores)
-  --rank R, --world N  this worker's rank and the group's size (spawned form)
-  --tp T            tensor parallelism (spawned form; default 1): ranks [k T, (k+1) T) split
-                    each layer's weights, the ring joins the ranks of equal index mod T
-  --store DIR       the group's rendezvous directory (spawned form)
-  --port-file FILE  where the control service's port is written once the rank is up
-  --progress-file FILE  where loading progress ("BYTES_DONE BYTES_TOTAL") is written while the
-                    weights load; the coordinator reads it (spawned form)
-  --kv-capacity TOKENS  KV rows this rank caches (spawned form; default 4096); 0 on a GPU:
-                    as many as its memory holds once the weights are in
-  --kv-memory-fraction F  with --kv-capacity 0: the share of the GPU this process may fill
-                    (default 0.9)
-  --kv-reserve-bytes B  with --kv-capacity 0: bytes kept free for activations (default 0)
-  --comm-timeout-ms MS  the communicator's timeout (spawned form; default 30000)
-  --poison-freed-kv 1  fill freed KV pages with NaN (a test; also $BURST_POISON_FREED_KV=1)
-  --join HOST:PORT  register with burst-server's worker registry (multi-node)
-  --advertise-host H  the address the server and the other workers reach this one at
-                    (default: this host's address on the route to the server)
-  --cluster-token-file F  the cluster token (else $BURST_CLUSTER_TOKEN)
-  --version         print the version and build, exit
-  --help            print this, exit
-SIGTERM stops the worker at any moment, loading included.
+HOST:PORT` (multi-node), which sends rank, world size and KV capacity. Flags take --flag VALUE
+or --flag=VALUE. SIGTERM stops the worker at any moment, loading included.
 )";
 
-[[noreturn]] void usage(const std::string& msg) {
-  std::cerr << "burst-worker: " << msg << "\n" << kUsage;
+// The spawned form's flags: with --join the server sends these.
+constexpr const char* kLocalFlags[] = {
+    "--rank",        "--world",          "--store",          "--port-file",       "--progress-file",
+    "--kv-capacity", "--kv-memory-fraction", "--kv-reserve-bytes", "--comm-timeout-ms", "--tp"};
+
+[[noreturn]] void usage(const CLI::App& app, const std::string& msg) {
+  std::cerr << "burst-worker: " << msg << "\n" << app.help();
   std::exit(2);
 }
 
-int64_t to_int(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  int64_t x = 0;
-  if (!(is >> x) || !is.eof()) usage("bad value '" + v + "' for " + flag);
-  return x;
-}
-
-// A number in (0, 1].
-double to_fraction(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  double x = 0;
-  if (!(is >> x) || !is.eof() || !(x > 0 && x <= 1)) {
-    usage("bad value '" + v + "' for " + flag + " (a number in (0, 1])");
-  }
-  return x;
-}
-
-// Sets the flag `f` to `v`; an unknown flag is a usage error.
-void set_flag(Args& a, const std::string& f, const std::string& v) {
-  const bool local = f == "--rank" || f == "--world" || f == "--store" ||
-                     f == "--port-file" || f == "--progress-file" || f == "--kv-capacity" ||
-                     f == "--kv-memory-fraction" || f == "--kv-reserve-bytes" ||
-                     f == "--comm-timeout-ms" || f == "--tp";
-  a.local_flags = a.local_flags || local;
-  if (f == "--model") a.model.dir = v;
-  else if (f == "--preset") a.model.preset = v;
-  else if (f == "--random-weights") a.model.random_seed = static_cast<uint64_t>(to_int(f, v));
-  else if (f == "--rank") a.rank = static_cast<int>(to_int(f, v));
-  else if (f == "--world") a.world = static_cast<int>(to_int(f, v));
-  else if (f == "--store") a.store = v;
-  else if (f == "--port-file") a.port_file = v;
-  else if (f == "--progress-file") a.progress_file = v;
-  else if (f == "--device") a.device = v;
-  else if (f == "--kv-capacity") a.kv_capacity = to_int(f, v);
-  else if (f == "--kv-memory-fraction") a.kv_memory_fraction = to_fraction(f, v);
-  else if (f == "--kv-reserve-bytes") a.kv_reserve_bytes = to_int(f, v);
-  else if (f == "--threads") a.threads = static_cast<int>(to_int(f, v));
-  else if (f == "--tp") a.tp = static_cast<int>(to_int(f, v));
-  else if (f == "--comm-timeout-ms") a.comm_timeout_ms = static_cast<int>(to_int(f, v));
-  else if (f == "--join") a.join = v;
-  else if (f == "--advertise-host") a.advertise_host = v;
-  else if (f == "--cluster-token-file") a.cluster_token_file = v;
-  else if (f == "--poison-freed-kv") a.poison_freed_kv = to_int(f, v) != 0;
-  else usage("unknown flag " + f);
+// Every flag, bound to its field of `a`, with its --help line.
+void add_flags(CLI::App& app, Args& a, bool& version) {
+  app.add_option("--model", a.model.dir, "a Hugging Face LLaMA directory (config.json, "
+                 "*.safetensors)")->type_name("DIR");
+  app.add_option("--preset", a.model.preset, "random weights of a LLaMA-2 shape: 1b, 7b, 13b or "
+                 "70b")->type_name("NAME");
+  app.add_option("--random-weights", a.model.random_seed, "the preset's weights' seed")
+      ->type_name("SEED");
+  app.add_option("--device", a.device, "cpu (default), cuda or cuda:N")->type_name("D");
+  app.add_option("--threads", a.threads, "CPU threads (0: cores / world size; with --join: all "
+                 "cores)")->type_name("T");
+  app.add_option("--rank", a.rank, "this worker's rank (spawned form)")->type_name("R");
+  app.add_option("--world", a.world, "the group's size (spawned form)")->type_name("N");
+  app.add_option("--tp", a.tp, "tensor parallelism (spawned form; default 1): ranks [k T, "
+                 "(k+1) T) split each layer's weights, the ring joins the ranks of equal index "
+                 "mod T")->type_name("T");
+  app.add_option("--store", a.store, "the group's rendezvous directory (spawned form)")
+      ->type_name("DIR");
+  app.add_option("--port-file", a.port_file, "where the control service's port is written once "
+                 "the rank is up")->type_name("FILE");
+  app.add_option("--progress-file", a.progress_file, "where loading progress (\"BYTES_DONE "
+                 "BYTES_TOTAL\") is written while the weights load; the coordinator reads it "
+                 "(spawned form)")->type_name("FILE");
+  app.add_option("--kv-capacity", a.kv_capacity, "KV rows this rank caches (spawned form; "
+                 "default 4096); 0 on a GPU: as many as its memory holds once the weights are "
+                 "in")->type_name("TOKENS");
+  app.add_option("--kv-memory-fraction", a.kv_memory_fraction, "with --kv-capacity 0: the share "
+                 "of the GPU this process may fill, in (0, 1] (default 0.9)")
+      ->type_name("F")
+      ->check([](const std::string& v) -> std::string {
+        double x = 0;
+        std::istringstream is(v);
+        return (is >> x) && is.eof() && x > 0 && x <= 1 ? "" : "a number in (0, 1]";
+      });
+  app.add_option("--kv-reserve-bytes", a.kv_reserve_bytes, "with --kv-capacity 0: bytes kept "
+                 "free for activations (default 0)")->type_name("B");
+  app.add_option("--comm-timeout-ms", a.comm_timeout_ms, "the communicator's timeout (spawned "
+                 "form; default 30000)")->type_name("MS");
+  app.add_option("--poison-freed-kv", a.poison_freed_kv, "1: fill freed KV pages with NaN (a "
+                 "test; also $BURST_POISON_FREED_KV=1)")->type_name("0|1");
+  app.add_option("--join", a.join, "register with burst-server's worker registry (multi-node)")
+      ->type_name("HOST:PORT");
+  app.add_option("--advertise-host", a.advertise_host, "the address the server and the other "
+                 "workers reach this one at (default: this host's address on the route to the "
+                 "server)")->type_name("H");
+  app.add_option("--cluster-token-file", a.cluster_token_file, "the cluster token (else "
+                 "$BURST_CLUSTER_TOKEN)")->type_name("F");
+  app.add_flag("--version", version, "print the version and build, exit");
 }
 
 // The flags each form needs or refuses.
-void check(const Args& a) {
-  if (a.threads < 0) usage("--threads must be >= 0");
+void check(const CLI::App& app, const Args& a) {
+  if (a.threads < 0) usage(app, "--threads must be >= 0");
   if (!a.join.empty()) {
     if (a.local_flags) {
-      usage("--rank, --world, --store, --port-file, --progress-file, --kv-capacity, "
+      usage(app, "--rank, --world, --store, --port-file, --progress-file, --kv-capacity, "
             "--comm-timeout-ms and --tp come from the server with --join; drop them");
     }
     if (auto hp = burst::server::split_host_port(a.join); !hp.ok()) {
-      usage("--join: " + hp.message());
+      usage(app, "--join: " + hp.message());
     }
     return;
   }
-  if (!a.advertise_host.empty()) usage("--advertise-host needs --join");
-  if (!a.cluster_token_file.empty()) usage("--cluster-token-file needs --join");
-  if (a.world < 1 || a.rank < 0 || a.rank >= a.world) usage("need 0 <= --rank < --world");
-  if (a.store.empty() || a.port_file.empty()) usage("need --store and --port-file");
+  if (!a.advertise_host.empty()) usage(app, "--advertise-host needs --join");
+  if (!a.cluster_token_file.empty()) usage(app, "--cluster-token-file needs --join");
+  if (a.world < 1 || a.rank < 0 || a.rank >= a.world) usage(app, "need 0 <= --rank < --world");
+  if (a.store.empty() || a.port_file.empty()) usage(app, "need --store and --port-file");
   if (auto layout = engine::ParallelLayout::of(a.world, a.tp); !layout.ok()) {
-    usage(layout.message());
+    usage(app, layout.message());
   }
-  if (a.kv_capacity < 0) usage("--kv-capacity must be >= 0 (0: from the GPU's memory)");
-  if (a.kv_reserve_bytes < 0) usage("--kv-reserve-bytes must be >= 0");
+  if (a.kv_capacity < 0) usage(app, "--kv-capacity must be >= 0 (0: from the GPU's memory)");
+  if (a.kv_reserve_bytes < 0) usage(app, "--kv-reserve-bytes must be >= 0");
 }
 
 }  // namespace
@@ -134,21 +119,21 @@ Args parse_args(int argc, char** argv) {
   if (const char* p = std::getenv("BURST_POISON_FREED_KV"); p != nullptr) {
     a.poison_freed_kv = std::string(p) == "1";
   }
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    // The only flags without a value.
-    if (f == "--help" || f == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (f == "--version") {
-      std::cout << burst::server::version_string("burst-worker") << "\n";
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usage("missing value for " + f);
-    set_flag(a, f, argv[++i]);
+  auto app = burst::server::make_cli("burst-worker", kSynopsis);
+  bool version = false, help = false;
+  add_flags(*app, a, version);
+  const std::string error = burst::server::parse_cli(*app, argc, argv, &help);
+  if (help) {
+    std::cout << app->help();
+    std::exit(0);
   }
-  check(a);
+  if (!error.empty()) usage(*app, error);
+  if (version) {
+    std::cout << burst::server::version_string("burst-worker") << "\n";
+    std::exit(0);
+  }
+  for (const char* f : kLocalFlags) a.local_flags = a.local_flags || app->count(f) > 0;
+  check(*app, a);
   return a;
 }
 

@@ -737,7 +737,7 @@ def test_versions_and_help():
                             capture_output=True)
     src = "".join(open(f).read() for f in sorted(glob.glob(
         os.path.join(ROOT, "server", "worker", "*.cpp"))))
-    flags = set(re.findall(r'f == "(--[a-z-]+)"', src))
+    flags = set(re.findall(r'add_(?:option|flag)\("(--[a-z-]+)"', src))
     text = worker.stdout.decode()
     check(worker.returncode == 0 and len(flags) >= 15 and
           all(f in text for f in flags), f"burst-worker --help: {worker.returncode}, lacks "

@@ -1,5 +1,7 @@
 // burst-server's configuration: a JSON file (--config FILE; unknown keys are errors, so a typo
-// never silently falls back to a default) overridden by command-line flags. The defaults are
+// never silently falls back to a default) overridden by command-line flags (CLI11: one table in
+// server_config.cpp gives each setting its JSON key, its flag and its --help line, so a new
+// setting is a member here and one row there). The defaults are
 // the data directory's configs/cpu-tiny.json: the tiny KJV model on 2 CPU workers, bound to
 // 127.0.0.1. Relative paths in a config file resolve against the current directory, or else
 // against the config file's parent directory (the data directory for configs/*.json: the
@@ -55,7 +57,7 @@ struct ServerConfig {
   int max_queue = 64;        // waiting requests beyond which new ones get 503
   int max_running = 64;      // sequences batched at once (continuous batching)
   int64_t max_batched_tokens = 0;  // tokens per step; 0: chunk + max(max_running, chunk/4)
-  int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: see kServerUsage
+  int64_t prefill_chunk = 0;  // prompt tokens per prefill chunk; 0: see server_help()
   // Prefill chunk while other sequences decode (their inter-token time is one step); 0: 2048 on
   // cuda, prefill_chunk on cpu.
   int64_t prefill_chunk_decoding = 0;
@@ -96,141 +98,29 @@ struct ServerConfig {
   int start_timeout_ms = 0;
   std::string log_level = "info";   // trace, debug, info, warn, error, critical, off
   std::string log_format = "text";  // text or json (one JSON object per line), on stderr
-  // Not a config key: where the shipped data was found (empty: nowhere), for messages.
+  // Not config keys: where the shipped data was found (empty: nowhere), for messages, and the
+  // config file read (absolute; empty: none), logged at start.
   std::string data_dir;
+  std::string config_file;
 };
 
-constexpr const char* kServerUsage =
-    R"(usage: burst-server [--config FILE] [--model DIR | --preset 1b|7b|13b|70b --random-weights SEED]
-                    [--tokenizer FILE] [--model-name NAME] [--data-dir DIR] [--check-config]
-                    [--device cpu|cuda] [--workers N] [--tp T] [--threads-per-worker N]
-                    [--layout striped|zigzag|contiguous] [--host ADDR] [--grpc-port P] [--http-port P]
-                    [--port-file FILE] [--api-key KEY | --api-key-file F]
-                    [--metrics-require-key 0|1] [--max-context N]
-                    [--kv-capacity N] [--kv-memory-percent P]
-                    [--max-tokens-limit N] [--max-queue N] [--max-running N]
-                    [--max-batched-tokens T] [--prefill-chunk T] [--prefill-chunk-decoding T]
-                    [--decode-lookahead 0|1] [--prefix-caching 0|1 | --no-prefix-caching]
-                    [--warmup-tokens N] [--max-body-bytes B]
-                    [--max-prompt-bytes B] [--http-backlog N] [--http-max-connections N]
-                    [--http-max-connections-per-client N]
-                    [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]
-                    [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST]
-                    [--grpc-max-threads N] [--grpc-message-timeout-ms MS]
-                    [--grpc-handshake-timeout-ms MS] [--grpc-max-connection-idle-ms MS]
-                    [--grpc-max-connection-age-ms MS] [--grpc-keepalive-ms MS]
-                    [--keepalive-ms MS] [--drain-timeout-ms MS] [--start-timeout-ms MS]
-                    [--log-level LEVEL] [--log-format text|json]
-                    [--remote-workers N [--worker-listen HOST:PORT]] [--version] [--help]
+// What the command line asks besides settings: print --help, print --version, or check the
+// config and exit (--check-config).
+struct ServerActions {
+  bool help = false;
+  bool version = false;
+  bool check_config = false;
+};
 
-  --config FILE     JSON config (keys as the flags, with '_' for '-'); flags override it.
-                    Without it: the data directory's configs/cpu-tiny.json (tiny model, 2 CPU
-                    workers)
-  --data-dir DIR    the shipped configs/ and models/ (else $BURST_DATA_DIR, else
-                    <exe>/../share/burst, else the source tree or install prefix built in)
-  --model DIR       a Hugging Face LLaMA directory (config.json, *.safetensors)
-  --preset NAME     random weights of a LLaMA-2 shape (no model directory); the tokenizer is
-                    --tokenizer FILE or the data directory's models/kjv-tiny/tokenizer.model
-  --random-weights SEED  the preset's weights' seed
-  --tokenizer FILE  tokenizer.model (default: MODEL/tokenizer.model)
-  --model-name NAME the name clients use (default: the model directory's name)
-  --check-config    validate the config and flags, print the resolved settings as JSON and
-                    exit (0: valid, 2: not); model files are checked only where present
-  --device D        cpu (default) or cuda
-  --workers N       burst-worker processes (default 2): tp x the ring's ranks
-  --tp T            tensor parallelism (default 1): each T consecutive workers split every
-                    layer's weights (Megatron), the BurstAttention ring joins the groups
-  --threads-per-worker N  threads per CPU worker (0: cores / workers)
-  --layout L        sequence sharding: striped (default; prefix caching needs it),
-                    zigzag or contiguous
-  --host ADDR       the address HTTP and gRPC bind (default 127.0.0.1)
-  --grpc-port P     0 picks a free port, -1 disables gRPC (same for --http-port)
-  --port-file FILE  write {"http_port": N, "grpc_port": M, "worker_port": W} once bound
-  --api-key KEY     require "Authorization: Bearer KEY" (HTTP) / authorization metadata (gRPC);
-                    also $BURST_API_KEY (a flag's value shows in ps: prefer the file or the
-                    environment)
-  --api-key-file F  the API key from file F (surrounding whitespace removed)
-  --metrics-require-key 0|1  1: /metrics requires the API key too (401 without); 0 (default):
-                    /metrics, like /health, /ping, gRPC Health and reflection, answers without
-  --max-context N   longest prompt (0: the model's max_position_embeddings)
-  --kv-capacity N   KV tokens of the group, shared by all requests (0: on GPUs this server
-                    spawns, what --kv-memory-percent of each GPU holds beside the weights
-                    and activations; otherwise the max context)
-  --kv-memory-percent P  with --kv-capacity 0 on GPUs: the share of each GPU to fill (90)
-  --max-tokens-limit N  largest max_tokens accepted (0: the KV capacity)
-  --max-queue N     waiting requests beyond which new ones get 503 (default 64)
-  --max-running N   sequences batched at once (default 64)
-  --max-batched-tokens T  tokens per engine step (0: chunk + max(max-running, chunk / 4))
-  --prefill-chunk T prompt tokens per prefill chunk (0: 256 on CPU; on CUDA 8192 with one
-                    worker, 2048 x workers with more)
-  --prefill-chunk-decoding T  the chunk while other sequences decode, which bounds their
-                    inter-token time (0: 2048 on CUDA, --prefill-chunk on CPU)
-  --decode-lookahead 0|1  1 (default): while every running sequence decodes, send the next
-                    decode step before the current one's tokens come back, so the workers
-                    start it at once (a sequence that ends meanwhile costs one wasted row);
-                    0: one step at a time
-  --prefix-caching 0|1  1 (default): a prompt that starts with blocks of tokens computed
-                    before (ring ranks x the KV page size tokens each, of a finished or a
-                    running request, its answer included) reuses their KV pages on every rank
-                    and prefills only the rest; unused blocks are evicted least recently used
-                    first when pages run out. Needs the striped layout.
-                    --no-prefix-caching: 0
-  --warmup-tokens N before the workers serve (at start and after a restart), one request of N
-                    tokens runs through them, so that the first request is as fast as the
-                    next (-1, the default: the max context, at most 131072, on GPUs; none
-                    on CPUs)
-  --max-body-bytes B  largest HTTP request body (default 8 MiB)
-  --max-prompt-bytes B  prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is
-                    tokenized (0, the default: max context x the longest token's text, the most
-                    text that can fit the context)
-  --http-backlog N  listen backlog of the HTTP socket (default 1024; capped by the kernel's
-                    net.core.somaxconn)
-  --http-max-connections N  open HTTP connections at most; more get 503 at once (default 512)
-  --http-max-connections-per-client N  open HTTP connections from one address at most
-                    (default 256; 0: no limit; behind a proxy every client is the proxy). At
-                    either limit the connection idle longest between requests is closed to
-                    make room; only when none idles does the newcomer get 503
-  --http-header-timeout-ms MS  a request's head must arrive within this (from its first byte;
-                    from the accept for a connection's first request), else 408 (default 10000)
-  --http-body-timeout-ms MS  its body within this after the head, else 408 (default 30000)
-  --allowed-origins LIST  CORS: origins browsers may call the HTTP API from, comma-separated
-                    or a JSON array (vLLM's form), e.g. https://app.example.com; * for any.
-                    Default: none (CORS off: no preflight answered, no CORS header sent)
-  --allowed-methods LIST  CORS: methods a preflight may ask for (default *)
-  --allowed-headers LIST  CORS: request headers a preflight may ask for (default *: whatever
-                    is asked, Authorization included)
-  --grpc-max-threads N  gRPC server threads at most (default 256); a call holds one while it
-                    runs, calls beyond get RESOURCE_EXHAUSTED at once
-  --grpc-message-timeout-ms MS  a call's request message must arrive within this after the
-                    call starts, else the call is cancelled (default 30000)
-  --grpc-handshake-timeout-ms MS  a new connection must complete its HTTP/2 handshake within
-                    this, else it is closed (default 10000)
-  --grpc-max-connection-idle-ms MS  a connection without calls for this long is closed (a
-                    GOAWAY; clients reconnect when they next call) (default 300000)
-  --grpc-max-connection-age-ms MS  a connection older than this is asked to go away; its
-                    calls get --drain-timeout-ms to finish (default 0: no limit)
-  --grpc-keepalive-ms MS  the server pings a connection silent for this long and closes it
-                    if the ping is not answered within 20 s (default 60000)
-  --keepalive-ms MS SSE keep-alive comment interval while no token is ready (default 5000)
-  --drain-timeout-ms MS  SIGTERM: how long requests in flight may finish (default 30000)
-  --start-timeout-ms MS  how long the worker group may take to start, loading the weights
-                    included (0, the default: 120 s + 30 s per GB of weights per worker;
-                    kjv-tiny 120 s, 7b on GPUs 524 s); progress is logged every 5 s and
-                    shown on /health
-  --log-level LEVEL trace, debug, info (default), warn, error, critical or off
-  --log-format F    text (default) or json (one object per line); logs go to stderr, with one
-                    access-log line per HTTP request (status, route, latency, request id)
-  --remote-workers N  multi-node: spawn no worker; wait for N `burst-worker --join HOST:PORT`
-                    (same model as the server) to register, then serve. Until they have,
-                    /health answers 503: waiting for workers (k/N registered)
-  --worker-listen HOST:PORT  where remote workers register and rendezvous (default
-                    0.0.0.0:50052; port 0: any free port); unauthenticated: cluster network only
-  --version         print the version and build, then exit
-)";
-
-// Parses argv (defaults, then --config, then the other flags). An error message means usage
-// error (exit 2); --help sets help.
+// Parses argv (defaults, then --config, then the other flags: `--flag VALUE` or
+// `--flag=VALUE`, on CLI11). An error message means usage error (exit 2). With help or version
+// set, the config is not read and the returned one is the defaults.
+Result<ServerConfig> parse_server_args(int argc, char** argv, ServerActions* actions);
+// The same, for callers that only need --help.
 Result<ServerConfig> parse_server_args(int argc, char** argv, bool* help);
+
+// --help: the synopsis, then every flag with its description.
+std::string server_help();
 
 // A CORS list (--allowed-origins, --allowed-methods, --allowed-headers): comma-separated, or
 // a JSON array of strings as vLLM takes it; entries trimmed. Origins must be "*", "null" or
