@@ -5,41 +5,48 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
 
 namespace burst::server {
 
 namespace {
 
-void append_escaped(const char* p, size_t n, std::string* out) {
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(p[i]);
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          *out += buf;
-        } else {
-          *out += static_cast<char>(c);
-        }
-    }
+// Where a trailing UTF-8 character that `s` cuts short begins, or s.size() when none is cut.
+size_t complete_prefix(std::string_view s) {
+  // A character is at most 4 bytes: look back over at most 3 continuation bytes for its lead.
+  size_t i = s.size(), back = 0;
+  while (i > 0 && back < 3 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) {
+    --i;
+    ++back;
   }
+  if (i == 0) return s.size();
+  const unsigned char lead = static_cast<unsigned char>(s[i - 1]);
+  const size_t len = lead >= 0xF0 && lead < 0xF8 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  // Not a lead byte, or its character is whole: nothing is cut (an invalid byte is replaced
+  // by the escaping, not removed).
+  if (len == 1 || lead >= 0xF8 || back + 1 >= len) return s.size();
+  return i - 1;
 }
 
-// %* in the JSON pattern: the message, escaped for a JSON string.
+// `s` as a JSON string (quotes included), valid UTF-8: nlohmann::json escapes it, replacing
+// bytes that are not UTF-8 by U+FFFD.
+std::string escaped(std::string_view s) {
+  return nlohmann::json(std::string(s.substr(0, complete_prefix(s))))
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// %* in the JSON pattern: the message as a JSON string (quotes included).
 class EscapedMessage final : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    std::string out;
-    append_escaped(msg.payload.data(), msg.payload.size(), &out);
+    const std::string out = escaped(std::string_view(msg.payload.data(), msg.payload.size()));
     dest.append(out.data(), out.data() + out.size());
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
@@ -47,7 +54,17 @@ class EscapedMessage final : public spdlog::custom_flag_formatter {
   }
 };
 
+std::unique_ptr<spdlog::formatter> json_formatter(int rank) {
+  auto f = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc);
+  const std::string rank_field = rank >= 0 ? ",\"rank\":" + std::to_string(rank) : "";
+  f->add_flag<EscapedMessage>('*').set_pattern(
+      "{\"time\":\"%Y-%m-%dT%H:%M:%S.%fZ\",\"level\":\"%l\",\"logger\":\"%n\"" + rank_field +
+      ",\"msg\":%*}");
+  return f;
+}
+
 std::shared_ptr<spdlog::logger> g_access;  // json format only; set once, before serving
+std::atomic<bool> g_json{false};
 
 }  // namespace
 
@@ -60,10 +77,18 @@ void log_access(int level, const std::string& text, const std::string& json_fiel
   }
 }
 
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  append_escaped(s.data(), s.size(), &out);
-  return out + "\"";
+std::string json_quote(const std::string& s) { return escaped(s); }
+
+std::string utf8_cut(const std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  const std::string_view head(s.data(), max_bytes);
+  return std::string(head.substr(0, complete_prefix(head)));
+}
+
+bool log_is_json() { return g_json; }
+
+void set_log_rank(int rank) {
+  if (g_json) spdlog::default_logger()->set_formatter(json_formatter(rank));
 }
 
 std::string bytes_progress(int64_t done, int64_t total) {
@@ -99,7 +124,7 @@ std::string version_string(const std::string& binary) {
 }
 
 Status setup_logging(const std::string& binary, const std::string& level,
-                     const std::string& format) {
+                     const std::string& format, int rank) {
   const auto lvl = spdlog::level::from_str(level);
   // from_str answers "off" for any name it does not know.
   if (lvl == spdlog::level::off && level != "off") {
@@ -127,16 +152,17 @@ Status setup_logging(const std::string& binary, const std::string& level,
         spdlog::pattern_time_type::utc));
     g_access->set_level(lvl);
     g_access->flush_on(spdlog::level::info);
-    auto f = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc);
-    f->add_flag<EscapedMessage>('*').set_pattern(
-        "{\"time\":\"%Y-%m-%dT%H:%M:%S.%fZ\",\"level\":\"%l\",\"logger\":\"%n\",\"msg\":\"%*\"}");
-    logger->set_formatter(std::move(f));
+    logger->set_formatter(json_formatter(rank));
   } else {
     logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
   }
   logger->set_level(lvl);
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
+  g_json = format == "json";
+  // The workers this process spawns log alike (their stderr is this process's).
+  setenv(kLogLevelEnv, level.c_str(), 1);
+  setenv(kLogFormatEnv, format.c_str(), 1);
   return {};
 }
 

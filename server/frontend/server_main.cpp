@@ -33,6 +33,7 @@
 #include "frontend/scheduler.h"
 #include "frontend/server_config.h"
 #include "common/tokenizer.h"
+#include "group/grpc_logging.h"
 #include "group/worker_registry.h"
 
 namespace {
@@ -116,6 +117,7 @@ std::variant<burst::server::ServerConfig, int> parse_flags(int argc, char** argv
     std::cerr << "burst-server: " << st.message() << "\n";
     return 2;
   }
+  if (log_is_json()) route_grpc_logs();
   return cfg;
 }
 

@@ -85,6 +85,12 @@ void add_flags(CLI::App& app, Args& a, bool& version) {
                  "server)")->type_name("H");
   app.add_option("--cluster-token-file", a.cluster_token_file, "the cluster token (else "
                  "$BURST_CLUSTER_TOKEN)")->type_name("F");
+  app.add_option("--log-level", a.log_level, "trace, debug, info (default), warn, error, "
+                 "critical or off (default: $BURST_LOG_LEVEL, which burst-server sets for the "
+                 "workers it starts)")->type_name("LEVEL");
+  app.add_option("--log-format", a.log_format, "text (default) or json: one JSON object per line "
+                 "with the rank (default: $BURST_LOG_FORMAT, set by burst-server)")
+      ->type_name("F");
   app.add_flag("--version", version, "print the version and build, exit");
 }
 
@@ -119,6 +125,8 @@ Args parse_args(int argc, char** argv) {
   if (const char* p = std::getenv("BURST_POISON_FREED_KV"); p != nullptr) {
     a.poison_freed_kv = std::string(p) == "1";
   }
+  if (const char* p = std::getenv(burst::server::kLogLevelEnv); p != nullptr) a.log_level = p;
+  if (const char* p = std::getenv(burst::server::kLogFormatEnv); p != nullptr) a.log_format = p;
   auto app = burst::server::make_cli("burst-worker", kSynopsis);
   bool version = false, help = false;
   add_flags(*app, a, version);

@@ -114,7 +114,8 @@ void watch_membership(WorkerProcess& process, grpc::ClientReader<pb::JoinEvent>&
 int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& backend,
                     char** argv, const Registration& reg,
                     grpc::ClientReader<pb::JoinEvent>& reader, const pb::JoinAssigned& as) {
-  process.set_who("burst-worker rank " + std::to_string(as.rank()) + " (join " + a.join + ")");
+  process.set_who("burst-worker rank " + std::to_string(as.rank()) + " (join " + a.join + ")",
+                  as.rank());
   process.say("joined as rank " + std::to_string(as.rank()) + " of " +
               std::to_string(as.world_size()) + " (generation " +
               std::to_string(as.generation()) + ")");

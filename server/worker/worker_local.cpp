@@ -12,7 +12,7 @@ namespace burst::worker {
 
 int run_local(WorkerProcess& process, const Args& a, engine::Backend& backend,
               models::LlamaModel& model, const std::string& secret) {
-  process.set_who("burst-worker rank " + std::to_string(a.rank));
+  process.set_who("burst-worker rank " + std::to_string(a.rank), a.rank);
   engine::CommunicatorOptions co;
   co.rank = a.rank;
   co.world_size = a.world;

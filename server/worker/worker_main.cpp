@@ -30,6 +30,7 @@
 
 #include "common/logging.h"
 #include "engine/backend.h"
+#include "group/grpc_logging.h"
 #include "group/worker_registry.h"
 #include "models/llama.h"
 #include "worker/worker_args.h"
@@ -46,6 +47,15 @@ int main(int argc, char** argv) {
   sigaddset(&term, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &term, nullptr);  // inherited by every thread created below
   const Args a = parse_args(argc, argv);
+  // The server's format (inherited, or the flags): in json, every line this process writes is
+  // a record of the default logger, with the rank once it is known.
+  if (Status st = server::setup_logging("burst-worker", a.log_level, a.log_format,
+                                        a.join.empty() ? a.rank : -1);
+      !st.ok()) {
+    std::cerr << "burst-worker: " << st.message() << std::endl;
+    return 2;
+  }
+  if (server::log_is_json()) server::route_grpc_logs();
   // A spawned worker's group secret: taken from the environment and removed from it, so no
   // child of this process inherits it. Without one, a spawned worker would open a control
   // port anyone on this host could drive: it refuses to start.
@@ -53,10 +63,9 @@ int main(int argc, char** argv) {
   if (const char* s = std::getenv(burst::server::kWorkerSecretEnv); s != nullptr) secret = s;
   unsetenv(burst::server::kWorkerSecretEnv);
   if (a.join.empty() && secret.empty()) {
-    std::cerr << "burst-worker: error: $" << burst::server::kWorkerSecretEnv
-              << " is not set: a worker with --rank/--world is started by burst-server or "
-                 "burst-generate, which hand it its group's secret"
-              << std::endl;
+    WorkerProcess().fail(std::string("$") + burst::server::kWorkerSecretEnv +
+                         " is not set: a worker with --rank/--world is started by burst-server "
+                         "or burst-generate, which hand it its group's secret");
     return 2;
   }
   // Die with the coordinator: a spawned worker must never outlive the process that supervises

@@ -6,6 +6,10 @@
 #include <iostream>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
+#include "common/logging.h"
+
 namespace burst::worker {
 
 void ExitSignal::request(int code) {
@@ -20,12 +24,25 @@ int ExitSignal::wait() {
   return code_;
 }
 
+void WorkerProcess::set_who(std::string who, int rank) {
+  who_ = std::move(who);
+  if (rank >= 0) server::set_log_rank(rank);
+}
+
 void WorkerProcess::say(const std::string& msg) const {
-  std::cerr << who_ << ": " << msg << std::endl;
+  if (server::log_is_json()) {
+    spdlog::info("{}", msg);
+  } else {
+    std::cerr << who_ << ": " << msg << std::endl;
+  }
 }
 
 int WorkerProcess::fail(const std::string& msg) const {
-  std::cerr << who_ << ": error: " << msg << std::endl;
+  if (server::log_is_json()) {
+    spdlog::error("{}", msg);
+  } else {
+    std::cerr << who_ << ": error: " << msg << std::endl;
+  }
   return 1;
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/kv_pages.h"
 #include "models/llama.h"
 
 namespace burst::worker {
@@ -16,6 +17,7 @@ struct Args {
   int64_t kv_capacity = 4096;  // 0: from the GPU's memory (kv_memory_fraction, kv_reserve_bytes)
   double kv_memory_fraction = 0.9;
   int64_t kv_reserve_bytes = 0;
+  engine::KvCacheDtype kv_cache_dtype = engine::KvCacheDtype::kAuto;  // --kv-cache-dtype
   int comm_timeout_ms = 30000;
   std::string join, advertise_host;
   std::string cluster_token_file;  // --join: the cluster token's file (else $BURST_CLUSTER_TOKEN)
@@ -24,6 +26,9 @@ struct Args {
   // set_poison_freed), so a request that reads a page after it was freed gives garbage, not
   // plausible tokens. $BURST_POISON_FREED_KV=1 turns it on too (spawned workers inherit it).
   bool poison_freed_kv = false;
+  // Logging (common/logging.h): a spawned worker inherits the server's through the
+  // environment ($BURST_LOG_LEVEL, $BURST_LOG_FORMAT); the flags override it.
+  std::string log_level = "info", log_format = "text";
 };
 
 // The arguments; --help and --version print and exit 0, a bad command line prints the usage

@@ -34,13 +34,15 @@ class WorkerProcess {
   // Blocks until an exit was requested; its code.
   int wait_exit() { return exit_.wait(); }
 
-  // How messages name this process ("burst-worker rank 2"). Set only before the threads that
-  // speak through it are started.
-  void set_who(std::string who) { who_ = std::move(who); }
+  // How messages name this process ("burst-worker rank 2"), and its rank (>= 0: JSON log
+  // records carry it). Set only before the threads that speak through it are started.
+  void set_who(std::string who, int rank = -1);
   const std::string& who() const { return who_; }
-  // "<who>: <msg>" on stderr.
+  // "<who>: <msg>" on stderr (--log-format json: a record of the default logger, which names
+  // the rank).
   void say(const std::string& msg) const;
-  // "<who>: error: <msg>" on stderr; returns 1, the exit code of a failed set-up.
+  // "<who>: error: <msg>" on stderr (json: an error record); returns 1, the exit code of a
+  // failed set-up.
   int fail(const std::string& msg) const;
 
   // The rank is a member of a group now: from here on SIGTERM goes through the exit request,
