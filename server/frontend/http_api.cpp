@@ -753,7 +753,7 @@ void HttpApi::stop() {
 }
 
 std::string HttpApi::refusal(int status, const std::string& message, const std::string& client) {
-  ++metrics_.http_errors;
+  metrics_.count_http_error(status);
   AccessInfo& a = begin_access();
   a.id = random_id("req-");
   a.error = message.substr(0, 200);
@@ -1272,7 +1272,7 @@ void HttpApi::install_hooks() {
     if (a.started) res.set_header("X-Request-Id", a.id);
   });
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (res.status >= 400) ++metrics_.http_errors;
+    if (res.status >= 400) metrics_.count_http_error(res.status);
     write_access_log(req.method, req.path, res.status, req.remote_addr);
   });
 }

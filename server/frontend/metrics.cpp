@@ -1,6 +1,13 @@
 #include "frontend/metrics.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 namespace burst::server {
 
@@ -39,6 +46,61 @@ std::string label_value(const std::string& v) {
   return out;
 }
 
+// Prometheus's standard process_* family for this process, from /proc (Linux). A value that
+// cannot be read is left out rather than reported as 0.
+void append_process_metrics(std::string* out) {
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), {});
+  // Fields after the command name, which is in parentheses and may hold spaces: state is
+  // field 3, utime 14, stime 15, starttime 22, vsize 23, rss 24 (proc(5)).
+  const size_t close = stat.rfind(')');
+  std::vector<std::string> f;
+  if (close != std::string::npos) {
+    std::istringstream is(stat.substr(close + 2));
+    for (std::string x; is >> x;) f.push_back(x);
+  }
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  auto field = [&](int n) { return std::stod(f[static_cast<size_t>(n - 3)]); };
+  if (f.size() >= 22 && ticks > 0) {
+    scalar(out, "", "process_cpu_seconds_total", "counter",
+           "Total user and system CPU time spent in seconds.", (field(14) + field(15)) / ticks);
+    scalar(out, "", "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+           field(23));
+    scalar(out, "", "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+           field(24) * page);
+    // Boot time (btime in /proc/stat) + the start in clock ticks after boot.
+    std::ifstream proc_stat("/proc/stat");
+    for (std::string key; proc_stat >> key;) {
+      if (key == "btime") {
+        double btime = 0;
+        if (proc_stat >> btime) {
+          scalar(out, "", "process_start_time_seconds", "gauge",
+                 "Start time of the process since unix epoch in seconds.",
+                 btime + field(22) / ticks);
+        }
+        break;
+      }
+    }
+  }
+  std::error_code ec;
+  size_t fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++fds;
+  }
+  // The iterator's own descriptor is one of those counted.
+  if (!ec && fds > 0) {
+    scalar(out, "", "process_open_fds", "gauge", "Number of open file descriptors.",
+           static_cast<double>(fds - 1));
+  }
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    scalar(out, "", "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+           static_cast<double>(lim.rlim_cur));
+  }
+}
+
 }  // namespace
 
 Histogram::Histogram(std::string name, std::string help)
@@ -59,27 +121,58 @@ void Histogram::observe(double v) {
 }
 
 void Histogram::render(std::string* out, const std::string& labels) const {
+  render_as(out, name_, help_, labels);
+}
+
+void Histogram::render_as(std::string* out, const std::string& name, const std::string& help,
+                          const std::string& labels) const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string pre = labels.empty() ? "" : labels + ",";
-  *out += "# HELP " + name_ + " " + help_ + "\n# TYPE " + name_ + " histogram\n";
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    *out += name_ + "_bucket{" + pre + "le=\"" + num(bounds_[i]) + "\"} " +
+    *out += name + "_bucket{" + pre + "le=\"" + num(bounds_[i]) + "\"} " +
             std::to_string(cumulative) + "\n";
   }
-  *out += name_ + "_bucket{" + pre + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
-  *out += name_ + "_sum" + braced(labels) + " " + num(sum_) + "\n" + name_ + "_count" +
+  *out += name + "_bucket{" + pre + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  *out += name + "_sum" + braced(labels) + " " + num(sum_) + "\n" + name + "_count" +
           braced(labels) + " " + std::to_string(count_) + "\n";
+}
+
+std::vector<double> Metrics::token_buckets() {
+  std::vector<double> b;
+  for (double decade = 1; decade <= 1e6; decade *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * decade <= 1e6) b.push_back(m * decade);
+    }
+  }
+  return b;
+}
+
+void Metrics::count_http_error(int status) {
+  std::lock_guard<std::mutex> lock(http_mu_);
+  ++http_errors_[status];
+}
+
+void Metrics::request_ran(int64_t prompt, int64_t generated, double inference_s) {
+  request_prompt_tokens.observe(static_cast<double>(prompt));
+  request_generation_tokens.observe(static_cast<double>(generated));
+  inference_time.observe(inference_s);
 }
 
 std::string Metrics::render() const {
   std::string out;
   const std::string l = "model_name=\"" + label_value(model_name) + "\"";
   for (const Histogram* h : {&ttft, &tpot, &e2e, &queue, &prefill_time, &decode_time,
-                             &iteration_tokens}) {
+                             &inference_time, &iteration_tokens, &request_prompt_tokens,
+                             &request_generation_tokens}) {
     h->render(&out, l);
   }
+  tpot.render_as(&out, "burst:time_per_output_token_seconds",
+                 "Time between consecutive tokens (vLLM's earlier name of "
+                 "inter_token_latency_seconds).",
+                 l);
   scalar(&out, l, "burst:prompt_tokens_total", "counter", "Prompt tokens processed.",
          static_cast<double>(prompt_tokens.load()));
   scalar(&out, l, "burst:generation_tokens_total", "counter", "Tokens generated.",
@@ -109,8 +202,17 @@ std::string Metrics::render() const {
     out += "burst:request_success_total{" + l + ",finished_reason=\"" + label + "\"} " +
            std::to_string(v) + "\n";
   }
-  scalar(&out, l, "burst:http_errors_total", "counter", "HTTP responses with a 4xx or 5xx status.",
-         static_cast<double>(http_errors.load()));
+  out += "# HELP burst:http_errors_total HTTP responses with a 4xx or 5xx status, by status.\n"
+         "# TYPE burst:http_errors_total counter\n";
+  {
+    std::lock_guard<std::mutex> lock(http_mu_);
+    // Before any error, one zero sample, so that queries over the family find it.
+    if (http_errors_.empty()) out += "burst:http_errors_total{" + l + ",status=\"500\"} 0\n";
+    for (const auto& [status, n] : http_errors_) {
+      out += "burst:http_errors_total{" + l + ",status=\"" + std::to_string(status) + "\"} " +
+             std::to_string(n) + "\n";
+    }
+  }
   scalar(&out, l, "burst:worker_restarts_total", "counter",
          "Worker-group restarts after a failure.", static_cast<double>(worker_restarts.load()));
   scalar(&out, l, "burst:num_requests_running", "gauge", "Requests on the workers.",
@@ -138,6 +240,7 @@ std::string Metrics::render() const {
          cap > 0 ? static_cast<double>(kv_used_tokens.load()) / static_cast<double>(cap) : 0.0);
   scalar(&out, l, "burst:healthy", "gauge", "1 when the worker group serves requests.",
          healthy.load());
+  append_process_metrics(&out);
   return out;
 }
 

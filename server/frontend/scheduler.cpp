@@ -508,6 +508,7 @@ void Scheduler::finish(Running& s, uint64_t id, runtime::FinishReason reason) {
   if (s.generated > 0) {
     metrics_.prefill_time.observe(s.prefill_ms / 1000.0);
     metrics_.decode_time.observe(decode_ms / 1000.0);
+    metrics_.request_ran(s.prompt_len(), s.generated, (s.prefill_ms + decode_ms) / 1000.0);
   }
   enqueue_output([out, stream, f, decode_ms, e2e_s, rid, m]() mutable {
     if (!out) {  // cancelled while waiting: nothing ran
