@@ -397,6 +397,10 @@ ok "compose one node: healthy, HTTP + gRPC streams, down in ${down_s} s"
 # ---------------------------------------------------------------------------------------------
 step "compose, multi-node (docker-compose.multinode.yml, profile cpu)"
 C2=("$COMPOSE" -p burstci2 -f docker-compose.multinode.yml --profile cpu)
+# The cluster token the compose file passes to the frontend and the workers (docs/deploy.md's
+# one-liner; the frontend refuses to start a remote-worker group without one).
+BURST_CLUSTER_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+export BURST_CLUSTER_TOKEN
 "${C2[@]}" up -d --no-build >"$W/compose2.log" 2>&1 || { cat "$W/compose2.log"; fail "compose up"; }
 client health "$URL" 90 || { "${C2[@]}" logs --tail 30; fail "multi-node: /health (workers never joined?)"; }
 workers=$("${C2[@]}" ps -q worker-cpu | wc -l)

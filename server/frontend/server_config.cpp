@@ -30,7 +30,7 @@ struct Field {
   const char* key;
   Kind kind;
   void* target;
-  const char* metavar;  // the value's name in --help
+  const char* metavar;  // the value's name in --help; nullptr: a flag without a value (sets 1)
   const char* help;
 };
 
@@ -79,7 +79,12 @@ std::vector<Field> fields(ServerConfig* c) {
        "workers (k/N registered)"},
       {"worker_listen", K::kString, &c->worker_listen, "HOST:PORT",
        "where remote workers register and rendezvous (default 0.0.0.0:50052; port 0: any free "
-       "port)"},
+       "port). Workers must present the cluster token ($BURST_CLUSTER_TOKEN, or a file named by "
+       "$BURST_CLUSTER_TOKEN_FILE) on every call"},
+      {"insecure_cluster", K::kInt, &c->insecure_cluster, nullptr,
+       "with --remote-workers: start without a cluster token, so that any host that reaches "
+       "--worker-listen can join the group and drive the workers (without this flag such a "
+       "server refuses to start; config key: 1)"},
       {"max_context", K::kInt64, &c->max_context, "N",
        "longest prompt (0: the model's max_position_embeddings)"},
       {"kv_capacity", K::kInt64, &c->kv_capacity, "N",
@@ -227,6 +232,10 @@ std::unique_ptr<CLI::App> server_cli(Flags* flags, ServerActions* actions) {
   ServerConfig scratch;
   for (const Field& f : fields(&scratch)) {
     const std::string key = f.key;
+    if (f.metavar == nullptr) {
+      app->add_flag_callback(flag_of(key), [flags, key] { flags->values[key] = "1"; }, f.help);
+      continue;
+    }
     app->add_option_function<std::string>(
            flag_of(key), [flags, key](const std::string& v) { flags->values[key] = v; }, f.help)
         ->type_name(f.metavar);
@@ -292,6 +301,9 @@ Status validate(const ServerConfig& c) {
   if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
+  if (c.insecure_cluster != 0 && c.insecure_cluster != 1) {
+    return Status::error("insecure_cluster must be 0 or 1");
+  }
   if (c.metrics_require_key != 0 && c.metrics_require_key != 1) {
     return Status::error("metrics_require_key must be 0 or 1");
   }

@@ -49,6 +49,23 @@ int fail(const std::string& msg) {
 
 bool is_cuda(const burst::server::ServerConfig& cfg) { return cfg.device.rfind("cuda", 0) == 0; }
 
+// Multi-node is secure by default: a group of remote workers needs the cluster token, which the
+// registry requires of every worker on every call. Without one anybody who reaches the
+// registry could join the group and drive the workers: refused unless --insecure-cluster.
+// Returns why the server must not start, or "".
+std::string cluster_token_missing(const burst::server::ServerConfig& cfg) {
+  using namespace burst::server;
+  if (cfg.remote_workers == 0) return "";
+  auto token = cluster_token_from_env();
+  if (!token.ok()) return token.message();
+  if (!token.value().empty() || cfg.insecure_cluster == 1) return "";
+  return std::string("--remote-workers without a cluster token: set $") + kClusterTokenEnv +
+         " (or $" + kClusterTokenFileEnv + ", a file holding it) for the server and every "
+         "burst-worker --join, e.g. " + kClusterTokenEnv + "=$(openssl rand -hex 32); or give "
+         "--insecure-cluster to let any host that reaches " + cfg.worker_listen +
+         " join the group";
+}
+
 // --check-config: the server config is valid once parsed; the model's config.json and the
 // tokenizer are checked where they exist (a deployment's model often lives on another host or
 // volume), and a preset's shape always. 0: usable; 2: refused.
@@ -75,6 +92,9 @@ int check_config(const burst::server::ServerConfig& cfg) {
   if (!fs::exists(cfg.tokenizer, ec)) {
     std::cerr << "burst-server: note: tokenizer " << cfg.tokenizer
               << " is not on this host (not checked)\n";
+  }
+  if (const std::string why = cluster_token_missing(cfg); !why.empty()) {
+    std::cerr << "burst-server: note: the server will refuse to start here: " << why << "\n";
   }
   std::cerr << "burst-server: config ok (data directory: "
             << (cfg.data_dir.empty() ? "none" : cfg.data_dir) << ")\n";
@@ -310,6 +330,10 @@ int main(int argc, char** argv) {
   SchedulerOptions so = scheduler_options(cfg, model_cfg.value(), kv_from_memory, weight_bytes);
   std::shared_ptr<WorkerRegistry> registry;  // multi-node: outlives the scheduler's group
   if (cfg.remote_workers > 0) {
+    if (const std::string why = cluster_token_missing(cfg); !why.empty()) {
+      spdlog::error("{}", why);
+      return 2;
+    }
     auto r = start_registry(cfg, model_cfg.value(), kv_from_memory, so);
     if (!r.ok()) return fail(r.message());
     registry = r.take();

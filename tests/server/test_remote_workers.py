@@ -5,7 +5,8 @@ and a third worker are refused (exit code 4, a message naming why) while the ser
 waiting / serving. A remote worker SIGKILLed mid-stream fails the request with a 503-style error
 within 5 s, /health goes 503, the survivor registers again by itself, and a fresh --join worker
 brings the group back with the same text; a SIGTERM while the group dissolves stops the worker.
-Four joined workers at tp 2 serve the same text.
+Four joined workers at tp 2 serve the same text. The server and the workers share a cluster
+token through $BURST_CLUSTER_TOKEN (test_cluster_token.py checks the refusals).
 Run: /usr/bin/python3 test_remote_workers.py --build
 DIR."""
 import http.client
@@ -180,6 +181,8 @@ if __name__ == "__main__":
     if gen.returncode != 0:
         raise SystemExit("burst-generate failed:\n" + gen.stderr)
     expected = gen.stdout.rstrip("\n")
+    # The servers and every worker started here inherit it.
+    os.environ["BURST_CLUSTER_TOKEN"] = "test-remote-workers-token"
     srv = Server("--remote-workers", "2", "--worker-listen", "127.0.0.1:0", wait_healthy=False)
     try:
         run([test_waits_for_workers_then_serves_burst_generate_text, test_extra_worker_refused,

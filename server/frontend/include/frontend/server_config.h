@@ -46,7 +46,10 @@ struct ServerConfig {
   // Multi-node: > 0 spawns no worker and waits for this many `burst-worker --join HOST:PORT`
   // (the group's world size; "workers" is then unused), listening for them on worker_listen.
   int remote_workers = 0;
-  std::string worker_listen = "0.0.0.0:50052";  // no authentication: a cluster network only
+  // Workers present the cluster token ($BURST_CLUSTER_TOKEN or $BURST_CLUSTER_TOKEN_FILE) on
+  // every call; without a token the server refuses to start unless insecure_cluster is 1.
+  std::string worker_listen = "0.0.0.0:50052";
+  int insecure_cluster = 0;
   int64_t max_context = 0;   // longest prompt accepted; 0: the model's max_position_embeddings
   // KV tokens of the group, shared by every request; 0: on GPUs this server spawns, as many as
   // kv_memory_percent of each GPU holds beside the weights and activations; else max_context.
