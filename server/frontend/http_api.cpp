@@ -895,10 +895,14 @@ size_t pieces_lead(const Tokenizer& tok, const std::vector<int32_t>& ids,
 bool submit_choices(Scheduler& sched, const Tokenizer& tok, const CommonParams& p,
                     const Prompts& prompts, bool chat, const std::string& log_id,
                     std::vector<Choice>& choices, ApiError& err) {
+  // The choices share one fair share of the batch (ScheduledRequest::owner).
+  static std::atomic<uint64_t> next_owner{1};
+  const uint64_t owner = next_owner++;
   for (size_t pi = 0; pi < prompts.ids.size(); ++pi) {
     for (int j = 0; j < p.best_of; ++j) {
       ScheduledRequest r = p.request;
       r.prompt = prompts.ids[pi];
+      r.owner = owner;
       const int index = static_cast<int>(pi) * p.best_of + j;
       r.id = choices.empty() && prompts.ids.size() * p.best_of == 1
                  ? log_id

@@ -1,8 +1,10 @@
 #include "frontend/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "frontend/scheduler.h"
 
@@ -72,6 +74,63 @@ Planner::Fit Planner::fits(const ScheduledRequest& r, std::vector<int64_t>* need
     later = later || (*need)[k] > free_pages_[k] + evictable;
   }
   return later ? Fit::kLater : Fit::kNow;
+}
+
+Planner::Pick Planner::pick(const std::vector<const ScheduledRequest*>& waiting) const {
+  Pick out;
+  if (full() || waiting.empty()) return out;
+  // What each owner runs: sequences, and pages per rank. Owner 0 is a sequence alone.
+  struct Held {
+    int seqs = 0;
+    std::vector<int64_t> pages;
+  };
+  std::unordered_map<uint64_t, Held> held;
+  for (const auto& s : seqs_) {
+    if (s->request->owner == 0) continue;
+    Held& h = held[s->request->owner];
+    ++h.seqs;
+    h.pages.resize(s->pages.size(), 0);
+    for (size_t k = 0; k < s->pages.size(); ++k) h.pages[k] += s->pages[k];
+  }
+  auto running_of = [&](uint64_t owner) {
+    const auto it = owner == 0 ? held.end() : held.find(owner);
+    return it == held.end() ? nullptr : &it->second;
+  };
+  // Rounded up: with 2 slots a request may run both of its choices (no reserve to speak of).
+  const auto slot_cap = static_cast<int>(std::ceil(options_.max_share * options_.max_running));
+  const auto page_cap = static_cast<int64_t>(std::ceil(options_.max_share * pages_));
+  // Each owner's first waiting request, in arrival order, then by fewest running (stable).
+  std::vector<int> firsts;
+  std::unordered_set<uint64_t> seen;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    const uint64_t o = waiting[i]->owner;
+    if (o == 0 || seen.insert(o).second) firsts.push_back(static_cast<int>(i));
+  }
+  auto seqs_of = [&](int i) {
+    const Held* h = running_of(waiting[static_cast<size_t>(i)]->owner);
+    return h == nullptr ? 0 : h->seqs;
+  };
+  std::stable_sort(firsts.begin(), firsts.end(),
+                   [&](int a, int b) { return seqs_of(a) < seqs_of(b); });
+  for (int i : firsts) {
+    const ScheduledRequest& r = *waiting[static_cast<size_t>(i)];
+    std::vector<int64_t> need;
+    const Fit fit = fits(r, &need);
+    const Held* h = running_of(r.owner);
+    if (h != nullptr && fit != Fit::kNever) {
+      // At its share: its other choices wait for its own to end, others pass them.
+      bool over = h->seqs + 1 > slot_cap;
+      for (size_t k = 0; k < need.size() && k < h->pages.size(); ++k) {
+        over = over || h->pages[k] + need[k] > page_cap;
+      }
+      if (over) continue;
+    }
+    out.index = i;
+    out.fit = fit;
+    out.need = std::move(need);
+    return out;
+  }
+  return out;
 }
 
 uint64_t Planner::admit(const ScheduledRequest& r, std::vector<int64_t> need) {
@@ -224,6 +283,16 @@ void Planner::add_prefills(Plan& p, int64_t budget, int64_t chunk) {
   auto left = [](const Seq* s) { return s->prompt_len() - s->prefilled; };
   std::stable_sort(waiting.begin(), waiting.end(),
                    [&](Seq* a, Seq* b) { return left(a) < left(b); });
+  // Round-robin over owners: each owner's shortest chunk, then each one's second, ... (shortest
+  // first within a round), so one request's n choices share one share of the budget.
+  std::unordered_map<uint64_t, int> taken;
+  std::unordered_map<const Seq*, int> round;
+  for (const Seq* s : waiting) {
+    const uint64_t o = s->request->owner;
+    round[s] = o == 0 ? 0 : taken[o]++;
+  }
+  std::stable_sort(waiting.begin(), waiting.end(),
+                   [&](Seq* a, Seq* b) { return round[a] < round[b]; });
   // A prompt that fits in one chunk and waits while a long prompt's full chunk would share its
   // step runs in a step of its own first (a few ms instead of a chunk's time: its TTFT), but
   // never twice in a row, so a stream of short prompts cannot stall a long prefill.

@@ -390,13 +390,18 @@ void Scheduler::admit() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (queue_.empty()) break;
-      Job& head = queue_.front();
-      const Planner::Fit fit = planner_.fits(head.request, &need);
-      // FIFO: the head waits for pages (finishing sequences free them); nothing passes it.
-      if (fit == Planner::Fit::kLater) break;
-      never = fit == Planner::Fit::kNever;
-      run->job = std::move(head);
-      queue_.pop_front();
+      // Round-robin over client requests (the planner's pick); the one picked waits for pages
+      // when they do not suffice yet (finishing sequences free them) and nothing passes it.
+      std::vector<const ScheduledRequest*> waiting;
+      waiting.reserve(queue_.size());
+      for (const Job& job : queue_) waiting.push_back(&job.request);
+      Planner::Pick pick = planner_.pick(waiting);
+      if (pick.index < 0 || pick.fit == Planner::Fit::kLater) break;
+      never = pick.fit == Planner::Fit::kNever;
+      need = std::move(pick.need);
+      const auto it = queue_.begin() + pick.index;
+      run->job = std::move(*it);
+      queue_.erase(it);
       ++in_flight_;
     }
     run->queue_ms = ms_between(run->job.arrival, Clock::now());

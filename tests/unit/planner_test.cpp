@@ -299,3 +299,165 @@ TEST(Planner, LookaheadSkipsASequenceThatEndsByMaxTokens) {
 
 }  // namespace
 }  // namespace burst::server
+
+namespace burst::server {
+namespace {
+
+// A waiting queue as the scheduler keeps one: requests in arrival order, admitted through
+// Planner::pick exactly as Scheduler::admit does.
+struct Queue {
+  Requests rq;
+  std::vector<const ScheduledRequest*> waiting;
+  void add(int64_t prompt, int max_tokens, uint64_t owner, int copies = 1) {
+    for (int i = 0; i < copies; ++i) {
+      rq.make(prompt, max_tokens);
+      rq.all.back().owner = owner;
+      waiting.push_back(&rq.all.back());
+    }
+  }
+  // Admits what pick() allows; returns the owners admitted, in order.
+  std::vector<uint64_t> admit_all(Planner& p) {
+    std::vector<uint64_t> owners;
+    while (true) {
+      Planner::Pick pick = p.pick(waiting);
+      if (pick.index < 0 || pick.fit != Planner::Fit::kNow) break;
+      const ScheduledRequest* r = waiting[static_cast<size_t>(pick.index)];
+      waiting.erase(waiting.begin() + pick.index);
+      p.admit(*r, pick.need);
+      owners.push_back(r->owner);
+    }
+    return owners;
+  }
+};
+
+size_t running_of(const Planner& p, uint64_t owner) {
+  size_t n = 0;
+  for (uint64_t id = 1; id < 1000; ++id) {
+    const Planner::Seq* s = p.find(id);
+    n += s != nullptr && s->request->owner == owner ? 1 : 0;
+  }
+  return n;
+}
+
+TEST(PlannerFairness, OneRequestsChoicesLeaveSlotsForANewcomer) {
+  Planner p(options(1, 0, 1000));  // max_running 8: a request's share is 6 slots
+  p.reset(1000, 16);
+  Queue q;
+  q.add(20, 4, /*owner=*/1, /*copies=*/8);
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>(6, 1));
+  EXPECT_EQ(q.waiting.size(), 2u) << "two choices wait for the request's own to end";
+  EXPECT_FALSE(p.full());
+  // A newcomer behind the two waiting choices passes them.
+  q.add(2, 2, /*owner=*/2);
+  Planner::Pick pick = p.pick(q.waiting);
+  EXPECT_EQ(pick.index, 2);
+  EXPECT_EQ(pick.fit, Planner::Fit::kNow);
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>{2});
+  // A request of one sequence (owner 0) is never held to a share.
+  q.add(2, 2, /*owner=*/0);
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>{0});
+  EXPECT_TRUE(p.full());
+  EXPECT_EQ(p.pick(q.waiting).index, -1);
+}
+
+TEST(PlannerFairness, OneRequestsChoicesLeavePagesForANewcomer) {
+  Planner p(options(1, 0, 1000));
+  p.reset(20, 16);  // 320 rows; a request's share is 15 pages
+  Queue q;
+  q.add(60, 4, 1, 4);  // 64 rows: 4 pages each
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>(3, 1)) << "12 pages; a 4th makes 16 > 15";
+  EXPECT_EQ(p.free_pages(), std::vector<int64_t>{8});
+  q.add(100, 4, 2);  // 7 pages: fits in what the first request leaves
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>{2});
+  EXPECT_EQ(p.free_pages(), std::vector<int64_t>{1});
+  // A single request may take every page (it could not run otherwise).
+  Planner alone(options(1, 0, 1000));
+  alone.reset(20, 16);
+  Queue big;
+  big.add(316, 4, 3);  // 320 rows: all 20 pages
+  EXPECT_EQ(big.admit_all(alone), std::vector<uint64_t>{3});
+  EXPECT_EQ(alone.free_pages(), std::vector<int64_t>{0});
+}
+
+TEST(PlannerFairness, AdmissionIsRoundRobinAndAPagesWaitStillBlocks) {
+  Planner p(options(1, 0, 1000));
+  p.reset(1000, 16);
+  Queue q;
+  q.add(10, 2, 1, 1);
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>{1});
+  p.finish(1);  // makes room; owner 1 keeps nothing running
+  q.add(10, 2, 1, 1);
+  EXPECT_EQ(q.admit_all(p), std::vector<uint64_t>{1});
+  // Owner 1 runs one; its next choice arrived before owner 4's request, which goes first.
+  q.waiting.clear();
+  q.add(10, 2, 1, 2);
+  q.add(10, 2, 4, 1);
+  q.add(10, 2, 5, 1);
+  EXPECT_EQ(q.admit_all(p), (std::vector<uint64_t>{4, 5, 1, 1}));
+  // The picked request that waits for pages holds the line: nothing smaller passes it.
+  Planner tight(options(1, 0, 1000));
+  tight.reset(10, 16);
+  Queue t;
+  t.add(100, 10, 6);  // 7 pages
+  EXPECT_EQ(t.admit_all(tight), std::vector<uint64_t>{6});
+  t.add(100, 10, 7);  // 7 pages: later
+  t.add(2, 2, 8);     // 1 page: would fit, but arrived after
+  const Planner::Pick pick = tight.pick(t.waiting);
+  EXPECT_EQ(pick.index, 0);
+  EXPECT_EQ(pick.fit, Planner::Fit::kLater);
+}
+
+TEST(PlannerFairness, PrefillBudgetGoesRoundRobinOverRequests) {
+  Planner p(options(1, 0, 45));  // whole prompts, 45 tokens a step
+  p.reset(1000, 16);
+  Queue q;
+  q.add(10, 2, 1, 4);
+  q.add(30, 2, 2, 1);
+  EXPECT_EQ(q.admit_all(p).size(), 5u);
+  const Planner::Plan plan = p.plan();
+  // Each request's shortest chunk first: one of request 1 (10) and request 2's (30); a second
+  // chunk of request 1 no longer fits. Without the rounds, four of request 1's came first.
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(p.find(plan.chunks[0].id)->request->owner, 1u);
+  EXPECT_EQ(plan.chunks[0].len, 10);
+  EXPECT_EQ(p.find(plan.chunks[1].id)->request->owner, 2u);
+  EXPECT_EQ(plan.chunks[1].len, 30);
+}
+
+// The case in small: an n = 16 request on a long prompt fills the batch; a 2-token
+// request arriving while it runs gets its first token within 2 steps of arriving.
+TEST(PlannerFairness, ANewcomerBesideAnNChoicesRequestGetsItsTokenWithinTwoSteps) {
+  PlannerOptions o = options(1, 64, 160);
+  o.max_running = 16;
+  Planner p(o);
+  p.reset(4096, 16);
+  Queue q;
+  q.add(500, 40, 1, 16);
+  int arrived = -1, first_token = -1;
+  for (int step = 0; step < 400 && first_token < 0; ++step) {
+    if (step == 5) {
+      q.add(2, 2, 2);
+      arrived = step;
+    }
+    q.admit_all(p);
+    const Planner::Plan plan = p.plan();
+    ASSERT_FALSE(plan.step.seqs.empty());
+    std::vector<SampledToken> out;
+    for (const auto& w : plan.step.seqs) {
+      if (w.sample) out.push_back({w.id, 7, false, 0.f, {}});
+    }
+    const Planner::Update u = p.update(plan, out, kEos);
+    for (const auto& t : u.tokens) {
+      const Planner::Seq* s = p.find(t.id);
+      if (s != nullptr && s->request->owner == 2) first_token = step;
+    }
+    if (arrived >= 0 && first_token < 0) {
+      EXPECT_LE(step - arrived, 2) << "the newcomer still waits";
+    }
+  }
+  EXPECT_EQ(first_token, arrived);
+  EXPECT_EQ(running_of(p, 1), 12u) << "the n request holds its share of 16 slots";
+}
+
+}  // namespace
+}  // namespace burst::server

@@ -25,7 +25,13 @@
 //   counts the pages of blocks no sequence holds as cache pages, which admission evicts (LRU)
 //   when the free pages do not suffice, never a block a running sequence holds. Requests that
 //   need every prompt row computed (prompt logprobs) or their whole prompt on rank 0 (a
-//   repetition penalty) do not read the cache, but publish to it.
+//   repetition penalty) do not read the cache, but publish to it;
+// - fairness across client requests (ScheduledRequest::owner: the n choices of one request are
+//   one owner): pick() admits round-robin, the owner with the fewest running sequences first,
+//   and an owner that runs a sequence already takes at most max_share of the running slots and
+//   of each rank's pages, so a newcomer is admitted at once beside an `n: 64` request instead
+//   of waiting for all its choices to end; the step's prefill budget goes round-robin too (each
+//   owner's first chunk, shortest first, before any owner's second).
 #pragma once
 
 #include <cstdint>
@@ -63,6 +69,9 @@ struct PlannerOptions {
   int max_running = 64;
   bool decode_lookahead = true;
   bool prefix_caching = true;  // with the striped layout only
+  // The most of the running slots and of each rank's pages that one owner's sequences hold
+  // once it runs one (its first sequence may take everything: nothing else could run it).
+  double max_share = 0.75;
 };
 
 class Planner {
@@ -78,6 +87,16 @@ class Planner {
   // rank holds); *need gets its pages per rank.
   Fit fits(const ScheduledRequest& r, std::vector<int64_t>* need) const;
   bool full() const { return static_cast<int>(seqs_.size()) >= options_.max_running; }
+  // The waiting request to admit next, of `waiting` (in arrival order): owners by fewest
+  // running sequences, then by their first waiting request's arrival; an owner at its share is
+  // passed over. index -1: none may start now (full, or every owner at its share). A request
+  // with fit kLater waits for pages and nothing passes it (a big request is not starved).
+  struct Pick {
+    int index = -1;
+    Fit fit = Fit::kLater;
+    std::vector<int64_t> need;  // its pages per rank (fits())
+  };
+  Pick pick(const std::vector<const ScheduledRequest*>& waiting) const;
   // Admits `r` (which the caller keeps alive until finish()) with the pages fits() found;
   // returns its sequence id.
   uint64_t admit(const ScheduledRequest& r, std::vector<int64_t> need);
@@ -172,6 +191,8 @@ class Planner {
   void add_prefills(Plan& p, int64_t budget, int64_t chunk);
   // The cached blocks r's prompt starts with that r may use.
   std::vector<int64_t> hits_for(const ScheduledRequest& r) const;
+  // The owner whose share `r` counts against: its request's, or a sequence alone.
+  static uint64_t owner_of(const ScheduledRequest& r);
   // Every full block of s's computed tokens not yet a block of s becomes one (publish).
   void publish_blocks(Seq& s);
   // What the next plan carries besides its rows.

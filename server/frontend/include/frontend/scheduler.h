@@ -78,6 +78,9 @@ struct ScheduledRequest {
   // Sampling one of these ids finishes the sequence with "stop" (its text is not emitted, like
   // EOS), once at least adjust.min_tokens tokens came before it; ignore_eos does not apply.
   std::vector<int32_t> stop_token_ids;
+  // The client request this sequence is one choice of (its n choices and prompts share it, and
+  // share one fair share of the batch: Planner::pick); 0: a request of one sequence.
+  uint64_t owner = 0;
 };
 
 struct FinishInfo {
