@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <regex>
 
 #include "group/worker_registry.h"
 
@@ -302,6 +303,7 @@ Scheduler::GroupState Scheduler::ensure_group() {
     if (!g.ok()) {
       spdlog::error("worker group failed to start: {}", g.message());
       fail_queued("the worker group failed to start: " + g.message());
+      failed_again(g.message());
       return GroupState::kFailed;
     }
     std::lock_guard<std::mutex> lock(group_mu_);
@@ -313,6 +315,7 @@ Scheduler::GroupState Scheduler::ensure_group() {
     if (!st.ok()) {
       spdlog::error("worker group restart failed: {}", st.message());
       fail_queued("the worker group failed to restart: " + st.message());
+      failed_again(st.message());
       return GroupState::kFailed;
     }
   }
@@ -342,7 +345,33 @@ Scheduler::GroupState Scheduler::ensure_group() {
   healthy_ = true;
   metrics_.healthy = 1;
   started_once_ = true;
+  last_failure_.clear();
   return GroupState::kReady;
+}
+
+bool Scheduler::failed_again(const std::string& why) {
+  // The same way: the same words once the rank and its pid are left out (they differ every
+  // start: whichever rank is seen to exit first is named).
+  static const std::regex kRank(R"(worker rank [0-9]+ \(pid [0-9]+\))");
+  const std::string way = std::regex_replace(why, kRank, "a worker rank");
+  const bool again = !last_failure_.empty() && way == last_failure_;
+  last_failure_ = way;
+  if (!again) return false;
+  const std::string reason =
+      "the worker group failed to start twice in a row the same way, so it is not restarted: " +
+      why;
+  spdlog::critical("{}", reason);
+  {
+    std::lock_guard<std::mutex> lock(gave_up_mu_);
+    gave_up_ = reason;
+  }
+  stop_ = true;
+  return true;
+}
+
+std::string Scheduler::gave_up() const {
+  std::lock_guard<std::mutex> lock(gave_up_mu_);
+  return gave_up_;
 }
 
 void Scheduler::enqueue_output(std::function<void()> work) {

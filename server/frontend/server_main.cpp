@@ -375,7 +375,13 @@ int main(int argc, char** argv) {
     return fail("cannot write the port file " + cfg.port_file);
   }
 
-  while (g_signal == 0) usleep(50 * 1000);
+  while (g_signal == 0 && scheduler.gave_up().empty()) usleep(50 * 1000);
+  if (const std::string why = scheduler.gave_up(); !why.empty()) {
+    // The workers fail to start the same way each time: exit saying why, not restart forever.
+    if (grpc_api) grpc_api->stop();
+    if (http) http->stop();
+    return fail(why);
+  }
   spdlog::info("signal {}: draining", static_cast<int>(g_signal));
   scheduler.drain(std::chrono::milliseconds(cfg.drain_timeout_ms));
   // The streams have their final events queued; give the API threads a moment to write them

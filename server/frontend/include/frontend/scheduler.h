@@ -208,6 +208,10 @@ class Scheduler {
   const std::string& device() const { return options_.group.device; }
   // Worker pids (tests kill one); empty while no group runs.
   std::vector<int> worker_pids() const;
+  // Why the scheduler stopped trying to start its worker group (it failed to start twice in a
+  // row the same way: a model the workers refuse, memory that does not suffice, and restarting
+  // forever would hide it); empty while it keeps the group going. The server then exits.
+  std::string gave_up() const;
 
  private:
   struct Job {
@@ -228,6 +232,9 @@ class Scheduler {
   // when nothing was runnable.
   bool run_step();
   LayerProgress layer_progress(const Planner::Plan& plan, bool* any);
+  // A start or restart failed with `why`: true when the one before failed the same way (no
+  // ready group in between), and the scheduler gives up.
+  bool failed_again(const std::string& why);
   bool look_ahead(const Planner::Plan& plan);
   void take_outcome(const Planner::Plan& plan, const StepOutcome& out);
   void drop_finished();
@@ -270,6 +277,9 @@ class Scheduler {
   std::atomic<bool> stop_{false};
   std::atomic<bool> started_once_{false};
   std::atomic<bool> cancel_all_{false};  // drain: the step loop cancels what runs
+  std::string last_failure_;             // step loop: the last start failure since a ready group
+  mutable std::mutex gave_up_mu_;
+  std::string gave_up_;  // under gave_up_mu_
   // Output processing: work items run in order on one thread.
   std::mutex out_mu_;
   std::condition_variable out_cv_;
