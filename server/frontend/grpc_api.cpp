@@ -448,7 +448,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
     if (auto e = scheduler_.check_prompt_text(text_bytes)) {
       return grpc::Status(grpc_code(e->code), e->message);
     }
-    auto ids = apply_llama2_chat_template(tokenizer_, roles, contents);
+    auto ids = apply_chat_template(tokenizer_, roles, contents);
     if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());
     ScheduledRequest r;
     r.id = log->id;

@@ -801,7 +801,7 @@ Prompts chat_prompts(const json& body, const Tokenizer& tok, const CheckText& ch
     contents.push_back(std::move(text));
   }
   check(text_bytes, "messages");
-  auto ids = apply_llama2_chat_template(tok, roles, contents);
+  auto ids = apply_chat_template(tok, roles, contents);
   if (!ids.ok()) throw HttpError{400, ids.message(), "", "messages"};
   out.ids[0] = ids.take();
   return out;

@@ -45,6 +45,9 @@ std::vector<Field> fields(ServerConfig* c) {
       {"random_weights", K::kInt64, &c->random_weights, "SEED", "the preset's weights' seed"},
       {"tokenizer", K::kPath, &c->tokenizer, "FILE",
        "tokenizer.model (default: MODEL/tokenizer.model)"},
+      {"chat_template", K::kPath, &c->chat_template, "FILE",
+       "the chat template, Jinja (or a tokenizer_config.json with one; default: the model's "
+       "tokenizer_config.json chat_template, else LLaMA-2's)"},
       {"model_name", K::kString, &c->model_name, "NAME",
        "the name clients use (default: the model directory's name)"},
       {"device", K::kString, &c->device, "D", "cpu (default) or cuda"},

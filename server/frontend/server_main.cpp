@@ -32,6 +32,7 @@
 #include "frontend/metrics.h"
 #include "frontend/scheduler.h"
 #include "frontend/server_config.h"
+#include "common/chat_template.h"
 #include "common/tokenizer.h"
 #include "group/grpc_logging.h"
 #include "group/worker_registry.h"
@@ -318,6 +319,14 @@ int main(int argc, char** argv) {
   auto tok = Tokenizer::load(cfg.tokenizer);
   if (!tok.ok()) return fail("tokenizer: " + tok.message());
   std::unique_ptr<Tokenizer> tokenizer = tok.take();
+  // Chats: --chat-template FILE, else the model's tokenizer_config.json chat_template, else
+  // LLaMA-2's compiled in.
+  auto chat = !cfg.chat_template.empty()
+                  ? ChatTemplate::from_file(cfg.chat_template, *tokenizer)
+                  : ChatTemplate::for_model(cfg.preset.empty() ? cfg.model : "", *tokenizer);
+  if (!chat.ok()) return fail("chat template: " + chat.message());
+  spdlog::info("chat template: {}", chat.value().origin());
+  set_chat_template(std::make_shared<const ChatTemplate>(chat.take()));
   const bool kv_from_memory = resolve_limits(cfg, model_cfg.value(), *tokenizer);
   // A layout the model cannot take is refused before any worker starts or reads a weight.
   if (std::string e = models::tensor_parallel_error(model_cfg.value(), cfg.tp); !e.empty()) {

@@ -28,6 +28,7 @@ struct ServerConfig {
   std::string preset;       // or an architecture preset (7b, 13b, 70b) with random weights:
   int64_t random_weights = 0;  // their seed (benchmarks; the tokenizer still comes from a file)
   std::string tokenizer;    // tokenizer.model (default: MODEL/tokenizer.model)
+  std::string chat_template;  // a Jinja chat template file (default: the model's, else LLaMA-2's)
   std::string model_name;   // the name clients use (default: the model directory's name)
   std::string device = "cpu";
   int workers = 2;

@@ -1,0 +1,98 @@
+"""Chat templates end to end (issue 42, item 5): a model directory whose tokenizer_config.json
+has a chat_template (ChatML here) is served with it: the chat prompt's token count is that of
+the template's text, written out by hand from ChatML's meaning and tokenized by the server's
+/tokenize; OpenAI's `developer` role is the system role; a template's raise_exception is a 400
+naming the problem and the server keeps serving; --chat-template FILE (Zephyr's template, whose
+text holds </s>) takes the place of the model's, its </s> text becoming the EOS id; without
+either, LLaMA-2's compiled-in template. Run: /usr/bin/python3 test_chat_template.py --build B"""
+import json
+import os
+import shutil
+import tempfile
+
+from harness import HAVE_KJV, KJV, ROOT, Server, check, run
+
+TMP = tempfile.mkdtemp(prefix="burst-chat-template-")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "chat_templates")
+CHATML_STRICT = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Unknown role: ' + message['role']) }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def model_with_template():
+    d = os.path.join(TMP, "chatml-model")
+    os.makedirs(d)
+    for f in ("config.json", "model.safetensors", "tokenizer.model"):
+        shutil.copyfile(os.path.join(KJV, f), os.path.join(d, f))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHATML_STRICT}, f)
+    return d
+
+
+def count(srv, text):
+    st, r = srv.json("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+    check(st == 200, f"/tokenize: {st} {r}")
+    return r["count"]
+
+
+def chat(srv, messages):
+    return srv.json("POST", "/v1/chat/completions",
+                    {"messages": messages, "max_tokens": 2, "temperature": 0})
+
+
+def test_model_template():
+    with Server("--model", model_with_template(), workers=1) as srv:
+        st, r = chat(srv, [{"role": "developer", "content": "Be brief."},
+                           {"role": "user", "content": "Who begat Enos?"}])
+        check(st == 200, f"HTTP {st}: {r}")
+        text = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho begat Enos?"
+                "<|im_end|>\n<|im_start|>assistant\n")
+        check(r["usage"]["prompt_tokens"] == count(srv, text),
+              f"prompt_tokens {r['usage']['prompt_tokens']}, ChatML's text {count(srv, text)}")
+        # The template refuses a role: 400 with its words, and the server serves on.
+        st, r = chat(srv, [{"role": "tool", "content": "x"}])
+        check(st == 400 and r["error"]["message"] == "Unknown role: tool", f"{st}: {r}")
+        st, r = chat(srv, [{"role": "user", "content": "And God said"}])
+        check(st == 200 and r["choices"][0]["finish_reason"] == "length", f"{st}: {r}")
+
+
+def test_chat_template_flag():
+    path = os.path.join(FIXTURES, "zephyr.jinja")
+    with Server("--model", model_with_template_dir(), "--chat-template", path, workers=1) as srv:
+        st, r = chat(srv, [{"role": "system", "content": "S"},
+                           {"role": "user", "content": "In the beginning"}])
+        check(st == 200, f"HTTP {st}: {r}")
+        # Zephyr: each turn ends with </s>, the EOS id, one token each; the rest is text.
+        want = (count(srv, "<|system|>\nS") + 1 + count(srv, "\n<|user|>\nIn the beginning") + 1
+                + count(srv, "\n<|assistant|>\n"))
+        check(r["usage"]["prompt_tokens"] == want,
+              f"prompt_tokens {r['usage']['prompt_tokens']}, Zephyr's text {want}")
+
+
+def model_with_template_dir():
+    d = os.path.join(TMP, "chatml-model")
+    return d if os.path.isdir(d) else model_with_template()
+
+
+def test_compiled_in_llama2():
+    with Server(workers=1) as srv:  # kjv-tiny has no tokenizer_config.json
+        st, r = chat(srv, [{"role": "developer", "content": "Be brief."},
+                           {"role": "user", "content": "Who begat Enos?"}])
+        check(st == 200, f"HTTP {st}: {r}")
+        # BOS + "[INST] <<SYS>>\n...\n<</SYS>>\n\nWho begat Enos? [/INST]"
+        text = "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nWho begat Enos? [/INST]"
+        check(r["usage"]["prompt_tokens"] == 1 + count(srv, text),
+              f"prompt_tokens {r['usage']['prompt_tokens']}, LLaMA-2's {1 + count(srv, text)}")
+
+
+if __name__ == "__main__":
+    if not HAVE_KJV:
+        print("needs models/kjv-tiny")
+        raise SystemExit(77)
+    try:
+        run([test_model_template, test_chat_template_flag, test_compiled_in_llama2])
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
