@@ -1,8 +1,9 @@
 # burst: the serving image, in two stages. `build` installs the build dependencies (their own
 # layer, before any source is copied, so a source change never re-runs apt), compiles, and lays
 # burst out with `cmake --install` into /opt/burst; the runtime stage holds /opt/burst (bin/,
-# share/burst/configs, share/burst/models/kjv-tiny), the shared libraries the binaries link
-# (found by ldd in the build stage, installed by package name), tini and curl. It runs as the
+# share/burst/configs, share/burst/models/kjv-tiny, share/burst/bench), the shared libraries the
+# binaries link (found by ldd in the build stage, installed by package name), tini, curl and
+# python3 (burst-bench). It runs as the
 # non-root user `burst`; burst-server is the entrypoint under tini, so SIGTERM reaches it and it
 # drains; HEALTHCHECK asks GET /health.
 #
@@ -73,7 +74,8 @@ RUN set -eu; \
     if [ -n "$BURST_CUDA_ARCHITECTURES" ]; then arch_flag="-DBURST_CUDA_ARCHITECTURES=$BURST_CUDA_ARCHITECTURES"; fi; \
     cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBURST_CUDA="$BURST_CUDA" \
           $arch_flag -DBURST_DATA_FROM_SOURCE=OFF -DCMAKE_INSTALL_PREFIX=/opt/burst; \
-    cmake --build /build -j "$BUILD_JOBS" --target burst-server burst-worker burst-generate burst_spm; \
+    cmake --build /build -j "$BUILD_JOBS" --target burst-server burst-worker burst-generate burst_spm \
+          burst-bench; \
     cmake --install /build --strip; \
     rm -rf /build; \
     for f in /opt/burst/bin/*; do ldd "$f"; done \
@@ -97,7 +99,8 @@ RUN set -eu; \
       dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; \
     done; \
     apt-get update; \
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini curl $missing; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini curl python3 \
+        $missing; \
     rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt; \
     useradd --system --user-group --uid 10001 --home-dir /var/lib/burst --create-home \
             --shell /usr/sbin/nologin burst

@@ -1,7 +1,8 @@
 // build/bin/burst-bench: runs the load generator, bench/burst_bench.py, with /usr/bin/python3.
 // An executable rather than a copy of the script because build/bin must hold ELF files only:
 // scripts/gpu/pack.sh (devpack) runs ldd on every file there and stops at a script. The script
-// is looked up in $BURST_BENCH_SCRIPT, $BURST_SOURCE_DIR/bench, the source tree this was built
+// is looked up in $BURST_BENCH_SCRIPT, $BURST_SOURCE_DIR/bench, ../share/burst/bench from the
+// executable (where `cmake --install` puts it, beside bin/), the source tree this was built
 // from, ../../bench from the executable (.devpack/bin in a repository copy), then ./bench.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   if (const char* s = std::getenv("BURST_SOURCE_DIR")) {
     candidates.push_back(std::string(s) + "/bench/burst_bench.py");
   }
+  candidates.push_back(exe_dir() + "/../share/burst/bench/burst_bench.py");
   candidates.emplace_back(BURST_BENCH_DEFAULT_SCRIPT);
   candidates.push_back(exe_dir() + "/../../bench/burst_bench.py");
   candidates.emplace_back("bench/burst_bench.py");

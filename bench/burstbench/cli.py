@@ -2,7 +2,9 @@
 # defaults and help as documented in --help; --report skips the run's checks; a bad
 # combination exits with argparse's usage error, code 2; --dataset-name prefix_repetition is
 # read as prefix-repetition, whose lengths then stand in --input-len and --output-len);
-# parse_count / parse_range /
+# vLLM bench serve's flag names are aliases (vllm_aliases: --backend, --host / --port,
+# --random-input-len / -output-len / -range-ratio, --save-result with --result-dir /
+# --result-filename, --served-model-name, --disable-tqdm, ...); parse_count / parse_range /
 # parse_list / key_value are the value parsers; parse_goodput turns --goodput's METRIC:MS items
 # into {metric: ms}.
 import argparse
@@ -61,6 +63,107 @@ def parse_goodput(items):
                              "e2el:MS")
         slos[k] = float(v)
     return slos
+
+
+# vLLM's --backend / --endpoint-type: the endpoint it implies (burst has no other protocol
+# over HTTP; its own gRPC API is --grpc).
+VLLM_BACKENDS = {"vllm": "/v1/completions", "openai": "/v1/completions",
+                 "openai-chat": "/v1/chat/completions"}
+
+
+def add_vllm_aliases(p):
+    """vLLM bench serve's names for what burst-bench has, so its command lines run here."""
+    v = p.add_argument_group(
+        "vLLM bench serve's flags",
+        "accepted as in `vllm bench serve`: --num-prompts, --max-concurrency, --dataset-name "
+        "random, --request-rate, --burstiness, --seed, --ignore-eos, --goodput, --metadata, "
+        "--metric-percentiles, --label, --temperature, --top-p, --top-k are burst-bench's own "
+        "names too")
+    v.add_argument("--backend", "--endpoint-type", dest="vllm_backend",
+                   choices=sorted(VLLM_BACKENDS),
+                   help="openai / vllm: /v1/completions; openai-chat: /v1/chat/completions")
+    v.add_argument("--host", help="with --port: --base-url http://HOST:PORT")
+    v.add_argument("--port", type=int, help="with --host (default 127.0.0.1): the server's port")
+    v.add_argument("--random-input-len", type=parse_count, dest="random_input_len",
+                   help="--input-len")
+    v.add_argument("--random-output-len", type=parse_count, dest="random_output_len",
+                   help="--output-len")
+    v.add_argument("--random-range-ratio", type=float, default=None,
+                   help="prompt lengths uniform in [L(1-R), L(1+R)] for --input-len L (output "
+                        "lengths stay --output-len)")
+    v.add_argument("--random-prefix-len", type=int, default=0,
+                   help="only 0 (a shared prefix: --dataset-name prefix-repetition)")
+    v.add_argument("--save-result", action="store_true",
+                   help="write the result JSON to --result-dir / --result-filename")
+    v.add_argument("--save-detailed", action="store_true",
+                   help="no effect: the result JSON always holds the per-request arrays")
+    v.add_argument("--result-dir", help="where --save-result writes (default: .)")
+    v.add_argument("--result-filename",
+                   help="the --save-result file name (default: vLLM's "
+                        "BACKEND-RATEqps[-concurrencyN]-MODEL-DATE.json)")
+    v.add_argument("--served-model-name", help="--model")
+    v.add_argument("--disable-tqdm", action="store_true", help="--no-progress")
+    v.add_argument("--ready-check-timeout-sec", type=float, help="--wait-ready")
+    v.add_argument("--percentile-metrics", default=None,
+                   help="no effect: the summary and the JSON hold every metric (ttft, tpot, "
+                        "itl, e2el)")
+    v.add_argument("--trust-remote-code", action="store_true", help="no effect")
+
+
+def apply_vllm_aliases(p, a):
+    """Folds vLLM's flags into burst-bench's; a value given both ways must agree."""
+    def both(name, ours, theirs, default):
+        if theirs is None:
+            return ours
+        if ours != default and ours != theirs:
+            p.error(f"{name} and its vLLM alias disagree ({ours} against {theirs})")
+        return theirs
+
+    if a.vllm_backend:
+        want = VLLM_BACKENDS[a.vllm_backend]
+        if a.endpoint != "/v1/completions" and a.endpoint != want:
+            p.error(f"--backend {a.vllm_backend} means --endpoint {want}, not {a.endpoint}")
+        a.endpoint = want
+    if a.host is not None or a.port is not None:
+        if a.base_url or a.grpc:
+            p.error("--host / --port stand for --base-url: give one of them")
+        a.base_url = f"http://{a.host or '127.0.0.1'}:{a.port or 8000}"
+    a.input_len = both("--input-len", a.input_len, a.random_input_len, 1024)
+    a.output_len = both("--output-len", a.output_len, a.random_output_len, 128)
+    if a.random_range_ratio is not None:
+        r = a.random_range_ratio
+        if not 0 <= r < 1:
+            p.error("--random-range-ratio must be in [0, 1)")
+        if a.input_lens or a.input_len_range:
+            p.error("--random-range-ratio goes with --input-len (or --random-input-len)")
+        if r > 0:
+            a.input_len_range = (max(1, int(a.input_len * (1 - r))), int(a.input_len * (1 + r)))
+    if a.random_prefix_len:
+        p.error("--random-prefix-len is not supported: --dataset-name prefix-repetition shares "
+                "prefixes (--prefix-repetition-prefix-len)")
+    if a.served_model_name:
+        a.model = both("--model", a.model, a.served_model_name, None)
+    if a.disable_tqdm:
+        a.no_progress = True
+    if a.ready_check_timeout_sec is not None:
+        a.wait_ready = a.ready_check_timeout_sec
+    if a.save_result and a.result_json:
+        p.error("--save-result and --result-json both name the result file: give one")
+    if (a.result_dir or a.result_filename) and not a.save_result:
+        p.error("--result-dir and --result-filename go with --save-result")
+
+
+def save_result_path(a, model, backend):
+    """Where --save-result writes: --result-dir / (--result-filename, else vLLM's name)."""
+    name = a.result_filename
+    if not name:
+        import datetime
+        rate = "inf" if a.request_rate == float("inf") else f"{a.request_rate:g}"
+        conc = f"-concurrency{a.max_concurrency}" if a.max_concurrency else ""
+        model_id = (model or "model").split("/")[-1]
+        date = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = f"{a.label or a.vllm_backend or backend}-{rate}qps{conc}-{model_id}-{date}.json"
+    return os.path.join(a.result_dir or ".", name)
 
 
 def parse_args(argv):
@@ -158,9 +261,11 @@ def parse_args(argv):
     r.add_argument("--report", nargs="+", metavar="JSON",
                    help="no run: combine result files into a table (--markdown) and --plot")
     r.add_argument("--markdown", metavar="FILE", help="with --report: write the table there")
+    add_vllm_aliases(p)
     a = p.parse_args(argv)
     if a.report:
         return a
+    apply_vllm_aliases(p, a)
     if bool(a.base_url) == bool(a.grpc):
         p.error("give exactly one of --base-url URL and --grpc HOST:PORT")
     if a.grpc and "chat" in a.endpoint:

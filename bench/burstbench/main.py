@@ -9,7 +9,7 @@ import os
 import random
 import sys
 
-from .cli import parse_args, parse_goodput
+from .cli import parse_args, parse_goodput, save_result_path
 from .common import log
 from .grpc_client import GrpcTarget
 from .openai_http import HttpTarget
@@ -92,6 +92,8 @@ async def main_async(args):
     if mism:
         log(f"burst-bench: warning: the server counted another prompt length for {len(mism)} "
             f"requests (ours, server's), e.g. {mism[0]}")
+    if args.save_result:
+        args.result_json = save_result_path(args, j.get("model_id"), j.get("backend"))
     if args.result_json:
         d = os.path.dirname(os.path.abspath(args.result_json))
         os.makedirs(d, exist_ok=True)

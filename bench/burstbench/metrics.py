@@ -65,6 +65,22 @@ def max_tokens_per_s(rows, duration):
     return max((v for _, v in series), default=0.0)
 
 
+def max_concurrent(results):
+    """The most requests in flight at once over the run (vLLM's max_concurrent_requests): from
+    each sent request's [start, start + e2el] on the benchmark's clock; one that ends as another
+    starts is not counted twice."""
+    events = []
+    for r in results:
+        if r.sent:
+            events.append((r.start, 1))
+            events.append((r.start + max(r.e2el, 0.0), -1))
+    peak = cur = 0
+    for _, d in sorted(events, key=lambda e: (e[0], e[1])):
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
 def compute(results, duration, args, goodput):
     ok = [r for r in results if r.success]
     failed = [r for r in results if not r.success and not r.interrupted]
@@ -89,6 +105,7 @@ def compute(results, duration, args, goodput):
         "total_token_throughput": (total_in + total_out) / duration,
         "max_output_tokens_per_s": max_tokens_per_s(
             [(r.start, r.ttft, r.itls, r.output_len) for r in ok], duration),
+        "max_concurrent_requests": max_concurrent(results),
     }
     # the prompt tokens the server counted (its usage.prompt_tokens, as cached_tokens is),
     # else ours; cached_tokens is 0 where the server reports none

@@ -112,6 +112,7 @@ def print_summary(j, args):
         row("Request goodput (req/s):", j["request_goodput"])
     row("Output token throughput (tok/s):", j["output_throughput"])
     row("Peak output token throughput (tok/s):", j["max_output_tokens_per_s"])
+    row("Peak concurrent requests:", float(j["max_concurrent_requests"]))
     row("Total Token throughput (tok/s):", j["total_token_throughput"])
     for m in METRICS:
         lines.append(METRIC_NAMES[m].center(w, "-"))

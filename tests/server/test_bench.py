@@ -6,8 +6,9 @@ end-to-end latency), burst's server timings, exact-length text prompts (KJV text
 cut with the server's tokenizer), errors counted by kind (400 over the context, 401 wrong key,
 503 queue full; gRPC INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE; connection refused),
 Ctrl-C ending a run with partial results, the plots, --report, and the prefix-repetition
-workload's prefix cache hit rate (from usage and from /metrics; 0 with --no-prefix-caching).
-Run: /usr/bin/python3 test_bench.py --build BUILD_DIR."""
+workload's prefix cache hit rate (from usage and from /metrics; 0 with --no-prefix-caching),
+vLLM bench serve's flag names and max_concurrent_requests, and the tree `cmake --install` lays
+out. Run: /usr/bin/python3 test_bench.py --build BUILD_DIR."""
 import json
 import os
 import shutil
@@ -240,6 +241,82 @@ def test_prefix_repetition():
               f"no prefix caching: {j['prefix_cache_hit_rate']}, {j['cached_tokens']}")
 
 
+def test_vllm_flags():
+    """vLLM bench serve's command line runs unchanged but for the server's address: --backend,
+    --host / --port, --random-input-len / -output-len / -range-ratio, --num-prompts,
+    --max-concurrency, --save-result with --result-dir / --result-filename, --disable-tqdm,
+    --percentile-metrics; the JSON has vLLM's max_concurrency and max_concurrent_requests (the
+    most requests in flight at once, measured)."""
+    out_dir = os.path.join(TMP, "vllm-results")
+    _, out, _ = bench("--backend", "openai", "--host", "127.0.0.1", "--port", srv.http_port,
+                      "--api-key", KEY, "--dataset-name", "random", "--random-input-len", 20,
+                      "--random-output-len", 4, "--ignore-eos", "--num-prompts", 6,
+                      "--max-concurrency", 2, "--request-rate", "inf", "--seed", 11,
+                      "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "90,99",
+                      "--save-result", "--result-dir", out_dir, "--result-filename", "vllm.json",
+                      "--disable-tqdm", "--trust-remote-code", json_out=False)
+    j = json.load(open(os.path.join(out_dir, "vllm.json")))
+    check_run(j, 6, [20] * 6, 4)
+    check(j["endpoint"] == "/v1/completions" and j["base_url"] == http_url(), f"{j['base_url']}")
+    check(j["max_concurrency"] == 2 and j["max_concurrent_requests"] == 2,
+          f"max_concurrency {j['max_concurrency']}, max_concurrent_requests "
+          f"{j['max_concurrent_requests']}")
+    check("Maximum request concurrency:" in out and "Peak concurrent requests:" in out, out)
+    # Without a limit the six are in flight at once.
+    j, _, _ = bench("--base-url", http_url(), "--api-key", KEY, "--random-input-len", 12,
+                    "--random-output-len", 6, "--ignore-eos", "--num-prompts", 6)
+    check(j["max_concurrency"] is None and j["max_concurrent_requests"] == 6,
+          f"{j['max_concurrent_requests']} at once")
+    # vLLM's file name: BACKEND-RATEqps-MODEL-DATE.json
+    bench("--backend", "vllm", "--base-url", http_url(), "--api-key", KEY,
+          "--random-input-len", 8, "--random-output-len", 2, "--num-prompts", 2, "--save-result",
+          "--result-dir", out_dir, json_out=False)
+    names = sorted(n for n in os.listdir(out_dir) if n != "vllm.json")
+    check(len(names) == 1 and names[0].startswith("vllm-infqps-") and names[0].endswith(".json"),
+          f"{names}")
+    # --random-range-ratio: lengths uniform in [L(1 - R), L(1 + R)]
+    j, _, _ = bench("--base-url", http_url(), "--api-key", KEY, "--random-input-len", 40,
+                    "--random-range-ratio", 0.5, "--random-output-len", 2, "--ignore-eos",
+                    "--num-prompts", 8, "--seed", 4)
+    check(j["input_len_range"] == [20, 60] and all(20 <= n <= 60 for n in j["input_lens"])
+          and len(set(j["input_lens"])) > 1, f"{j['input_lens']}")
+    # Disagreeing or unsupported flags: usage errors naming them
+    _, _, err = bench("--base-url", http_url(), "--input-len", 10, "--random-input-len", 20,
+                      expect_rc=2, json_out=False)
+    check("--input-len and its vLLM alias disagree" in err, err)
+    _, _, err = bench("--base-url", http_url(), "--random-prefix-len", 5, expect_rc=2,
+                      json_out=False)
+    check("--random-prefix-len is not supported" in err, err)
+
+
+def test_installed():
+    """cmake --install lays burst-bench out (bin/burst-bench, share/burst/bench) and the
+    installed launcher runs the installed script, not the source tree's."""
+    prefix = os.path.join(TMP, "install")
+    p = subprocess.run(["cmake", "--install", build_dir(), "--prefix", prefix],
+                       capture_output=True, text=True, timeout=300)
+    check(p.returncode == 0, p.stdout + p.stderr)
+    exe = os.path.join(prefix, "bin", "burst-bench")
+    script = os.path.join(prefix, "share", "burst", "bench", "burst_bench.py")
+    check(os.access(exe, os.X_OK) and os.path.exists(script) and
+          os.path.exists(os.path.join(prefix, "share", "burst", "bench", "burstbench", "cli.py")),
+          f"installed: {sorted(os.listdir(prefix))}")
+    # An interpreter that prints the script it is given: the installed one.
+    echo = os.path.join(TMP, "echo-python")
+    with open(echo, "w") as f:
+        f.write("#!/bin/sh\necho \"$1\"\n")
+    os.chmod(echo, 0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("BURST_BENCH_SCRIPT",
+                                                             "BURST_SOURCE_DIR")}
+    p = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60,
+                       env=dict(env, BURST_PYTHON=echo))
+    check(os.path.realpath(p.stdout.strip()) == os.path.realpath(
+        os.path.join(prefix, "bin", "..", "share", "burst", "bench", "burst_bench.py")),
+          f"the installed launcher ran {p.stdout.strip()!r}")
+    p = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60, env=env)
+    check(p.returncode == 0 and "vLLM bench serve's flags" in p.stdout, p.stdout + p.stderr)
+
+
 def test_report():
     files = sorted(os.path.join(TMP, f) for f in os.listdir(TMP) if f.startswith("run"))[:3]
     md = os.path.join(TMP, "table.md")
@@ -262,7 +339,8 @@ if __name__ == "__main__":
     try:
         run([test_http_random_ids_and_plots, test_grpc_random_ids_poisson,
              test_exact_text_prompts, test_errors_by_kind, test_queue_full,
-             test_interrupt_keeps_partial_results, test_prefix_repetition, test_report])
+             test_interrupt_keeps_partial_results, test_prefix_repetition, test_vllm_flags,
+             test_installed, test_report])
     finally:
         srv.stop()
         shutil.rmtree(TMP, ignore_errors=True)
