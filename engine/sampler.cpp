@@ -1,5 +1,6 @@
-// Sampler: greedy, or softmax(logits / T) restricted to the top-k ids and then to the smallest
-// prefix whose probability reaches top_p, drawn with a seeded 64-bit Mersenne twister.
+// Sampler: greedy, or softmax(logits / T) restricted to the top-k ids, to the ids at least min_p
+// times as likely as the most likely one, and then to the smallest prefix whose probability
+// reaches top_p, drawn with a seeded 64-bit Mersenne twister.
 #include "engine/sampler.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@ std::string validate(const SamplingParams& p) {
   }
   if (p.top_k < 0) return "top_k must be >= 0";
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) return "top_p must be in (0, 1]";
+  if (!(p.min_p >= 0.f && p.min_p <= 1.f)) return "min_p must be in [0, 1]";
   return {};
 }
 
@@ -194,9 +196,23 @@ int32_t sample_impl(const float* logits, int64_t vocab, const SamplingParams& p,
   // order, gets the very same prefixes.
   double mx = scratch[0].first;
   for (size_t i = 1; i < keep; ++i) mx = std::max(mx, static_cast<double>(scratch[i].first));
+  size_t sorted_prefix = keep < scratch.size() ? keep : 0;
+  if (p.min_p > 0.f) {
+    // min_p: the ids with exp(s - mx) >= min_p, a prefix of the descending order, moved to the
+    // front so the kept ids are again the first `keep` candidates. A range top_k sorted is
+    // partitioned already (the kept ids lead it), and partition then swaps nothing.
+    const double floor = static_cast<double>(p.min_p);
+    const auto first = scratch.begin();
+    const auto last = first + static_cast<std::ptrdiff_t>(keep);
+    const auto kept_end = std::partition(first, last, [&](const std::pair<float, int32_t>& c) {
+      return std::exp(c.first - mx) >= floor;
+    });
+    keep = static_cast<size_t>(kept_end - first);
+    sorted_prefix = std::min(sorted_prefix, keep);
+  }
   Mass total = 0;
   for (size_t i = 0; i < keep; ++i) total += to_mass(std::exp(scratch[i].first - mx));
-  SortedPrefix sorted(scratch, keep, keep < scratch.size() ? keep : 0, mx);
+  SortedPrefix sorted(scratch, keep, sorted_prefix, mx);
   // cut: the last kept id in descending order (top-p keeps the shortest prefix whose
   // normalised mass reaches top_p); mass: the running mass through it.
   size_t cut = keep - 1;

@@ -746,16 +746,16 @@ class CudaBackend final : public Backend {
     p.row_stride = vocab;
     // One setting for every row (the common batch): the scalars, and for all-greedy rows the
     // argmax kernel alone. Otherwise per-row settings, one call for the whole batch. A greedy
-    // row's top_k and top_p do not matter.
+    // row's top_k, top_p and min_p do not matter.
     std::vector<kernels::SampleRowParams> settings(params.size());
     for (size_t r = 0; r < params.size(); ++r) {
       const SamplingParams& q = params[r];
-      if (q.temperature > 0.f) settings[r] = {q.temperature, q.top_k, q.top_p};
+      if (q.temperature > 0.f) settings[r] = {q.temperature, q.top_k, q.top_p, q.min_p};
     }
     const kernels::SampleRowParams& first = settings.front();
     const bool same = std::all_of(settings.begin(), settings.end(), [&](const auto& q) {
       return q.temperature == first.temperature && q.top_k == first.top_k &&
-             q.top_p == first.top_p;
+             q.top_p == first.top_p && q.min_p == first.min_p;
     });
     const bool greedy = same && first.temperature == 0.f;
     // The inputs travel in one copy: [uniforms (rows fp64) | row settings | out ids (rows)].
@@ -773,6 +773,7 @@ class CudaBackend final : public Backend {
       p.temperature = first.temperature;
       p.top_k = first.top_k;
       p.top_p = first.top_p;
+      p.min_p = first.min_p;
     } else {
       p.row_params = reinterpret_cast<const kernels::SampleRowParams*>(dev + u_bytes);
     }

@@ -4,7 +4,9 @@
 // logit / T and its id; (2) CUB's segmented radix sort (stable, so equal keys keep ascending
 // ids) orders each row by (key descending, id ascending), the host's order; (3) one block per
 // row walks the sorted row in chunks with a block scan of the masses exp(s - s_max) in exact
-// 128-bit fixed point (the host's representation): once for the total, once (top_p < 1) for
+// 128-bit fixed point (the host's representation), after min_p (a block-wide count of the
+// leading ids with exp(s - s_max) >= min_p) cut the kept prefix: once for the total, once
+// (top_p < 1) for
 // the nucleus cut, once for the first cumulative mass above u * kept mass. Exact prefix sums
 // make the walk order irrelevant; only a 1-ulp difference between the host's and CUDA's fp64
 // exp can move a choice, and only when u * mass falls within that ulp of a prefix. With
@@ -247,10 +249,24 @@ __host__ __device__ __forceinline__ int kept_ids(int top_k, int64_t vocab) {
   return top_k > 0 && top_k < vocab ? top_k : static_cast<int>(vocab);
 }
 
+// How many of the first `keep` sorted ids min_p keeps: those with exp(s - mx) >= min_p, counted
+// as the host counts them (in fp64). Every thread gets the count; keep is the same in all.
+__device__ __forceinline__ int min_p_kept(const uint32_t* keys, int keep, double mx,
+                                          float min_p) {
+  const double floor = static_cast<double>(min_p);
+  int count = 0;
+  for (int base = 0; base < keep; base += kPickThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    count += __syncthreads_count(
+        i < keep && exp(static_cast<double>(from_key(keys[i])) - mx) >= floor);
+  }
+  return count;
+}
+
 __global__ void __launch_bounds__(kPickThreads)
     pick_kernel(const uint32_t* sorted_keys, const int32_t* sorted_ids, int64_t vocab, int keep,
-                float top_p, const SampleRowParams* row_params, const double* uniforms,
-                int32_t* out) {
+                float top_p, float min_p, const SampleRowParams* row_params,
+                const double* uniforms, int32_t* out) {
   __shared__ ScanSmem sm;
   const uint32_t* keys = sorted_keys + int64_t{blockIdx.x} * vocab;
   const int32_t* ids = sorted_ids + int64_t{blockIdx.x} * vocab;
@@ -259,14 +275,17 @@ __global__ void __launch_bounds__(kPickThreads)
     // A greedy row keeps its first sorted id: the argmax of its raw keys (key_temperature).
     keep = rp.temperature > 0.f ? kept_ids(rp.top_k, vocab) : 1;
     top_p = rp.top_p;
+    min_p = rp.min_p;
   }
+  // The host's max is the first sorted s, widened to fp64.
+  const double mx = static_cast<double>(from_key(keys[0]));
+  // s_max's own ratio is 1 >= min_p, so at least one id stays.
+  if (keep > 1 && min_p > 0.f) keep = min_p_kept(keys, keep, mx, min_p);
   if (keep == 1) {
     // One kept id: the host returns it for every u too.
     if (threadIdx.x == 0) out[blockIdx.x] = ids[0];
     return;
   }
-  // The host's max is the first sorted s, widened to fp64.
-  const double mx = static_cast<double>(from_key(keys[0]));
   int cut = keep - 1;
   Mass kept;
   scan_find(keys, keep, keep, mx, [](int, Mass) { return false; }, sm, kept);
@@ -345,6 +364,7 @@ cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
   if (!p.row_params) {
     if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) return cudaErrorInvalidValue;
     if (p.top_k < 0 || !(p.top_p > 0.f && p.top_p <= 1.f)) return cudaErrorInvalidValue;
+    if (!(p.min_p >= 0.f && p.min_p <= 1.f)) return cudaErrorInvalidValue;
   }
   if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) return cudaErrorInvalidValue;
   const unsigned rows = static_cast<unsigned>(p.rows);
@@ -383,7 +403,7 @@ cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   pick_kernel<<<rows, kPickThreads, 0, stream>>>(keys_out, ids_out, p.vocab,
                                                  kept_ids(p.top_k, p.vocab), p.top_p,
-                                                 p.row_params, p.uniforms, p.out_ids);
+                                                 p.min_p, p.row_params, p.uniforms, p.out_ids);
   return cudaGetLastError();
 }
 

@@ -52,6 +52,7 @@ pb::StepRequest encode_plan(const runtime::StepPlan& plan, bool report_progress)
     w->set_top_k(s.sampling.top_k);
     w->set_top_p(s.sampling.top_p);
     w->set_seed(s.sampling.seed);
+    w->set_min_p(s.sampling.min_p);
     w->set_report_progress(report_progress);
     w->set_presence_penalty(s.adjust.presence_penalty);
     w->set_frequency_penalty(s.adjust.frequency_penalty);
@@ -86,7 +87,7 @@ runtime::StepPlan decode_plan(const pb::StepRequest& req) {
     s.start = w.start();
     s.prompt_len = w.prompt_len();
     s.sample = w.sample();
-    s.sampling = {w.temperature(), w.top_k(), w.top_p(), w.seed()};
+    s.sampling = {w.temperature(), w.top_k(), w.top_p(), w.seed(), w.min_p()};
     s.adjust.presence_penalty = w.presence_penalty();
     s.adjust.frequency_penalty = w.frequency_penalty();
     s.adjust.repetition_penalty = w.repetition_penalty() == 0.f ? 1.f : w.repetition_penalty();

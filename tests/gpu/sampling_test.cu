@@ -2,7 +2,7 @@
 // the one implementation behind engine::Sampler): for the same logits and the same uniform u
 // the GPU must pick exactly the host's id. Random never-zero logits, fp32 and bf16 (bf16 rows
 // are full of exact ties), vocab 1, 7, 4099, 32000, 128256, rows 1 and 5 with a padded row
-// stride, five settings and 50 uniforms (0, tiny, 0.5, just below 1, and Sampler draws). Both
+// stride, eight settings (three with min_p) and 50 uniforms (0, tiny, 0.5, just below 1, and Sampler draws). Both
 // sum masses exactly (128-bit fixed point), so an id could legitimately differ only where
 // glibc's and CUDA's fp64 exp differ by an ulp and u * mass falls within it. Exact
 // ties (duplicate maxima, constant rows, ties across the top-k cut) are checked against
@@ -44,6 +44,7 @@ struct Setting {
   float temperature;
   int top_k;
   float top_p;
+  float min_p = 0.f;
 };
 
 constexpr Setting kSettings[] = {
@@ -52,6 +53,9 @@ constexpr Setting kSettings[] = {
     {"T=1.3 top_k=40", 1.3f, 40, 1.f},
     {"T=0.8 top_p=0.9", 0.8f, 0, 0.9f},
     {"T=1 top_k=5 top_p=0.5", 1.f, 5, 0.5f},
+    {"T=1 min_p=0.05", 1.f, 0, 1.f, 0.05f},
+    {"T=1.5 top_k=40 min_p=0.2 top_p=0.9", 1.5f, 40, 0.9f, 0.2f},
+    {"T=0.7 min_p=1", 0.7f, 0, 1.f, 1.f},
 };
 
 const char* name(DType t) { return t == DType::kBF16 ? "bf16" : "fp32"; }
@@ -144,6 +148,7 @@ SampleParams params_for(const Logits& l, const Setting& s, Gpu& g) {
   p.temperature = s.temperature;
   p.top_k = s.top_k;
   p.top_p = s.top_p;
+  p.min_p = s.min_p;
   p.uniforms = static_cast<const double*>(g.uniforms.ptr);
   p.out_ids = static_cast<int32_t*>(g.out.ptr);
   p.workspace = g.workspace.ptr;
@@ -166,7 +171,7 @@ void gpu_sample(const SampleParams& p, Gpu& g, const std::vector<double>& u,
 }
 
 engine::SamplingParams host_params(const Setting& s) {
-  return engine::SamplingParams{s.temperature, s.top_k, s.top_p, 0};
+  return engine::SamplingParams{s.temperature, s.top_k, s.top_p, 0, s.min_p};
 }
 
 // For each setting and each of the 50 uniforms (row r of call j takes u[(j + 11 r) % 50], so
@@ -247,7 +252,7 @@ TEST_F(GpuSampling, PerRowSettingsMatchHost) {
       std::vector<SampleRowParams> rp(static_cast<size_t>(l.rows));
       for (int64_t r = 0; r < l.rows; ++r) {
         const Setting& s = kSettings[r % kNumSettings];
-        rp[r] = {s.temperature, s.top_k, s.top_p};
+        rp[r] = {s.temperature, s.top_k, s.top_p, s.min_p};
       }
       DevBuf dev_rp;
       CUDA_ASSERT(cudaMalloc(&dev_rp.ptr, rp.size() * sizeof(SampleRowParams)));
@@ -386,6 +391,8 @@ TEST_F(GpuSampling, RejectsBadParams) {
   expect_invalid("top_k < 0", [](SampleParams& p) { p.top_k = -1; });
   expect_invalid("top_p 0", [](SampleParams& p) { p.top_p = 0.f; });
   expect_invalid("top_p > 1", [](SampleParams& p) { p.top_p = 1.5f; });
+  expect_invalid("min_p < 0", [](SampleParams& p) { p.min_p = -0.1f; });
+  expect_invalid("min_p > 1", [](SampleParams& p) { p.min_p = 1.5f; });
   expect_invalid("fp16", [](SampleParams& p) { p.dtype = DType::kF16; });
   expect_invalid("null uniforms", [](SampleParams& p) { p.uniforms = nullptr; });
   expect_invalid("null workspace", [](SampleParams& p) { p.workspace = nullptr; });

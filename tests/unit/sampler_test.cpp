@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -71,6 +72,57 @@ TEST(Sampler, TopKAndTopPStayInsideTheirSets) {
   EXPECT_GT(seen[1], seen[4]);
   Sampler k1({5.f, 1, 1.f, 3});  // top_k 1 is greedy whatever the temperature
   for (int i = 0; i < 100; ++i) EXPECT_EQ(k1.sample(l.data(), 6), 1);
+}
+
+// min_p keeps the ids whose probability is at least min_p times the largest: at T=1 the logits
+// below give p / p_max = 1, e^-0.5 = .61, e^-1 = .37, e^-4 = .018; min_p 0.5 keeps {1, 4}, 0.3
+// keeps {1, 4, 2}, 1 only the argmax. Their draws match a reference over the kept set alone
+// (the rest's logits -inf), for every u, with and without top_k (a prefix too) and top_p (which
+// then normalises over the min_p set, as vLLM applies min_p first).
+TEST(Sampler, MinPKeepsIdsAtLeastMinPTimesTheMostLikely) {
+  const std::vector<float> l = {0.f, 5.f, 4.f, 1.f, 4.5f, -3.f};
+  const float inf = std::numeric_limits<float>::infinity();
+  auto only = [&](std::initializer_list<int> ids) {
+    std::vector<float> m(l.size(), -inf);
+    for (int id : ids) m[static_cast<size_t>(id)] = l[static_cast<size_t>(id)];
+    return m;
+  };
+  struct Case {
+    SamplingParams with_min_p;
+    std::vector<float> reference_logits;
+    SamplingParams reference;
+    std::set<int> kept;
+  };
+  const std::vector<Case> cases = {
+      {{1.f, 0, 1.f, 0, 0.5f}, only({1, 4}), {1.f, 0, 1.f, 0}, {1, 4}},
+      {{1.f, 0, 1.f, 0, 0.3f}, only({1, 4, 2}), {1.f, 0, 1.f, 0}, {1, 4, 2}},
+      {{1.f, 0, 1.f, 0, 1.f}, only({1}), {1.f, 0, 1.f, 0}, {1}},
+      {{1.f, 2, 1.f, 0, 0.3f}, only({1, 4}), {1.f, 0, 1.f, 0}, {1, 4}},       // top_k 2 first
+      {{1.f, 5, 1.f, 0, 0.5f}, only({1, 4}), {1.f, 0, 1.f, 0}, {1, 4}},       // min_p first
+      {{1.f, 0, 0.7f, 0, 0.3f}, only({1, 4, 2}), {1.f, 0, 0.7f, 0}, {1, 4}},  // top_p of the rest
+      {{2.f, 0, 1.f, 0, 0.5f}, only({1, 4, 2}), {2.f, 0, 1.f, 0}, {1, 4, 2}},  // after T: /2
+      {{1.f, 0, 1.f, 0, 0.f}, l, {1.f, 0, 1.f, 0}, {0, 1, 2, 3, 4, 5}},        // 0: off
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    std::set<int> drawn;
+    for (int t = 0; t <= 1000; ++t) {
+      const double u = t / 1000.0 * 0.999999;
+      const int32_t id = sample_with_uniform(l.data(), 6, c.with_min_p, u);
+      EXPECT_EQ(id, sample_with_uniform(c.reference_logits.data(), 6, c.reference, u))
+          << "case " << k << " u " << u;
+      drawn.insert(id);
+    }
+    if (c.with_min_p.top_p == 1.f) {
+      EXPECT_EQ(drawn, c.kept) << "case " << k;
+    }
+  }
+  // Greedy ignores min_p; the bounds are [0, 1].
+  EXPECT_EQ(sample_with_uniform(l.data(), 6, {0.f, 0, 1.f, 0, 0.9f}, 0.7), 1);
+  EXPECT_TRUE(validate(SamplingParams{1.f, 0, 1.f, 0, 1.f}).empty());
+  EXPECT_FALSE(validate(SamplingParams{1.f, 0, 1.f, 0, -0.1f}).empty());
+  EXPECT_FALSE(validate(SamplingParams{1.f, 0, 1.f, 0, 1.5f}).empty());
+  EXPECT_FALSE(validate(SamplingParams{1.f, 0, 1.f, 0, NAN}).empty());
 }
 
 // sample_with_uniform against a plain reference (the whole vocabulary sorted, masses in double):

@@ -25,7 +25,7 @@ runtime::SeqWork every_field_set(uint64_t id) {
   w.start = 13;
   w.prompt_len = 40;
   w.sample = true;
-  w.sampling = {0.7f, 17, 0.9f, 12345};
+  w.sampling = {0.7f, 17, 0.9f, 12345, 0.05f};
   w.adjust.presence_penalty = 0.25f;
   w.adjust.frequency_penalty = -0.5f;
   w.adjust.repetition_penalty = 1.3f;
@@ -49,6 +49,7 @@ void expect_same(const runtime::SeqWork& a, const runtime::SeqWork& b) {
   EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
   EXPECT_EQ(a.sampling.top_p, b.sampling.top_p);
   EXPECT_EQ(a.sampling.seed, b.sampling.seed);
+  EXPECT_EQ(a.sampling.min_p, b.sampling.min_p);
   EXPECT_EQ(a.adjust.presence_penalty, b.adjust.presence_penalty);
   EXPECT_EQ(a.adjust.frequency_penalty, b.adjust.frequency_penalty);
   EXPECT_EQ(a.adjust.repetition_penalty, b.adjust.repetition_penalty);

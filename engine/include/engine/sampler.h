@@ -1,5 +1,6 @@
 // Token sampling on the host from fp32 logits: greedy (temperature 0), or temperature with
-// optional top-k and top-p (nucleus), from a seeded generator so a seed replays a run exactly.
+// optional top-k, min-p and top-p (nucleus), from a seeded generator so a seed replays a run
+// exactly.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@ struct SamplingParams {
   int top_k = 0;            // 0: off
   float top_p = 1.f;        // in (0, 1]; 1: off
   uint64_t seed = 0;
+  float min_p = 0.f;        // in [0, 1]; 0: off (vLLM's min_p: kept ids have p >= min_p p_max)
 };
 
 // Empty when valid, else what is wrong.
@@ -25,10 +27,14 @@ std::string validate(const SamplingParams& p);
 // The one sampling implementation (the GPU twin, kernels/sampling_cuda.h, follows it): picks an
 // id from logits [vocab] with the uniform u in [0, 1). Temperature 0: the argmax, ties to the
 // lowest id, u unused. Else s = logits / T; keep the top_k largest s (0: all) in the order
-// (s descending, id ascending); p = exp(s - s_max) in double, running masses summed exactly in
-// 2^-96 fixed point (so any summation order gives the same prefixes); if top_p < 1 keep the
-// shortest prefix whose normalised mass reaches top_p; return the first kept id whose running
-// mass exceeds u * kept mass, else (rounding) the last kept id. p.seed is not used.
+// (s descending, id ascending); p = exp(s - s_max) in double (p / p_max, as s_max's p is 1);
+// if min_p > 0 keep, of those, the ids with p >= min_p (a prefix of the order, s_max's id always
+// among them: counted, so the count does not depend on the order either); running masses summed
+// exactly in 2^-96 fixed point (so any summation order gives the same prefixes); if top_p < 1
+// keep the shortest prefix whose normalised mass (of the ids kept so far) reaches top_p; return
+// the first kept id whose running mass exceeds u * kept mass, else (rounding) the last kept id.
+// top_k and min_p both keep a prefix, so their order does not matter (vLLM applies min_p
+// first). p.seed is not used.
 int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& p,
                             double u);
 

@@ -3,10 +3,12 @@
 // One token per row of logits:
 //   temperature 0: argmax of the raw logits, ties to the lowest id (no uniform is read);
 //   temperature > 0: s = logit / T (fp32, correctly rounded as on the host); keep the top_k
-//   largest s (0: all) in the order (s descending, id ascending); masses p = exp(s - s_max) in
-//   fp64, truncated to 2^-96 fixed point and summed exactly in 128 bits; if top_p < 1 keep the
-//   shortest prefix whose share of the total (in fp64) reaches top_p; return the first kept id
-//   whose cumulative mass (in fp64) exceeds u * (kept mass), the last kept id if none does.
+//   largest s (0: all) in the order (s descending, id ascending); if min_p > 0 keep, of those,
+//   the ids with exp(s - s_max) >= min_p in fp64 (counted; they lead the order); masses
+//   p = exp(s - s_max) in fp64, truncated to 2^-96 fixed point and summed exactly in 128 bits;
+//   if top_p < 1 keep the shortest prefix whose share of the total (in fp64) reaches top_p;
+//   return the first kept id whose cumulative mass (in fp64) exceeds u * (kept mass), the last
+//   kept id if none does.
 // Exact prefix sums make the GPU's summation order irrelevant: host and GPU agree bit for bit
 // except where the host's and CUDA's fp64 exp differ by an ulp and u * mass falls within that
 // ulp of a prefix. Logits must be finite except for -inf masks (at least one finite per row
@@ -27,6 +29,7 @@ struct SampleRowParams {
   float temperature = 0.f;  // finite, >= 0; 0: greedy (top_k, top_p and the uniform unread)
   int32_t top_k = 0;        // >= 0; 0: off
   float top_p = 1.f;        // in (0, 1]; 1: off
+  float min_p = 0.f;        // in [0, 1]; 0: off
 };
 
 // The kernel ABI: one flat struct. All pointers are device pointers.
@@ -39,7 +42,8 @@ struct SampleParams {
   float temperature = 0.f;       // finite, >= 0; 0: greedy
   int top_k = 0;                 // >= 0; 0: off
   float top_p = 1.f;             // in (0, 1]; 1: off
-  // Or per row: [rows] settings that replace the three above row by row, so the rows of a
+  float min_p = 0.f;             // in [0, 1]; 0: off
+  // Or per row: [rows] settings that replace the four above row by row, so the rows of a
   // batch's requests sample in one call. Validated by the caller (engine::validate), not here:
   // they live on the device. A greedy row (temperature 0) among them is the argmax of its raw
   // logits, ties to the lowest id, as with the scalar temperature 0, but it runs through the
@@ -65,7 +69,7 @@ size_t sample_cuda_workspace_bytes(int64_t vocab, int64_t rows);
 
 // Writes p.out_ids[r] for every row, asynchronously on `stream`. Returns the first CUDA error,
 // cudaErrorInvalidValue for bad params (sizes, null pointers, dtype, temperature, top_k, top_p,
-// a workspace smaller than sample_cuda_workspace_bytes). The scalar settings are not checked
+// min_p, a workspace smaller than sample_cuda_workspace_bytes). The scalar settings are not checked
 // when row_params is set.
 cudaError_t sample_cuda(const SampleParams& p, cudaStream_t stream);
 
