@@ -4,7 +4,8 @@ the template's text, written out by hand from ChatML's meaning and tokenized by 
 /tokenize; OpenAI's `developer` role is the system role; a template's raise_exception is a 400
 naming the problem and the server keeps serving; --chat-template FILE (Zephyr's template, whose
 text holds </s>) takes the place of the model's, its </s> text becoming the EOS id; without
-either, LLaMA-2's compiled-in template. Run: /usr/bin/python3 test_chat_template.py --build B"""
+either, LLaMA-2's compiled-in template; a --chat-template that does not parse stops the start
+with the file and the line. Run: /usr/bin/python3 test_chat_template.py --build B"""
 import json
 import os
 import shutil
@@ -72,6 +73,20 @@ def test_chat_template_flag():
               f"prompt_tokens {r['usage']['prompt_tokens']}, Zephyr's text {want}")
 
 
+def test_bad_template_file_refused_at_start():
+    """A --chat-template that does not parse stops the start with the file and the line."""
+    path = os.path.join(TMP, "bad.jinja")
+    with open(path, "w") as f:
+        f.write("{% for m in messages %}\n{{ m.content }}\n")  # no endfor
+    try:
+        Server("--chat-template", path, workers=1)
+    except RuntimeError as e:
+        log = str(e)
+        check(path in log and "line 3" in log and "endfor" in log, log[-2000:])
+        return
+    raise AssertionError("the server started with a template that does not parse")
+
+
 def model_with_template_dir():
     d = os.path.join(TMP, "chatml-model")
     return d if os.path.isdir(d) else model_with_template()
@@ -93,6 +108,7 @@ if __name__ == "__main__":
         print("needs models/kjv-tiny")
         raise SystemExit(77)
     try:
-        run([test_model_template, test_chat_template_flag, test_compiled_in_llama2])
+        run([test_model_template, test_chat_template_flag, test_compiled_in_llama2,
+             test_bad_template_file_refused_at_start])
     finally:
         shutil.rmtree(TMP, ignore_errors=True)
