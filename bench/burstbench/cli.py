@@ -211,7 +211,9 @@ def parse_args(argv):
                         "random, text for kjv/text) or text")
     w.add_argument("--tokenizer", default="auto",
                    help="'server' (the target's /tokenize or Tokenize), or a SentencePiece "
-                        "model file (auto: the server's, else models/kjv-tiny/tokenizer.model)")
+                        "model file or a model directory holding one (auto: the server's, else "
+                        "models/kjv-tiny/tokenizer.model); a name that is no file (vLLM's "
+                        "Hugging Face id) counts as auto")
     w.add_argument("--token-id-range", type=parse_range, default=(259, 32000), metavar="LO:HI",
                    help="random token ids are drawn from [LO, HI) (default 259:32000, LLaMA-2)")
     w.add_argument("--bos-id", type=int, default=1,

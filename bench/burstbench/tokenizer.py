@@ -76,6 +76,15 @@ async def fit_prefix(tok, source, n):
 
 async def choose_tokenizer(args, target, needed):
     if args.tokenizer not in ("auto", "server"):
+        # vLLM's --tokenizer names a model: a directory (its tokenizer.model here) or a Hugging
+        # Face id, which is no file here: then the tokenizer is chosen as with auto.
+        if os.path.isdir(args.tokenizer):
+            args.tokenizer = os.path.join(args.tokenizer, "tokenizer.model")
+        elif not os.path.exists(args.tokenizer):
+            log(f"burst-bench: --tokenizer {args.tokenizer}: no such file (a Hugging Face id?); "
+                "choosing as with --tokenizer auto")
+            args.tokenizer = "auto"
+            return await choose_tokenizer(args, target, needed)
         sp = load_spm(args.tokenizer)
         if sp is None:
             raise SystemExit(f"burst-bench: cannot load --tokenizer {args.tokenizer} (a "

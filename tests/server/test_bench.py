@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from harness import HAVE_KJV, Server, build_dir, check, run
+from harness import HAVE_KJV, TOKENIZER, Server, build_dir, check, run
 
 KEY = "bench-key"
 BENCH = os.path.join(build_dir(), "bin", "burst-bench")
@@ -245,7 +245,7 @@ def test_vllm_flags():
     """vLLM bench serve's command line runs unchanged but for the server's address: --backend,
     --host / --port, --random-input-len / -output-len / -range-ratio, --num-prompts,
     --max-concurrency, --save-result with --result-dir / --result-filename, --disable-tqdm,
-    --percentile-metrics; the JSON has vLLM's max_concurrency and max_concurrent_requests (the
+    --percentile-metrics, --tokenizer as a Hugging Face id or a model directory; the JSON has vLLM's max_concurrency and max_concurrent_requests (the
     most requests in flight at once, measured)."""
     out_dir = os.path.join(TMP, "vllm-results")
     _, out, _ = bench("--backend", "openai", "--host", "127.0.0.1", "--port", srv.http_port,
@@ -254,7 +254,8 @@ def test_vllm_flags():
                       "--max-concurrency", 2, "--request-rate", "inf", "--seed", 11,
                       "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "90,99",
                       "--save-result", "--result-dir", out_dir, "--result-filename", "vllm.json",
-                      "--disable-tqdm", "--trust-remote-code", json_out=False)
+                      "--disable-tqdm", "--trust-remote-code",
+                      "--tokenizer", "meta-llama/Llama-2-7b-chat-hf", json_out=False)
     j = json.load(open(os.path.join(out_dir, "vllm.json")))
     check_run(j, 6, [20] * 6, 4)
     check(j["endpoint"] == "/v1/completions" and j["base_url"] == http_url(), f"{j['base_url']}")
@@ -267,13 +268,15 @@ def test_vllm_flags():
                     "--random-output-len", 6, "--ignore-eos", "--num-prompts", 6)
     check(j["max_concurrency"] is None and j["max_concurrent_requests"] == 6,
           f"{j['max_concurrent_requests']} at once")
-    # vLLM's file name: BACKEND-RATEqps-MODEL-DATE.json
+    # vLLM's file name: BACKEND-RATEqps-MODEL-DATE.json; --tokenizer a model's directory
     bench("--backend", "vllm", "--base-url", http_url(), "--api-key", KEY,
           "--random-input-len", 8, "--random-output-len", 2, "--num-prompts", 2, "--save-result",
-          "--result-dir", out_dir, json_out=False)
+          "--result-dir", out_dir, "--tokenizer", os.path.dirname(TOKENIZER), json_out=False)
     names = sorted(n for n in os.listdir(out_dir) if n != "vllm.json")
     check(len(names) == 1 and names[0].startswith("vllm-infqps-") and names[0].endswith(".json"),
           f"{names}")
+    j = json.load(open(os.path.join(out_dir, names[0])))
+    check(j["tokenizer_id"] == "sentencepiece:" + TOKENIZER, f"tokenizer {j['tokenizer_id']}")
     # --random-range-ratio: lengths uniform in [L(1 - R), L(1 + R)]
     j, _, _ = bench("--base-url", http_url(), "--api-key", KEY, "--random-input-len", 40,
                     "--random-range-ratio", 0.5, "--random-output-len", 2, "--ignore-eos",
