@@ -15,6 +15,7 @@
 #include "common/auth.h"
 #include "common/chat_template.h"
 #include "common/logging.h"
+#include "frontend/grpc_reflection.h"
 #include "frontend/request_options.h"
 
 namespace burst::server {
@@ -331,11 +332,15 @@ class GrpcApi::Service final : public pb::Burst::Service {
     return parse_request(raw, req);
   }
 
+  // Calls of this service whose handler runs (GrpcApi::stop waits for them).
+  int in_flight() const { return in_flight_.load(); }
+
   // A server-streaming call: receives the request, runs `body`.
   template <typename Req>
   grpc::Status streamed(grpc::ServerContext* ctx, Streamer* stream, const char* method,
                         grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Streamer*,
                                                       CallLog*)) {
+    const InFlight counted(in_flight_);
     CallLog log(ctx, method);
     Req req;
     if (grpc::Status st = receive(ctx, stream, &req); !st.ok()) return log.done(st);
@@ -346,6 +351,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
   template <typename Req, typename Resp>
   grpc::Status unary(grpc::ServerContext* ctx, UnaryStreamer<Resp>* s, const char* method,
                      grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Resp*)) {
+    const InFlight counted(in_flight_);
     CallLog log(ctx, method);
     Req req;
     if (grpc::Status st = receive(ctx, s, &req); !st.ok()) return log.done(st);
@@ -409,8 +415,7 @@ class GrpcApi::Service final : public pb::Burst::Service {
   grpc::Status generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req, Streamer* writer,
                         CallLog* log) {
     if (auto st = check_model(req->model()); !st.ok()) return st;
-    ScheduledRequest r;
-    r.id = log->id;
+    ScheduledRequest r;  // its prompt
     switch (req->prompt_case()) {
       case pb::GenerateRequest::kText: {
         if (req->text().empty()) {
@@ -432,7 +437,11 @@ class GrpcApi::Service final : public pb::Burst::Service {
       default:
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the prompt is empty");
     }
-    return submit(*req, kGenerate, std::move(r), ctx, writer, log);
+    ParsedOptions o;
+    if (grpc::Status st = parse(*req, kGenerate, o); !st.ok()) return st;
+    o.request.prompt = std::move(r.prompt);
+    o.request.id = log->id;
+    return submit(std::move(o), ctx, writer, log);
   }
 
   grpc::Status chat(grpc::ServerContext* ctx, const pb::ChatRequest* req, Streamer* writer,
@@ -448,23 +457,29 @@ class GrpcApi::Service final : public pb::Burst::Service {
     if (auto e = scheduler_.check_prompt_text(text_bytes)) {
       return grpc::Status(grpc_code(e->code), e->message);
     }
-    auto ids = apply_chat_template(tokenizer_, roles, contents);
+    // The options first: add_generation_prompt shapes the prompt.
+    ParsedOptions o;
+    if (grpc::Status st = parse(*req, kGrpcChat, o); !st.ok()) return st;
+    auto ids = apply_chat_template(tokenizer_, roles, contents, o.add_generation_prompt);
     if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());
-    ScheduledRequest r;
-    r.id = log->id;
-    r.prompt = ids.take();
-    return submit(*req, kGrpcChat, std::move(r), ctx, writer, log);
+    o.request.id = log->id;
+    o.request.prompt = ids.take();
+    return submit(std::move(o), ctx, writer, log);
   }
 
-  // What Generate and Chat share after the prompt: the request options' table (the options
-  // HTTP takes, with its checks and defaults), Chat's default max_tokens, and the run.
-  grpc::Status submit(const google::protobuf::Message& req, Endpoint endpoint, ScheduledRequest r,
-                      grpc::ServerContext* ctx, Streamer* writer, CallLog* log) {
-    ParsedOptions o;
-    o.request = std::move(r);
+  // The request options' table (the options HTTP takes, with its checks and defaults).
+  grpc::Status parse(const google::protobuf::Message& req, Endpoint endpoint,
+                     ParsedOptions& o) const {
     if (auto e = parse_options(raw_options(req, endpoint), endpoint, scheduler_.vocab_size(), o)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e->message);
     }
+    return grpc::Status::OK;
+  }
+
+  // What Generate and Chat share after the options and the prompt: Chat's default
+  // max_tokens, min_tokens against it, and the run.
+  grpc::Status submit(ParsedOptions o, grpc::ServerContext* ctx, Streamer* writer,
+                      CallLog* log) {
     if (!o.max_tokens_given) {
       // Chat (Generate requires max_tokens), as HTTP chat: until EOS, bounded by what is left
       // of the KV capacity.
@@ -557,10 +572,20 @@ class GrpcApi::Service final : public pb::Burst::Service {
     }
   }
 
+  // Counts a handler while it runs.
+  struct InFlight {
+    explicit InFlight(std::atomic<int>& n) : n_(n) { ++n_; }
+    ~InFlight() { --n_; }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+    std::atomic<int>& n_;
+  };
+
   const ServerConfig& config_;
   Scheduler& scheduler_;
   const Tokenizer& tokenizer_;
   const GrpcLimits& limits_;
+  std::atomic<int> in_flight_{0};
 };
 
 GrpcApi::GrpcApi(const ServerConfig& config, Scheduler& scheduler, const Tokenizer& tokenizer)
@@ -578,9 +603,18 @@ Result<int> GrpcApi::start() {
   const std::string host = config_.host.find(':') != std::string::npos
                                ? "[" + config_.host + "]"
                                : config_.host;
+  // No SO_REUSEPORT: with it gRPC clones the listening socket once per polling thread, and a
+  // clone of port 0 binds another free port, which nobody reports (two gRPC ports, one unknown);
+  // it would also let another process of this user bind the same port beside us.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(host + ":" + std::to_string(config_.grpc_port),
                            grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service_.get());
+  // Reflection v1 lists what the server serves: the API, health, and both reflections.
+  reflection_v1_ = make_reflection_v1_service(
+      {"burst.v1.Burst", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+       "grpc.reflection.v1alpha.ServerReflection"});
+  builder.RegisterService(reflection_v1_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_body_bytes));
   server_ = builder.BuildAndStart();
   if (!server_ || port == 0) {
@@ -607,7 +641,16 @@ void GrpcApi::stop() {
   stop_ = true;
   if (health_thread_.joinable()) health_thread_.join();
   server_->GetHealthCheckService()->Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // The drain came first (server_main): the calls still running are sending their last
+  // messages, or wait for a request message (GrpcLimits cancels those). They get up to 5 s;
+  // then the server shuts down at once. Shutdown's deadline is not that wait: gRPC holds
+  // Shutdown until every connection is gone or the deadline passes, so an idle client's channel
+  // made every stop 5 s late.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (service_->in_flight() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
   server_->Wait();
   server_.reset();
 }

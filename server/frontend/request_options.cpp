@@ -117,6 +117,12 @@ const std::vector<OptionSpec> kOptions = {
        o.request.sampling.top_p = static_cast<float>(v.number);
        return std::string();
      }},
+    // vLLM's min_p: ids less likely than min_p times the most likely one are not drawn.
+    {"min_p", kAllEndpoints, T::kNumber, L{.lo = 0, .hi = 1, .note = " (0: off)"},
+     [](const OptionValue& v, ParsedOptions& o) {
+       o.request.sampling.min_p = static_cast<float>(v.number);
+       return std::string();
+     }},
     {"top_k", kAllEndpoints, T::kInt, L{.lo = -1, .note = " (-1 and 0: off)"},
      [](const OptionValue& v, ParsedOptions& o) {
        o.request.sampling.top_k = v.integer < 0 ? 0 : clamp_count(v.integer);
@@ -162,6 +168,19 @@ const std::vector<OptionSpec> kOptions = {
     {"stop_token_ids", kAllEndpoints, T::kTokenIds, L{.max_count = kMaxStopTokenIds},
      [](const OptionValue& v, ParsedOptions& o) {
        o.request.stop_token_ids = v.ids;
+       return std::string();
+     }},
+    // vLLM's: the stop string (or stop token id's text) that ended the text is kept in it.
+    {"include_stop_str_in_output", kAllEndpoints, T::kBool, L{},
+     [](const OptionValue& v, ParsedOptions& o) {
+       o.request.include_stop_str_in_output = v.flag;
+       return std::string();
+     }},
+    // Chat (vLLM's): false leaves the assistant's header off the end of the templated prompt
+    // (the model continues the last message instead of answering it).
+    {"add_generation_prompt", kChat | kGrpcChat, T::kBool, L{},
+     [](const OptionValue& v, ParsedOptions& o) {
+       o.add_generation_prompt = v.flag;
        return std::string();
      }},
     {"return_progress", kAllEndpoints, T::kBool, L{},

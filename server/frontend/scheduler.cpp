@@ -58,7 +58,8 @@ struct Scheduler::Output {
   Output(const Tokenizer& tok, const ScheduledRequest& r, std::shared_ptr<RequestStream> s,
          Clock::time_point arrival)
       : stream(std::move(s)), decoder(tok, r.prompt.back()), stop(r.stop), id(r.id),
-        arrival(arrival) {}
+        arrival(arrival), include_stop(r.include_stop_str_in_output),
+        stop_token_ids(include_stop ? r.stop_token_ids : std::vector<int32_t>{}) {}
   std::shared_ptr<RequestStream> stream;
   StreamDecoder decoder;
   std::vector<std::string> stop;
@@ -68,6 +69,8 @@ struct Scheduler::Output {
   int64_t completion = 0;
   Clock::time_point first{}, last{};
   bool stop_hit = false;
+  bool include_stop = false;            // include_stop_str_in_output
+  std::vector<int32_t> stop_token_ids;  // with include_stop: ids whose text is sent
 };
 
 // A running request as the step loop delivers it (its scheduling state is the planner's).
@@ -655,15 +658,29 @@ void Scheduler::process_token(Output& out, std::atomic<bool>& stop_flag, int32_t
     e.top_logprobs = st.top;
     out.stream->push(std::move(e));
   };
-  if (is_eos) return;  // the sequence stops after EOS; EOS has no text
+  if (is_eos) {
+    // The sequence stops after EOS or a stop token id. EOS has no text; a stop token id's is
+    // sent with include_stop_str_in_output (with what was held back for a stop string).
+    const auto& ids = out.stop_token_ids;
+    if (std::find(ids.begin(), ids.end(), token) == ids.end()) return;
+    emit(out.held + out.decoder.push(token));
+    out.held.clear();
+    return;
+  }
   out.held += out.decoder.push(token);
   // The request's stop strings, copied once into its Output at admission.
   const std::vector<std::string>& stops = out.stop;
   if (!stops.empty()) {
-    size_t cut = std::string::npos;
-    for (const auto& x : stops) cut = std::min(cut, out.held.find(x));
+    size_t cut = std::string::npos, len = 0;  // the first match; at one place, the longest
+    for (const auto& x : stops) {
+      const size_t at = out.held.find(x);
+      if (at < cut || (at == cut && at != std::string::npos && x.size() > len)) {
+        cut = at;
+        len = x.size();
+      }
+    }
     if (cut != std::string::npos) {
-      emit(out.held.substr(0, cut));
+      emit(out.held.substr(0, out.include_stop ? cut + len : cut));
       out.held.clear();
       out.stop_hit = true;
       stop_flag = true;  // the step loop finishes the sequence at its next step

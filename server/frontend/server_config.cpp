@@ -129,6 +129,10 @@ std::vector<Field> fields(ServerConfig* c) {
        "prompt text (bytes) refused with 413 / RESOURCE_EXHAUSTED before it is tokenized (0, "
        "the default: max context x the longest token's text, the most text that can fit the "
        "context)"},
+      {"max_response_bytes", K::kInt64, &c->max_response_bytes, "B",
+       "an HTTP completion whose response could grow past B bytes (prompts x sequences x "
+       "echoed prompt and max_tokens, x logprobs) is refused with 400 before it runs (default "
+       "32 MiB; 0: no limit)"},
       {"http_backlog", K::kInt, &c->http_backlog, "N",
        "listen backlog of the HTTP socket (default 1024; capped by the kernel's "
        "net.core.somaxconn)"},
@@ -323,6 +327,9 @@ Status validate(const ServerConfig& c) {
   if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
   if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
   if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");
+  if (c.max_response_bytes < 0) {
+    return Status::error("max_response_bytes must be >= 0 (0: no limit)");
+  }
   if (c.http_backlog < 1) return Status::error("http_backlog must be >= 1");
   if (c.http_max_connections < 1) return Status::error("http_max_connections must be >= 1");
   if (c.http_max_connections_per_client < 0) {

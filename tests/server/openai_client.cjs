@@ -1,7 +1,8 @@
 // Streams from burst-server with the official OpenAI Node SDK: /v1/completions (text assembled
 // from the chunks equals the non-streaming answer; usage arrives with include_usage), the
 // canonical `chunk.choices[0]?.delta` loop over a stream with return_progress, logprobs
-// (completions and chat, streaming and not), refused parameters (400 naming them) and, when
+// (completions and chat, streaming and not), vLLM's extras (min_p, include_stop_str_in_output,
+// continuous_usage_stats, no-op metadata), refused parameters (400 naming them) and, when
 // the model has the chat vocabulary, /v1/chat/completions. Exits non-zero on any mismatch.
 const OpenAI = require("openai");
 const client = new OpenAI({ apiKey: "node-key", baseURL: process.env.BASE_URL });
@@ -73,6 +74,28 @@ function check(cond, msg) {
   check(byIndex[0] === a.choices[0].text && byIndex[1] === b.choices[0].text,
         "n = 2 with seeds: " + JSON.stringify([byIndex, a.choices[0].text, b.choices[0].text]));
   console.log("ok   n = 2 with a seed");
+  // A client configured for vLLM: its extras pass through the SDK and do what they say.
+  // min_p 1 keeps only the most likely id (a hot sampler then draws greedy's text);
+  // include_stop_str_in_output keeps the stop string; continuous_usage_stats puts usage in
+  // every chunk; metadata, service_tier and user are accepted and change nothing.
+  const hot = await client.completions.create({
+    model, prompt, max_tokens: 12, temperature: 5, seed: 3, min_p: 1,
+    metadata: { job: "eval" }, service_tier: "auto", user: "u1", skip_special_tokens: true });
+  check(hot.choices[0].text === want, `min_p 1: ${JSON.stringify(hot.choices[0].text)}`);
+  const stop = want.slice(4, 7);
+  const kept = await client.completions.create({
+    model, prompt, max_tokens: 12, temperature: 0, stop: [stop],
+    include_stop_str_in_output: true });
+  check(kept.choices[0].text === want.slice(0, want.indexOf(stop) + stop.length),
+        `include_stop_str_in_output: ${JSON.stringify(kept.choices[0].text)} (stop ${stop})`);
+  const counted = await client.completions.create({
+    model, prompt, max_tokens: 6, temperature: 0, ignore_eos: true, stream: true,
+    stream_options: { continuous_usage_stats: true } });
+  const seen = [];
+  for await (const chunk of counted) seen.push(chunk.usage ? chunk.usage.completion_tokens : -1);
+  check(seen.length >= 6 && seen.every((n, i) => n >= 0 && (i === 0 || n >= seen[i - 1])) &&
+        seen[seen.length - 1] === 6, `continuous_usage_stats: ${JSON.stringify(seen)}`);
+  console.log("ok   vLLM extras: min_p, include_stop_str_in_output, continuous_usage_stats");
   // Refused parameters: 400 naming the parameter.
   for (const [extra, param] of [[{ suffix: "amen" }, "suffix"],
                                 [{ best_of: 3, n: 4 }, "best_of"],

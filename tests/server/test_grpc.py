@@ -125,6 +125,95 @@ def test_stop_token_ids():
               f"{bad}: {c} {d}")
 
 
+def test_min_p_and_include_stop_str():
+    """sampling.min_p (1: only the most likely id, so a hot sampler draws greedy's text) and
+    include_stop_str_in_output (the stop string, or a stop token id's text, is sent), with
+    HTTP's checks."""
+    def gen(max_tokens=8, stop=(), include=False, **sampling):
+        req = burst_pb2.GenerateRequest(text=PROMPT, max_tokens=max_tokens, ignore_eos=True,
+                                        stop=list(stop), include_stop_str_in_output=include,
+                                        sampling=burst_pb2.SamplingParams(**sampling))
+        events = list(stub.Generate(req, metadata=MD, timeout=60))
+        toks = [e.token for e in events if e.WhichOneof("event") == "token"]
+        return "".join(t.text for t in toks), toks, events[-1].finished
+
+    greedy, toks, _ = gen(max_tokens=20, temperature=0)
+    hot, _, _ = gen(max_tokens=20, temperature=5, seed=11)
+    pinned, _, _ = gen(max_tokens=20, temperature=5, seed=11, min_p=1)
+    check(pinned == greedy != hot, f"min_p 1: {pinned!r}, greedy {greedy!r}, hot {hot!r}")
+    c, d = code_of(lambda: gen(temperature=1, min_p=1.5))
+    check(c == grpc.StatusCode.INVALID_ARGUMENT and "'min_p' must be in [0, 1]" in d
+          and "1.5" in d, f"{c} {d}")
+    stop = greedy[4:7]
+    cut = greedy.index(stop)
+    for include, want in [(False, greedy[:cut]), (True, greedy[:cut + len(stop)])]:
+        text, _, fin = gen(max_tokens=20, stop=[stop], include=include, temperature=0)
+        check(text == want and fin.finish_reason == "stop", f"{include}: {text!r} {want!r}")
+    ids = [t.id for t in toks]
+    check(ids[2] not in ids[:2], f"the third id must be new for this test: {ids}")
+    got, gtoks, fin = gen(include=True, temperature=0, stop_token_ids=[ids[2]])
+    check([t.id for t in gtoks] == ids[:3] and got == "".join(t.text for t in toks[:3])
+          and fin.finish_reason == "stop" and fin.completion_tokens == 3,
+          f"stop id {ids[2]} with its text: {gtoks} {fin}")
+
+
+def test_chat_add_generation_prompt():
+    """ChatRequest.add_generation_prompt reaches the template (unset: true). LLaMA-2's compiled-in
+    template ends the user's turn with [/INST] either way (as Hugging Face's LLaMA-2 template,
+    which does not read the flag); test_http.py runs a template that does."""
+    if not HAVE_KJV:
+        return
+    msgs = [burst_pb2.ChatMessage(role="user", content="Who made the heaven?")]
+    counts = []
+    for kw in [{}, {"add_generation_prompt": True}, {"add_generation_prompt": False}]:
+        events = list(stub.Chat(burst_pb2.ChatRequest(messages=msgs, max_tokens=1, **kw),
+                                metadata=MD, timeout=60))
+        counts.append(events[0].started.prompt_tokens)
+    check(counts[0] == counts[1] == counts[2] > 10, f"prompt tokens {counts}")
+
+
+def test_one_port_when_port_is_zero():
+    """--grpc-port 0 binds one free port, the one the port file reports (no second listener)."""
+    pid = srv.proc.pid
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ["tcp", "tcp6"]:
+        for line in open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN, this process's own socket
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    check(ports == {srv.http_port, srv.grpc_port},
+          f"listening on {sorted(ports)}; reported http {srv.http_port} grpc {srv.grpc_port}")
+
+
+def test_shutdown_with_an_idle_channel_is_prompt():
+    """SIGTERM with a client's gRPC channel open and idle: the server exits at once (it took
+    the 5 s of gRPC's shutdown deadline: 35 s after SIGTERM with the 30 s drain)."""
+    import signal
+    other = Server(workers=1)
+    try:
+        ch = grpc.insecure_channel(f"127.0.0.1:{other.grpc_port}")
+        info = burst_pb2_grpc.BurstStub(ch).ModelInfo(burst_pb2.ModelInfoRequest(), timeout=30)
+        check(info.vocab_size > 0, f"{info}")
+        t0 = time.time()
+        other.proc.send_signal(signal.SIGTERM)
+        other.proc.wait(30)
+        took = time.time() - t0
+        print(f"exited {took:.2f} s after SIGTERM with an idle channel open")
+        check(other.proc.returncode == 0 and took < 2.5, f"exit {other.proc.returncode} "
+              f"after {took:.2f} s")
+        ch.close()
+    finally:
+        other.stop()
+
+
 def test_chat():
     msgs = [burst_pb2.ChatMessage(role="user", content="Who made the heaven?")]
     req = burst_pb2.ChatRequest(messages=msgs, max_tokens=8,
@@ -405,6 +494,8 @@ if __name__ == "__main__":
     srv.json = lambda m, p, b=None, h=None: orig(m, p, b, h or srv_headers)
     try:
         run([test_generate_stream, test_defaults_and_parameters_as_http, test_stop_token_ids,
+             test_min_p_and_include_stop_str, test_chat_add_generation_prompt,
+             test_one_port_when_port_is_zero, test_shutdown_with_an_idle_channel_is_prompt,
              test_chat,
              test_access_log,
              test_tokenize_and_model_info, test_errors, test_malformed_requests, test_cancel,

@@ -612,6 +612,39 @@ def test_idle_connections_of_one_client_do_not_lock_out_others():
         small.stop()
 
 
+def test_echo_logprobs_response_is_bounded():
+    """Item 16's amplification: echo + logprobs 20 over 64 prompts of 1900 ids (a 0.8 MB body)
+    would come to ~67 MB of JSON, held several times over. Refused before anything runs, with
+    the sizes and the limit, and the server's memory stays flat; the server keeps serving."""
+    small = Server("--max-body-bytes", 2 << 20, "--max-response-bytes", 50_000_000,
+                   "--grpc-port", -1, workers=1)
+    try:
+        rss0 = vm_rss_kb(small.proc.pid)
+        body = json.dumps({"prompt": [[450] * 1900] * 64, "echo": True, "logprobs": 20,
+                           "max_tokens": 1})
+        t0 = time.time()
+        st, data, _ = small.request("POST", "/v1/completions", body,
+                                    {"Content-Type": "application/json"})
+        took = time.time() - t0
+        err = json.loads(data)["error"]
+        check(st == 400 and err["param"] == "logprobs" and "64 prompt(s)" in err["message"]
+              and "1900 echoed prompt" in err["message"]
+              and "50000000 bytes (--max-response-bytes)" in err["message"], f"{st} {err}")
+        rss1 = vm_rss_kb(small.proc.pid)
+        print(f"refused in {took:.2f} s; RSS {rss0} -> {rss1} KB: {err['message']}")
+        check(rss1 - rss0 < 64 * 1024, f"RSS grew {rss1 - rss0} KB")
+        st, r = small.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        check(st == 200, f"still serving: {st} {r}")
+        # Within the bound (2 of those prompts: 2.3 MB estimated) it runs.
+        st, r = small.json("POST", "/v1/completions", {"prompt": [[450] * 1900] * 2,
+                                                       "echo": True, "logprobs": 20,
+                                                       "max_tokens": 1})
+        check(st == 200 and len(r["choices"]) == 2 and
+              len(r["choices"][1]["logprobs"]["top_logprobs"]) == 1901, f"within: {st}")
+    finally:
+        small.stop()
+
+
 if __name__ == "__main__":
     srv = Server("--http-header-timeout-ms", HEADER_TIMEOUT_MS, "--http-body-timeout-ms",
                  BODY_TIMEOUT_MS)
@@ -628,6 +661,7 @@ if __name__ == "__main__":
              test_huge_prompts_refused_before_tokenizing, test_batch_prompt_bytes_limited_in_all,
              test_huge_prompts_refused_over_grpc,
              test_connection_limit_gets_503,
-             test_idle_connections_of_one_client_do_not_lock_out_others])
+             test_idle_connections_of_one_client_do_not_lock_out_others,
+             test_echo_logprobs_response_is_bounded])
     finally:
         srv.stop()

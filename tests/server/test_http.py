@@ -177,6 +177,185 @@ def test_stop_string():
     check(r["choices"][0]["text"] == full[:full.index(stop)], f"{r['choices'][0]['text']!r}")
 
 
+def test_min_p():
+    """vLLM's min_p: 1 keeps only the most likely id, so a hot sampler draws greedy's text; 0.9
+    at T=3 keeps few; 0 is off."""
+    base = {"prompt": PROMPT, "max_tokens": 24, "ignore_eos": True}
+    st, greedy = post("/v1/completions", {**base, "temperature": 0})
+    check(st == 200, f"{st} {greedy}")
+    want = greedy["choices"][0]["text"]
+    hot = {**base, "temperature": 5, "seed": 11}
+    st, r = post("/v1/completions", {**hot, "min_p": 1})
+    check(st == 200 and r["choices"][0]["text"] == want,
+          f"min_p 1 at T=5 is greedy: {r['choices'][0]['text']!r} vs {want!r}")
+    st, off = post("/v1/completions", {**hot, "min_p": 0})
+    st2, unset = post("/v1/completions", hot)
+    check(off["choices"][0]["text"] == unset["choices"][0]["text"] != want,
+          f"min_p 0 is off: {off['choices'][0]['text']!r} {unset['choices'][0]['text']!r}")
+    # Chat takes it too (the same table).
+    if HAVE_KJV:
+        msgs = [{"role": "user", "content": "Who made the heaven?"}]
+        st, g = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 6,
+                                              "temperature": 0})
+        st, m = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 6,
+                                              "temperature": 4, "seed": 3, "min_p": 1.0})
+        check(st == 200 and m["choices"][0]["message"] == g["choices"][0]["message"],
+              f"chat min_p 1: {m} vs {g}")
+
+
+def test_include_stop_str_in_output():
+    """The stop string stays at the end of the text; a stop token id's text is sent."""
+    base = {"prompt": PROMPT, "max_tokens": 20, "temperature": 0}
+    st, r = post("/v1/completions", base)
+    full = r["choices"][0]["text"]
+    stop = full[4:7]
+    check(len(full) > 8 and stop.strip(), f"need some text to cut: {full!r}")
+    cut = full.index(stop)
+    for include, want in [(False, full[:cut]), (True, full[:cut + len(stop)]),
+                          (None, full[:cut])]:
+        body = {**base, "stop": [stop, "zzzz"]}
+        if include is not None:
+            body["include_stop_str_in_output"] = include
+        st, r = post("/v1/completions", body)
+        check(st == 200 and r["choices"][0]["finish_reason"] == "stop"
+              and r["choices"][0]["text"] == want,
+              f"include {include}: {r['choices'][0]['text']!r}, want {want!r}")
+        # Streamed, the chunks add up to the same text.
+        c, resp = stream("/v1/completions", {**body, "stream": True})
+        text = "".join(ch["text"] for j in sse_chunks(resp) for ch in j["choices"])
+        c.close()
+        check(text == want, f"stream include {include}: {text!r}, want {want!r}")
+    # A stop token id (the 3rd token drawn, as test_stop_token_ids finds it): its text is sent
+    # with the flag (the output is then the 3 tokens' text), not without (2 tokens' text).
+    base = {"prompt": PROMPT, "temperature": 0, "ignore_eos": True}
+    three = post("/v1/completions", {**base, "max_tokens": 3})[1]["choices"][0]["text"]
+    two = post("/v1/completions", {**base, "max_tokens": 2})[1]["choices"][0]["text"]
+    prompt_ids = post("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    gen = post("/tokenize", {"prompt": PROMPT + three})[1]["tokens"][len(prompt_ids):]
+    check(len(gen) == 3 and gen[2] not in gen[:2] and len(three) > len(two), f"ids {gen}")
+    for include, want in [(False, two), (True, three)]:
+        for extra in [{}, {"stream": True}]:
+            body = {**base, "max_tokens": 8, "stop_token_ids": [gen[2]],
+                    "include_stop_str_in_output": include, **extra}
+            if extra:
+                conn, resp = stream("/v1/completions", body)
+                text = "".join(ch["text"] for j in sse_chunks(resp) for ch in j["choices"])
+                conn.close()
+            else:
+                st, r = post("/v1/completions", body)
+                text = r["choices"][0]["text"]
+                check(r["choices"][0]["finish_reason"] == "stop", f"{r}")
+            check(text == want, f"stop id, include {include} {extra}: {text!r}, want {want!r}")
+    # gRPC has the same field: test_grpc.py.
+
+
+def test_continuous_usage_stats():
+    """stream_options.continuous_usage_stats: usage (so far) in every chunk, counting up to the
+    final usage."""
+    body = {"prompt": [PROMPT, PROMPT + " unto"], "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    c, resp = stream("/v1/completions", body)
+    chunks = list(sse_chunks(resp))
+    c.close()
+    usages = [j.get("usage") for j in chunks]
+    check(all(u is not None for u in usages), f"a chunk without usage: {chunks}")
+    final = usages[-1]
+    check(chunks[-1]["choices"] == [] and final["completion_tokens"] == 12
+          and final["total_tokens"] == final["prompt_tokens"] + 12, f"final usage {final}")
+    completions = [u["completion_tokens"] for u in usages]
+    check(completions == sorted(completions) and completions[0] < 12,
+          f"usage counts up: {completions}")
+    token_chunks = [j for j in chunks if j["choices"] and j["choices"][0]["text"]]
+    check(len(token_chunks) >= 10 and
+          all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages),
+          f"{len(token_chunks)} token chunks; usages {usages}")
+    # Chat, without include_usage: every chunk still carries it (no usage-only chunk at the end).
+    if HAVE_KJV:
+        c, resp = stream("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Who made the heaven?"}], "max_tokens": 4,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"continuous_usage_stats": True}})
+        chunks = list(sse_chunks(resp))
+        c.close()
+        check(all(j["choices"] for j in chunks) and
+              [j["usage"]["completion_tokens"] for j in chunks][-1] == 4, f"chat: {chunks}")
+
+
+def test_accepted_no_op_parameters():
+    """metadata, service_tier, user, skip_special_tokens: accepted and change nothing."""
+    base = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    st, plain = post("/v1/completions", base)
+    st, r = post("/v1/completions", {**base, "metadata": {"team": "a"}, "service_tier": "auto",
+                                     "user": "u1", "skip_special_tokens": True})
+    check(st == 200 and r["choices"][0]["text"] == plain["choices"][0]["text"], f"{st} {r}")
+    st, r = post("/v1/completions", {**base, "skip_special_tokens": False})
+    check(st == 200 and r["choices"][0]["text"] == plain["choices"][0]["text"], f"{st} {r}")
+    if HAVE_KJV:
+        st, r = post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Who made the heaven?"}], "max_tokens": 2,
+            "metadata": {"k": "v"}, "service_tier": "default", "user": "x",
+            "skip_special_tokens": True, "add_generation_prompt": True})
+        check(st == 200, f"chat no-ops: {st} {r}")
+
+
+def test_add_generation_prompt():
+    """Chat's add_generation_prompt: with a template that writes an assistant header (a model
+    whose tokenizer_config.json has a chat_template), false leaves it off the prompt's end."""
+    if not HAVE_KJV:
+        return
+    model = tempfile.mkdtemp(prefix="burst-chatml-")
+    for f in os.listdir(MODEL):
+        os.symlink(os.path.join(MODEL, f), os.path.join(model, f))
+    if os.path.exists(os.path.join(model, "tokenizer_config.json")):
+        os.unlink(os.path.join(model, "tokenizer_config.json"))
+    with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template":
+                   "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content']"
+                   " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                   "{{ '<|im_start|>assistant\\n' }}{% endif %}"}, f)
+    other = Server("--model", model, workers=1)
+    try:
+        msgs = [{"role": "user", "content": "Who made the heaven?"}]
+        counts = {}
+        for flag in [True, False, None]:
+            body = {"messages": msgs, "max_tokens": 1}
+            if flag is not None:
+                body["add_generation_prompt"] = flag
+            st, r = other.json("POST", "/v1/chat/completions", body)
+            check(st == 200, f"add_generation_prompt {flag}: {st} {r}")
+            counts[flag] = r["usage"]["prompt_tokens"]
+        st, header = other.json("POST", "/tokenize", {"prompt": "<|im_start|>assistant\n",
+                                                      "add_special_tokens": False})
+        check(counts[None] == counts[True] == counts[False] + header["count"],
+              f"prompt tokens {counts}, the header is {header['count']}")
+    finally:
+        other.stop()
+
+
+def test_response_size_is_bounded():
+    """echo + logprobs over many long prompts: refused before anything runs, naming the sizes
+    and the limit; smaller asks pass and the server keeps serving."""
+    # (test_hostile.py sends the reported case itself: 64 prompts of 1900 ids.)
+    ids = [[450] * 10] * 64
+    for body in [{"prompt": ids, "echo": True, "logprobs": 20, "max_tokens": 1000},
+                 {"prompt": ids, "echo": True, "logprobs": 20, "max_tokens": 1000,
+                  "stream": True}]:
+        st, data, _ = srv.request("POST", "/v1/completions", json.dumps(body),
+                                  {**AUTH, "Content-Type": "application/json"})
+        err = json.loads(data)["error"]
+        check(st == 400 and err["param"] == "logprobs" and "64 prompt(s)" in err["message"]
+              and "10 echoed prompt + 1000 max_tokens" in err["message"]
+              and "20 top logprobs" in err["message"] and "MB" in err["message"]
+              and "33554432 bytes (--max-response-bytes)" in err["message"], f"{st} {err}")
+    # Without logprobs the same ask is small; with fewer prompts it fits.
+    st, r = post("/v1/completions", {"prompt": ids, "echo": True, "max_tokens": 2})
+    check(st == 200 and len(r["choices"]) == 64, f"{st}")
+    st, r = post("/v1/completions", {"prompt": ids[:2], "echo": True, "logprobs": 20,
+                                     "max_tokens": 2})
+    check(st == 200 and len(r["choices"][1]["logprobs"]["top_logprobs"]) == 12, f"{st} {r}")
+
+
 def expect_error(status, path, body, fragment="", headers=AUTH, raw=False, param=None):
     st, data, hdr = srv.request("POST", path, body if raw else json.dumps(body),
                                 {**headers, "Content-Type": "application/json"})
@@ -262,8 +441,15 @@ def test_refused_and_validated_parameters():
             ({"ignore_eos": "yes"}, "ignore_eos"), ({"logprobs": 21}, "logprobs"),
             ({"logprobs": True}, "logprobs"), ({"seed": 1.5}, "seed"),
             ({"top_k": "x"}, "top_k"), ({"stream": 1}, "stream"),
-            ({"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-             "stream_options.continuous_usage_stats"),
+            ({"stream_options": {"include_usage": True, "frobnicate": True}},
+             "stream_options.frobnicate"),
+            ({"stream_options": {"continuous_usage_stats": 1}}, "continuous_usage_stats"),
+            ({"min_p": 1.5}, "min_p"), ({"min_p": -0.1}, "min_p"), ({"min_p": "x"}, "min_p"),
+            ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+            ({"metadata": ["a"]}, "metadata"), ({"metadata": {"k": 1}}, "metadata"),
+            ({"service_tier": 1}, "service_tier"),
+            ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+            ({"add_generation_prompt": False}, "add_generation_prompt"),  # chat only
             ({"user": 7}, "user"), ({"max_completion_tokens": "x"}, "max_completion_tokens"),
             ({"tools": [{"type": "function"}]}, "tools"),
             ({"frobnicate": 1}, "frobnicate")]:
@@ -279,7 +465,8 @@ def test_refused_and_validated_parameters():
             ({"store": True}, "store"), ({"top_logprobs": 2}, "top_logprobs"),
             ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
             ({"logprobs": 3}, "logprobs"), ({"suffix": "x"}, "suffix"),
-            ({"frequency_penalty": "abc"}, "frequency_penalty")]:
+            ({"frequency_penalty": "abc"}, "frequency_penalty"),
+            ({"add_generation_prompt": 0}, "add_generation_prompt")]:
         refused(chat, extra, param)
     # Their neutral values are accepted.
     st, r = post(chat, {"messages": msgs, "max_tokens": 2, "tools": [], "tool_choice": "none",
@@ -482,6 +669,17 @@ def test_max_and_min_tokens_refusals_name_the_value():
     # min_tokens within the default max_tokens (16) is taken.
     st, r = post(c, {"prompt": PROMPT, "min_tokens": 4})
     check(st == 200, f"min_tokens 4: {st} {r}")
+
+
+def test_prompt_ids_named_as_sent():
+    """A prompt id outside the vocabulary is named as sent, whatever its width."""
+    for bad in [2 ** 31, 2 ** 64 - 1, 2 ** 40, -2 ** 31 - 1, -1, 32000 if HAVE_KJV else 4099]:
+        st, data, _ = srv.request("POST", "/v1/completions",
+                                  json.dumps({"prompt": [1, bad], "max_tokens": 1}),
+                                  {**AUTH, "Content-Type": "application/json"})
+        err = json.loads(data)["error"]
+        check(st == 400 and err["param"] == "prompt" and f"id {bad} is outside" in err["message"],
+              f"{bad}: {st} {err}")
 
 
 def test_routes_and_content_types():
@@ -999,7 +1197,10 @@ if __name__ == "__main__":
              test_max_and_min_tokens_refusals_name_the_value,
              test_routes_and_content_types, test_cors, test_request_id_and_access_log,
              test_logprobs,
-             test_eos_bias_min_tokens_ignore_eos, test_stop_token_ids,
+             test_eos_bias_min_tokens_ignore_eos, test_stop_token_ids, test_min_p,
+             test_include_stop_str_in_output, test_continuous_usage_stats,
+             test_accepted_no_op_parameters, test_add_generation_prompt,
+             test_response_size_is_bounded, test_prompt_ids_named_as_sent,
              test_versions_and_help, test_json_logs,
              test_metrics, test_metrics_require_key, test_concurrent_clients,
              test_cancelled_streams_free_kv, test_queue_full_gets_503, test_sigterm_drains])

@@ -7,6 +7,9 @@ file_containing_symbol for burst.v1.Burst and for its Generate method returns th
 FileDescriptorProto that protoc builds from proto/burst/v1/burst.proto, with the right
 streaming flags; grpc.health.v1.Health can be described too (grpcurl needs that to call
 Health/Check); an unknown symbol gets an in-band NOT_FOUND error and the stream goes on.
+Every test runs twice: over grpc.reflection.v1alpha (gRPC's own service) and over
+grpc.reflection.v1 (burst's, server/frontend/grpc_reflection.cpp), each client built from
+Debian grpc-proto's proto of that version.
 Run: /usr/bin/python3 test_reflection.py --build BUILD_DIR."""
 import os
 import subprocess
@@ -19,6 +22,7 @@ from google.protobuf import descriptor_pb2
 from harness import ROOT, Server, check, compile_protos, run
 
 REFLECTION_DIR = "/usr/share/grpc-proto/grpc/reflection/v1alpha"
+REFLECTION_V1 = "/usr/share/grpc-proto/grpc/reflection/v1/reflection.proto"
 BURST_PROTO = "burst/v1/burst.proto"
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
 
@@ -36,9 +40,19 @@ subprocess.run(["protoc", f"--proto_path={os.path.join(ROOT, 'proto')}",
                 f"--descriptor_set_out={reference_set}", BURST_PROTO], check=True)
 sys.path.insert(0, out)
 import reflection_pb2, reflection_pb2_grpc  # noqa: E402
+# v1 under another file name, so that its modules do not shadow v1alpha's (same file name); its
+# package, and so its method path, stays grpc.reflection.v1.
+v1_dir = tempfile.mkdtemp(prefix="burst-refl-v1-")
+with open(REFLECTION_V1) as src, open(os.path.join(v1_dir, "reflection_v1.proto"), "w") as dst:
+    dst.write(src.read())
+compile_protos("reflection_v1.proto", proto_path=v1_dir, out=v1_dir)
+import reflection_v1_pb2, reflection_v1_pb2_grpc  # noqa: E402
 
 srv = None
 stub = None
+# The version under test: (package, pb2 module, stub class).
+VERSIONS = [("v1alpha", reflection_pb2, reflection_pb2_grpc.ServerReflectionStub),
+            ("v1", reflection_v1_pb2, reflection_v1_pb2_grpc.ServerReflectionStub)]
 
 
 def ask(*requests):
@@ -72,11 +86,11 @@ def reference_file():
 
 
 def test_list_services():
-    (r,) = ask(reflection_pb2.ServerReflectionRequest(list_services=""))
+    (r,) = ask(pb.ServerReflectionRequest(list_services=""))
     check(r.WhichOneof("message_response") == "list_services_response", f"{r}")
     names = {s.name for s in r.list_services_response.service}
     for want in ["burst.v1.Burst", "grpc.health.v1.Health",
-                 "grpc.reflection.v1alpha.ServerReflection"]:
+                 "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"]:
         check(want in names, f"{want} not in {sorted(names)}")
     internal = [n for n in names if n.startswith("burst.v1.internal")]
     check(not internal, f"internal services on the public port: {internal}")
@@ -84,9 +98,9 @@ def test_list_services():
 
 def test_file_containing_symbol():
     by_service, by_method, by_name = ask(
-        reflection_pb2.ServerReflectionRequest(file_containing_symbol="burst.v1.Burst"),
-        reflection_pb2.ServerReflectionRequest(file_containing_symbol="burst.v1.Burst.Generate"),
-        reflection_pb2.ServerReflectionRequest(file_by_filename=BURST_PROTO))
+        pb.ServerReflectionRequest(file_containing_symbol="burst.v1.Burst"),
+        pb.ServerReflectionRequest(file_containing_symbol="burst.v1.Burst.Generate"),
+        pb.ServerReflectionRequest(file_by_filename=BURST_PROTO))
     check(by_service.original_request.file_containing_symbol == "burst.v1.Burst",
           f"original_request {by_service.original_request}")
     fd = served_file(by_service, BURST_PROTO)
@@ -111,7 +125,7 @@ def test_file_containing_symbol():
 
 def test_health_described():
     # grpcurl resolves grpc.health.v1.Health this way before it can call Health/Check.
-    (r,) = ask(reflection_pb2.ServerReflectionRequest(
+    (r,) = ask(pb.ServerReflectionRequest(
         file_containing_symbol="grpc.health.v1.Health"))
     fd = served_file(r, "grpc/health/v1/health.proto")
     (svc,) = [s for s in fd.service if s.name == "Health"]
@@ -121,8 +135,8 @@ def test_health_described():
 
 def test_unknown_symbol():
     missing, after = ask(
-        reflection_pb2.ServerReflectionRequest(file_containing_symbol="burst.v1.NoSuchService"),
-        reflection_pb2.ServerReflectionRequest(list_services=""))
+        pb.ServerReflectionRequest(file_containing_symbol="burst.v1.NoSuchService"),
+        pb.ServerReflectionRequest(list_services=""))
     check(missing.WhichOneof("message_response") == "error_response", f"{missing}")
     check(missing.error_response.error_code == NOT_FOUND,
           f"error_code {missing.error_response.error_code}, want NOT_FOUND ({NOT_FOUND})")
@@ -132,12 +146,45 @@ def test_unknown_symbol():
     check(after.WhichOneof("message_response") == "list_services_response", f"{after}")
 
 
+def test_v1_described_and_extensions():
+    # The v1 service describes itself (both versions find it in the server's descriptor pool):
+    # one bidirectional streaming method, Debian's v1 message names.
+    (r,) = ask(pb.ServerReflectionRequest(
+        file_containing_symbol="grpc.reflection.v1.ServerReflection"))
+    fd = served_file(r, "grpc/reflection/v1/reflection.proto")
+    (svc,) = fd.service
+    (m,) = svc.method
+    check(m.name == "ServerReflectionInfo" and m.client_streaming and m.server_streaming
+          and m.input_type == ".grpc.reflection.v1.ServerReflectionRequest", f"{m}")
+    want = {d.name for d in reflection_v1_pb2.DESCRIPTOR.message_types_by_name.values()}
+    check({d.name for d in fd.message_type} == want, f"{[d.name for d in fd.message_type]}")
+    # An unknown file is NOT_FOUND; a type with no extensions lists none.
+    (r,) = ask(pb.ServerReflectionRequest(file_by_filename="no/such.proto"))
+    check(r.WhichOneof("message_response") == "error_response"
+          and r.error_response.error_code == NOT_FOUND, f"{r}")
+    (r,) = ask(pb.ServerReflectionRequest(all_extension_numbers_of_type="burst.v1.Token"))
+    check(r.WhichOneof("message_response") == "all_extension_numbers_response"
+          and r.all_extension_numbers_response.base_type_name == "burst.v1.Token"
+          and list(r.all_extension_numbers_response.extension_number) == [], f"{r}")
+
+
+def for_version(test, name, module, stub_class):
+    def one():
+        global pb, stub
+        pb = module
+        stub = stub_class(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
+        test()
+    one.__name__ = f"{test.__name__}_{name}"
+    return one
+
+
+pb = reflection_pb2
+
 if __name__ == "__main__":
     srv = Server(workers=1)
-    stub = reflection_pb2_grpc.ServerReflectionStub(
-        grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
     try:
-        run([test_list_services, test_file_containing_symbol, test_health_described,
-             test_unknown_symbol])
+        run([for_version(t, *v) for v in VERSIONS
+             for t in [test_list_services, test_file_containing_symbol, test_health_described,
+                       test_unknown_symbol, test_v1_described_and_extensions]])
     finally:
         srv.stop()

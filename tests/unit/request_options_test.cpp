@@ -226,6 +226,28 @@ TEST(RequestOptions, ChecksBetweenOptions) {
             "max_tokens: 'max_tokens' must be > 0, got 0");
 }
 
+// vLLM's options: min_p in [0, 1], include_stop_str_in_output everywhere, add_generation_prompt
+// for chats only (default true).
+TEST(RequestOptions, VllmOptions) {
+  ParsedOptions o;
+  const RawOptions raw = {{"min_p", RawValue::number(0.05)},
+                          {"include_stop_str_in_output", RawValue::boolean(true)},
+                          {"add_generation_prompt", RawValue::boolean(false)}};
+  ASSERT_FALSE(parse_options(raw, kGrpcChat, kVocab, o).has_value());
+  EXPECT_EQ(o.request.sampling.min_p, 0.05f);
+  EXPECT_TRUE(o.request.include_stop_str_in_output);
+  EXPECT_FALSE(o.add_generation_prompt);
+  ParsedOptions c;
+  ASSERT_FALSE(parse_options(raw, kCompletions, kVocab, c).has_value());
+  EXPECT_TRUE(c.add_generation_prompt);  // not a completions option: not looked at
+  EXPECT_EQ(c.request.sampling.min_p, 0.05f);
+  EXPECT_EQ(error_of({{"min_p", RawValue::number(1.5)}}),
+            "min_p: 'min_p' must be in [0, 1] (0: off), got 1.5");
+  EXPECT_EQ(error_of({{"min_p", RawValue::integer(1)}}), "");
+  EXPECT_EQ(error_of({{"include_stop_str_in_output", RawValue::integer(1)}}),
+            "include_stop_str_in_output: 'include_stop_str_in_output' must be a boolean");
+}
+
 TEST(RequestOptions, EndpointsTakeTheirOwnOptions) {
   // Generate requires max_tokens; the others default it.
   EXPECT_EQ(error_of({}, kGenerate), "max_tokens: 'max_tokens' is required: an integer > 0");

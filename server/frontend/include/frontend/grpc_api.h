@@ -20,6 +20,7 @@
 
 namespace grpc {
 class Server;
+class Service;
 }
 
 namespace burst::server {
@@ -42,6 +43,7 @@ class GrpcApi {
   const Tokenizer& tokenizer_;
   GrpcLimits limits_;  // outlives service_ and server_ (its interceptors use it)
   std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> reflection_v1_;  // beside gRPC's own v1alpha
   std::unique_ptr<grpc::Server> server_;
   std::thread health_thread_;  // mirrors scheduler health into grpc.health.v1
   std::atomic<bool> stop_{false};

@@ -42,6 +42,7 @@ class HttpApi {
 
  private:
   void install_routes();  // the hooks, then every route
+  void install_probe_routes();  // /health, /ping, /metrics, /v1/models, /version
   void install_hooks();   // error bodies, request ids, the API key check, the access log
   // POST /v1/completions (chat false) and /v1/chat/completions: parse, submit every choice,
   // then stream or collect them.

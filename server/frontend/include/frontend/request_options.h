@@ -92,6 +92,7 @@ struct ParsedOptions {
   bool max_tokens_given = false;  // else the API's default applies (it depends on the prompt)
   bool seed_given = false;        // HTTP's n choices then sample with seed + i
   int64_t min_tokens = 0;         // as asked (request.adjust.min_tokens is bounded to an int)
+  bool add_generation_prompt = true;  // chat: the template ends with the assistant's header
 };
 
 struct OptionSpec {

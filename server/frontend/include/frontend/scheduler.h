@@ -78,6 +78,9 @@ struct ScheduledRequest {
   // Sampling one of these ids finishes the sequence with "stop" (its text is not emitted, like
   // EOS), once at least adjust.min_tokens tokens came before it; ignore_eos does not apply.
   std::vector<int32_t> stop_token_ids;
+  // vLLM's include_stop_str_in_output: the stop string that ended the text is kept at its end
+  // (text after it in the same token is still cut), and a stop token id's text is sent.
+  bool include_stop_str_in_output = false;
   // The client request this sequence is one choice of (its n choices and prompts share it, and
   // share one fair share of the batch: Planner::pick); 0: a request of one sequence.
   uint64_t owner = 0;

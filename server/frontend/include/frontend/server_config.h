@@ -75,6 +75,9 @@ struct ServerConfig {
   // Prompt text (bytes) refused before tokenizing; 0: max_context x the tokenizer's longest
   // piece, the most text max_context tokens can stand for.
   int64_t max_prompt_bytes = 0;
+  // An HTTP completion whose response could grow past this many bytes (estimated before it
+  // runs: prompts x sequences x (echoed prompt + max_tokens) x logprobs) is a 400; 0: no limit.
+  int64_t max_response_bytes = 32 << 20;
   // The HTTP front end (http_frontend.h).
   int http_backlog = 1024;           // listen() backlog (the kernel caps it at somaxconn)
   int http_max_connections = 512;    // beyond: 503 at once
