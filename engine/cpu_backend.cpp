@@ -9,6 +9,7 @@
 #include "engine/dtype_convert.h"
 #include "engine/random.h"
 #include "engine/sampler.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/ops.h"
 
 namespace burst::engine {
@@ -59,6 +60,7 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
         break;
       }
+      case DType::kFP8E4M3: return shape_error("upload", "fp8 is not a host format");
     }
     return {};
   }
@@ -88,6 +90,38 @@ class CpuBackend final : public Backend {
       const int64_t counter = w.cols == 0 ? i : (w.row0 + i / cols) * w.cols + w.col0 + i % cols;
       p[i] = constant ? scale : uniform_at(seed, counter, scale);
     }
+    return {};
+  }
+
+  Status fill(Tensor& t, float value) override {
+    if (t.dtype == DType::kFP8E4M3) {
+      std::memset(t.data, kernels::fp8_e4m3_from_float(value), static_cast<size_t>(t.bytes()));
+      return {};
+    }
+    if (t.dtype != DType::kF32) return shape_error("fill", t.describe() + ": cpu tensors are f32");
+    std::fill(t.as<float>(), t.as<float>() + t.numel(), value);
+    return {};
+  }
+
+  Status quantize_kv(const Tensor& src, int kv_heads, const int32_t* dst_rows,
+                     Tensor& dst) override {
+    int head_dim = 0;
+    if (src.dtype != DType::kF32 || !kv_rows_match(src, kv_heads, dst, head_dim) ||
+        (!dst_rows && dst.dim(0) < src.dim(0))) {
+      return shape_error("quantize_kv", src.describe() + " -> " + dst.describe());
+    }
+    kernels::quantize_kv_cpu(src.as<float>(), src.dim(0), kv_heads, head_dim, dst_rows,
+                             dst.data);
+    return {};
+  }
+
+  Status dequantize_kv(const Tensor& src, int kv_heads, Tensor& dst) override {
+    int head_dim = 0;
+    if (dst.dtype != DType::kF32 || !kv_rows_match(dst, kv_heads, src, head_dim) ||
+        src.dim(0) < dst.dim(0)) {
+      return shape_error("dequantize_kv", src.describe() + " -> " + dst.describe());
+    }
+    kernels::dequantize_kv_cpu(src.data, dst.dim(0), kv_heads, head_dim, dst.as<float>());
     return {};
   }
 
@@ -233,6 +267,15 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+bool kv_rows_match(const Tensor& values, int kv_heads, const Tensor& rows, int& head_dim) {
+  if (kv_heads <= 0 || values.shape.size() != 2 || rows.shape.size() != 2 ||
+      rows.dtype != DType::kFP8E4M3 || values.dim(1) % kv_heads != 0) {
+    return false;
+  }
+  head_dim = static_cast<int>(values.dim(1) / kv_heads);
+  return rows.dim(1) == kernels::kv_fp8_row_bytes(kv_heads, head_dim);
+}
 
 std::string check_sample_args(const Tensor& logits, const std::vector<SamplingParams>& params,
                               const std::vector<double>& uniforms) {

@@ -3,22 +3,41 @@
 #include <algorithm>
 #include <limits>
 
+#include "kernels/kv_fp8.h"
+
 namespace burst::engine {
 
-Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t capacity,
-                       std::vector<Tensor>& k, std::vector<Tensor>& v) {
-  if (capacity <= 0) return Status::error("kv cache: capacity must be > 0");
-  const int64_t width = int64_t{shape.kv_heads} * shape.head_dim;
-  BURST_RETURN_IF_ERROR(backend.check_fits(
-      2 * shape.layers * capacity * width * dtype_size(backend.compute_dtype()),
-      "KV cache of " + std::to_string(capacity) + " tokens"));
-  for (int l = 0; l < shape.layers; ++l) {
-    for (auto* list : {&k, &v}) {
-      auto t = backend.alloc({capacity, width}, backend.compute_dtype());
-      if (!t.ok()) {
-        return Status::error("kv cache of " + std::to_string(capacity) + " tokens: " +
-                             t.message());
-      }
+Result<KvCacheDtype> parse_kv_cache_dtype(const std::string& name) {
+  if (name == "auto") return KvCacheDtype::kAuto;
+  if (name == "fp8" || name == "fp8_e4m3") return KvCacheDtype::kFp8;
+  return Status::error(StatusCode::kInvalidArgument,
+                       "kv cache dtype must be auto, fp8 or fp8_e4m3, got '" + name + "'");
+}
+
+const char* kv_cache_dtype_name(KvCacheDtype dtype) {
+  return dtype == KvCacheDtype::kFp8 ? "fp8" : "auto";
+}
+
+DType kv_pool_dtype(const Backend& backend, KvCacheDtype dtype) {
+  return dtype == KvCacheDtype::kFp8 ? DType::kFP8E4M3 : backend.compute_dtype();
+}
+
+int64_t kv_row_bytes(const Backend& backend, const AttentionShape& shape, KvCacheDtype dtype) {
+  if (dtype == KvCacheDtype::kFp8) return kernels::kv_fp8_row_bytes(shape.kv_heads, shape.head_dim);
+  return int64_t{shape.kv_heads} * shape.head_dim * dtype_size(backend.compute_dtype());
+}
+
+Status PagedKvCache::alloc_pools() {
+  const int64_t rows = pages_ * page_size_;
+  const DType dtype = kv_pool_dtype(backend_, dtype_);
+  const int64_t width = kv_row_bytes(backend_, shape_, dtype_) / dtype_size(dtype);
+  const std::string what = "KV cache of " + std::to_string(rows) + " tokens";
+  BURST_RETURN_IF_ERROR(backend_.check_fits(
+      2 * shape_.layers * rows * kv_row_bytes(backend_, shape_, dtype_), what));
+  for (int l = 0; l < shape_.layers; ++l) {
+    for (auto* list : {&k_, &v_}) {
+      auto t = backend_.alloc({rows, width}, dtype);
+      if (!t.ok()) return Status::error(what + ": " + t.message());
       list->push_back(t.take());
     }
   }
@@ -26,14 +45,15 @@ Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t ca
 }
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend, AttentionShape shape,
-                                                           int64_t pages, int page_size) {
+                                                           int64_t pages, int page_size,
+                                                           KvCacheDtype dtype) {
   if (page_size <= 0) return Status::error(StatusCode::kInvalidArgument, "kv page size must be > 0");
   if (pages <= 0 || pages > (int64_t{1} << 31) - 1) {
     return Status::error(StatusCode::kInvalidArgument, "kv cache: bad page count " +
                                                            std::to_string(pages));
   }
-  std::unique_ptr<PagedKvCache> c(new PagedKvCache(backend, shape, pages, page_size));
-  BURST_RETURN_IF_ERROR(alloc_kv_layers(backend, shape, pages * page_size, c->k_, c->v_));
+  std::unique_ptr<PagedKvCache> c(new PagedKvCache(backend, shape, pages, page_size, dtype));
+  BURST_RETURN_IF_ERROR(c->alloc_pools());
   for (int64_t p = 0; p < pages; ++p) c->free_.insert(c->free_.end(), static_cast<int32_t>(p));
   c->refs_.assign(static_cast<size_t>(pages), 0);
   return c;
@@ -53,7 +73,7 @@ void PagedKvCache::unref(int32_t p) {
     for (std::vector<Tensor>* pools : {&k_, &v_}) {
       for (Tensor& pool : *pools) {
         Tensor rows = pool.rows(int64_t{p} * page_size_, page_size_);
-        (void)backend_.fill_random(rows, 0, nan, /*constant=*/true);
+        (void)backend_.fill(rows, nan);
       }
     }
   }
@@ -223,6 +243,10 @@ Status PagedKvCache::write(uint64_t seq, int layer, int64_t row, const Tensor& k
   const auto l = static_cast<size_t>(layer);
   return for_each_run(it->second, row, k.dim(0), [&](int64_t pool_row, int64_t off, int64_t n) {
     Tensor kd = k_[l].rows(pool_row, n), vd = v_[l].rows(pool_row, n);
+    if (dtype_ == KvCacheDtype::kFp8) {
+      BURST_RETURN_IF_ERROR(backend_.quantize_kv(k.rows(off, n), shape_.kv_heads, nullptr, kd));
+      return backend_.quantize_kv(v.rows(off, n), shape_.kv_heads, nullptr, vd);
+    }
     BURST_RETURN_IF_ERROR(backend_.copy(k.rows(off, n), kd));
     return backend_.copy(v.rows(off, n), vd);
   });

@@ -29,12 +29,13 @@ T* at(const Tensor& t, int64_t i) {
 
 Result<std::unique_ptr<RingAttention>> RingAttention::create(Backend& backend, Communicator& comm,
                                                              AttentionShape shape,
-                                                             int64_t capacity, int page_size) {
+                                                             int64_t capacity, int page_size,
+                                                             KvCacheDtype kv_dtype) {
   if (capacity <= 0) return Status::error("kv cache: capacity must be > 0");
   if (page_size <= 0) return Status::error("kv cache: page size must be > 0");
   std::unique_ptr<RingAttention> r(new RingAttention(backend, comm, shape));
   auto cache = PagedKvCache::create(backend, shape, (capacity + page_size - 1) / page_size,
-                                    page_size);
+                                    page_size, kv_dtype);
   if (!cache.ok()) return cache.status();
   r->cache_ = cache.take();
   return r;
@@ -191,6 +192,12 @@ Status RingAttention::ensure(Tensor& t, std::vector<int64_t> shape, DType dtype)
   return {};
 }
 
+Status RingAttention::ensure_block(Tensor& t, int64_t rows) {
+  const DType dtype = kv_pool_dtype(backend_, cache_->dtype());
+  const int64_t width = kv_row_bytes(backend_, shape_, cache_->dtype()) / dtype_size(dtype);
+  return ensure(t, {2 * rows, width}, dtype);
+}
+
 Status RingAttention::attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                              const std::vector<int64_t>& positions, Tensor& out) {
   if (layer < 0 || layer >= shape_.layers) return Status::error("ring: bad layer index");
@@ -230,8 +237,8 @@ Status RingAttention::prefill_buffers(const SeqRows& sr, PrefillBlocks& b) {
 
 Status RingAttention::reset_acc(Tensor& o, Tensor& lse) {
   // Nothing seen yet: o 0 and lse -inf, so the first merge takes the partial as is.
-  BURST_RETURN_IF_ERROR(backend_.fill_random(o, 0, 0.f, /*constant=*/true));
-  return backend_.fill_random(lse, 0, kNegInf, /*constant=*/true);
+  BURST_RETURN_IF_ERROR(backend_.fill(o, 0.f));
+  return backend_.fill(lse, kNegInf);
 }
 
 bool RingAttention::pass_q(const PrefillBlocks& b) const {
@@ -244,7 +251,7 @@ bool RingAttention::pass_q(const PrefillBlocks& b) const {
   // Bytes one hop moves: a KV block (K and V of the largest prefix plus the chunk) against a
   // query block out and its fp32 (o, lse) partial back.
   const int64_t elt = static_cast<int64_t>(dtype_size(backend_.compute_dtype()));
-  const int64_t kv = b.block_rows * 2 * shape_.kv_heads * shape_.head_dim * elt;
+  const int64_t kv = b.block_rows * 2 * kv_row_bytes(backend_, shape_, cache_->dtype());
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   const int64_t q = b.rows * (qw * elt + (qw + shape_.heads) * 4);
   return q < kv;
@@ -257,8 +264,23 @@ Status RingAttention::load_own_block(int layer, const SeqRows& sr, const Prefill
   if (own_prefix > 0) BURST_RETURN_IF_ERROR(gather_prefix(layer, sr, own_prefix, pk, pv));
   Tensor ck = block_[0].rows(own_prefix, b.rows);
   Tensor cv = block_[0].rows(b.block_rows + own_prefix, b.rows);
+  if (fp8()) {
+    BURST_RETURN_IF_ERROR(backend_.quantize_kv(k, shape_.kv_heads, nullptr, ck));
+    return backend_.quantize_kv(v, shape_.kv_heads, nullptr, cv);
+  }
   BURST_RETURN_IF_ERROR(backend_.copy(k, ck));
   return backend_.copy(v, cv);
+}
+
+Status RingAttention::block_values(const Tensor& block, int64_t block_rows, const void** k,
+                                   const void** v) {
+  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+  BURST_RETURN_IF_ERROR(ensure(kv_values_, {2 * block_rows, kvw}, backend_.compute_dtype()));
+  Tensor rows = block.rows(0, 2 * block_rows);
+  BURST_RETURN_IF_ERROR(backend_.dequantize_kv(rows, shape_.kv_heads, kv_values_));
+  *k = kv_values_.data;
+  *v = at(kv_values_, block_rows * kvw);
+  return {};
 }
 
 Status RingAttention::gather_prefix(int layer, const SeqRows& sr, int64_t n, Tensor& k,
@@ -362,8 +384,7 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
   const ShardPlan& plan = sr.plan;
   const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   // A block is K rows then V rows, one buffer, so one transfer moves both.
-  BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * b.block_rows, kvw}, backend_.compute_dtype()));
-  BURST_RETURN_IF_ERROR(ensure(block_[1], {2 * b.block_rows, kvw}, backend_.compute_dtype()));
+  for (Tensor& block : block_) BURST_RETURN_IF_ERROR(ensure_block(block, b.block_rows));
   BURST_RETURN_IF_ERROR(load_own_block(layer, sr, b, k, v));
   const std::vector<Segment> q_segs = plan.segments(rank);
   const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
@@ -385,6 +406,7 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
     const int64_t src_prefix = b.prefix[static_cast<size_t>(src)];
     const void* bk = cur.data;
     const void* bv = at(cur, b.block_rows * kvw);
+    if (fp8()) BURST_RETURN_IF_ERROR(block_values(cur, b.block_rows, &bk, &bv));  // the values
     beside_transfer_ = xfer != nullptr;
     BURST_RETURN_IF_ERROR(attend_keys(b.rows, q.data, q_segs, bk, bv, src_prefix, bk, bv,
                                       plan.segments(src), src_prefix, o_acc_, lse_acc_,
@@ -483,10 +505,22 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   const DType dt = backend_.compute_dtype();
   // This rank's keys: its cached prefix, then its chunk's k and v as the forward made them.
+  // Under fp8 both are the values of one block of FP8 rows, as pass-KV would send it.
   const int64_t own_prefix = b.prefix[static_cast<size_t>(rank)];
   const void* pk = nullptr;
   const void* pv = nullptr;
-  if (own_prefix > 0) BURST_RETURN_IF_ERROR(local_prefix(layer, sr, own_prefix, &pk, &pv));
+  const void* ck = k.data;
+  const void* cv = v.data;
+  if (fp8()) {
+    const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+    BURST_RETURN_IF_ERROR(ensure_block(block_[0], b.block_rows));
+    BURST_RETURN_IF_ERROR(load_own_block(layer, sr, b, k, v));
+    BURST_RETURN_IF_ERROR(block_values(block_[0], b.block_rows, &pk, &pv));
+    ck = at(kv_values_, own_prefix * kvw);
+    cv = at(kv_values_, (b.block_rows + own_prefix) * kvw);
+  } else if (own_prefix > 0) {
+    BURST_RETURN_IF_ERROR(local_prefix(layer, sr, own_prefix, &pk, &pv));
+  }
   const std::vector<Segment> own_segs = plan.segments(rank);
   // Every rank holds as many chunk rows (padding included), so blocks have one size. A
   // partial is o [rows, qw] then lse [heads, rows], fp32, one buffer for one transfer.
@@ -532,9 +566,8 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
       lse_to.shape = {shape_.heads * b.rows};
     }
     beside_transfer_ = xfer != nullptr || back[0] != nullptr || back[1] != nullptr;
-    BURST_RETURN_IF_ERROR(attend_keys(b.rows, qcur, plan.segments(src), pk, pv, own_prefix,
-                                      k.data, v.data, own_segs, 0, o_to, lse_to,
-                                      /*fresh=*/true));
+    BURST_RETURN_IF_ERROR(attend_keys(b.rows, qcur, plan.segments(src), pk, pv, own_prefix, ck,
+                                      cv, own_segs, 0, o_to, lse_to, /*fresh=*/true));
     beside_transfer_ = false;
     const auto t1 = std::chrono::steady_clock::now();
     if (xfer) BURST_RETURN_IF_ERROR(xfer->wait());
@@ -565,6 +598,10 @@ kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t
   p.k = cache_->k_pool(layer).data;
   p.v = cache_->v_pool(layer).data;
   p.page_size = cache_->page_size();
+  if (fp8()) {  // the pool's FP8 rows, read as they lie
+    p.kv_fp8 = true;
+    p.k_row_stride = p.v_row_stride = kv_row_bytes(backend_, shape_, cache_->dtype());
+  }
   p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
   p.scale = shape_.logit_scale / std::sqrt(static_cast<float>(shape_.head_dim));
   p.dtype = backend_.compute_dtype();
@@ -606,8 +643,13 @@ Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*
   // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
   const int32_t* dst = at<int32_t>(tables_, decode_dst_);
   Tensor kp = cache_->k_pool(layer), vp = cache_->v_pool(layer);
-  BURST_RETURN_IF_ERROR(backend_.scatter_rows_pair(k.rows(batch[0]->row, n),
-                                                   v.rows(batch[0]->row, n), dst, kp, vp));
+  if (fp8()) {
+    BURST_RETURN_IF_ERROR(backend_.quantize_kv(k.rows(batch[0]->row, n), shape_.kv_heads, dst, kp));
+    BURST_RETURN_IF_ERROR(backend_.quantize_kv(v.rows(batch[0]->row, n), shape_.kv_heads, dst, vp));
+  } else {
+    BURST_RETURN_IF_ERROR(backend_.scatter_rows_pair(k.rows(batch[0]->row, n),
+                                                     v.rows(batch[0]->row, n), dst, kp, vp));
+  }
   kernels::AttnParams p = decode_params(layer, n, n, q, batch[0]->row);
   p.n_kv = decode_max_kv_;  // the longest row_kv_len of the step (begin_step)
   p.kv_pages = at<int32_t>(tables_, 0);

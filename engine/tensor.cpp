@@ -10,6 +10,7 @@ const char* dtype_name(DType t) {
     case DType::kF32: return "f32";
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
+    case DType::kFP8E4M3: return "fp8e4m3";
   }
   return "?";
 }

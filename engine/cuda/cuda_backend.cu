@@ -37,6 +37,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/dtype_convert.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/ops_cuda.h"
 #include "kernels/sampling_cuda.h"
 
@@ -116,6 +117,7 @@ cudaDataType_t cuda_data_type(DType t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
+    case DType::kFP8E4M3: return CUDA_R_8F_E4M3;
   }
   return CUDA_R_32F;
 }
@@ -354,6 +356,50 @@ class CudaBackend final : public Backend {
                     kernels::fill_uniform_cuda(t.data, n, t.dtype, seed, scale, constant, fw,
                                                compute_),
                     t.describe());
+  }
+
+  Status fill(Tensor& t, float value) override {
+    BURST_RETURN_IF_ERROR(on_device("fill", t));
+    BURST_RETURN_IF_ERROR(use_device("fill"));
+    if (t.numel() == 0) return {};
+    if (t.dtype == DType::kFP8E4M3) {
+      BURST_CUDA_TRY(device_, "fill",
+                     cudaMemsetAsync(t.data, kernels::fp8_e4m3_from_float(value),
+                                     static_cast<size_t>(t.bytes()), compute_));
+      return {};
+    }
+    return launched("fill",
+                    kernels::fill_uniform_cuda(t.data, t.numel(), t.dtype, 0, value,
+                                               /*constant=*/true,
+                                               {t.numel(), t.numel(), 0, 0}, compute_),
+                    t.describe());
+  }
+
+  Status quantize_kv(const Tensor& src, int kv_heads, const int32_t* dst_rows,
+                     Tensor& dst) override {
+    BURST_RETURN_IF_ERROR(on_device("quantize_kv", src, dst));
+    int head_dim = 0;
+    if (!kv_rows_match(src, kv_heads, dst, head_dim) || (!dst_rows && dst.dim(0) < src.dim(0))) {
+      return op_error("quantize_kv", src.describe() + " -> " + dst.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("quantize_kv"));
+    return launched("quantize_kv",
+                    kernels::quantize_kv_cuda(src.data, src.dtype, src.dim(0), kv_heads,
+                                              head_dim, dst_rows, dst.data, compute_),
+                    src.describe() + " -> " + dst.describe());
+  }
+
+  Status dequantize_kv(const Tensor& src, int kv_heads, Tensor& dst) override {
+    BURST_RETURN_IF_ERROR(on_device("dequantize_kv", src, dst));
+    int head_dim = 0;
+    if (!kv_rows_match(dst, kv_heads, src, head_dim) || src.dim(0) < dst.dim(0)) {
+      return op_error("dequantize_kv", src.describe() + " -> " + dst.describe());
+    }
+    BURST_RETURN_IF_ERROR(use_device("dequantize_kv"));
+    return launched("dequantize_kv",
+                    kernels::dequantize_kv_cuda(src.data, dst.dim(0), kv_heads, head_dim,
+                                                dst.data, dst.dtype, compute_),
+                    src.describe() + " -> " + dst.describe());
   }
 
   Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) override {
@@ -659,9 +705,9 @@ class CudaBackend final : public Backend {
     const std::string bad = kernels::validate(p);
     if (!bad.empty()) return op_error("attention", bad);
     BURST_RETURN_IF_ERROR(use_device("attention"));
-    if (p.kv_pages && p.n_q != 1 && !p.row_kv_len) {
-      return op_error("attention", "paged K/V is read by the decode kernel only (n_q 1, or "
-                                   "per-row K/V), got " + describe(p));
+    if ((p.kv_pages || p.kv_fp8) && p.n_q != 1 && !p.row_kv_len) {
+      return op_error("attention", "paged K/V and FP8 KV rows are read by the decode kernel only "
+                                   "(n_q 1, or per-row K/V), got " + describe(p));
     }
     if (p.merge_into_o && !attention_merges(p)) {
       return op_error("attention", "merging into o needs a prefill launch with an fp32 o, got " +

@@ -2,10 +2,12 @@
 // softmax in fp32, exactly the recurrence the CUDA kernel and the ring use.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/kv_fp8.h"
 
 namespace burst::kernels {
 
@@ -69,12 +71,30 @@ void merge_row(const float* oa, float* la, const float* ob, float lb, int d, flo
   *la = lse;
 }
 
+// Row r of K or V, kv head g, as fp32: a pointer into the tensor itself, or (FP8 KV rows,
+// AttnParams::kv_fp8) its values dequantized into buf [head_dim].
+struct KvRows {
+  const void* base;
+  int64_t row_stride, head_stride;
+  bool fp8;
+  int kv_heads, head_dim;
+  const float* row(int64_t r, int g, float* buf) const {
+    if (!fp8) return static_cast<const float*>(base) + r * row_stride + g * head_stride;
+    const auto* bytes = static_cast<const uint8_t*>(base) + r * row_stride;
+    float scale = 0.f;
+    std::memcpy(&scale, bytes + kv_fp8_scale_offset(kv_heads, head_dim) + 4 * g, 4);
+    const uint8_t* x = bytes + int64_t{g} * head_dim;
+    for (int c = 0; c < head_dim; ++c) buf[c] = fp8_e4m3_to_float(x[c]) * scale;
+    return buf;
+  }
+};
+
 }  // namespace
 
 void attention_cpu(const AttnParams& p) {
   const auto* q = static_cast<const float*>(p.q);
-  const auto* k = static_cast<const float*>(p.k);
-  const auto* v = static_cast<const float*>(p.v);
+  const KvRows k{p.k, p.k_row_stride, p.k_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
+  const KvRows v{p.v, p.v_row_stride, p.v_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
   auto* o = static_cast<float*>(p.o);
   const int group = p.heads / p.kv_heads;
   const int d = p.head_dim;
@@ -94,6 +114,7 @@ void attention_cpu(const AttnParams& p) {
         visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, n_kv);
       }
       std::vector<float> acc(d, 0.f), s(kKeyTile);
+      std::vector<float> buf(p.kv_fp8 ? static_cast<size_t>(kDots) * d : 0);  // FP8 rows read
       float m = kNegInf, l = 0.f;
       for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
         const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
@@ -105,8 +126,7 @@ void attention_cpu(const AttnParams& p) {
         for (; t + kDots <= jn; t += kDots) {
           const float* kt[kDots];
           for (int u = 0; u < kDots; ++u) {
-            kt[u] = k + kv_row(pages, p.page_size, j0 + t + u) * p.k_row_stride +
-                    g * p.k_head_stride;
+            kt[u] = k.row(kv_row(pages, p.page_size, j0 + t + u), g, buf.data() + u * d);
           }
           float dot[kDots] = {};
           for (int c = 0; c < d; ++c) {
@@ -119,7 +139,7 @@ void attention_cpu(const AttnParams& p) {
           }
         }
         for (; t < jn; ++t) {
-          const float* kj = k + kv_row(pages, p.page_size, j0 + t) * p.k_row_stride + g * p.k_head_stride;
+          const float* kj = k.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
           float dot = 0.f;
           for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
           s[t] = dot * p.scale;
@@ -133,7 +153,7 @@ void attention_cpu(const AttnParams& p) {
         for (int64_t t = 0; t < jn; ++t) {
           const float pt = std::exp(s[t] - m_new);
           l += pt;
-          const float* vj = v + kv_row(pages, p.page_size, j0 + t) * p.v_row_stride + g * p.v_head_stride;
+          const float* vj = v.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
           for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
         }
         m = m_new;

@@ -36,7 +36,7 @@ bool attention_sm90_supported(const AttnParams& p) {
 }
 
 bool attention_merges_into_o(const AttnParams& p) {
-  return output_dtype(p) == DType::kF32 && (p.head_dim == 64 || p.head_dim == 128) &&
+  return output_dtype(p) == DType::kF32 && !p.kv_fp8 && (p.head_dim == 64 || p.head_dim == 128) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
 
@@ -72,6 +72,7 @@ bool attention_sm80_heads_first(const AttnParams& p, int sms) {
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
   if (!validate(p).empty()) return cudaErrorInvalidValue;
   if (p.kv_pages) return cudaErrorInvalidValue;  // paged K/V: the decode kernel only
+  if (p.kv_fp8) return cudaErrorInvalidValue;    // FP8 rows: the decode kernel only
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
   const DType od = output_dtype(p);
   if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;

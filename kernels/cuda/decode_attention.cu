@@ -30,8 +30,15 @@
 // by the server's TPOT.)
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
+// FP8 KV rows (AttnParams::kv_fp8, the KV cache under --kv-cache-dtype fp8): the stages carry
+// the rows' e4m3 bytes (half the bytes of bf16) and each key's K and V scales; each stage is
+// then widened in shared memory into the 16-bit tile the mma reads (every e4m3 value is exact
+// in bf16 and fp16), one more barrier a stage. A key's K scale multiplies its column of S
+// after the mma, its V scale its column of P before P.V (the softmax sum takes P unscaled):
+// q.(s k) = s (q.k) and sum p (s v) = sum (p s) v, so the products stay exact.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <array>
@@ -43,6 +50,7 @@
 #include "attention_common.cuh"
 #include "kernels/attention_cuda.h"
 #include "kernels/cuda_dispatch.cuh"
+#include "kernels/kv_fp8.h"
 
 namespace burst::kernels {
 namespace {
@@ -83,17 +91,47 @@ struct DecodeTile {
   static_assert(kRowStep % 8 == 0, "the swizzle repeats every kRowStep rows");
 };
 
-template <int kD>
+template <int kD, bool kFp8>
 struct DecodeSmem {
   using Tl = DecodeTile<kD>;
-  // Q, then the stages; the combine area aliases the stages once the key loop is done.
+  // Q, then the stages; the combine area aliases the stages once the key loop is done. FP8:
+  // Q, the stages of e4m3 bytes, the one 16-bit tile they are widened into, the stages' scales
+  // (K then V, one fp32 per key); the combine area aliases the byte stages and the tile.
   static constexpr size_t kQBytes = Tl::kRows * kD * 2;
-  static constexpr size_t kStageBytes = Tl::kStageElems * 2;
+  static constexpr size_t kStageBytes = Tl::kStageElems * (kFp8 ? 1 : 2);
+  static constexpr size_t kTileBytes = kFp8 ? Tl::kStageElems * 2 : 0;
+  static constexpr size_t kScaleBytes = kFp8 ? 2 * Tl::kBlockN * sizeof(float) : 0;
   static constexpr size_t kCombineBytes =
       (size_t(Tl::kWarps) * Tl::kRows * kD + 2 * Tl::kWarps * Tl::kRows) * sizeof(float);
-  static_assert(kCombineBytes <= Tl::kStages * kStageBytes, "the combine area fits the stages");
-  static constexpr size_t kBytes = kQBytes + Tl::kStages * kStageBytes;
+  static_assert(kCombineBytes <= Tl::kStages * kStageBytes + kTileBytes,
+                "the combine area fits the stages");
+  static constexpr size_t kBytes =
+      kQBytes + Tl::kStages * (kStageBytes + kScaleBytes) + kTileBytes;
 };
+
+// 16 e4m3 values into 16 values of T (exact: e4m3 lies within bf16's and fp16's ranges).
+template <typename T>
+__device__ __forceinline__ void widen_fp8x16(const uint4 bytes, uint4& lo, uint4& hi) {
+  const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&bytes);
+  uint32_t out[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pairs[e], __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      out[e] = uint32_t{raw.x} | (uint32_t{raw.y} << 16);
+    } else {
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(raw)));
+      out[e] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(detail::smem_addr(dst)),
+               "l"(src), "r"(src_bytes));
+}
 
 template <typename T>
 struct DecodeArgs {
@@ -115,6 +153,9 @@ struct DecodeArgs {
   // are its own; null: every row shares n_kv keys and `pages`.
   const int32_t* row_kv_len;
   const int32_t* row_page_offset;
+  // FP8 KV rows (kv_fp8): k and v point at rows of bytes (row strides in bytes), a head's
+  // values from byte kvh * head_dim, its scale at byte scale_offset + 4 kvh.
+  int64_t scale_offset;
 };
 
 // The physical row of logical key t0, the first of a run of kPageRun keys. A run never crosses
@@ -144,16 +185,20 @@ __device__ __forceinline__ void split2(float p0, float p1, uint32_t& hi, uint32_
 // launch bounds; shared memory decides the rest).
 constexpr int kMinCtasPerSm = 2;
 
-template <typename T, int kD>
+template <typename T, int kD, bool kFp8>
 __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     decode_split_kernel(const DecodeArgs<T> a) {
   using Tl = DecodeTile<kD>;
-  using Sm = DecodeSmem<kD>;
+  using Sm = DecodeSmem<kD, kFp8>;
   constexpr int kRows = Tl::kRows, kBlockN = Tl::kBlockN, kOA = Tl::kOAtoms;
   constexpr int kStages = Tl::kStages;
   extern __shared__ uint4 smem_raw[];  // 16-byte aligned for cp.async and ldmatrix
   T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_stage = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_raw) + Sm::kQBytes);
+  char* s_stages = reinterpret_cast<char*>(smem_raw) + Sm::kQBytes;
+  // The tile the mma reads: stage buffer 0 (the others follow), or the one widened FP8 tile.
+  T* s_stage = reinterpret_cast<T*>(s_stages + (kFp8 ? kStages * Sm::kStageBytes : 0));
+  // FP8: each stage's K scales then V scales, one per key.
+  float* s_scale = reinterpret_cast<float*>(s_stages + kStages * Sm::kStageBytes + Sm::kTileBytes);
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // Per-row K/V: this CTA serves the `group` rows of query blockIdx.z (group <= kRows, checked
@@ -191,7 +236,42 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   const T* k_head = a.k + int64_t{kvh} * a.k_head_stride;
   const T* v_head = a.v + int64_t{kvh} * a.v_head_stride;
   const int copy_row = tid / Tl::kChunks, copy_chunk = tid % Tl::kChunks;
-  auto load_stage = [&](int stage, int buf) {
+  // FP8 rows: bytes; a head's values from kvh * kD, 16-byte chunks of 16 values.
+  constexpr int kChunks8 = kD / 16, kRowStep8 = Tl::kThreads / kChunks8;
+  static_assert(Tl::kPageRun % kRowStep8 == 0, "a thread's FP8 rows of a run share its read");
+  const auto* k8 = reinterpret_cast<const uint8_t*>(a.k);
+  const auto* v8 = reinterpret_cast<const uint8_t*>(a.v);
+  auto load_stage8 = [&](int stage, int buf) {
+    const int t0 = kb + stage * kBlockN;
+    char* sk = s_stages + buf * Sm::kStageBytes;
+    char* sv = sk + kBlockN * kD;
+    const int row8 = tid / kChunks8, chunk8 = tid % kChunks8;
+#pragma unroll
+    for (int run = 0; run < kBlockN / Tl::kPageRun; ++run) {
+      const int r0 = t0 + run * Tl::kPageRun;
+      const int64_t base = r0 < ke ? run_row(pages, a.page_size, r0) : 0;
+#pragma unroll
+      for (int j = 0; j < Tl::kPageRun / kRowStep8; ++j) {
+        const int row = run * Tl::kPageRun + j * kRowStep8 + row8;
+        const bool ok = t0 + row < ke;
+        const int64_t src = (ok ? base + row - run * Tl::kPageRun : 0) * a.k_row_stride +
+                            int64_t{kvh} * kD + chunk8 * 16;
+        cp_async_16(sk + row * kD + chunk8 * 16, k8 + src, ok ? 16 : 0);
+        cp_async_16(sv + row * kD + chunk8 * 16, v8 + src, ok ? 16 : 0);
+      }
+    }
+    // Thread tid copies the K (tid < kBlockN) or V scale of key tid % kBlockN.
+    static_assert(Tl::kThreads == 2 * kBlockN, "one scale per thread");
+    const int key = tid % kBlockN, run = key / Tl::kPageRun;
+    const bool ok = t0 + key < ke;
+    const int64_t row = ok ? run_row(pages, a.page_size, t0 + run * Tl::kPageRun) +
+                                 key % Tl::kPageRun
+                           : 0;
+    cp_async_4(s_scale + (buf * 2 + tid / kBlockN) * kBlockN + key,
+               (tid < kBlockN ? k8 : v8) + row * a.k_row_stride + a.scale_offset + 4 * kvh,
+               ok ? 4 : 0);
+  };
+  auto load_stage16 = [&](int stage, int buf) {
     const int t0 = kb + stage * kBlockN;
     T* sk = s_stage + buf * Tl::kStageElems;
     T* sv = sk + kBlockN * kD;
@@ -208,6 +288,28 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
         cp_async_16(sk + off, k_head + src * a.k_row_stride + copy_chunk * 8, ok ? 16 : 0);
         cp_async_16(sv + off, v_head + src * a.v_row_stride + copy_chunk * 8, ok ? 16 : 0);
       }
+    }
+  };
+  auto load_stage = [&](int stage, int buf) {
+    if constexpr (kFp8) {
+      load_stage8(stage, buf);
+    } else {
+      load_stage16(stage, buf);
+    }
+  };
+  // FP8: stage buffer buf's bytes widened into the tile (the 16-bit stage layout, swizzled).
+  auto widen_stage = [&](int buf) {
+    constexpr int kUnits = 2 * kBlockN * kChunks8;  // 16 values each, K rows then V rows
+    const char* raw = s_stages + buf * Sm::kStageBytes;
+#pragma unroll
+    for (int u = tid; u < kUnits; u += Tl::kThreads) {
+      const int row = u / kChunks8, c16 = u % kChunks8;  // rows of K, then of V
+      uint4 lo, hi;
+      widen_fp8x16<T>(*reinterpret_cast<const uint4*>(raw + row * kD + c16 * 16), lo, hi);
+      T* tile = s_stage + (row / kBlockN) * kBlockN * kD;
+      const int r = row % kBlockN;
+      *reinterpret_cast<uint4*>(tile + swz<kD>(r, 2 * c16)) = lo;
+      *reinterpret_cast<uint4*>(tile + swz<kD>(r, 2 * c16 + 1)) = hi;
     }
   };
 #pragma unroll
@@ -263,7 +365,17 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     __syncthreads();
     if (it + kStages - 1 < n_stages) load_stage(it + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
-    const uint32_t buf_bytes = (it % kStages) * Tl::kStageElems * sizeof(T);
+    // The tile's offset from stage buffer 0 (FP8: the one tile, once every thread widened it).
+    uint32_t buf_bytes = (it % kStages) * Tl::kStageElems * sizeof(T);
+    if constexpr (kFp8) {
+      widen_stage(it % kStages);
+      __syncthreads();
+      buf_bytes = 0;
+    }
+    // FP8: this stage's scales of this thread's keys (K then V), kl(na, e) = k_lane + na * 8 + e.
+    const int k_lane = wk + (lane & 3) * 2;
+    const float* k_scale = s_scale + (it % kStages) * 2 * kBlockN;
+    const float* v_scale = k_scale + kBlockN;
 
     float s[2][4] = {};
 #pragma unroll
@@ -272,6 +384,13 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
       ldmatrix_x4(kf, k_ldm.at(ks, 0) + buf_bytes);
       mma_16816<T>(s[0], qa[ks], kf[0], kf[1]);
       mma_16816<T>(s[1], qa[ks], kf[2], kf[3]);
+    }
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int na = 0; na < 2; ++na) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[na][e] *= k_scale[k_lane + na * 8 + (e & 1)];
+      }
     }
     // Mask keys past the range (zero-filled) or past a row's limit: -inf, so exp2 gives 0.
     const int key0 = kb + it * kBlockN + wk + (lane & 3) * 2;
@@ -304,6 +423,13 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
         }
       }
       row_sum[hf] = row_sum[hf] * corr + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+      if constexpr (kFp8) {  // P.V takes p times each key's V scale
+#pragma unroll
+        for (int na = 0; na < 2; ++na) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) p[na][e] *= v_scale[k_lane + na * 8 + e];
+        }
+      }
       // A fragment order: (rows g, keys 0-7), (rows g+8, keys 0-7), (g, 8-15), (g+8, 8-15).
       split2<T>(p[0][0], p[0][1], p_hi[hf], p_lo[hf]);
       split2<T>(p[1][0], p[1][1], p_hi[2 + hf], p_lo[2 + hf]);
@@ -328,7 +454,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   // done reading them.
   cp_async_wait<0>();
   __syncthreads();
-  float* c_acc = reinterpret_cast<float*>(s_stage);             // [warps][kRows][kD]
+  float* c_acc = reinterpret_cast<float*>(s_stages);            // [warps][kRows][kD]
   float* c_m = c_acc + Tl::kWarps * kRows * kD;                  // [warps][kRows], log2 units
   float* c_l = c_m + Tl::kWarps * kRows;                         // [warps][kRows]
 #pragma unroll
@@ -460,15 +586,15 @@ struct DecodePlan {
 // Readies the split kernel of (T, kD) on the current device (above 48 KiB a kernel must opt
 // in to dynamic shared memory, per device) and returns how many of its CTAs one multiprocessor
 // holds; cached per device, since the queries cost more than a launch.
-template <typename T, int kD>
+template <typename T, int kD, bool kFp8>
 cudaError_t split_kernel_ctas(int device, int& ctas) {
   constexpr int kMaxDevices = 64;
   static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0: not readied yet
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
   ctas = cache[size_t(device)].load(std::memory_order_acquire);
   if (ctas == 0) {
-    auto* kernel = decode_split_kernel<T, kD>;
-    constexpr int kSmem = static_cast<int>(DecodeSmem<kD>::kBytes);
+    auto* kernel = decode_split_kernel<T, kD, kFp8>;
+    constexpr int kSmem = static_cast<int>(DecodeSmem<kD, kFp8>::kBytes);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kSmem);
     if (err != cudaSuccess) return err;
@@ -481,14 +607,15 @@ cudaError_t split_kernel_ctas(int device, int& ctas) {
   return cudaSuccess;
 }
 
+template <bool kFp8>
 cudaError_t split_ctas(const AttnParams& p, int device, int& ctas) {
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.head_dim == 128) {
-    return bf16 ? split_kernel_ctas<__nv_bfloat16, 128>(device, ctas)
-                : split_kernel_ctas<__half, 128>(device, ctas);
+    return bf16 ? split_kernel_ctas<__nv_bfloat16, 128, kFp8>(device, ctas)
+                : split_kernel_ctas<__half, 128, kFp8>(device, ctas);
   }
-  return bf16 ? split_kernel_ctas<__nv_bfloat16, 64>(device, ctas)
-              : split_kernel_ctas<__half, 64>(device, ctas);
+  return bf16 ? split_kernel_ctas<__nv_bfloat16, 64, kFp8>(device, ctas)
+              : split_kernel_ctas<__half, 64, kFp8>(device, ctas);
 }
 
 // The same plan for the workspace query and the launch (both read the current device).
@@ -499,7 +626,8 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   int ctas_per_sm = 0;
-  err = split_ctas(p, device, ctas_per_sm);
+  err = p.kv_fp8 ? split_ctas<true>(p, device, ctas_per_sm)
+                 : split_ctas<false>(p, device, ctas_per_sm);
   if (err != cudaSuccess) return err;
   constexpr int kRows = DecodeTile<128>::kRows, kBlockN = DecodeTile<128>::kBlockN;
   static_assert(kRows == DecodeTile<64>::kRows && kBlockN == DecodeTile<64>::kBlockN,
@@ -541,7 +669,7 @@ cudaError_t make_plan(const AttnParams& p, DecodePlan& plan) {
   return cudaSuccess;
 }
 
-template <typename T, typename OutT, int kD>
+template <typename T, typename OutT, int kD, bool kFp8>
 cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
                    cudaStream_t stream) {
   DecodeArgs<T> a{};
@@ -568,10 +696,11 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.page_size = p.page_size;
   a.row_kv_len = p.row_kv_len;
   a.row_page_offset = p.row_page_offset;
+  a.scale_offset = kv_fp8_scale_offset(p.kv_heads, p.head_dim);
   const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
   // make_plan readied the kernel for this device (split_kernel_ctas).
-  cudaError_t err = launch_chained<decode_split_kernel<T, kD>>(
-      grid, dim3(DecodeTile<kD>::kThreads), DecodeSmem<kD>::kBytes, stream, a);
+  cudaError_t err = launch_chained<decode_split_kernel<T, kD, kFp8>>(
+      grid, dim3(DecodeTile<kD>::kThreads), DecodeSmem<kD, kFp8>::kBytes, stream, a);
   if (err != cudaSuccess) return err;
   return launch_chained<decode_combine_kernel<OutT, kD>>(
       dim3(p.n_q * p.heads), dim3(kCombineWarps * 32), 0, stream,
@@ -580,14 +709,21 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
       int{p.n_q}, int{p.heads}, plan.splits);
 }
 
-// Every instantiation, in one place: {bf16, fp16} x {o = input, o = fp32} x head_dim {64, 128}.
-template <typename T>
-cudaError_t dispatch(const AttnParams& p, const DecodePlan& plan, void* ws, cudaStream_t s) {
+// Every instantiation, in one place: {bf16, fp16} x {o = input, o = fp32} x head_dim {64, 128}
+// x K/V {16-bit, FP8 rows}.
+template <typename T, bool kFp8>
+cudaError_t dispatch_kv(const AttnParams& p, const DecodePlan& plan, void* ws, cudaStream_t s) {
   const bool o_f32 = output_dtype(p) == DType::kF32;
   if (p.head_dim == 128) {
-    return o_f32 ? launch<T, float, 128>(p, plan, ws, s) : launch<T, T, 128>(p, plan, ws, s);
+    return o_f32 ? launch<T, float, 128, kFp8>(p, plan, ws, s)
+                 : launch<T, T, 128, kFp8>(p, plan, ws, s);
   }
-  return o_f32 ? launch<T, float, 64>(p, plan, ws, s) : launch<T, T, 64>(p, plan, ws, s);
+  return o_f32 ? launch<T, float, 64, kFp8>(p, plan, ws, s)
+               : launch<T, T, 64, kFp8>(p, plan, ws, s);
+}
+template <typename T>
+cudaError_t dispatch(const AttnParams& p, const DecodePlan& plan, void* ws, cudaStream_t s) {
+  return p.kv_fp8 ? dispatch_kv<T, true>(p, plan, ws, s) : dispatch_kv<T, false>(p, plan, ws, s);
 }
 
 }  // namespace
@@ -607,9 +743,18 @@ cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t w
   if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
   if (p.n_q == 0) return cudaSuccess;
-  const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) return cudaErrorInvalidValue;  // 16-byte K and V copies
+  if (p.kv_fp8) {
+    // FP8 rows: 16-byte copies of bytes, K and V rows alike (one row stride serves both).
+    if (p.k_row_stride % 16 != 0 || p.v_row_stride != p.k_row_stride ||
+        p.k_row_stride < kv_fp8_row_bytes(p.kv_heads, p.head_dim)) {
+      return cudaErrorInvalidValue;
+    }
+  } else {
+    const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride,
+                               p.v_head_stride};
+    for (int64_t s : strides) {
+      if (s % 8 != 0) return cudaErrorInvalidValue;  // 16-byte K and V copies
+    }
   }
   if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
   if (!aligned16(workspace)) return cudaErrorInvalidValue;

@@ -26,6 +26,7 @@ constexpr const char* kSynopsis =
                       (--prompt TEXT | --prompt-file FILE | --prompt-tokens N)
                       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                       [--device cpu|cuda|cuda:N] [--tokenizer FILE] [--kv-capacity N]
+                      [--kv-cache-dtype auto|fp8]
                       [--workers N [--tp T]] [--layout striped|zigzag|contiguous] [--prefill-chunk N]
                       [--version] [--help]
 Flags take --flag VALUE or --flag=VALUE.
@@ -39,6 +40,7 @@ struct Args {
   int workers = 0;
   int tp = 1;
   burst::engine::ShardLayout layout = burst::engine::ShardLayout::kStriped;
+  burst::engine::KvCacheDtype kv_cache_dtype = burst::engine::KvCacheDtype::kAuto;
   burst::engine::SamplingParams sampling{0.8f, 40, 0.95f, 0};
 };
 
@@ -70,6 +72,18 @@ void add_flags(CLI::App& app, Args& a, std::string& layout, bool& version) {
                  "with --model)")->type_name("FILE");
   app.add_option("--kv-capacity", a.kv_capacity, "KV cache tokens (default: prompt + "
                  "max-tokens)")->type_name("N");
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [&a](const std::string& v) {
+           a.kv_cache_dtype = burst::engine::parse_kv_cache_dtype(v).value();
+         },
+         "what the KV cache holds: auto (the compute dtype; default) or fp8 (e4m3 rows with a "
+         "scale per token and KV head: about half the bytes)")
+      ->type_name("D")
+      ->check([](const std::string& v) -> std::string {
+        auto d = burst::engine::parse_kv_cache_dtype(v);
+        return d.ok() ? "" : d.message();
+      });
   app.add_option("--workers", a.workers, "shard the prompt over N burst-worker processes "
                  "(BurstAttention ring); without it, one in-process engine")->type_name("N");
   app.add_option("--tp", a.tp, "tensor parallelism (default 1): each T consecutive workers "
@@ -177,6 +191,7 @@ Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest
     opt.device = a.device;
     opt.kv_capacity = capacity;
     opt.layout = a.layout;
+    opt.kv_cache_dtype = a.kv_cache_dtype;
     opt.prefill_chunk = a.prefill_chunk;
     auto group = server::WorkerGroup::start(opt);
     if (!group.ok()) return group.status();
@@ -198,7 +213,7 @@ Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest
   if (!backend.ok()) return backend.status();
   auto model = models::load_model(*backend.value(), spec);
   if (!model.ok()) return model.status();
-  auto runner = runtime::LocalStepRunner::create(*model.value(), capacity);
+  auto runner = runtime::LocalStepRunner::create(*model.value(), capacity, 0, a.kv_cache_dtype);
   if (!runner.ok()) return runner.status();
   *where = "device " + backend.value()->name();
   return runtime::generate(*runner.value(), req, on_token);

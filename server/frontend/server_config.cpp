@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "engine/kv_pages.h"
 #include "engine/sharding.h"
 #include "group/worker_registry.h"
 
@@ -119,6 +120,11 @@ std::vector<Field> fields(ServerConfig* c) {
        "reuses their KV pages on every rank and prefills only the rest; unused blocks are "
        "evicted least recently used first when pages run out. Needs the striped layout. "
        "--no-prefix-caching: 0"},
+      {"kv_cache_dtype", K::kString, &c->kv_cache_dtype, "D",
+       "what the KV cache holds: auto (default: the compute dtype, bf16 on GPUs, fp32 on CPUs) "
+       "or fp8 (fp8_e4m3: e4m3 with a scale per token and KV head, about half the bytes of "
+       "bf16, so about twice the tokens; the ring passes FP8 blocks, decode reads FP8). "
+       "Accuracy: README"},
       {"warmup_tokens", K::kInt64, &c->warmup_tokens, "N",
        "before the workers serve (at start and after a restart), one request of N tokens runs "
        "through them, so that the first request is as fast as the next (-1, the default: the "
@@ -294,6 +300,7 @@ Status validate(const ServerConfig& c) {
     return Status::error("tp " + std::to_string(c.tp) + " does not divide the " +
                          std::to_string(n) + " workers (workers = tp x the ring's ranks)");
   }
+  if (auto kv = engine::parse_kv_cache_dtype(c.kv_cache_dtype); !kv.ok()) return kv.status();
   engine::ShardLayout layout;
   if (!engine::parse_shard_layout(c.layout, &layout)) {
     return Status::error("layout must be striped, zigzag or contiguous, got \"" + c.layout +

@@ -280,6 +280,10 @@ std::vector<std::string> WorkerGroup::worker_args(const Rank& rk, const std::str
     args.insert(args.end(), {"--kv-memory-fraction", std::to_string(options_.kv_memory_fraction),
                              "--kv-reserve-bytes", std::to_string(options_.kv_reserve_bytes)});
   }
+  if (options_.kv_cache_dtype != engine::KvCacheDtype::kAuto) {
+    args.insert(args.end(),
+                {"--kv-cache-dtype", engine::kv_cache_dtype_name(options_.kv_cache_dtype)});
+  }
   if (!options_.model.dir.empty()) {
     args.insert(args.end(), {"--model", options_.model.dir});
   } else {

@@ -17,7 +17,7 @@ constexpr const char* kSynopsis =
     R"(usage: burst-worker (--model DIR | --preset NAME --random-weights SEED) --rank R --world N
                     --store DIR --port-file FILE [--progress-file FILE] [--device D]
                     [--kv-capacity TOKENS] [--kv-memory-fraction F] [--kv-reserve-bytes B]
-                    [--threads T] [--comm-timeout-ms MS] [--tp T]
+                    [--kv-cache-dtype auto|fp8] [--threads T] [--comm-timeout-ms MS] [--tp T]
    or: burst-worker (--model DIR | --preset NAME --random-weights SEED) --join HOST:PORT
                     [--advertise-host H] [--cluster-token-file F] [--device D] [--threads T]
    or: burst-worker --version | --help
@@ -31,7 +31,8 @@ or --flag=VALUE. SIGTERM stops the worker at any moment, loading included.
 // The spawned form's flags: with --join the server sends these.
 constexpr const char* kLocalFlags[] = {
     "--rank",        "--world",          "--store",          "--port-file",       "--progress-file",
-    "--kv-capacity", "--kv-memory-fraction", "--kv-reserve-bytes", "--comm-timeout-ms", "--tp"};
+    "--kv-capacity", "--kv-memory-fraction", "--kv-reserve-bytes", "--comm-timeout-ms", "--tp",
+    "--kv-cache-dtype"};
 
 [[noreturn]] void usage(const CLI::App& app, const std::string& msg) {
   std::cerr << "burst-worker: " << msg << "\n" << app.help();
@@ -74,6 +75,16 @@ void add_flags(CLI::App& app, Args& a, bool& version) {
       });
   app.add_option("--kv-reserve-bytes", a.kv_reserve_bytes, "with --kv-capacity 0: bytes kept "
                  "free for activations (default 0)")->type_name("B");
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [&a](const std::string& v) { a.kv_cache_dtype = engine::parse_kv_cache_dtype(v).value(); },
+         "what the KV pool holds: auto (the compute dtype; default) or fp8 (FP8 rows, "
+         "kernels/kv_fp8.h) (spawned form)")
+      ->type_name("D")
+      ->check([](const std::string& v) -> std::string {
+        auto d = engine::parse_kv_cache_dtype(v);
+        return d.ok() ? "" : d.message();
+      });
   app.add_option("--comm-timeout-ms", a.comm_timeout_ms, "the communicator's timeout (spawned "
                  "form; default 30000)")->type_name("MS");
   app.add_option("--poison-freed-kv", a.poison_freed_kv, "1: fill freed KV pages with NaN (a "
@@ -100,7 +111,8 @@ void check(const CLI::App& app, const Args& a) {
   if (!a.join.empty()) {
     if (a.local_flags) {
       usage(app, "--rank, --world, --store, --port-file, --progress-file, --kv-capacity, "
-            "--comm-timeout-ms and --tp come from the server with --join; drop them");
+            "--kv-cache-dtype, --comm-timeout-ms and --tp come from the server with --join; "
+            "drop them");
     }
     if (auto hp = burst::server::split_host_port(a.join); !hp.ok()) {
       usage(app, "--join: " + hp.message());

@@ -152,6 +152,11 @@ int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& back
   sized.kv_capacity = as.kv_capacity();
   sized.kv_memory_fraction = as.kv_memory_fraction();
   sized.kv_reserve_bytes = as.kv_reserve_bytes();
+  // An empty dtype (a coordinator older than the field) means the compute dtype.
+  auto kv_dtype = engine::parse_kv_cache_dtype(as.kv_cache_dtype().empty() ? "auto"
+                                                                           : as.kv_cache_dtype());
+  if (!kv_dtype.ok()) return process.fail("the coordinator's " + kv_dtype.message());
+  sized.kv_cache_dtype = kv_dtype.value();
   auto ring = open_ring(process, sized, backend, model, *comms.value().ring);
   if (!ring.ok()) return process.fail(ring.message());
   WorkerService service(process, model, *comms.value().ring, *ring.value(), reg.token,

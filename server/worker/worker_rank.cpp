@@ -58,9 +58,9 @@ std::string gib(double bytes) {
 }
 
 // Bytes of one cached token on this rank: K and V of its KV heads in every layer.
-int64_t kv_row_bytes(const engine::AttentionShape& s, const engine::Backend& backend) {
-  return int64_t{s.layers} * 2 * s.kv_heads * s.head_dim *
-         engine::dtype_size(backend.compute_dtype());
+int64_t kv_token_bytes(const engine::AttentionShape& s, const engine::Backend& backend,
+                       engine::KvCacheDtype dtype) {
+  return int64_t{s.layers} * 2 * engine::kv_row_bytes(backend, s, dtype);
 }
 
 #ifdef BURST_HAVE_CUDA
@@ -71,7 +71,7 @@ Result<int64_t> kv_rows_from_gpu(const WorkerProcess& process, const Args& a,
   auto mem = engine::cuda_memory_info(backend);
   if (!mem.ok()) return mem.status();
   const engine::AttentionShape s = model.attention_shape();
-  const int64_t row_bytes = kv_row_bytes(s, backend);
+  const int64_t row_bytes = kv_token_bytes(s, backend, a.kv_cache_dtype);
   const int64_t rows = engine::kv_rows_from_memory(
       mem.value().free, mem.value().total, a.kv_memory_fraction, a.kv_reserve_bytes, row_bytes,
       engine::kv_page_size(backend));
@@ -118,9 +118,9 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
   // ring's blocks once both are in. The weights were checked against free memory before the
   // first byte was read (Backend::check_fits), the pool before it is allocated.
   const engine::AttentionShape s = model.attention_shape();
-  const int64_t kv_bytes = capacity.value() * kv_row_bytes(s, backend);
+  const int64_t kv_bytes = capacity.value() * kv_token_bytes(s, backend, a.kv_cache_dtype);
   auto ring = engine::RingAttention::create(backend, comm, s, capacity.value(),
-                                            engine::kv_page_size(backend));
+                                            engine::kv_page_size(backend), a.kv_cache_dtype);
   if (!ring.ok()) return ring.status();
   ring.value()->cache_mut().set_poison_freed(a.poison_freed_kv);
   std::string plan = "memory plan: weights " + gib(static_cast<double>(model.weight_bytes())) +
@@ -130,7 +130,8 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
                           : "") +
                      ", KV cache " + gib(static_cast<double>(kv_bytes)) + " (" +
                      std::to_string(capacity.value()) + " tokens, " + std::to_string(s.kv_heads) +
-                     " KV heads)";
+                     " KV heads" +
+                     (a.kv_cache_dtype == engine::KvCacheDtype::kFp8 ? ", fp8" : "") + ")";
 #ifdef BURST_HAVE_CUDA
   if (backend.device() == engine::DeviceKind::kCuda) {
     if (auto mem = engine::cuda_memory_info(backend); mem.ok()) {

@@ -23,6 +23,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/kv_fp8.h"
 #include "gpu_test_util.h"
 
 namespace burst::kernels {
@@ -995,6 +996,181 @@ TEST_F(GpuAttention, DecodeBatchedPerRowEqualsOneLaunchEach) {
   AttnParams bad = all;
   bad.mask = MaskKind::kCausal;
   EXPECT_EQ(attention_decode_cuda(bad, dws.ptr, ws, nullptr), cudaErrorInvalidValue);
+}
+
+// The decode kernel over FP8 KV rows (AttnParams::kv_fp8): paged, per-row K/V for several
+// sequences in one launch and one launch each, GQA, head_dim 128 and 64, keys with outlier
+// channels (a few channels 20x the rest, as LLaMA's K has). Against attention_cpu over the
+// same rows (fp32 on their values): within 2x the error a naive bf16 attention over those
+// values makes (P rounded to bf16 before P.V) plus 1e-5. And the FP8 cache's own error,
+// against attention over the unrounded K/V, is reported beside that of a bf16 cache.
+TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
+  struct Shape {
+    int heads, kv_heads, d;
+  };
+  for (const Shape s : {Shape{32, 8, 128}, Shape{8, 2, 64}, Shape{4, 4, 128}}) {
+    SCOPED_TRACE("heads " + std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) +
+                 " head_dim " + std::to_string(s.d));
+    const int page = 256;
+    const std::vector<int> lens = {1, 37, 300, 4097, 20001};
+    const int n = static_cast<int>(lens.size());
+    std::mt19937 rng(7 + s.d);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const int64_t kvw = int64_t{s.kv_heads} * s.d, qw = int64_t{s.heads} * s.d;
+    const int64_t row_bytes = kv_fp8_row_bytes(s.kv_heads, s.d);
+    int total_pages = 0;
+    for (int l : lens) total_pages += (l + page - 1) / page;
+    const int pool_pages = total_pages + 2;
+    std::vector<int32_t> perm(static_cast<size_t>(pool_pages));
+    for (int i = 0; i < pool_pages; ++i) perm[size_t(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> meta, offsets;
+    size_t next = 0;
+    for (int l : lens) {
+      offsets.push_back(static_cast<int32_t>(meta.size()));
+      for (int pg = 0; pg < (l + page - 1) / page; ++pg) meta.push_back(perm[next++]);
+    }
+    const int32_t lens_at = static_cast<int32_t>(meta.size());
+    meta.insert(meta.end(), lens.begin(), lens.end());
+    meta.insert(meta.end(), offsets.begin(), offsets.end());
+    const int64_t pool_rows = int64_t{pool_pages} * page;
+    std::vector<float> q(size_t(n) * qw), k(size_t(pool_rows) * kvw), v(k.size());
+    for (auto& x : q) x = round_to(DType::kBF16, nd(rng));
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (int64_t r = 0; r < pool_rows; ++r) {  // outlier channels 3 and 77 of every head
+      for (int g = 0; g < s.kv_heads; ++g) {
+        for (int c : {3, 77 % s.d}) k[size_t(r * kvw + g * s.d + c)] *= 20.f;
+      }
+    }
+    std::vector<uint8_t> kp(size_t(pool_rows * row_bytes)), vp(kp.size());
+    quantize_kv_cpu(k.data(), pool_rows, s.kv_heads, s.d, nullptr, kp.data());
+    quantize_kv_cpu(v.data(), pool_rows, s.kv_heads, s.d, nullptr, vp.data());
+    DevBuf dq, dk, dv, dmeta, dout, dws;
+    const size_t o_bytes = size_t(n) * qw * 4, lse_bytes = size_t(n) * s.heads * 4;
+    upload(dq, encode(DType::kBF16, q));
+    upload(dk, kp);
+    upload(dv, vp);
+    CUDA_ASSERT(cudaMalloc(&dmeta.ptr, meta.size() * 4));
+    CUDA_ASSERT(cudaMemcpy(dmeta.ptr, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMalloc(&dout.ptr, 2 * (o_bytes + lse_bytes)));
+    CUDA_ASSERT(cudaMalloc(&dws.ptr, size_t(256) << 20));
+    const auto* dm = static_cast<const int32_t*>(dmeta.ptr);
+    auto params = [&](int n_q) {
+      AttnParams p;
+      p.n_q = n_q;
+      p.heads = s.heads;
+      p.kv_heads = s.kv_heads;
+      p.head_dim = s.d;
+      set_packed_strides(p);
+      p.k_row_stride = p.v_row_stride = row_bytes;
+      p.kv_fp8 = true;
+      p.scale = 1.f / std::sqrt(float(s.d));
+      p.mask = MaskKind::kNone;
+      p.dtype = DType::kBF16;
+      p.o_dtype = DType::kF32;
+      p.k = dk.ptr;
+      p.v = dv.ptr;
+      p.page_size = page;
+      return p;
+    };
+    char* out0 = static_cast<char*>(dout.ptr);
+    char* out1 = out0 + o_bytes + lse_bytes;
+    AttnParams all = params(n);
+    all.n_kv = *std::max_element(lens.begin(), lens.end());
+    all.q = dq.ptr;
+    all.kv_pages = dm;
+    all.row_kv_len = dm + lens_at;
+    all.row_page_offset = dm + lens_at + n;
+    all.o = out0;
+    all.lse = reinterpret_cast<float*>(out0 + o_bytes);
+    size_t ws = attention_decode_workspace_bytes(all);
+    ASSERT_GT(ws, 0u);
+    CUDA_ASSERT(attention_decode_cuda(all, dws.ptr, ws, nullptr));
+    for (int b = 0; b < n; ++b) {
+      AttnParams one = params(1);
+      one.n_kv = lens[size_t(b)];
+      one.q = static_cast<const char*>(dq.ptr) + size_t(b) * qw * 2;
+      one.kv_pages = dm + offsets[size_t(b)];
+      one.o = out1 + size_t(b) * qw * 4;
+      one.lse = reinterpret_cast<float*>(out1 + o_bytes) + b;
+      one.lse_head_stride = n;
+      ws = attention_decode_workspace_bytes(one);
+      CUDA_ASSERT(attention_decode_cuda(one, dws.ptr, ws, nullptr));
+    }
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<float> got(2 * (o_bytes + lse_bytes) / 4);
+    CUDA_ASSERT(cudaMemcpy(got.data(), out0, got.size() * 4, cudaMemcpyDeviceToHost));
+    // References per sequence: the CPU kernel over the same FP8 rows (its values in fp32), a
+    // naive bf16 attention over those values, and attention over the unrounded K/V (fp32) and
+    // over bf16 K/V (what a bf16 cache holds).
+    double err_ours = 0, err_naive = 0, rmse_fp8 = 0, rmse_bf16 = 0, count = 0;
+    double lse_ours = 0, lse_naive = 0;
+    for (int b = 0; b < n; ++b) {
+      const int len = lens[size_t(b)];
+      std::vector<float> kd(size_t(len) * kvw), vd(kd.size()), ke(kd.size()), ve(kd.size());
+      std::vector<float> row(size_t(kvw));
+      for (int j = 0; j < len; ++j) {
+        const int64_t pr = int64_t{meta[size_t(offsets[size_t(b)] + j / page)]} * page + j % page;
+        dequantize_kv_cpu(kp.data() + pr * row_bytes, 1, s.kv_heads, s.d, &kd[size_t(j) * kvw]);
+        dequantize_kv_cpu(vp.data() + pr * row_bytes, 1, s.kv_heads, s.d, &vd[size_t(j) * kvw]);
+        std::copy_n(&k[size_t(pr * kvw)], kvw, &ke[size_t(j) * kvw]);
+        std::copy_n(&v[size_t(pr * kvw)], kvw, &ve[size_t(j) * kvw]);
+      }
+      const std::vector<float> qb(q.begin() + b * qw, q.begin() + (b + 1) * qw);
+      Inputs in;
+      in.q = qb;
+      in.k = kd;
+      in.v = vd;
+      in.p.n_q = 1;
+      in.p.n_kv = len;
+      in.p.heads = s.heads;
+      in.p.kv_heads = s.kv_heads;
+      in.p.head_dim = s.d;
+      set_packed_strides(in.p);
+      in.p.scale = 1.f / std::sqrt(float(s.d));
+      in.p.mask = MaskKind::kNone;
+      Outputs ref, naive;
+      references(in, DType::kBF16, DType::kF32, ref, naive);
+      Inputs exact = in, bf16 = in;
+      exact.k = ke;
+      exact.v = ve;
+      bf16.k = bf16.v = {};
+      for (float x : ke) bf16.k.push_back(round_to(DType::kBF16, x));
+      for (float x : ve) bf16.v.push_back(round_to(DType::kBF16, x));
+      Outputs ref_exact, ref_bf16, unused;
+      references(exact, DType::kBF16, DType::kF32, ref_exact, unused);
+      references(bf16, DType::kBF16, DType::kF32, ref_bf16, unused);
+      for (int h = 0; h < s.heads; ++h) {
+        for (int launch = 0; launch < 2; ++launch) {
+          const double g = got[size_t(launch * (o_bytes + lse_bytes) / 4 + o_bytes / 4 + h * n + b)];
+          lse_ours = std::max(lse_ours, std::fabs(g - ref.lse[size_t(h)]));
+        }
+        lse_naive = std::max(lse_naive, std::fabs(double(naive.lse[size_t(h)]) - ref.lse[size_t(h)]));
+      }
+      for (int64_t c = 0; c < qw; ++c) {
+        const double r = ref.o[size_t(c)];
+        for (int launch = 0; launch < 2; ++launch) {
+          const double g = got[size_t(launch * (o_bytes + lse_bytes) / 4 + b * qw + c)];
+          ASSERT_TRUE(std::isfinite(g)) << "sequence " << b << " col " << c;
+          err_ours = std::max(err_ours, std::fabs(g - r));
+        }
+        err_naive = std::max(err_naive, std::fabs(double(naive.o[size_t(c)]) - r));
+        const double e = ref_exact.o[size_t(c)];
+        rmse_fp8 += (r - e) * (r - e);
+        rmse_bf16 += (double(ref_bf16.o[size_t(c)]) - e) * (double(ref_bf16.o[size_t(c)]) - e);
+        count += 1;
+      }
+    }
+    EXPECT_LE(err_ours, 2 * err_naive + 1e-5)
+        << "fp8 decode max error " << err_ours << ", naive bf16 " << err_naive;
+    EXPECT_LE(lse_ours, 2 * lse_naive + 1e-4) << "lse " << lse_ours << ", naive " << lse_naive;
+    std::printf("fp8 KV decode, heads %d/%d head_dim %d: max error vs the CPU kernel %.3g "
+                "(naive bf16 %.3g); output RMSE vs unrounded K/V: fp8 cache %.3g, bf16 cache "
+                "%.3g\n",
+                s.heads, s.kv_heads, s.d, err_ours, err_naive, std::sqrt(rmse_fp8 / count),
+                std::sqrt(rmse_bf16 / count));
+  }
 }
 
 // merge_into_o: attention over one part of the keys, then the other part merged into it by

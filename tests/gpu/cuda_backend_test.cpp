@@ -43,6 +43,7 @@
 #include "engine/random.h"
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/ops.h"
 #include "models/config.h"
 #include "runtime/driver.h"
@@ -280,6 +281,67 @@ TEST_F(CudaBackendTest, CopyConvertAndFillRandomMatchCpu) {
 // ---- the layer ops ----------------------------------------------------------------------------
 
 constexpr int64_t kRows[] = {1, 7, 37, 127, 769};
+
+// FP8 KV rows: the CUDA backend's quantize_kv writes the CPU reference's bytes (scattered,
+// a skipped row untouched, padding zeroed) from bf16 values with outlier channels and an
+// all-zero head, and dequantize_kv gives the CPU values rounded once to bf16.
+TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
+  struct Shape {
+    int kv_heads, head_dim;
+  };
+  for (const Shape s : {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}}) {
+    SCOPED_TRACE(std::to_string(s.kv_heads) + " heads x " + std::to_string(s.head_dim));
+    const int64_t rows = 301, width = int64_t{s.kv_heads} * s.head_dim;
+    const int64_t row_bytes = kernels::kv_fp8_row_bytes(s.kv_heads, s.head_dim);
+    std::vector<float> x = round_bf16(random_vector(size_t(rows * width), -4.f, 4.f, 5));
+    for (int64_t r = 0; r < rows; ++r) x[size_t(r * width + 5)] = round_bf16(300.f + r);
+    for (int64_t c = 0; c < s.head_dim; ++c) x[size_t(7 * width + c)] = 0.f;  // a zero head
+    std::vector<int32_t> dst(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) dst[size_t(r)] = r == 11 ? -1 : int32_t(rows - 1 - r);
+    std::vector<uint8_t> want(size_t(rows * row_bytes), 0x5a);
+    kernels::quantize_kv_cpu(x.data(), rows, s.kv_heads, s.head_dim, dst.data(), want.data());
+
+    Tensor src = gpu({rows, width}, x);
+    auto pool = gpu_->alloc({rows, row_bytes}, DType::kFP8E4M3);
+    ASSERT_TRUE(pool.ok()) << pool.message();
+    ASSERT_EQ(cudaMemset(pool.value().data, 0x5a, size_t(rows * row_bytes)), cudaSuccess);
+    auto table = gpu_->alloc({rows}, DType::kF32);  // int32 words (bits copied unchanged)
+    ASSERT_TRUE(table.ok());
+    ASSERT_EQ(cudaMemcpy(table.value().data, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    Status st = gpu_->quantize_kv(src, s.kv_heads, table.value().as<int32_t>(), pool.value());
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(gpu_->synchronize().ok());
+    std::vector<uint8_t> got(want.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), pool.value().data, got.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    EXPECT_EQ(differ, 0u) << "bytes differ from quantize_kv_cpu";
+
+    std::vector<float> values(size_t(rows * width));
+    kernels::dequantize_kv_cpu(want.data(), rows, s.kv_heads, s.head_dim, values.data());
+    auto back = gpu_->alloc({rows, width}, DType::kBF16);
+    ASSERT_TRUE(back.ok());
+    st = gpu_->dequantize_kv(pool.value(), s.kv_heads, back.value());
+    ASSERT_TRUE(st.ok()) << st.message();
+    const std::vector<float> dq = fetch(*gpu_, back.value());
+    size_t off = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r == int64_t{rows - 1 - 11}) continue;  // the skipped row's pool row: 0x5a bytes
+      for (int64_t c = 0; c < width; ++c) {
+        const size_t i = size_t(r * width + c);
+        off += !(dq[i] == round_bf16(values[i]));
+      }
+    }
+    EXPECT_EQ(off, 0u) << "dequantized values differ from the CPU's rounded to bf16";
+    // Mismatched widths are refused with the shapes named.
+    auto narrow = gpu_->alloc({rows, width / 2}, DType::kBF16);
+    st = gpu_->dequantize_kv(pool.value(), s.kv_heads, narrow.value());
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("dequantize_kv"), std::string::npos) << st.message();
+  }
+}
 
 TEST_F(CudaBackendTest, EmbeddingIsExact) {
   const int64_t vocab = 1001, dim = 200;

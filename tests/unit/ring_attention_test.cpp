@@ -4,6 +4,9 @@
 // monolithic answer, bit-identical on every rank; chunk-by-chunk prefill by either ring (pass-KV,
 // pass-Q) gives the same rows; and with a transport that is slower than
 // compute, the double buffer hides it (total close to max(compute, comm), not their sum).
+// Under an FP8 KV cache the same holds against monolithic attention over the keys and values
+// the FP8 rows hold (kernels/kv_fp8.h): every key a query sees, cached or of its own chunk,
+// went through the same rounding, however the prompt was cut.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,6 +22,7 @@
 
 #include "engine/backend.h"
 #include "engine/ring_attention.h"
+#include "kernels/kv_fp8.h"
 #include "multiprocess.h"
 
 namespace burst::engine {
@@ -42,21 +46,34 @@ std::vector<float> random_vec(size_t n, uint32_t seed) {
   return v;
 }
 
+// x [rows, kv_heads * head_dim] through FP8 KV rows and back: the values an FP8 cache holds.
+std::vector<float> through_fp8(const std::vector<float>& x, int kv_heads, int head_dim) {
+  const int64_t kvw = int64_t{kv_heads} * head_dim, rows = static_cast<int64_t>(x.size()) / kvw;
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * kernels::kv_fp8_row_bytes(kv_heads, head_dim)));
+  std::vector<float> out(x.size());
+  kernels::quantize_kv_cpu(x.data(), rows, kv_heads, head_dim, nullptr, bytes.data());
+  kernels::dequantize_kv_cpu(bytes.data(), rows, kv_heads, head_dim, out.data());
+  return out;
+}
+
 // The whole sequence's q/k/v (padded length, so padding rows hold random values too) and the
-// monolithic causal attention of the first n rows.
+// monolithic causal attention of the first n rows over the keys and values attention sees
+// (seen_k, seen_v: k and v themselves, or what FP8 rows hold of them).
 struct Problem {
   Shape s;
   int64_t padded;
-  std::vector<float> q, k, v, o_ref, lse_ref;
-  Problem(Shape shape, int64_t padded_len) : s(shape), padded(padded_len) {
+  std::vector<float> q, k, v, seen_k, seen_v, o_ref, lse_ref;
+  Problem(Shape shape, int64_t padded_len, bool fp8 = false) : s(shape), padded(padded_len) {
     const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
     q = random_vec(static_cast<size_t>(padded * qw), 1);
     k = random_vec(static_cast<size_t>(padded * kvw), 2);
     v = random_vec(static_cast<size_t>(padded * kvw), 3);
+    seen_k = fp8 ? through_fp8(k, s.kv_heads, s.head_dim) : k;
+    seen_v = fp8 ? through_fp8(v, s.kv_heads, s.head_dim) : v;
     o_ref.resize(static_cast<size_t>(s.n * qw));
     lse_ref.resize(static_cast<size_t>(s.n * s.heads));
-    kernels::AttnParams p = params(q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(),
-                                   s.n, s.n, 0, 0, kernels::MaskKind::kCausal);
+    kernels::AttnParams p = params(q.data(), seen_k.data(), seen_v.data(), o_ref.data(),
+                                   lse_ref.data(), s.n, s.n, 0, 0, kernels::MaskKind::kCausal);
     kernels::attention_cpu(p);
   }
   kernels::AttnParams params(const float* qp, const float* kp, const float* vp, float* op,
@@ -129,7 +146,7 @@ struct Rows {
 // One rank: ring prefill of its shard, compared with the monolithic rows; then one decode
 // step compared with monolithic attention and with every other rank's bits.
 int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout,
-              bool kernel_merges) {
+              bool kernel_merges, KvCacheDtype kv) {
   auto comm = make_gloo_communicator({rank, world, store, "127.0.0.1",
                                       std::chrono::milliseconds(20000), nullptr});
   if (!comm.ok()) {
@@ -137,10 +154,12 @@ int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayou
     return 10;
   }
   const auto plan = ShardPlan::make(layout, s.n, world);
-  Problem pr(s, plan.padded_len + 1);  // one extra row: the decode token
+  // One extra row: the decode token.
+  Problem pr(s, plan.padded_len + 1, kv == KvCacheDtype::kFp8);
   auto backend = make_cpu_backend(kernel_merges);
   auto ring = RingAttention::create(*backend, *comm.value(),
-                                    {1, s.heads, s.kv_heads, s.head_dim}, plan.local_rows(rank) + 2);
+                                    {1, s.heads, s.kv_heads, s.head_dim}, plan.local_rows(rank) + 2,
+                                    kDefaultKvPageSize, kv);
   if (!ring.ok()) return 11;
   const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
   Rows in(*backend, pr, plan, rank);
@@ -175,9 +194,11 @@ int ring_rank(int rank, int world, const std::string& store, Shape s, ShardLayou
   }
   ring.value()->end_step();
   // Monolithic reference: keys 0..n-1 then the decode token's key.
-  std::vector<float> kk(pr.k.begin(), pr.k.begin() + s.n * kvw), vv(pr.v.begin(), pr.v.begin() + s.n * kvw);
-  kk.insert(kk.end(), pr.k.begin() + plan.padded_len * kvw, pr.k.begin() + (plan.padded_len + 1) * kvw);
-  vv.insert(vv.end(), pr.v.begin() + plan.padded_len * kvw, pr.v.begin() + (plan.padded_len + 1) * kvw);
+  const auto& sk = pr.seen_k;
+  const auto& sv = pr.seen_v;
+  std::vector<float> kk(sk.begin(), sk.begin() + s.n * kvw), vv(sv.begin(), sv.begin() + s.n * kvw);
+  kk.insert(kk.end(), sk.begin() + plan.padded_len * kvw, sk.begin() + (plan.padded_len + 1) * kvw);
+  vv.insert(vv.end(), sv.begin() + plan.padded_len * kvw, sv.begin() + (plan.padded_len + 1) * kvw);
   std::vector<float> o_ref(qw), lse_ref(s.heads);
   kernels::attention_cpu(pr.params(pr.q.data() + plan.padded_len * qw, kk.data(), vv.data(),
                                    o_ref.data(), lse_ref.data(), 1, s.n + 1, pos, 0,
@@ -207,6 +228,7 @@ struct RingCase {
   // Whether the attention merges later contributions into o itself (the CPU kernel, the Hopper
   // kernel) or the ring merges partials (the mma.sync kernel's path).
   bool kernel_merges = true;
+  KvCacheDtype kv = KvCacheDtype::kAuto;
 };
 
 class RingAttentionTest : public ::testing::TestWithParam<RingCase> {};
@@ -216,7 +238,7 @@ TEST_P(RingAttentionTest, EqualsMonolithicAttention) {
   const std::string store = make_temp_dir();
   ASSERT_FALSE(store.empty());
   const auto codes = run_ranks(c.world, [&](int rank) {
-    return ring_rank(rank, c.world, store, c.shape, c.layout, c.kernel_merges);
+    return ring_rank(rank, c.world, store, c.shape, c.layout, c.kernel_merges, c.kv);
   });
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
@@ -237,13 +259,17 @@ INSTANTIATE_TEST_SUITE_P(
                       RingCase{3, {50, 4, 4, 16}, ShardLayout::kContiguous},
                       RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous},
                       RingCase{3, {101, 6, 2, 32}, ShardLayout::kZigzag, false},
-                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous, false}),
+                      RingCase{4, {130, 2, 1, 64}, ShardLayout::kContiguous, false},
+                      RingCase{1, {37, 4, 2, 16}, ShardLayout::kStriped, true, KvCacheDtype::kFp8},
+                      RingCase{3, {101, 6, 2, 32}, ShardLayout::kStriped, true, KvCacheDtype::kFp8},
+                      RingCase{4, {127, 8, 2, 16}, ShardLayout::kStriped, false, KvCacheDtype::kFp8},
+                      RingCase{3, {101, 6, 2, 32}, ShardLayout::kZigzag, true, KvCacheDtype::kFp8}),
     [](const auto& info) {
       const RingCase& c = info.param;
       std::ostringstream os;  // not string +: see attention_cpu_test.cpp
       os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
          << c.shape.kv_heads << "kv_" << shard_layout_name(c.layout)
-         << (c.kernel_merges ? "" : "_partials");
+         << (c.kernel_merges ? "" : "_partials") << (c.kv == KvCacheDtype::kFp8 ? "_fp8" : "");
       return os.str();
     });
 
@@ -252,15 +278,16 @@ INSTANTIATE_TEST_SUITE_P(
 // 1 runs alone (its pages follow each other: pass-Q reads the prefix in place); sequences 2 and 3
 // alternate chunk by chunk on pages of 4 rows (their pages interleave: the prefix is gathered).
 int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLayout layout,
-                 RingPass pass) {
+                 RingPass pass, KvCacheDtype kv) {
   auto comm = make_gloo_communicator({rank, world, store, "127.0.0.1",
                                       std::chrono::milliseconds(20000), nullptr});
   if (!comm.ok()) return 10;
   const std::vector<int64_t> chunks = {s.n / 3, 7, s.n / 4 + 1, 0};  // 0: the rest
-  Problem pr(s, s.n + 2 * world * 8);  // room for the last chunk's padding rows
+  // Room for the last chunk's padding rows.
+  Problem pr(s, s.n + 2 * world * 8, kv == KvCacheDtype::kFp8);
   auto backend = make_cpu_backend();
   auto ring = RingAttention::create(*backend, *comm.value(), {1, s.heads, s.kv_heads, s.head_dim},
-                                    3 * s.n + 64, /*page_size=*/4);
+                                    3 * s.n + 64, /*page_size=*/4, kv);
   if (!ring.ok()) return 11;
   RingAttention& ra = *ring.value();
   ra.set_pass(pass);
@@ -307,6 +334,7 @@ struct ChunkedCase {
   Shape shape;
   ShardLayout layout;
   RingPass pass;
+  KvCacheDtype kv = KvCacheDtype::kAuto;
 };
 
 // gtest prints a failing case's parameters with this (not as raw bytes).
@@ -314,7 +342,8 @@ void PrintTo(const ChunkedCase& c, std::ostream* os) {
   *os << c.world << " ranks, " << c.shape.n << " tokens, " << c.shape.heads << "/"
       << c.shape.kv_heads << " heads x " << c.shape.head_dim << ", "
       << shard_layout_name(c.layout) << ", "
-      << (c.pass == RingPass::kQ ? "pass-Q" : c.pass == RingPass::kKv ? "pass-KV" : "auto");
+      << (c.pass == RingPass::kQ ? "pass-Q" : c.pass == RingPass::kKv ? "pass-KV" : "auto")
+      << (c.kv == KvCacheDtype::kFp8 ? ", fp8 KV" : "");
 }
 
 class RingChunkedTest : public ::testing::TestWithParam<ChunkedCase> {};
@@ -324,7 +353,7 @@ TEST_P(RingChunkedTest, ChunkByChunkEqualsMonolithicAttention) {
   const std::string store = make_temp_dir();
   ASSERT_FALSE(store.empty());
   const auto codes = run_ranks(c.world, [&](int rank) {
-    return chunked_rank(rank, c.world, store, c.shape, c.layout, c.pass);
+    return chunked_rank(rank, c.world, store, c.shape, c.layout, c.pass, c.kv);
   });
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
@@ -343,14 +372,23 @@ INSTANTIATE_TEST_SUITE_P(
                       ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kZigzag, RingPass::kAuto},
                       ChunkedCase{4, {83, 4, 1, 32}, ShardLayout::kZigzag, RingPass::kQ},
                       ChunkedCase{4, {83, 4, 1, 32}, ShardLayout::kContiguous, RingPass::kKv},
-                      ChunkedCase{3, {70, 2, 2, 16}, ShardLayout::kContiguous, RingPass::kQ}),
+                      ChunkedCase{3, {70, 2, 2, 16}, ShardLayout::kContiguous, RingPass::kQ},
+                      ChunkedCase{1, {61, 4, 2, 16}, ShardLayout::kStriped, RingPass::kQ,
+                                  KvCacheDtype::kFp8},
+                      ChunkedCase{2, {61, 4, 2, 16}, ShardLayout::kStriped, RingPass::kKv,
+                                  KvCacheDtype::kFp8},
+                      ChunkedCase{3, {97, 6, 3, 16}, ShardLayout::kStriped, RingPass::kQ,
+                                  KvCacheDtype::kFp8},
+                      ChunkedCase{4, {83, 4, 1, 32}, ShardLayout::kStriped, RingPass::kAuto,
+                                  KvCacheDtype::kFp8}),
     [](const auto& info) {
       const ChunkedCase& c = info.param;
       std::ostringstream os;
       os << c.world << "ranks_" << c.shape.n << "tokens_" << c.shape.heads << "q"
          << c.shape.kv_heads << "kv_"
          << shard_layout_name(c.layout) << "_"
-         << (c.pass == RingPass::kQ ? "passQ" : c.pass == RingPass::kKv ? "passKV" : "auto");
+         << (c.pass == RingPass::kQ ? "passQ" : c.pass == RingPass::kKv ? "passKV" : "auto")
+         << (c.kv == KvCacheDtype::kFp8 ? "_fp8" : "");
       return os.str();
     });
 

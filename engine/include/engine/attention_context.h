@@ -35,9 +35,4 @@ struct AttentionShape {
   float logit_scale = 1.f;
 };
 
-// Per-layer K and V buffers of `capacity` rows each, [capacity, kv_heads * head_dim] in the
-// backend's compute dtype: the storage of the paged KV cache (engine/kv_pages.cpp).
-Status alloc_kv_layers(Backend& backend, const AttentionShape& shape, int64_t capacity,
-                       std::vector<Tensor>& k, std::vector<Tensor>& v);
-
 }  // namespace burst::engine

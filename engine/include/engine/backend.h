@@ -55,6 +55,19 @@ class Backend {
   Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) {
     return fill_random(t, seed, scale, constant, RandomWindow{});
   }
+  // Every element of t = value, rounded once to t's dtype. An FP8 tensor gets value's e4m3
+  // byte in every byte, its rows' scales included: NaN poisons whole FP8 KV rows, 0 zeroes them.
+  virtual Status fill(Tensor& t, float value) = 0;
+
+  // The FP8 KV cache's rows (kernels/kv_fp8.h), kFP8E4M3 tensors [rows, kv_fp8_row_bytes].
+  // quantize_kv: src [n, kv_heads * head_dim] of the compute dtype into FP8 rows of dst, row i
+  // into dst row dst_rows[i] (this backend's memory; negative: skipped), or into row i when
+  // dst_rows is null. dequantize_kv: dst [n, kv_heads * head_dim] (the compute dtype) = the
+  // values of src's rows [0, n), rounded once. The CPU backend is kernels/kv_fp8.h's reference;
+  // the CUDA one writes the same bytes and values.
+  virtual Status quantize_kv(const Tensor& src, int kv_heads, const int32_t* dst_rows,
+                             Tensor& dst) = 0;
+  virtual Status dequantize_kv(const Tensor& src, int kv_heads, Tensor& dst) = 0;
 
   // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]. ids are validated. An
   // id -1 - k (k < the count of drawn_ids()) stands for the k-th id the last sample() drew,
@@ -227,6 +240,10 @@ class Backend {
 // least one id per row, one params (valid: engine::validate) and one uniform per row.
 std::string check_sample_args(const Tensor& logits, const std::vector<SamplingParams>& params,
                               const std::vector<double>& uniforms);
+
+// Whether `values` ([n, kv_heads * head_dim], 2-D) and `rows` (kFP8E4M3, [*, kv_fp8_row_bytes])
+// are a tensor and its FP8 KV rows (Backend::quantize_kv, dequantize_kv); sets head_dim.
+bool kv_rows_match(const Tensor& values, int kv_heads, const Tensor& rows, int& head_dim);
 
 // The CPU backend (fp32). Always available. attention_merges = false makes it report that its
 // attention cannot merge into o, so callers take the partial + merge path (the one a CUDA

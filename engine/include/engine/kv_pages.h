@@ -25,6 +25,19 @@
 
 namespace burst::engine {
 
+// What the KV cache holds (--kv-cache-dtype): K and V in the compute dtype ("auto"), or FP8
+// rows (kernels/kv_fp8.h: e4m3 with a scale per token and head, about half the bytes of bf16).
+// Under fp8 every attention reads the rows' values: the decode kernel reads the rows
+// themselves, a prefill's keys are dequantized from them (its own chunk's too, so a prompt
+// sees the same keys however it is cut into chunks).
+enum class KvCacheDtype { kAuto, kFp8 };
+// "auto", "fp8" or "fp8_e4m3" (vLLM's names; fp8 is e4m3).
+Result<KvCacheDtype> parse_kv_cache_dtype(const std::string& name);
+const char* kv_cache_dtype_name(KvCacheDtype dtype);
+// The dtype of the pool's tensors, and the bytes of one row (one token's K or V of one layer).
+DType kv_pool_dtype(const Backend& backend, KvCacheDtype dtype);
+int64_t kv_row_bytes(const Backend& backend, const AttentionShape& shape, KvCacheDtype dtype);
+
 struct KvUsage {
   int64_t total_pages = 0;
   int64_t used_pages = 0;    // held by sequences or by prefix blocks
@@ -37,9 +50,11 @@ struct KvUsage {
 class PagedKvCache {
  public:
   static Result<std::unique_ptr<PagedKvCache>> create(Backend& backend, AttentionShape shape,
-                                                      int64_t pages, int page_size);
+                                                      int64_t pages, int page_size,
+                                                      KvCacheDtype dtype = KvCacheDtype::kAuto);
 
   int page_size() const { return page_size_; }
+  KvCacheDtype dtype() const { return dtype_; }
   int64_t total_pages() const { return static_cast<int64_t>(k_.empty() ? 0 : pages_); }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
   KvUsage usage() const;
@@ -52,8 +67,9 @@ class PagedKvCache {
   // Takes the pages for `rows` more rows of seq (creating it if new); kResourceExhausted, and
   // nothing taken, when the free pages do not suffice.
   Status reserve(uint64_t seq, int64_t rows);
-  // Writes k and v ([n, kv_width]) of `layer` at logical rows [row, row + n) of seq; the rows
-  // must lie within its committed + reserved rows.
+  // Writes k and v ([n, kv_width], the compute dtype; quantized into FP8 rows under fp8) of
+  // `layer` at logical rows [row, row + n) of seq; the rows must lie within its committed +
+  // reserved rows.
   Status write(uint64_t seq, int layer, int64_t row, const Tensor& k, const Tensor& v);
   // The reserved rows become the sequence's.
   void commit(uint64_t seq);
@@ -81,6 +97,7 @@ class PagedKvCache {
   void set_poison_freed(bool on) { poison_freed_ = on; }
   // The page table of seq (page indices in row order).
   const std::vector<int32_t>& pages(uint64_t seq) const;
+  // The pools' rows (kv_row_bytes each).
   const Tensor& k_pool(int layer) const { return k_[static_cast<size_t>(layer)]; }
   const Tensor& v_pool(int layer) const { return v_[static_cast<size_t>(layer)]; }
 
@@ -90,8 +107,11 @@ class PagedKvCache {
     int64_t pending = 0;
     std::vector<int32_t> pages;
   };
-  PagedKvCache(Backend& backend, AttentionShape shape, int64_t pages, int page_size)
-      : backend_(backend), shape_(shape), pages_(pages), page_size_(page_size) {}
+  PagedKvCache(Backend& backend, AttentionShape shape, int64_t pages, int page_size,
+               KvCacheDtype dtype)
+      : backend_(backend), shape_(shape), pages_(pages), page_size_(page_size), dtype_(dtype) {}
+  // Per layer a K and a V pool of pages_ * page_size_ rows.
+  Status alloc_pools();
   // Calls f(pool_row, logical_row, n) for each run of rows [row, row + count) whose pool rows
   // follow each other (within a page, or across pages that are consecutive in the pool).
   template <typename F>
@@ -101,7 +121,9 @@ class PagedKvCache {
   AttentionShape shape_;
   int64_t pages_;
   int page_size_;
-  std::vector<Tensor> k_, v_;  // per layer [pages * page_size, kv_width]
+  KvCacheDtype dtype_;
+  // Per layer [pages * page_size, kv_width] (compute dtype) or [.., kv_fp8_row_bytes] (fp8).
+  std::vector<Tensor> k_, v_;
   // Where a run of pages for a sequence starts (a new one, or one whose next page is taken):
   // the start of the largest free run, or its middle when a sequence ends right before it.
   int32_t run_start() const;

@@ -75,9 +75,12 @@ enum class RingPass { kAuto, kKv, kQ };
 class RingAttention final : public AttentionContext {
  public:
   // capacity: KV tokens this rank may hold over all sequences (rounded up to whole pages).
+  // kv_dtype fp8: the pages hold FP8 rows, and so do the blocks pass-KV sends (half the bytes
+  // a hop); each block is dequantized where it is attended.
   static Result<std::unique_ptr<RingAttention>> create(Backend& backend, Communicator& comm,
                                                        AttentionShape shape, int64_t capacity,
-                                                       int page_size = kDefaultKvPageSize);
+                                                       int page_size = kDefaultKvPageSize,
+                                                       KvCacheDtype kv_dtype = KvCacheDtype::kAuto);
 
   // The next forward is a step of these sequences (their rows in this order); reserves the KV
   // pages the step adds on this rank (kResourceExhausted, nothing changed, when they do not fit).
@@ -135,9 +138,16 @@ class RingAttention final : public AttentionContext {
                          const Tensor& k, const Tensor& v);
   Status prefill_pass_q(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& q,
                         const Tensor& k, const Tensor& v);
-  // Block 0 (the first hop's): this rank's prefix from the pages, then its chunk's k and v.
+  // Block 0 (the first hop's): this rank's prefix from the pages, then its chunk's k and v
+  // (quantized under fp8).
   Status load_own_block(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
                         const Tensor& v);
+  bool fp8() const { return cache_->dtype() == KvCacheDtype::kFp8; }
+  // t becomes a block of rows K rows then rows V rows, of the pool's dtype and row bytes.
+  Status ensure_block(Tensor& t, int64_t rows);
+  // Under fp8: the values of the FP8 block `block` ([2 * block_rows, row bytes]: K rows, then V
+  // rows) into kv_values_, where *k and *v then point (K and V row 0).
+  Status block_values(const Tensor& block, int64_t block_rows, const void** k, const void** v);
   // The first n cached rows of s in this layer, copied from the pages into k and v ([n, kvw]).
   Status gather_prefix(int layer, const SeqRows& s, int64_t n, Tensor& k, Tensor& v);
   // Row 0 of this rank's first n cached rows of s (K and V): the pool rows themselves when the
@@ -202,6 +212,8 @@ class RingAttention final : public AttentionContext {
   // Scratch: two packed KV blocks (double buffer), partial and accumulated (o, lse), the decode
   // batch's (o, lse) pairs and their all-gather, the decode page tables.
   Tensor block_[2], o_part_, lse_part_, o_acc_, lse_acc_, pairs_, gathered_, tables_;
+  // Under fp8: the values of the block being attended ([2 * block_rows, kv_width], compute).
+  Tensor kv_values_;
   // pass-Q: the query blocks (double buffer), the partials sent back and received.
   Tensor q_block_[2], part_out_[2], part_in_[2];
   std::vector<int64_t> table_offset_;  // per decode entry of the step, into tables_

@@ -14,7 +14,9 @@ namespace burst::engine {
 
 using kernels::DType;
 
-inline int64_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline int64_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kFP8E4M3 ? 1 : 2;
+}
 const char* dtype_name(DType t);
 
 enum class DeviceKind { kCpu, kCuda };

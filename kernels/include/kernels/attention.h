@@ -23,7 +23,9 @@
 namespace burst::kernels {
 
 enum class MaskKind : int32_t { kNone = 0, kCausal = 1 };
-enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// kFP8E4M3 is the FP8 KV cache's element (kernels/kv_fp8.h): a tensor of it holds FP8 KV rows
+// (e4m3 values and their scales), one element per byte; no op computes in it.
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kFP8E4M3 = 3 };
 
 struct AttnParams {
   const void* q = nullptr;
@@ -57,6 +59,13 @@ struct AttnParams {
   // mask kNone; each row's output is exactly that of a launch with n_q 1 for it alone.
   const int32_t* row_kv_len = nullptr;
   const int32_t* row_page_offset = nullptr;
+  // K and V are FP8 KV rows (kernels/kv_fp8.h: e4m3 values with one fp32 scale per row and kv
+  // head), the paged KV cache's rows under --kv-cache-dtype fp8: k_row_stride and v_row_stride
+  // are the row's bytes, head g's values start at byte g * head_dim and its scale at byte
+  // kv_heads * head_dim + 4 g (the head strides are not read). Key j of head g is its e4m3
+  // values times its scale, in fp32. attention_cpu and the CUDA decode kernel read them; the
+  // CUDA prefill kernels refuse them (the ring dequantizes a block first).
+  bool kv_fp8 = false;
   // Other work (the ring's transfer of the next block: NCCL kernels) runs beside this launch on
   // some multiprocessors. The Hopper prefill kernel then hands its tiles out one CTA a tile,
   // never a fixed share per multiprocessor (its persistent schedule for few tiles): there a

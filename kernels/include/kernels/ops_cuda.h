@@ -59,6 +59,18 @@ cudaError_t scatter_rows_pair_cuda(const void* src0, void* pool0, const void* sr
                                    const int32_t* dst_rows, int64_t rows, int64_t row_bytes,
                                    cudaStream_t stream);
 
+// FP8 KV rows (kernels/kv_fp8.h), the twins of quantize_kv_cpu and dequantize_kv_cpu (the same
+// bytes and values). quantize_kv_cuda: src [rows, kv_heads * head_dim] of dtype into FP8 rows
+// of dst: row i into row dst_rows[i] (a device array; negative: skipped) or, null, row i;
+// kv_heads * head_dim a multiple of 4. dequantize_kv_cuda: dst [rows, kv_heads * head_dim] of
+// dtype = the values of src's rows [0, rows), rounded once; head_dim a multiple of 8, src and
+// dst 16-byte aligned.
+cudaError_t quantize_kv_cuda(const void* src, DType dtype, int64_t rows, int kv_heads,
+                             int head_dim, const int32_t* dst_rows, void* dst,
+                             cudaStream_t stream);
+cudaError_t dequantize_kv_cuda(const void* src, int64_t rows, int kv_heads, int head_dim,
+                               void* dst, DType dtype, cudaStream_t stream);
+
 // dst[i] = src[i] converted through fp32 (which holds bf16 and fp16 exactly: one rounding at
 // most); n elements, any pair of dtypes.
 cudaError_t convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,

@@ -69,6 +69,7 @@ struct ServerConfig {
   // the replies of the current one are read (Scheduler, "lookahead"); 0: one step at a time.
   int decode_lookahead = 1;
   int prefix_caching = 1;  // requests reuse the KV of prompt blocks computed before
+  std::string kv_cache_dtype = "auto";  // auto or fp8 (engine::parse_kv_cache_dtype)
   int64_t warmup_tokens = -1;  // the warm-up request's tokens; -1: the longest prompt on GPUs
                                // (at most 128K), none on CPUs
   int64_t max_body_bytes = 8 << 20;

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/kv_pages.h"
 #include "engine/sharding.h"
 #include "models/llama.h"
 #include "runtime/driver.h"
@@ -63,6 +64,8 @@ struct WorkerGroupOptions {
   // what the ranks hold.
   double kv_memory_fraction = 0.9;
   int64_t kv_reserve_bytes = 0;
+  // What the ranks' KV pools hold (--kv-cache-dtype): the compute dtype, or FP8 rows.
+  engine::KvCacheDtype kv_cache_dtype = engine::KvCacheDtype::kAuto;
   int64_t prefill_chunk = 0;   // the largest prefill chunk a step carries (0: whole prompts)
   engine::ShardLayout layout = engine::ShardLayout::kStriped;
   // From the spawn until every rank answers (loading the weights included): see

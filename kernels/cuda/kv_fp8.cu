@@ -1,0 +1,124 @@
+// The FP8 KV rows on the GPU (kernels/kv_fp8.h): quantize_kv_cuda and dequantize_kv_cuda, the
+// twins of quantize_kv_cpu and dequantize_kv_cpu (the same bytes and values).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/ops_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
+#include "kernels/kv_fp8.h"
+
+namespace burst::kernels {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// One warp per (row, kv head): max |x| over the head's values by shuffles, then each lane
+// rounds its values (e4m3, ties to even, saturating) and stores the bytes; lane 0 the scale.
+// The warp of head 0 also zeroes the row's padding.
+template <typename T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    quantize_kv_kernel(const T* src, int64_t rows, int kv_heads, int head_dim,
+                       const int32_t* dst_rows, uint8_t* dst) {
+  pdl_begin();
+  const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= rows * kv_heads) return;
+  const int64_t i = item / kv_heads;
+  const int g = static_cast<int>(item % kv_heads);
+  const int64_t to = dst_rows ? dst_rows[i] : i;
+  if (to < 0) return;
+  const T* x = src + i * kv_heads * head_dim + int64_t{g} * head_dim;
+  float amax = 0.f;
+  for (int c = lane; c < head_dim; c += 32) amax = fmaxf(amax, fabsf(load_f32(x + c)));
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  const float inverse = kv_fp8_inverse(amax);
+  const int64_t row_bytes = kv_fp8_row_bytes(kv_heads, head_dim);
+  const int64_t scales = kv_fp8_scale_offset(kv_heads, head_dim);
+  uint8_t* row = dst + to * row_bytes;
+  for (int c = lane; c < head_dim; c += 32) {
+    row[int64_t{g} * head_dim + c] =
+        __nv_cvt_float_to_fp8(load_f32(x + c) * inverse, __NV_SATFINITE, __NV_E4M3);
+  }
+  if (lane == 0) *reinterpret_cast<float*>(row + scales + 4 * g) = kv_fp8_scale(amax);
+  if (g == 0) {
+    for (int64_t b = scales + 4 * kv_heads + lane; b < row_bytes; b += 32) row[b] = 0;
+  }
+}
+
+// One thread per 8 values of a head: 8 bytes in, 8 elements of T out (their scale read once).
+template <typename T>
+__global__ void dequantize_kv_kernel(const uint8_t* src, int64_t rows, int kv_heads,
+                                     int head_dim, T* dst) {
+  pdl_begin();
+  const int per_row = kv_heads * head_dim / 8;
+  const int64_t row_bytes = kv_fp8_row_bytes(kv_heads, head_dim);
+  const int64_t scales = kv_fp8_scale_offset(kv_heads, head_dim);
+  const int64_t n = rows * per_row;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = idx / per_row;
+    const int c8 = static_cast<int>(idx % per_row) * 8;  // the first value's column
+    const uint8_t* row = src + i * row_bytes;
+    const float scale = *reinterpret_cast<const float*>(row + scales + 4 * (c8 / head_dim));
+    const uint2 bytes = *reinterpret_cast<const uint2*>(row + c8);
+    const auto* b = reinterpret_cast<const __nv_fp8_storage_t*>(&bytes);
+    T out[8];
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const __half2 h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(b[e] | (b[e + 1] << 8)), __NV_E4M3);
+      const float2 f = __half22float2(h);
+      store_f32(out + e, f.x * scale);
+      store_f32(out + e + 1, f.y * scale);
+    }
+    T* to = dst + i * kv_heads * head_dim + c8;
+    if constexpr (sizeof(T) == 2) {
+      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(out);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) to[e] = out[e];
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t quantize_kv_cuda(const void* src, DType dtype, int64_t rows, int kv_heads,
+                             int head_dim, const int32_t* dst_rows, void* dst,
+                             cudaStream_t stream) {
+  if (rows < 0 || kv_heads <= 0 || head_dim <= 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (!src || !dst || kv_fp8_scale_offset(kv_heads, head_dim) % 4 != 0) {
+    return cudaErrorInvalidValue;  // the fp32 scales are stored as words
+  }
+  const int64_t blocks = (rows * kv_heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return launch_chained<quantize_kv_kernel<T>>(
+        dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0, stream,
+        static_cast<const T*>(src), rows, kv_heads, head_dim, dst_rows,
+        static_cast<uint8_t*>(dst));
+  });
+}
+
+cudaError_t dequantize_kv_cuda(const void* src, int64_t rows, int kv_heads, int head_dim,
+                               void* dst, DType dtype, cudaStream_t stream) {
+  if (rows < 0 || kv_heads <= 0 || head_dim <= 0 || head_dim % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  if (!src || !dst || !aligned16(src) || !aligned16(dst)) return cudaErrorInvalidValue;
+  const int64_t n = rows * kv_heads * head_dim / 8;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return launch_chained<dequantize_kv_kernel<T>>(
+        dim3(grid_for(n)), dim3(kGridStrideThreads), 0, stream, static_cast<const uint8_t*>(src),
+        rows, kv_heads, head_dim, static_cast<T*>(dst));
+  });
+}
+
+}  // namespace burst::kernels

@@ -1,0 +1,113 @@
+"""The FP8 KV cache (--kv-cache-dtype fp8) end to end, through real burst-server and burst-worker
+processes (CPU, kjv-tiny):
+- greedy tokens and prompt log-probabilities (echo) of a KJV passage with the FP8 cache against
+  the fp32 cache: the log-probabilities within the FP8 cache's cost (mean |dlogp| below 0.05
+  nats), not equal to them (an FP8 cache that changed nothing would not be one);
+- the FP8 cache gives the same tokens however the prompt is cut: whole, in chunks of 37 and 5,
+  on 1 and 3 workers, batched beside other requests, with the prompt's first blocks reused from
+  the prefix cache (every key was rounded once, when it was computed);
+- a bad --kv-cache-dtype value stops the server at start with a message naming the choices.
+Run: /usr/bin/python3 test_kv_fp8.py --build BUILD_DIR."""
+import http.client
+import json
+import os
+import subprocess
+import threading
+
+from harness import HAVE_KJV, Server, build_dir, check, run
+
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, "
+        "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+        "the face of the waters. And God said, Let there be light: and there was light. And God "
+        "saw the light, that it was good: and God divided the light from the darkness.")
+PROMPT = TEXT if HAVE_KJV else "And the was"
+
+
+def complete(srv, prompt, max_tokens=16, echo=False):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if echo:
+        body.update(echo=True, logprobs=1)
+    c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    check(r.status == 200, f"HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)
+
+
+def test_fp8_costs_little_and_is_not_free():
+    ref = Server(workers=2)
+    try:
+        a = complete(ref, PROMPT, echo=True)
+    finally:
+        ref.stop()
+    fp8 = Server("--kv-cache-dtype", "fp8", workers=2)
+    try:
+        b = complete(fp8, PROMPT, echo=True)
+        log = fp8.read_log()
+    finally:
+        fp8.stop()
+    la = a["choices"][0]["logprobs"]["token_logprobs"][1:]  # the first token has none
+    lb = b["choices"][0]["logprobs"]["token_logprobs"][1:]
+    check(len(la) == len(lb) and len(la) > 40, f"{len(la)} vs {len(lb)} logprobs")
+    diffs = sorted(abs(x - y) for x, y in zip(la, lb))
+    mean = sum(diffs) / len(diffs)
+    print(f"  fp8 vs fp32 cache over {len(diffs)} tokens: |dlogp| mean {mean:.5f}, max "
+          f"{diffs[-1]:.5f} nats; text {'same' if a['choices'][0]['text'] == b['choices'][0]['text'] else 'differs'}")
+    check(mean < 0.05, f"mean |dlogp| {mean}")
+    check(diffs[-1] > 0, "the FP8 cache changed no log-probability")
+    check("fp8" in log, "the memory plan does not say fp8:\n" + log[-2000:])
+
+
+def test_fp8_tokens_do_not_depend_on_chunks_workers_batching_or_reuse():
+    want = None
+    for workers, chunk in ((1, 0), (1, 5), (3, 37), (3, 0)):
+        flags = ["--kv-cache-dtype", "fp8"] + (["--prefill-chunk", chunk] if chunk else [])
+        srv = Server(*flags, workers=workers)
+        try:
+            got = complete(srv, PROMPT)["choices"][0]["text"]
+            # Beside three other requests in the same steps.
+            others, errors = [], []
+
+            def other(i):
+                try:
+                    others.append(complete(srv, PROMPT[: 40 + 30 * i], max_tokens=8))
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+            threads = [threading.Thread(target=other, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            batched = complete(srv, PROMPT)
+            for t in threads:
+                t.join()
+            check(not errors, f"{errors}")
+            # The second time the prompt's blocks come from the prefix cache.
+            cached = batched["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        finally:
+            srv.stop()
+        what = f"{workers} workers, chunk {chunk or 'whole'}"
+        if want is None:
+            want = got
+        check(got == want, f"{what}: {got!r} vs {want!r}")
+        check(batched["choices"][0]["text"] == want, f"{what}, batched and cached "
+              f"({cached} tokens): {batched['choices'][0]['text']!r} vs {want!r}")
+
+
+def test_bad_value_is_refused_at_start():
+    exe = os.path.join(build_dir(), "bin", "burst-server")
+    r = subprocess.run([exe, "--kv-cache-dtype", "fp8_e5m2", "--http-port", "0", "--grpc-port",
+                        "-1"], capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0, f"exit {r.returncode}")
+    check("auto, fp8 or fp8_e4m3" in r.stderr + r.stdout, (r.stderr + r.stdout)[-500:])
+    w = subprocess.run([os.path.join(build_dir(), "bin", "burst-worker"), "--kv-cache-dtype",
+                        "int4"], capture_output=True, text=True, timeout=60)
+    check(w.returncode == 2, f"worker exit {w.returncode}")
+    check("auto, fp8 or fp8_e4m3" in w.stderr, w.stderr[-500:])
+
+
+if __name__ == "__main__":
+    run([test_fp8_costs_little_and_is_not_free,
+         test_fp8_tokens_do_not_depend_on_chunks_workers_batching_or_reuse,
+         test_bad_value_is_refused_at_start])
