@@ -79,26 +79,19 @@ Planner::Fit Planner::fits(const ScheduledRequest& r, std::vector<int64_t>* need
 Planner::Pick Planner::pick(const std::vector<const ScheduledRequest*>& waiting) const {
   Pick out;
   if (full() || waiting.empty()) return out;
-  // What each owner runs: sequences, and pages per rank. Owner 0 is a sequence alone.
-  struct Held {
-    int seqs = 0;
-    std::vector<int64_t> pages;
-  };
-  std::unordered_map<uint64_t, Held> held;
+  // Sequences each owner runs. Owner 0 is a sequence alone.
+  std::unordered_map<uint64_t, int> held;
   for (const auto& s : seqs_) {
-    if (s->request->owner == 0) continue;
-    Held& h = held[s->request->owner];
-    ++h.seqs;
-    h.pages.resize(s->pages.size(), 0);
-    for (size_t k = 0; k < s->pages.size(); ++k) h.pages[k] += s->pages[k];
+    if (s->request->owner != 0) ++held[s->request->owner];
   }
-  auto running_of = [&](uint64_t owner) {
+  auto seqs_of = [&](uint64_t owner) {
     const auto it = owner == 0 ? held.end() : held.find(owner);
-    return it == held.end() ? nullptr : &it->second;
+    return it == held.end() ? 0 : it->second;
   };
   // Rounded up: with 2 slots a request may run both of its choices (no reserve to speak of).
+  // Pages have no share: a share of them would halve what a batch of long prompts runs at once,
+  // and the order below gives a newcomer the next pages that free up anyway.
   const auto slot_cap = static_cast<int>(std::ceil(options_.max_share * options_.max_running));
-  const auto page_cap = static_cast<int64_t>(std::ceil(options_.max_share * pages_));
   // Each owner's first waiting request, in arrival order, then by fewest running (stable).
   std::vector<int> firsts;
   std::unordered_set<uint64_t> seen;
@@ -106,25 +99,17 @@ Planner::Pick Planner::pick(const std::vector<const ScheduledRequest*>& waiting)
     const uint64_t o = waiting[i]->owner;
     if (o == 0 || seen.insert(o).second) firsts.push_back(static_cast<int>(i));
   }
-  auto seqs_of = [&](int i) {
-    const Held* h = running_of(waiting[static_cast<size_t>(i)]->owner);
-    return h == nullptr ? 0 : h->seqs;
-  };
-  std::stable_sort(firsts.begin(), firsts.end(),
-                   [&](int a, int b) { return seqs_of(a) < seqs_of(b); });
+  std::stable_sort(firsts.begin(), firsts.end(), [&](int a, int b) {
+    return seqs_of(waiting[static_cast<size_t>(a)]->owner) <
+           seqs_of(waiting[static_cast<size_t>(b)]->owner);
+  });
   for (int i : firsts) {
     const ScheduledRequest& r = *waiting[static_cast<size_t>(i)];
     std::vector<int64_t> need;
     const Fit fit = fits(r, &need);
-    const Held* h = running_of(r.owner);
-    if (h != nullptr && fit != Fit::kNever) {
-      // At its share: its other choices wait for its own to end, others pass them.
-      bool over = h->seqs + 1 > slot_cap;
-      for (size_t k = 0; k < need.size() && k < h->pages.size(); ++k) {
-        over = over || h->pages[k] + need[k] > page_cap;
-      }
-      if (over) continue;
-    }
+    // At its share: its other choices wait for its own to end, others pass them.
+    const int running = seqs_of(r.owner);
+    if (running > 0 && running + 1 > slot_cap && fit != Fit::kNever) continue;
     out.index = i;
     out.fit = fit;
     out.need = std::move(need);

@@ -27,10 +27,10 @@
 //   need every prompt row computed (prompt logprobs) or their whole prompt on rank 0 (a
 //   repetition penalty) do not read the cache, but publish to it;
 // - fairness across client requests (ScheduledRequest::owner: the n choices of one request are
-//   one owner): pick() admits round-robin, the owner with the fewest running sequences first,
-//   and an owner that runs a sequence already takes at most max_share of the running slots and
-//   of each rank's pages, so a newcomer is admitted at once beside an `n: 64` request instead
-//   of waiting for all its choices to end; the step's prefill budget goes round-robin too (each
+//   one owner): pick() admits round-robin, the owner with the fewest running sequences first
+//   (so a newcomer also gets the next pages that free up), and an owner takes at most max_share
+//   of the running slots, so a newcomer is admitted at once beside an `n: 64` request instead of
+//   waiting for all its choices to end; the step's prefill budget goes round-robin too (each
 //   owner's first chunk, shortest first, before any owner's second).
 #pragma once
 
@@ -69,8 +69,8 @@ struct PlannerOptions {
   int max_running = 64;
   bool decode_lookahead = true;
   bool prefix_caching = true;  // with the striped layout only
-  // The most of the running slots and of each rank's pages that one owner's sequences hold
-  // once it runs one (its first sequence may take everything: nothing else could run it).
+  // The most of the running slots that one owner's sequences hold (rounded up; its first
+  // sequence always runs).
   double max_share = 0.75;
 };
 
