@@ -1,0 +1,371 @@
+// The chat template's built-ins: functions (raise_exception, range, namespace), string and dict
+// methods, tests (`is`) and filters (`|`), as jinja.h lists them. Anything else is an error.
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+#include "jinja_internal.h"
+
+namespace burst::server::jinja {
+
+Renderer::Args Renderer::args_of(const Expr& e, size_t first) {
+  Args a;
+  for (size_t i = first; i < e.args.size(); ++i) a.pos.push_back(eval(*e.args[i]));
+  for (const auto& [k, v] : e.kwargs) a.kw.emplace_back(k, eval(*v));
+  return a;
+}
+
+std::string Renderer::need_string(const Expr& e, const Value& v, const std::string& what) {
+  if (!v.is_string()) fail(e.line, what + " must be a string, got a " + kind_name(v));
+  return v.str();
+}
+
+Value Renderer::call(const Expr& e) {
+  const Expr& callee = *e.args[0];
+  Args a = args_of(e, 1);
+  if (callee.k == Expr::K::kName && lookup(callee.name).is_undefined()) {
+    return call_function(e, callee.name, a);
+  }
+  if (callee.k != Expr::K::kAttr) fail(e.line, "'" + text_of(callee) + "' is not callable");
+  const Value obj = eval(*callee.args[0]);
+  const std::string& m = callee.name;
+  if (obj.is_string()) return string_method(e, obj.str(), m, a);
+  if (obj.kind() == Value::Kind::kDict) {
+    if (std::optional<Value> v = dict_method(obj, m, a)) return *v;
+    // A callable stored in a dict is not something a template can reach here.
+  }
+  if (obj.is_undefined()) {
+    fail(e.line, std::string("'") + text_of(*callee.args[0]) + "' is undefined");
+  }
+  fail(e.line, std::string("a ") + kind_name(obj) + " has no method '" + m + "' here");
+}
+
+// raise_exception(), range(), namespace(): names no variable of the template shadows.
+Value Renderer::call_function(const Expr& e, const std::string& f, const Args& a) {
+  if (f == "raise_exception") {
+    throw Error{a.pos.empty() ? "chat template error" : a.pos[0].to_string()};
+  }
+  if (f == "range") {
+    if (a.pos.empty() || a.pos.size() > 3) fail(e.line, "range() takes 1 to 3 integers");
+    for (const auto& v : a.pos) {
+      if (v.kind() != Value::Kind::kInt) fail(e.line, "range() takes integers");
+    }
+    int64_t lo = 0, hi = 0, st = 1;
+    if (a.pos.size() == 1) {
+      hi = a.pos[0].as_int();
+    } else {
+      lo = a.pos[0].as_int();
+      hi = a.pos[1].as_int();
+      if (a.pos.size() == 3) st = a.pos[2].as_int();
+    }
+    if (st == 0) fail(e.line, "range() step cannot be zero");
+    List l;
+    for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) {
+      if (static_cast<int64_t>(l.size()) >= kMaxRange) fail(e.line, "range() too long");
+      l.emplace_back(i);
+    }
+    return Value(std::move(l));
+  }
+  if (f == "namespace") {
+    Value ns{Dict{}};
+    for (auto& [k, v] : a.kw) ns.set(k, v);
+    namespaces_.insert(&ns.dict());
+    keep_.push_back(ns);  // keeps the address valid for the namespace check
+    return ns;
+  }
+  fail(e.line, "unknown function '" + f + "'");
+}
+
+Value Renderer::string_method(const Expr& e, const std::string& s, const std::string& m,
+                              const Args& a) {
+  if (m == "strip" || m == "lstrip" || m == "rstrip") {
+    const Value chars = a.at(0, "chars");
+    std::string set;
+    if (chars.is_string()) set = chars.str();
+    return Value(
+        strip_chars(s, chars.is_string() ? &set : nullptr, m != "rstrip", m != "lstrip"));
+  }
+  if (m == "upper" || m == "lower") return Value(ascii_case(s, m == "upper"));
+  if (m == "title") return Value(title_case(s));
+  if (m == "capitalize") {
+    std::string out = ascii_case(s, false);
+    if (!out.empty()) out[0] = ascii_case(out.substr(0, 1), true)[0];
+    return Value(out);
+  }
+  if (m == "startswith" || m == "endswith") {
+    const Value p = a.at(0, "prefix");
+    std::vector<std::string> opts;
+    if (p.kind() == Value::Kind::kList) {
+      for (const auto& v : p.list()) opts.push_back(need_string(e, v, m + "()'s argument"));
+    } else {
+      opts.push_back(need_string(e, p, m + "()'s argument"));
+    }
+    for (const auto& o : opts) {
+      if (m == "startswith"
+              ? s.rfind(o, 0) == 0
+              : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0) {
+        return Value(true);
+      }
+    }
+    return Value(false);
+  }
+  if (m == "split") {
+    const Value sep = a.at(0, "sep");
+    List out;
+    if (sep.is_string()) {
+      if (sep.str().empty()) fail(e.line, "split() with an empty separator");
+      size_t pos = 0;
+      for (size_t hit; (hit = s.find(sep.str(), pos)) != std::string::npos;
+           pos = hit + sep.str().size()) {
+        out.emplace_back(s.substr(pos, hit - pos));
+      }
+      out.emplace_back(s.substr(pos));
+    } else {
+      size_t i = 0;
+      while (i < s.size()) {
+        while (i < s.size() && is_space(s[i])) ++i;
+        size_t j = i;
+        while (j < s.size() && !is_space(s[j])) ++j;
+        if (j > i) out.emplace_back(s.substr(i, j - i));
+        i = j;
+      }
+    }
+    return Value(std::move(out));
+  }
+  if (m == "replace") {
+    return Value(replace_all(s, need_string(e, a.at(0, "old"), "replace()'s old"),
+                             need_string(e, a.at(1, "new"), "replace()'s new")));
+  }
+  fail(e.line, "strings have no method '" + m + "' here");
+}
+
+// items(), keys(), values(), get(); nullopt for any other name.
+std::optional<Value> Renderer::dict_method(const Value& obj, const std::string& m,
+                                           const Args& a) {
+  if (m == "items" || m == "keys" || m == "values") {
+    List out;
+    for (const auto& [k, v] : obj.dict()) {
+      if (m == "items") {
+        out.emplace_back(List{Value(k), v});
+      } else {
+        out.push_back(m == "keys" ? Value(k) : v);
+      }
+    }
+    return Value(std::move(out));
+  }
+  if (m == "get") {
+    const Value k = a.at(0, "key");
+    const Value v = k.is_string() ? obj.get(k.str()) : Value();
+    if (!v.is_undefined()) return v;
+    return a.pos.size() > 1 ? a.pos[1] : Value::none();
+  }
+  return std::nullopt;
+}
+
+List Renderer::as_list(const Expr& e, const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::kList:
+      return v.list();
+    case Value::Kind::kDict: {
+      List l;
+      for (const auto& kv : v.dict()) l.emplace_back(kv.first);
+      return l;
+    }
+    case Value::Kind::kString: {
+      List l;
+      for (auto& c : chars_of(v.str())) l.emplace_back(std::move(c));
+      return l;
+    }
+    case Value::Kind::kUndefined:
+      return {};
+    default:
+      fail(e.line, std::string("a ") + kind_name(v) + " is not a sequence");
+  }
+}
+
+// An attribute of a list element, as selectattr/map read them ("a.b" walks dicts).
+Value Renderer::attribute(const Value& v, const std::string& path) {
+  Value cur = v;
+  size_t pos = 0;
+  while (true) {
+    const size_t dot = path.find('.', pos);
+    cur = cur.get(path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos));
+    if (dot == std::string::npos) return cur;
+    pos = dot + 1;
+  }
+}
+
+bool Renderer::run_test(const Expr& e, const std::string& name, const Value& v, const Args& a) {
+  if (name == "defined") return !v.is_undefined();
+  if (name == "undefined") return v.is_undefined();
+  if (name == "none") return v.kind() == Value::Kind::kNone;
+  if (name == "string") return v.is_string();
+  if (name == "number") return v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kFloat;
+  if (name == "integer") return v.kind() == Value::Kind::kInt;
+  if (name == "float") return v.kind() == Value::Kind::kFloat;
+  if (name == "boolean") return v.kind() == Value::Kind::kBool;
+  if (name == "true") return v.kind() == Value::Kind::kBool && v.as_bool();
+  if (name == "false") return v.kind() == Value::Kind::kBool && !v.as_bool();
+  if (name == "mapping") return v.kind() == Value::Kind::kDict;
+  if (name == "sequence" || name == "iterable") {
+    return v.kind() == Value::Kind::kList || v.kind() == Value::Kind::kDict || v.is_string();
+  }
+  if (name == "even" || name == "odd") {
+    if (v.kind() != Value::Kind::kInt) fail(e.line, "'" + name + "' tests integers");
+    return (v.as_int() % 2 == 0) == (name == "even");
+  }
+  if (name == "divisibleby") {
+    const Value d = a.at(0, "num");
+    if (v.kind() != Value::Kind::kInt || d.kind() != Value::Kind::kInt || d.as_int() == 0) {
+      fail(e.line, "'divisibleby' tests integers by a non-zero integer");
+    }
+    return v.as_int() % d.as_int() == 0;
+  }
+  if (name == "equalto" || name == "eq" || name == "sameas") return equal(v, a.at(0, "other"));
+  if (name == "ne") return !equal(v, a.at(0, "other"));
+  if (name == "in") return contains(e, a.at(0, "seq"), v);
+  fail(e.line, "unknown test '" + name + "'");
+}
+
+bool Renderer::test(const Expr& e) {
+  const Value v = eval(*e.args[0]);
+  return run_test(e, e.name, v, args_of(e, 1));
+}
+
+Value Renderer::filter(const Expr& e) {
+  const std::string& f = e.name;
+  const Value v = eval(*e.args[0]);
+  const Args a = args_of(e, 1);
+  if (std::optional<Value> r = text_filter(e, f, v, a)) return *r;
+  if (std::optional<Value> r = sequence_filter(e, f, v, a)) return *r;
+  fail(e.line, "unknown filter '" + f + "'");
+}
+
+// Filters of one value as text or a number; nullopt for any other name.
+std::optional<Value> Renderer::text_filter(const Expr& e, const std::string& f, const Value& v,
+                                           const Args& a) {
+  if (f == "trim") {
+    const Value chars = a.at(0, "chars");
+    std::string set = chars.is_string() ? chars.str() : "";
+    return Value(strip_chars(v.to_string(), chars.is_string() ? &set : nullptr, true, true));
+  }
+  if (f == "lower" || f == "upper") return Value(ascii_case(v.to_string(), f == "upper"));
+  if (f == "title") return Value(title_case(v.to_string()));
+  if (f == "capitalize") {
+    std::string out = ascii_case(v.to_string(), false);
+    if (!out.empty()) out[0] = ascii_case(out.substr(0, 1), true)[0];
+    return Value(out);
+  }
+  if (f == "default" || f == "d") {
+    const bool boolean = a.at(1, "boolean").truthy();
+    if (v.is_undefined() || (boolean && !v.truthy())) {
+      const Value d = a.at(0, "default_value");
+      return d.is_undefined() ? Value(std::string()) : d;
+    }
+    return v;
+  }
+  if (f == "string") return Value(v.to_string());
+  if (f == "safe" || f == "e" || f == "escape") {
+    // No autoescape (transformers renders without it): safe changes nothing; escaping is
+    // HTML's and has no meaning in a prompt, so it is refused rather than guessed.
+    if (f != "safe") fail(e.line, "the filter '" + f + "' is not supported");
+    return v;
+  }
+  if (f == "int") {
+    if (v.is_number()) return Value(v.as_int());
+    if (v.is_string()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long n = std::strtoll(v.str().c_str(), &end, 10);
+      if (errno == 0 && end && *end == '\0' && !v.str().empty()) return Value(int64_t{n});
+    }
+    return a.pos.empty() ? Value(int64_t{0}) : a.pos[0];
+  }
+  if (f == "float") {
+    if (v.is_number()) return Value(v.as_float());
+    if (v.is_string()) {
+      char* end = nullptr;
+      const double d = std::strtod(v.str().c_str(), &end);
+      if (end && *end == '\0' && !v.str().empty()) return Value(d);
+    }
+    return Value(0.0);
+  }
+  if (f == "replace") {
+    return Value(replace_all(v.to_string(), need_string(e, a.at(0, "old"), "replace's old"),
+                             need_string(e, a.at(1, "new"), "replace's new")));
+  }
+  if (f == "tojson") return Value(to_json(v, e.line));
+  return std::nullopt;
+}
+
+// Filters of sequences (lists, dicts' keys, strings' characters); nullopt for any other name.
+std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string& f,
+                                               const Value& v, const Args& a) {
+  if (f == "length" || f == "count") {
+    if (v.is_string()) return Value(static_cast<int64_t>(chars_of(v.str()).size()));
+    if (v.kind() == Value::Kind::kList) return Value(static_cast<int64_t>(v.list().size()));
+    if (v.kind() == Value::Kind::kDict) return Value(static_cast<int64_t>(v.dict().size()));
+    if (v.is_undefined()) return Value(int64_t{0});
+    fail(e.line, std::string("a ") + kind_name(v) + " has no length");
+  }
+  if (f == "first" || f == "last") {
+    const List l = as_list(e, v);
+    if (l.empty()) return Value();
+    return f == "first" ? l.front() : l.back();
+  }
+  if (f == "join") {
+    const Value sep = a.at(0, "d");
+    const Value attr = a.at(1, "attribute");
+    std::string out;
+    bool first = true;
+    for (const Value& x : as_list(e, v)) {
+      out += (first ? "" : sep.to_string()) +
+             (attr.is_string() ? attribute(x, attr.str()) : x).to_string();
+      first = false;
+      if (out.size() > kMaxOutputBytes) fail(e.line, "a string too long");
+    }
+    return Value(std::move(out));
+  }
+  if (f == "list") return Value(as_list(e, v));
+  if (f == "reverse") {
+    if (v.is_string()) {
+      auto cs = chars_of(v.str());
+      std::string out;
+      for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
+      return Value(std::move(out));
+    }
+    List l = as_list(e, v);
+    std::reverse(l.begin(), l.end());
+    return Value(std::move(l));
+  }
+  if (f == "selectattr" || f == "rejectattr") {
+    const std::string attr = need_string(e, a.at(0, "attr"), f + "'s attribute");
+    List out;
+    for (const Value& x : as_list(e, v)) {
+      const Value field = attribute(x, attr);
+      bool ok = field.truthy();
+      if (a.pos.size() > 1) {
+        Args rest;
+        rest.pos.assign(a.pos.begin() + 2, a.pos.end());
+        const std::string test_name = need_string(e, a.pos[1], f + "'s test");
+        ok = run_test(e,
+                      test_name == "=="   ? "eq"
+                      : test_name == "!=" ? "ne"
+                                          : test_name,
+                      field, rest);
+      }
+      if (ok == (f == "selectattr")) out.push_back(x);
+    }
+    return Value(std::move(out));
+  }
+  if (f == "map") {
+    const Value* attr = a.find("attribute");
+    if (!attr || !attr->is_string()) fail(e.line, "map is supported with attribute= only");
+    List out;
+    for (const Value& x : as_list(e, v)) out.push_back(attribute(x, attr->str()));
+    return Value(std::move(out));
+  }
+  return std::nullopt;
+}
+
+}  // namespace burst::server::jinja
