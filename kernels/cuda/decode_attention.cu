@@ -298,16 +298,20 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     }
   };
   // FP8: stage buffer buf's bytes widened into the tile (the 16-bit stage layout, swizzled).
+  // Each warp widens the keys it alone reads (K and V rows [16 w, 16 w + 16) of the stage), so
+  // no barrier across warps follows.
   auto widen_stage = [&](int buf) {
-    constexpr int kUnits = 2 * kBlockN * kChunks8;  // 16 values each, K rows then V rows
+    constexpr int kPerHalf = Tl::kWarpKeys * kChunks8;  // 16 values each
     const char* raw = s_stages + buf * Sm::kStageBytes;
+    const int w0 = warp * Tl::kWarpKeys;
 #pragma unroll
-    for (int u = tid; u < kUnits; u += Tl::kThreads) {
-      const int row = u / kChunks8, c16 = u % kChunks8;  // rows of K, then of V
+    for (int u = lane; u < 2 * kPerHalf; u += 32) {
+      const int half = u / kPerHalf;  // 0: K, 1: V
+      const int r = w0 + (u % kPerHalf) / kChunks8, c16 = u % kChunks8;
       uint4 lo, hi;
-      widen_fp8x16<T>(*reinterpret_cast<const uint4*>(raw + row * kD + c16 * 16), lo, hi);
-      T* tile = s_stage + (row / kBlockN) * kBlockN * kD;
-      const int r = row % kBlockN;
+      widen_fp8x16<T>(
+          *reinterpret_cast<const uint4*>(raw + (half * kBlockN + r) * kD + c16 * 16), lo, hi);
+      T* tile = s_stage + half * kBlockN * kD;
       *reinterpret_cast<uint4*>(tile + swz<kD>(r, 2 * c16)) = lo;
       *reinterpret_cast<uint4*>(tile + swz<kD>(r, 2 * c16 + 1)) = hi;
     }
@@ -369,7 +373,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     uint32_t buf_bytes = (it % kStages) * Tl::kStageElems * sizeof(T);
     if constexpr (kFp8) {
       widen_stage(it % kStages);
-      __syncthreads();
+      __syncwarp();
       buf_bytes = 0;
     }
     // FP8: this stage's scales of this thread's keys (K then V), kl(na, e) = k_lane + na * 8 + e.
