@@ -89,92 +89,95 @@ struct KvRows {
   }
 };
 
-}  // namespace
-
-void attention_cpu(const AttnParams& p) {
+// Row i of head h: its keys in tiles with an online softmax, then o and lse (or their merge).
+void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h, int i) {
   const auto* q = static_cast<const float*>(p.q);
-  const KvRows k{p.k, p.k_row_stride, p.k_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
-  const KvRows v{p.v, p.v_row_stride, p.v_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
   auto* o = static_cast<float*>(p.o);
   const int group = p.heads / p.kv_heads;
   const int d = p.head_dim;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int h = 0; h < p.heads; ++h) {
-    for (int i = 0; i < p.n_q; ++i) {
-      const int g = h / group;
-      const float* qi = q + i * p.q_row_stride + h * p.q_head_stride;
-      float* oi = o + i * p.o_row_stride + h * p.o_head_stride;
-      // Row i's keys: its own under per-row K/V, else the shared ones.
-      const int64_t n_kv = p.row_kv_len ? p.row_kv_len[i] : p.n_kv;
-      const int32_t* pages = p.kv_pages ? p.kv_pages + (p.row_page_offset ? p.row_page_offset[i] : 0)
-                                        : nullptr;
-      // Keys visible to row i: all under kNone; under kCausal those with position <= q's.
-      int64_t visible = n_kv;
-      if (p.mask == MaskKind::kCausal) {
-        visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, n_kv);
+  const int g = h / group;
+  const float* qi = q + i * p.q_row_stride + h * p.q_head_stride;
+  float* oi = o + i * p.o_row_stride + h * p.o_head_stride;
+  // Row i's keys: its own under per-row K/V, else the shared ones.
+  const int64_t n_kv = p.row_kv_len ? p.row_kv_len[i] : p.n_kv;
+  const int32_t* pages = p.kv_pages ? p.kv_pages + (p.row_page_offset ? p.row_page_offset[i] : 0)
+                                    : nullptr;
+  // Keys visible to row i: all under kNone; under kCausal those with position <= q's.
+  int64_t visible = n_kv;
+  if (p.mask == MaskKind::kCausal) {
+    visible = std::clamp<int64_t>(p.q_start + i - p.kv_start + 1, 0, n_kv);
+  }
+  std::vector<float> acc(d, 0.f), s(kKeyTile);
+  std::vector<float> buf(p.kv_fp8 ? static_cast<size_t>(kDots) * d : 0);  // FP8 rows read
+  float m = kNegInf, l = 0.f;
+  for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
+    const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
+    float tile_max = kNegInf;
+    // kDots keys at a time: independent sums the CPU overlaps (one sum's chain of dependent
+    // adds is latency-bound), each still q[0] k[0] + q[1] k[1] + ... in order, so the
+    // scores are the same to the bit as one key at a time.
+    int64_t t = 0;
+    for (; t + kDots <= jn; t += kDots) {
+      const float* kt[kDots];
+      for (int u = 0; u < kDots; ++u) {
+        kt[u] = k.row(kv_row(pages, p.page_size, j0 + t + u), g, buf.data() + u * d);
       }
-      std::vector<float> acc(d, 0.f), s(kKeyTile);
-      std::vector<float> buf(p.kv_fp8 ? static_cast<size_t>(kDots) * d : 0);  // FP8 rows read
-      float m = kNegInf, l = 0.f;
-      for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
-        const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
-        float tile_max = kNegInf;
-        // kDots keys at a time: independent sums the CPU overlaps (one sum's chain of dependent
-        // adds is latency-bound), each still q[0] k[0] + q[1] k[1] + ... in order, so the
-        // scores are the same to the bit as one key at a time.
-        int64_t t = 0;
-        for (; t + kDots <= jn; t += kDots) {
-          const float* kt[kDots];
-          for (int u = 0; u < kDots; ++u) {
-            kt[u] = k.row(kv_row(pages, p.page_size, j0 + t + u), g, buf.data() + u * d);
-          }
-          float dot[kDots] = {};
-          for (int c = 0; c < d; ++c) {
-            const float qc = qi[c];
-            for (int u = 0; u < kDots; ++u) dot[u] += qc * kt[u][c];
-          }
-          for (int u = 0; u < kDots; ++u) {
-            s[t + u] = dot[u] * p.scale;
-            tile_max = std::max(tile_max, s[t + u]);
-          }
-        }
-        for (; t < jn; ++t) {
-          const float* kj = k.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
-          float dot = 0.f;
-          for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
-          s[t] = dot * p.scale;
-          tile_max = std::max(tile_max, s[t]);
-        }
-        // Online softmax: rescale what was accumulated under the old max.
-        const float m_new = std::max(m, tile_max);
-        const float corr = std::exp(m - m_new);  // m = -inf on the first tile: corr = 0
-        l *= corr;
-        for (int c = 0; c < d; ++c) acc[c] *= corr;
-        for (int64_t t = 0; t < jn; ++t) {
-          const float pt = std::exp(s[t] - m_new);
-          l += pt;
-          const float* vj = v.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
-          for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
-        }
-        m = m_new;
+      float dot[kDots] = {};
+      for (int c = 0; c < d; ++c) {
+        const float qc = qi[c];
+        for (int u = 0; u < kDots; ++u) dot[u] += qc * kt[u][c];
       }
-      float* lse = p.lse + h * p.lse_head_stride + i;
-      if (visible == 0) {  // empty row: contributes nothing to a later merge
-        if (!p.merge_into_o) {
-          for (int c = 0; c < d; ++c) oi[c] = 0.f;
-          *lse = kNegInf;
-        }
-      } else {
-        const float inv = 1.f / l;
-        for (int c = 0; c < d; ++c) acc[c] *= inv;
-        if (p.merge_into_o) {
-          merge_row(oi, lse, acc.data(), m + std::log(l), d, oi);
-        } else {
-          std::copy(acc.begin(), acc.end(), oi);
-          *lse = m + std::log(l);
-        }
+      for (int u = 0; u < kDots; ++u) {
+        s[t + u] = dot[u] * p.scale;
+        tile_max = std::max(tile_max, s[t + u]);
       }
     }
+    for (; t < jn; ++t) {
+      const float* kj = k.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
+      float dot = 0.f;
+      for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
+      s[t] = dot * p.scale;
+      tile_max = std::max(tile_max, s[t]);
+    }
+    // Online softmax: rescale what was accumulated under the old max.
+    const float m_new = std::max(m, tile_max);
+    const float corr = std::exp(m - m_new);  // m = -inf on the first tile: corr = 0
+    l *= corr;
+    for (int c = 0; c < d; ++c) acc[c] *= corr;
+    for (int64_t t = 0; t < jn; ++t) {
+      const float pt = std::exp(s[t] - m_new);
+      l += pt;
+      const float* vj = v.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
+      for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
+    }
+    m = m_new;
+  }
+  float* lse = p.lse + h * p.lse_head_stride + i;
+  if (visible == 0) {  // empty row: contributes nothing to a later merge
+    if (!p.merge_into_o) {
+      for (int c = 0; c < d; ++c) oi[c] = 0.f;
+      *lse = kNegInf;
+    }
+  } else {
+    const float inv = 1.f / l;
+    for (int c = 0; c < d; ++c) acc[c] *= inv;
+    if (p.merge_into_o) {
+      merge_row(oi, lse, acc.data(), m + std::log(l), d, oi);
+    } else {
+      std::copy(acc.begin(), acc.end(), oi);
+      *lse = m + std::log(l);
+    }
+  }
+}
+
+}  // namespace
+
+void attention_cpu(const AttnParams& p) {
+  const KvRows k{p.k, p.k_row_stride, p.k_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
+  const KvRows v{p.v, p.v_row_stride, p.v_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int h = 0; h < p.heads; ++h) {
+    for (int i = 0; i < p.n_q; ++i) attention_row(p, k, v, h, i);
   }
 }
 

@@ -101,4 +101,18 @@ std::string parse_cli(CLI::App& app, int argc, char** argv, bool* help) {
   return "";
 }
 
+CLI::Option* add_kv_cache_dtype_option(CLI::App& app, engine::KvCacheDtype& target,
+                                       const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          "--kv-cache-dtype",
+          [&target](const std::string& v) { target = engine::parse_kv_cache_dtype(v).value(); },
+          help)
+      ->type_name("D")
+      ->check([](const std::string& v) -> std::string {
+        auto d = engine::parse_kv_cache_dtype(v);
+        return d.ok() ? "" : d.message();
+      });
+}
+
 }  // namespace burst::server

@@ -72,18 +72,10 @@ void add_flags(CLI::App& app, Args& a, std::string& layout, bool& version) {
                  "with --model)")->type_name("FILE");
   app.add_option("--kv-capacity", a.kv_capacity, "KV cache tokens (default: prompt + "
                  "max-tokens)")->type_name("N");
-  app.add_option_function<std::string>(
-         "--kv-cache-dtype",
-         [&a](const std::string& v) {
-           a.kv_cache_dtype = burst::engine::parse_kv_cache_dtype(v).value();
-         },
-         "what the KV cache holds: auto (the compute dtype; default) or fp8 (e4m3 rows with a "
-         "scale per token and KV head: about half the bytes)")
-      ->type_name("D")
-      ->check([](const std::string& v) -> std::string {
-        auto d = burst::engine::parse_kv_cache_dtype(v);
-        return d.ok() ? "" : d.message();
-      });
+  burst::server::add_kv_cache_dtype_option(app, a.kv_cache_dtype,
+                                           "what the KV cache holds: auto (the compute dtype; "
+                                           "default) or fp8 (e4m3 rows with a scale per token "
+                                           "and KV head: about half the bytes)");
   app.add_option("--workers", a.workers, "shard the prompt over N burst-worker processes "
                  "(BurstAttention ring); without it, one in-process engine")->type_name("N");
   app.add_option("--tp", a.tp, "tensor parallelism (default 1): each T consecutive workers "

@@ -75,16 +75,10 @@ void add_flags(CLI::App& app, Args& a, bool& version) {
       });
   app.add_option("--kv-reserve-bytes", a.kv_reserve_bytes, "with --kv-capacity 0: bytes kept "
                  "free for activations (default 0)")->type_name("B");
-  app.add_option_function<std::string>(
-         "--kv-cache-dtype",
-         [&a](const std::string& v) { a.kv_cache_dtype = engine::parse_kv_cache_dtype(v).value(); },
-         "what the KV pool holds: auto (the compute dtype; default) or fp8 (FP8 rows, "
-         "kernels/kv_fp8.h) (spawned form)")
-      ->type_name("D")
-      ->check([](const std::string& v) -> std::string {
-        auto d = engine::parse_kv_cache_dtype(v);
-        return d.ok() ? "" : d.message();
-      });
+  burst::server::add_kv_cache_dtype_option(app, a.kv_cache_dtype,
+                                           "what the KV pool holds: auto (the compute dtype; "
+                                           "default) or fp8 (FP8 rows, kernels/kv_fp8.h) "
+                                           "(spawned form)");
   app.add_option("--comm-timeout-ms", a.comm_timeout_ms, "the communicator's timeout (spawned "
                  "form; default 30000)")->type_name("MS");
   app.add_option("--poison-freed-kv", a.poison_freed_kv, "1: fill freed KV pages with NaN (a "

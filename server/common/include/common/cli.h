@@ -12,11 +12,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/kv_pages.h"
+
 namespace burst::server {
 
 // An App for `program` with burst's conventions; `synopsis` ("usage: PROGRAM ...", one or more
 // lines) opens its --help.
 std::unique_ptr<CLI::App> make_cli(const std::string& program, const std::string& synopsis);
+
+// --kv-cache-dtype D on `app` into *target (engine::parse_kv_cache_dtype; a bad value is refused
+// with its message), with `help` as its --help line.
+CLI::Option* add_kv_cache_dtype_option(CLI::App& app, engine::KvCacheDtype& target,
+                                       const std::string& help);
 
 // Parses argv into the App's bindings. Returns "" on success or the error; --help / -h sets
 // *help and stops (nothing after it is checked).
