@@ -404,9 +404,14 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
     const auto t0 = std::chrono::steady_clock::now();
     const int src = (rank - s + world) % world;
     const int64_t src_prefix = b.prefix[static_cast<size_t>(src)];
+    // K row 0 and V row 0 of the block in hand: in place, or (FP8 rows) their values.
     const void* bk = cur.data;
-    const void* bv = at(cur, b.block_rows * kvw);
-    if (fp8()) BURST_RETURN_IF_ERROR(block_values(cur, b.block_rows, &bk, &bv));  // the values
+    const void* bv = nullptr;
+    if (fp8()) {
+      BURST_RETURN_IF_ERROR(block_values(cur, b.block_rows, &bk, &bv));
+    } else {
+      bv = at(cur, b.block_rows * kvw);
+    }
     beside_transfer_ = xfer != nullptr;
     BURST_RETURN_IF_ERROR(attend_keys(b.rows, q.data, q_segs, bk, bv, src_prefix, bk, bv,
                                       plan.segments(src), src_prefix, o_acc_, lse_acc_,
