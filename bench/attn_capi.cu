@@ -1,6 +1,6 @@
 // libburst_attn.so: our attention kernels behind a C ABI, so a Python process that also holds
 // torch can time them launch by launch against torch SDPA's FlashAttention-2 and cuDNN
-// (scripts/gpu/bench_interleaved.py, ctypes). Timing ours and a baseline in two processes, one
+// (bench/gpu/bench_interleaved.py, ctypes). Timing ours and a baseline in two processes, one
 // after the other, left an H100 at its power cap moving a row 10-20 % between them
 // (docs/benchmarks.md); alternating single launches in one process puts both under the same
 // clocks. A benchmark aid, not an API of the product: the engine calls kernels/ directly.

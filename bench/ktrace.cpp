@@ -7,7 +7,7 @@
 // 100 ms, so a process killed later loses at most its last 100 ms), one line each:
 //   kind  start_ns  end_ns  device  stream  correlation  name
 // kind: K kernel, C memcpy, S memset, A runtime API call (host thread id in the stream column).
-// Timestamps are CUPTI's (one clock for host and device). scripts/gpu/ktrace_report.py turns a
+// Timestamps are CUPTI's (one clock for host and device). bench/gpu/ktrace_report.py turns a
 // file into per-step kernel time and gaps. Concurrent-kernel records do not serialise kernels,
 // but the tracing is not free: a 7B decode step of short chained kernels took 2-5x longer under
 // it on an H200 (docs/benchmarks.md), so read it for long kernels (prefill), not for those.

@@ -1,6 +1,6 @@
 // build/bin/burst-bench: runs the load generator, bench/burst_bench.py, with /usr/bin/python3.
 // An executable rather than a copy of the script because build/bin must hold ELF files only:
-// scripts/gpu/pack.sh (devpack) runs ldd on every file there and stops at a script. The script
+// bench/gpu/pack.sh (devpack) runs ldd on every file there and stops at a script. The script
 // is looked up in $BURST_BENCH_SCRIPT, $BURST_SOURCE_DIR/bench, ../share/burst/bench from the
 // executable (where `cmake --install` puts it, beside bin/), the source tree this was built
 // from, ../../bench from the executable (.devpack/bin in a repository copy), then ./bench.

@@ -1,6 +1,6 @@
 // burst-bench-kernels: times the CUDA attention kernels (kernels/attention_cuda.h) at LLaMA-2-7B
 // attention shapes and prints a table; --out PATH also writes the numbers as JSON (read by
-// scripts/gpu/bench_kernels.py, which times torch SDPA at the same shapes).
+// bench/gpu/bench_kernels.py, which times torch SDPA at the same shapes).
 //
 // Prefill: 4096 / head_dim heads (32 x 128, the 7B's; 64 x 64 with --head-dims 64), bf16,
 // q = kv = S tokens, full and causal, TFLOP/s by the FlashAttention convention

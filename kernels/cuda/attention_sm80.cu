@@ -521,7 +521,7 @@ bool attention_sm80_heads_first(const AttnParams& p, int sms) {
   // Only where the blocks' work differs: the last query block sees at least 1.5x the keys of
   // the first. A chunk after a longer prefix (the engine's chunked prefill) has blocks of
   // nearly equal work; heads first there measured -5 % to +2 % (8192 queries after 57K-123K
-  // keys), and +4 to +11 % where the last block saw 2x the first's keys (scripts/gpu/
+  // keys), and +4 to +11 % where the last block saw 2x the first's keys (bench/gpu/
   // bench_chunks.py, docs/benchmarks.md).
   const int64_t delta = p.q_start - p.kv_start;
   const int64_t first_keys = std::clamp<int64_t>(delta + kBlockM, 0, p.n_kv);

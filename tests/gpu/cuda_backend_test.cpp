@@ -1,6 +1,6 @@
 // GPU tests of the CUDA backend (engine/cuda/cuda_backend.cu) against its CPU twin: every
 // Backend op at odd sizes, the models end to end, and (when asked through the environment) the
-// dump for scripts/gpu/hf_compare.py and the prefill benchmark of scripts/gpu/bench_prefill.sh.
+// dump for bench/gpu/hf_compare.py and the prefill benchmark of bench/gpu/bench_prefill.sh.
 //
 // Tolerance rule: the CPU backend runs in fp32 on the inputs rounded to bf16 (the reference);
 // a "naive" bf16 implementation is that reference rounded once to bf16. Per element,
@@ -1234,7 +1234,7 @@ TEST_F(CudaBackendTest, TwoLayer7bShapeMatchesCpu) {
   c.num_layers = 2;
   constexpr uint64_t kSeed = 7;
   constexpr int kPromptTokens = 300;
-  // BURST_HF_DIR keeps the model, prompt and logits for scripts/gpu/hf_compare.py.
+  // BURST_HF_DIR keeps the model, prompt and logits for bench/gpu/hf_compare.py.
   const char* keep = std::getenv("BURST_HF_DIR");
   const std::string dir =
       keep ? std::string(keep) : (fs::temp_directory_path() / "burst-cuda-2layer-7b").string();
@@ -1276,7 +1276,7 @@ TEST_F(CudaBackendTest, TwoLayer7bShapeMatchesCpu) {
   // bf16 activations carry 2^-9 relative rounding per stored value; about a dozen roundings
   // (norms, q/k/v, rope, attention, o, gate/up/silu, down, final norm, logits) lie on every
   // path to a logit, each a random 0-2^-9 error: ~sqrt(12) * 2^-9 ~ 0.7% in l2. 2% allows the
-  // 2x of the rule with margin; scripts/gpu/hf_compare.py holds us to 2x HF's own bf16 error.
+  // 2x of the rule with margin; bench/gpu/hf_compare.py holds us to 2x HF's own bf16 error.
   EXPECT_LT(e.rel_l2, 0.02);
   EXPECT_LT(e.max_abs, 0.05 * e.ref_max);
   if (keep) {
@@ -1294,7 +1294,7 @@ TEST_F(CudaBackendTest, TwoLayer7bShapeMatchesCpu) {
   }
 }
 
-// ---- prefill benchmark (scripts/gpu/bench_prefill.sh) ----------------------------------------
+// ---- prefill benchmark (bench/gpu/bench_prefill.sh) ----------------------------------------
 
 std::vector<int64_t> parse_lengths(const char* text) {
   std::vector<int64_t> out;

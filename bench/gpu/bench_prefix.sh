@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench_prefix.sh [WORKERS]: prefix caching on the GPU machine (issue 40's numbers). From the
-# repository root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR first). burst-server on
+# repository root with .devpack carried (bench/gpu/pack.sh BUILD_DIR first). burst-server on
 # WORKERS GPUs (default 4) with the 7B preset (random weights), once with prefix caching and
-# once with --no-prefix-caching, each driven by scripts/gpu/bench_prefix.py (a DOC-token
+# once with --no-prefix-caching, each driven by bench/gpu/bench_prefix.py (a DOC-token
 # document, then questions one at a time and CONCURRENCY at once, then a growing chat), then by
 # burst-bench's prefix-repetition workload (PREFIXES documents of PREFIX_LEN tokens, SUFFIX_LEN-
 # token questions, PROMPTS requests at RATE req/s, Poisson; goodput TTFT <= 1 s, TPOT <= 50 ms).
@@ -27,7 +27,7 @@ for mode in ${MODES:-on off}; do
     --http-port 0 --grpc-port -1 --port-file "$ports" "${flags[@]}" \
     > "$out/server_prefix_$mode.log" 2>&1 &
   server=$!
-  timeout "${STEP_TIMEOUT:-420}" python3 scripts/gpu/bench_prefix.py "$ports" --doc "$doc" \
+  timeout "${STEP_TIMEOUT:-420}" python3 bench/gpu/bench_prefix.py "$ports" --doc "$doc" \
     --questions "${QUESTIONS:-20}" --concurrency "${CONCURRENCY:-8}" --turns "${TURNS:-10}" \
     --turn-tokens "${TURN_TOKENS:-6400}" --json "$out/prefix_$mode.json" \
     2>&1 | tee "$out/prefix_$mode.txt"

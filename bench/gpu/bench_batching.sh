@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_batching.sh: continuous batching on the GPU machine (2 GPUs or more), from the repository
-# root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR burst-server burst-worker
+# root with .devpack carried (bench/gpu/pack.sh BUILD_DIR burst-server burst-worker
 # libburst_spm.so [burst_gpu_tests burst-generate] first). Results under $OUT.
 #   1. Correctness first: burst_gpu_tests (GPU 0), and the tiny model's greedy text through
 #      burst-generate in-process == 1 and 2 NCCL workers (paged decode), and through burst-server
@@ -105,14 +105,14 @@ for chunk in ${CHUNKS:-4096 8192 16384 32768 131072}; do
   done
   if ! kill -0 $server 2>/dev/null; then echo "server (chunk $chunk) died"; tail -5 "$out/server_$chunk.log"; status=1; continue; fi
   # Warm-up (cuBLAS plans, NCCL), then the long request alone, then head-of-line.
-  timeout 120 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 8192 --long-out 4 --short-n 0 > /dev/null
-  timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 64 --short-n 0 \
+  timeout 120 "$py" bench/gpu/hol.py --port-file "$ports" hol --long 8192 --long-out 4 --short-n 0 > /dev/null
+  timeout 200 "$py" bench/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 64 --short-n 0 \
     | tee "$out/alone_$chunk.json"
-  timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 32 \
+  timeout 200 "$py" bench/gpu/hol.py --port-file "$ports" hol --long 131072 --long-out 32 \
     --short 100 --short-n 3 --short-out 16 --delay 1.0 | tee "$out/hol_$chunk.json"
   if [ "$chunk" = "$(echo "${CHUNKS:-4096 8192 16384 32768 131072}" | awk '{print $1}')" ]; then
     for c in 1 16; do
-      timeout 200 "$py" scripts/gpu/hol.py --port-file "$ports" decode --prompt 2048 --out 128 \
+      timeout 200 "$py" bench/gpu/hol.py --port-file "$ports" decode --prompt 2048 --out 128 \
         --conc "$c" | tee "$out/decode_$c.json" | cut -c1-160
     done
   fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_tiny.sh: on the GPU machine, from the repository root, with .devpack carried
-# (scripts/gpu/pack.sh BUILD_DIR burst_gpu_tests burst-generate libburst_spm.so first) and the
+# (bench/gpu/pack.sh BUILD_DIR burst_gpu_tests burst-generate libburst_spm.so first) and the
 # KJV text in .devpack/kjv.txt (scripts/train_tiny_model.py --dump-corpus .devpack/kjv.txt here,
 # where Debian's bible-kjv is). Retrains the embedded default model and checks it; the results
 # come back as $OUT/results.tar.aa, .ab, ... (`cat results.tar.* | tar -x`: the device tool

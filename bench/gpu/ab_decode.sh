@@ -3,14 +3,14 @@
 # one machine in one call, the packs taken in turn twice (A B C A B C: drift hits all alike).
 # Per server start, for each PROMPTS length (default "2048"): one sequence decoding TOKENS (default
 # 128) tokens alone, RUNS (default 2) times after one warm-up request; prints tok/s and the
-# mean inter-token time. PACK is a tar.xz of a .devpack (scripts/gpu/pack.sh BUILD burst-server
+# mean inter-token time. PACK is a tar.xz of a .devpack (bench/gpu/pack.sh BUILD burst-server
 # burst-worker libburst_spm.so, then tar -cJf X.tar.xz .devpack) carried in a git-ignored
 # folder. From the repository root on the GPU machine; WORKERS (default 2) GPUs, 7B preset
 # (random weights); extra server flags in SERVER_FLAGS; ENV_B, if set, is exported for the
 # second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), ENV_C for the third, and
 # FLAGS_B are server flags for the second only (e.g. FLAGS_B="--prefill-chunk 4096").
 # PREFILLS (e.g. "32768 65536"): after the decode runs, the client's time to first token of
-# one streamed request per length, twice (scripts/gpu/server_ttft.py), per server start.
+# one streamed request per length, twice (bench/gpu/server_ttft.py), per server start.
 set -u
 [ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 workers=${WORKERS:-2}
@@ -48,12 +48,12 @@ for round in 1 2; do
         [ -s "$pf" ] && curl -sf "http://127.0.0.1:$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")/health" > /dev/null && break
         sleep 0.3
       done
-      timeout 120 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt 2048 --out 16 --conc 1 > /dev/null
+      timeout 120 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt 2048 --out 16 --conc 1 > /dev/null
       for p in $prompts; do
         for r in $(seq "$runs"); do
           # The client's rate counts streamed chunks (a token whose text is empty sends none);
           # the server's own line counts every token: both are printed.
-          timeout 300 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc 1 \
+          timeout 300 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc 1 \
             | python3 -c "import json,sys;d=json.load(sys.stdin);print('$name round $round prompt $p run $r: %.1f tok/s, ITL %.3f ms'%(d['total_decode_tok_s'],d['mean_itl_ms']),d['errors'] or '',end='; ')"
           grep -o 'decode [0-9.]* ms for [0-9]* tokens' "/tmp/ab_server_$v.log" | tail -1 \
             | awk '{printf "server: %s ms / %s tokens = TPOT %.3f ms\n", $2, $5, $2 / ($5 - 1)}'
@@ -61,7 +61,7 @@ for round in 1 2; do
       done
       if [ -n "${PREFILLS:-}" ]; then
         # shellcheck disable=SC2086
-        timeout 600 python3 scripts/gpu/server_ttft.py "$pf" $PREFILLS $PREFILLS \
+        timeout 600 python3 bench/gpu/server_ttft.py "$pf" $PREFILLS $PREFILLS \
           | sed "s/^/$name round $round prefill: /"
       fi
       # One greedy answer per server start: the builds (and flags) must agree on the tokens.

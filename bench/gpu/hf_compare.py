@@ -6,7 +6,7 @@ the LLaMA-2-7B shape whose bf16 weights are exactly those LlamaModel::random dra
 backend), prompt_ids.txt (300 ids), logits_cuda.f32 (ours, bf16 on the GPU) and logits_cpu.f32
 (ours, fp32 on the CPU from the same bf16 weights).
 
-    python3 scripts/gpu/hf_compare.py --dir DIR [--out result.json]
+    python3 bench/gpu/hf_compare.py --dir DIR [--out result.json]
 
 HF runs the same weights twice: in fp32 (the reference) and in bf16 with SDPA (what a same-
 precision implementation gets). The rule, FlashAttention's: our bf16 error against HF fp32 is

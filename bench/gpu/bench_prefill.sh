@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # bench_prefill.sh: single-GPU prefill (TTFT) of the 7B preset, burst against HF transformers.
-# On the GPU machine, from the repository root, with .devpack carried (scripts/gpu/pack.sh
+# On the GPU machine, from the repository root, with .devpack carried (bench/gpu/pack.sh
 # BUILD_DIR first):
-#   scripts/gpu/bench_prefill.sh            # LENGTHS=4096,16384,32768,65536 REPS=3
+#   bench/gpu/bench_prefill.sh            # LENGTHS=4096,16384,32768,65536 REPS=3
 # 1. burst, warm: the GPU test binary's CudaPrefillBench (runtime::generate (one-rank LocalStepRunner) with max_tokens 1,
 #    exactly what burst-generate times as TTFT; one warm-up, median of REPS, one process).
 # 2. burst-generate --device cuda, one cold process per length (model init, cuBLAS and kernel
 #    loading included in the first forward): the CLI path end to end.
-# 3. HF transformers (scripts/gpu/hf_prefill.py), then the ratio table (printed last).
+# 3. HF transformers (bench/gpu/hf_prefill.py), then the ratio table (printed last).
 # Results go under $OUT (or ./gpu-out). Each step is bounded by STEP_TIMEOUT seconds.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
@@ -38,9 +38,9 @@ for n in ${lengths//,/ }; do
   echo "$n $ms" >> "$out/prefill_cli.txt"
 done
 
-timeout "$step_timeout" python3 scripts/gpu/hf_prefill.py --lengths "$lengths" --reps "$reps" \
+timeout "$step_timeout" python3 bench/gpu/hf_prefill.py --lengths "$lengths" --reps "$reps" \
   --out "$out/prefill_hf.jsonl" 2>&1 | grep -v Warning | tee "$out/prefill_hf.log" || status=1
 
-python3 scripts/gpu/hf_prefill.py --report "$out/prefill_ours.jsonl" "$out/prefill_hf.jsonl" \
+python3 bench/gpu/hf_prefill.py --report "$out/prefill_ours.jsonl" "$out/prefill_hf.jsonl" \
   --cli "$out/prefill_cli.txt" | tee "$out/prefill_table.md"
 exit $status

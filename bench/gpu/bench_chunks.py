@@ -4,7 +4,7 @@ one process in rotating order (as bench_interleaved.py does): n_q queries that a
 n_q positions of n_kv keys under the causal mask (the engine's chunk after a prefix). Run on
 the GPU machine (torch there):
 
-    python3 scripts/gpu/bench_chunks.py --lib A/libburst_attn.so --lib B/libburst_attn.so \\
+    python3 bench/gpu/bench_chunks.py --lib A/libburst_attn.so --lib B/libburst_attn.so \\
         [--shapes 8192:65536,8192:131072,2048:32768] [--head-dims 128,64] [--kernel sm80] \\
         [--rounds 8]
 

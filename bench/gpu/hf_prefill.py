@@ -1,7 +1,7 @@
 """HF transformers prefill (TTFT) of the LLaMA-2-7B shape, the baseline of bench_prefill.sh.
 
-    python3 scripts/gpu/hf_prefill.py --lengths 4096,16384 --reps 3 --out hf.jsonl
-    python3 scripts/gpu/hf_prefill.py --report ours.jsonl hf.jsonl [--cli cli.txt]
+    python3 bench/gpu/hf_prefill.py --lengths 4096,16384 --reps 3 --out hf.jsonl
+    python3 bench/gpu/hf_prefill.py --report ours.jsonl hf.jsonl [--cli cli.txt]
 
 The first form builds LlamaForCausalLM (7B config, random init, bf16, SDPA attention) on the
 GPU and times, per length, one forward over the prompt that burst-generate --prompt-tokens N

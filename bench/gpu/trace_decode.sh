@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trace_decode.sh PACK: a GPU timeline of burst-server's decode steps (7B preset, random
 # weights) through libburst_ktrace.so (bench/ktrace.cpp, CUPTI; the pack must hold it and
-# libcupti.so), then scripts/gpu/ktrace_report.py on every worker's file. One server start per
+# libcupti.so), then bench/gpu/ktrace_report.py on every worker's file. One server start per
 # prompt length in PROMPTS (default "2048 131072"); each decodes TOKENS (default 64) tokens after a
 # warm-up request. WORKERS (default 2) GPUs; API=1 adds the host's runtime-API calls to the
 # timeline; SERVER_FLAGS go to the server. Files land in TRACE_DIR (default /tmp/ktrace); the
@@ -27,12 +27,12 @@ for p in ${PROMPTS:-2048 131072}; do
     [ -s "$pf" ] && curl -sf "http://127.0.0.1:$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['http_port'])" "$pf")/health" > /dev/null && break
     sleep 0.3
   done
-  timeout 120 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt 2048 --out 16 --conc 1 > /dev/null
-  timeout 300 python3 scripts/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc 1 \
+  timeout 120 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt 2048 --out 16 --conc 1 > /dev/null
+  timeout 300 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc 1 \
     | python3 -c "import json,sys;d=json.load(sys.stdin);print('prompt $p: client ITL %.3f ms'%d['mean_itl_ms'])"
   grep -o 'decode [0-9.]* ms for [0-9]* tokens' "$dir/server_$p.log" | tail -1 \
     | awk '{printf "server: %s ms / %s tokens = TPOT %.3f ms\n", $2, $5, $2 / ($5 - 1)}'
   sleep 0.5
   kill "$sp"; wait "$sp"
-  python3 scripts/gpu/ktrace_report.py "$dir/$p"/*.tsv --last $((out - 8))
+  python3 bench/gpu/ktrace_report.py "$dir/$p"/*.tsv --last $((out - 8))
 done

@@ -14,7 +14,7 @@
 # STEPS selects (default all, in this order): golden gputests peergather invtiny inv7b ring
 #   ringchunk ttft server hf
 #   peergather: the decode exchange by peer stores on every GPU (PeerGather.* tests, up to 8)
-#   server: burst-server (7B preset, N GPUs) under burst-bench: scripts/gpu/bench_server.sh
+#   server: burst-server (7B preset, N GPUs) under burst-bench: bench/gpu/bench_server.sh
 #           with the kind h200xN (one request at a time by length, then the mixed load)
 #   golden: scripts/make_golden.py for the tiny model (HF transformers), to $OUT/kjv_golden.json
 #   gputests: burst_gpu_tests on GPU 0
@@ -98,10 +98,10 @@ if want ttft; then
   done
 fi
 if want server; then
-  OUT=$out bash scripts/gpu/bench_server.sh "h200x$n" || status=1
+  OUT=$out bash bench/gpu/bench_server.sh "h200x$n" || status=1
 fi
 if want hf; then
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/hf_prefill.py --lengths "${HF_LEN:-65536}" \
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 bench/gpu/hf_prefill.py --lengths "${HF_LEN:-65536}" \
     --reps 1 --out "$out/hf.jsonl" > "$out/hf.log" 2>&1
   tail -3 "$out/hf.log"; cat "$out/hf.jsonl"
 fi

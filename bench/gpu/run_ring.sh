@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_ring.sh: on a multi-GPU machine, from the repository root, with .devpack carried
-# (scripts/gpu/pack.sh BUILD_DIR first). NCCL ring checks and benchmarks, results under $OUT:
+# (bench/gpu/pack.sh BUILD_DIR first). NCCL ring checks and benchmarks, results under $OUT:
 #   1. N-invariance: the tiny model's greedy text through burst-generate on 1 GPU in-process and
 #      with --workers N (one burst-worker per GPU, NCCL ring) for each N in $WORLDS.
 #   2. burst-bench-ring at the 7B attention shape (32 heads x 128, bf16) for each N in $WORLDS

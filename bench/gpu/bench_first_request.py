@@ -1,7 +1,7 @@
 """TTFT of the first requests after start, and of a long text prompt against its token ids,
 through burst-server's HTTP API (issue 40, items 4 and 5).
 
-    python3 scripts/gpu/bench_first_request.py PORTS_JSON --ids N [--text FILE] [--runs 2]
+    python3 bench/gpu/bench_first_request.py PORTS_JSON --ids N [--text FILE] [--runs 2]
 
 Waits for the port file and /health (the server is ready only after its warm-up), then:
 - --ids N: N token ids, the same prompt --runs times in a row: the first request against the

@@ -2,14 +2,14 @@
 """Our attention kernels and torch SDPA's (FlashAttention-2 = FLASH_ATTENTION, cuDNN =
 CUDNN_ATTENTION) timed launch by launch in ONE process, in rotating order, so every backend runs
 under the same clocks. Run on the GPU machine (torch there), with libburst_attn.so from a CUDA
-build (bench/attn_capi.cu; scripts/gpu/pack.sh carries it):
+build (bench/attn_capi.cu; bench/gpu/pack.sh carries it):
 
-    python3 scripts/gpu/bench_interleaved.py --lib .devpack/bin/libburst_attn.so \\
+    python3 bench/gpu/bench_interleaved.py --lib .devpack/bin/libburst_attn.so \\
         [--sizes 4096,16384,65536] [--head-dims 128,64] [--masks full,causal] [--rounds 20] \\
         [--kernels auto,r128,r192,sm80] [--decode-sizes 32768,131072] [--decode-kv-heads 8,32] \\
         [--lib-b OTHER/libburst_attn.so] [--o-f32] [--mma-peak] [--out OUT/interleaved.json]
 
-Why: burst-bench-kernels then scripts/gpu/bench_kernels.py time ours and the baselines seconds
+Why: burst-bench-kernels then bench/gpu/bench_kernels.py time ours and the baselines seconds
 apart, and an H100 at its 700 W power cap moved a 16K row 10-20 % between two such timings
 (docs/benchmarks.md). Here round r times each backend once, the order rotating by r, and the
 ratio ours / cuDNN is taken within each round; the table gives its median and range.

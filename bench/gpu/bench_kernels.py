@@ -3,7 +3,7 @@
 CUDNN_ATTENTION backends) at the attention shapes found in our bench's JSON and prints the
 ratio table ours / torch. Run on the GPU machine (torch 2.11 there):
 
-    python3 scripts/gpu/bench_kernels.py --ours OUT/bench_kernels.json [--out OUT/torch.json]
+    python3 bench/gpu/bench_kernels.py --ours OUT/bench_kernels.json [--out OUT/torch.json]
 
 Same conventions as ours: bf16, [1, heads, S, head_dim] random inputs, is_causal for the causal
 rows (q and kv both start at position 0), TFLOP/s = 4 * S^2 * d * heads (halved for causal),

@@ -3,11 +3,11 @@
 TFLOP/s with the SM clock and the board power (nvidia-smi every 100 ms) while each backend
 runs, ours and torch SDPA's cuDNN in alternating blocks (ours, cuDNN, cuDNN, ours):
 
-    python3 scripts/gpu/bench_sustained.py --lib .devpack/bin/libburst_attn.so \\
+    python3 bench/gpu/bench_sustained.py --lib .devpack/bin/libburst_attn.so \\
         [--lib-b OTHER/libburst_attn.so] [--kernel auto|sm80|r128|r192] [--seconds 3] \\
         [--shapes 128:4096:full,128:16384:causal,64:4096:full]
 
-Why: scripts/gpu/bench_interleaved.py queues each timed launch behind a ~1 ms GPU sleep, so
+Why: bench/gpu/bench_interleaved.py queues each timed launch behind a ~1 ms GPU sleep, so
 every launch starts with power to spare; back to back an H100 sits at its 700 W cap with the
 SM clock at 1450-1800 MHz of 1980, 10-13 % fewer TFLOP/s, and a kernel that spends less
 energy a FLOP gets more clock (docs/benchmarks.md, 2026-11-27 session 20). Shapes as in

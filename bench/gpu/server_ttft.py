@@ -1,6 +1,6 @@
 """TTFT through burst-server's OpenAI-compatible HTTP API, measured by the client.
 
-    python3 scripts/gpu/server_ttft.py PORTS_JSON N [N ...]
+    python3 bench/gpu/server_ttft.py PORTS_JSON N [N ...]
 
 Waits for the server's port file and /health, then for each N streams one /v1/completions
 request whose prompt is N token ids (BOS, then the ids burst-generate --prompt-tokens uses),

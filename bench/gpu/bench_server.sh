@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # bench_server.sh KIND: burst-server under load from burst-bench on the GPU machine, one command
-# per machine kind. From the repository root, with .devpack carried (scripts/gpu/pack.sh
+# per machine kind. From the repository root, with .devpack carried (bench/gpu/pack.sh
 # BUILD_DIR first); the server is the 7B preset with random weights (--preset 7b
 # --random-weights 0, bf16, no files), HTTP only (the GPU machine's python has no grpcio, and
 # burst-bench needs nothing but the standard library over HTTP).
-#   scripts/gpu/bench_server.sh h100     # 1 worker:  4K, 16K, 32K, 64K
-#   scripts/gpu/bench_server.sh h200     # 1 worker:  32K, 64K, 128K
-#   scripts/gpu/bench_server.sh h200x2   # 2 workers: 32K, 64K, 128K, 256K, then the mixed
+#   bench/gpu/bench_server.sh h100     # 1 worker:  4K, 16K, 32K, 64K
+#   bench/gpu/bench_server.sh h200     # 1 worker:  32K, 64K, 128K
+#   bench/gpu/bench_server.sh h200x2   # 2 workers: 32K, 64K, 128K, 256K, then the mixed
 #                                        # workload: 10% 128K / 90% 2K prompts, Poisson arrivals
-#   scripts/gpu/bench_server.sh h200x4   # 4 workers: 128K, 256K, 512K, then the mixed workload
-#   scripts/gpu/bench_server.sh h200x8   # 8 workers: 128K, 256K, 512K, 1M, then the mixed one
+#   bench/gpu/bench_server.sh h200x4   # 4 workers: 128K, 256K, 512K, then the mixed workload
+#   bench/gpu/bench_server.sh h200x8   # 8 workers: 128K, 256K, 512K, 1M, then the mixed one
 # Each length: REQS requests (default 3) one at a time (the first length after one warm-up),
 # random token ids (exact lengths), OUTPUT_LEN tokens (default 32, --ignore-eos). Mixed:
 # MIXED_REQS (50) requests at MIXED_RATE (0.5) req/s, no concurrency limit.

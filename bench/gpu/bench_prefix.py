@@ -1,6 +1,6 @@
 """Prefix caching through burst-server's HTTP API, measured by the client (issue 40's numbers).
 
-    python3 scripts/gpu/bench_prefix.py PORTS_JSON [--doc 131072] [--questions 20]
+    python3 bench/gpu/bench_prefix.py PORTS_JSON [--doc 131072] [--questions 20]
                                         [--concurrency 8] [--turns 10] [--turn-tokens 6400]
                                         [--json OUT.json]
 

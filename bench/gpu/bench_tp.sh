@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_tp.sh: tensor parallelism x the BurstAttention ring on one 4-GPU host, in one call.
-# From the repository root with .devpack carried (scripts/gpu/pack.sh BUILD_DIR first).
+# From the repository root with .devpack carried (bench/gpu/pack.sh BUILD_DIR first).
 # Results under $OUT (or ./gpu-out). STEPS selects (default all, in this order):
 #   gputests  burst_gpu_tests on GPU 0 (the random window kernel against the CPU's, ...)
 #   peergather  the PeerGather tests on every GPU: the decode exchange and NCCL's all_reduce_sum
