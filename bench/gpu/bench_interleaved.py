@@ -39,7 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-KERNELS = {"auto": 0, "sm80": 1, "r128": 2, "r192": 3}
+# fp8: FP8 attention (kernels/attention_cuda.h: attention_fp8_cuda, quantization included);
+# fp8nh: the same without the Hadamard rotation of q and k.
+KERNELS = {"auto": 0, "sm80": 1, "r128": 2, "r192": 3, "fp8": 4, "fp8nh": 5}
 SLEEP_CYCLES = 2_000_000  # ~1 ms at Hopper clocks: the queue stays ahead of the host
 
 
@@ -174,6 +176,11 @@ def prefill(libs, s, d, causal, kernels, rounds, o_f32=False, mma_peak=False):
         for kernel in kernels:
             ours(kernel)()
             err = (o.transpose(1, 2).float() - ref).abs().max().item()
+            if kernel.split(":")[-1].startswith("fp8"):  # coarser by design: tests/gpu bound it
+                rmse = (o.transpose(1, 2).float() - ref).pow(2).mean().sqrt().item()
+                print(f"  check {what} {kernel}: max error {err:.2e}, RMSE {rmse:.2e} "
+                      f"(FA2 {err_flash:.2e})")
+                continue
             if not err <= 2 * err_flash + 1e-3:
                 sys.exit(f"FAIL {what} {kernel}: max error {err:.3e} against fp32, "
                          f"FlashAttention-2's {err_flash:.3e}")
@@ -270,7 +277,7 @@ def main():
     ap.add_argument("--sizes", default="4096,16384,65536")
     ap.add_argument("--head-dims", default="128,64")
     ap.add_argument("--masks", default="full,causal")
-    ap.add_argument("--kernels", default="auto", help="of auto, sm80, r128, r192")
+    ap.add_argument("--kernels", default="auto", help="of auto, sm80, r128, r192, fp8, fp8nh")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--o-f32", action="store_true",
                     help="ours write O in fp32 (the ring's steps); the baselines bf16")

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +39,14 @@ struct KernelArgs {
   float scale;       // natural-log units, for the LSE
   float scale_log2;  // scale * log2(e): scores go straight into exp2
   int32_t merge;     // AttnParams::merge_into_o (the sm90 kernel, fp32 o)
+  // e4m3 operands (attention_sm90_fp8, AttnParams::qkv_fp8): a score is q8.k8 x q_scale x
+  // k_scale, O's column d is (P.v8)[d] x v_scale[d]. q_scale[h * q_groups + i]: query rows of
+  // group i, 64 rows counted from the first query tile's start (q_pad rows before row 0);
+  // k_scale[g * k_blocks + n]: keys [128 n, 128 n + 128); v_scale[g * 128 + d]. Null otherwise.
+  const float* q_scale;
+  const float* k_scale;
+  const float* v_scale;
+  int32_t q_groups, k_blocks, q_pad;
 };
 
 template <typename T, typename OutT>
@@ -98,6 +107,23 @@ bool attention_sm80_heads_first(const AttnParams& p, int sms);
 // head_dim 128 or 64, and only on a compute capability 9.0 device (the sm_90a build). rows: the
 // query tile (128, or 192 at head_dim 64), 0 to let the launch choose.
 cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows);
+// The e4m3 operands of one prefill launch (attention_fp8.cu writes them from p's q, k, v):
+// q8 [n_q][heads][128] and k8 [n_kv][kv_heads][128] bytes, vt8 [kv_heads][128][vt_keys] (V
+// transposed, keys padded with zeros to vt_keys, a multiple of 128, and permuted within each
+// 32 as vt_position says), and the scales KernelArgs describes.
+struct Fp8Operands {
+  const void* q8;
+  const void* k8;
+  const void* vt8;
+  const float* q_scale;
+  const float* k_scale;
+  const float* v_scale;
+  int32_t q_groups, k_blocks, q_pad;
+  int64_t vt_keys;
+};
+// The Hopper kernel over e4m3 operands (head_dim 128, 128-row tiles): p's shape, mask, o, lse
+// and merge_into_o as attention_sm90, its q/k/v pointers unused.
+cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaStream_t stream);
 // The most key ranges attention_sm90(p, ..., rows) cuts a tile of its last round into (its
 // split tail); 1 where it cuts none.
 int attention_sm90_split_parts(const AttnParams& p, int rows);

@@ -43,13 +43,17 @@ constexpr int kBlockN = 128;  // keys per pipeline stage
 constexpr int kRowBytes = 128;
 constexpr int kHalfBytes = kBlockN * kRowBytes;  // a half of a K or V tile
 constexpr int kQBoxRows = 64;                    // Q arrives in boxes of one warpgroup's rows
+constexpr float kPBias = 8.f;  // fp8: P is stored x 2^8 (softmax_fp8)
 
 // The shape of the kernel for one head_dim (64 or 128) and number of consumer warpgroups (2 or
 // 3, each owning 64 query rows); everything else derives from it.
-template <int kHeadDim, int kWarpgroups>
+// kElemBytes: 2 for bf16 / f16 operands, 1 for e4m3 (attention_sm90_fp8: head_dim 128 only,
+// where a row of Q or K is one 128-byte swizzle row and V arrives transposed, see there).
+template <int kHeadDim, int kWarpgroups, int kElemBytes = 2>
 struct Sm90Tile {
   static constexpr int kD = kHeadDim;
   static constexpr int kWG = kWarpgroups;
+  static constexpr bool kFp8 = kElemBytes == 1;
   static constexpr int kBlockM = 64 * kWG;  // query rows per tile
   static constexpr int kConsumerThreads = 128 * kWG;
   // Warp specialisation: one more warpgroup only issues the TMA loads, on 24 registers; the
@@ -60,12 +64,16 @@ struct Sm90Tile {
   // With 160 registers there is room for one P fragment only (O 32 + S 64 + P 32 at head_dim
   // 64): the softmax leaves exp2 values in S and they become P once the last P.V is done.
   static constexpr bool kTwoP = kWG == 2;
-  static constexpr int kHalves = kD / 64;
+  // 128-byte column halves a row of Q, K or V spans (fp8: one at head_dim 128).
+  static constexpr int kHalves = kD * kElemBytes / 128;
   static constexpr int kTileBytes = kHalves * kHalfBytes;
   static constexpr int kQHalfBytes = kBlockM * kRowBytes;
   static constexpr int kQBytes = kHalves * kQHalfBytes;
   // K+V tiles in flight: head_dim 64 tiles are half the size, so twice as many fit.
-  static constexpr int kStages = kD == 64 ? 6 : 3;
+  // fp8 tiles are half the bytes of bf16 ones at head_dim 128: 5 stages fit where 3 did.
+  static constexpr int kStages = kFp8 ? 5 : kD == 64 ? 6 : 3;
+  // P as the A operand of P.V: 32 registers of two 16-bit values, or 16 of four e4m3.
+  static constexpr int kPRegs = kFp8 ? 16 : 32;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
   // Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
   // rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
@@ -73,6 +81,7 @@ struct Sm90Tile {
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static_assert(!kFp8 || (kD == 128 && kWG == 2), "fp8 at head_dim 128, two warpgroups");
   static_assert(kWG == 2 || (kWG == 3 && kD == 64), "3 warpgroups fit 160 registers at 64 only");
   static_assert(kTwoP == (kConsumerRegs >= 240), "two P fragments need 240 registers");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "registers");
@@ -155,10 +164,18 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // d[64] = A.B (+ d[64] if accumulate) for a 64 x 128 x 16 slice: A (64 x 16) and B (128 x 16)
 // K-major in shared memory. accumulate = 0 ignores d's old contents (no zeroing needed).
+// For e4m3 the slice is 64 x 128 x 32 (32 bytes of the reduction dimension, as 16 bf16 are).
 template <typename T>
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) {
+    // fp8 operands have no transpose immediates: both must be K-major (they are).
+    asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " BURST_R64
+                 ", %64, %65, acc, 1, 1;\n}\n"
+                 : BURST_D64
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile("{\n.reg .pred acc;\nsetp.ne.b32 acc, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " BURST_R64
                  ", %64, %65, acc, 1, 1, 0, 0;\n}\n"
@@ -201,6 +218,18 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
                  : BURST_D64
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
   }
+}
+
+// d[64] += P.V^T-slice for e4m3: A (64 x 32 keys) in registers, four e4m3 a register (the
+// k32 A fragment: rows lane / 4 (+ 8 in registers 1 and 3), keys 4 (lane % 4) + byte, + 16 in
+// registers 2 and 3), B (head_dim 128 rows x 32 keys) K-major in shared memory: the V tile
+// arrives transposed, since fp8 wgmma reads no MN-major operand.
+__device__ __forceinline__ void wgmma_rs_fp8(float (&d)[64], const uint32_t (&a)[4],
+                                             uint64_t desc_b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " BURST_R64
+               ", {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+               : BURST_D64
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
 #undef BURST_D8
@@ -249,12 +278,13 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(col), "r"(head), "r"(row)
       : "memory");
 }
-// A whole [128][kD] K or V tile: its 64-column halves.
-template <int kD>
+// A whole [128][kD] K or V tile: its kHalves 128-byte column halves (64 16-bit columns each;
+// an fp8 row at head_dim 128 is one).
+template <int kHalves>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                               int head, int row) {
 #pragma unroll
-  for (int half = 0; half < kD / 64; ++half) {
+  for (int half = 0; half < kHalves; ++half) {
     tma_load_box(dst + half * kHalfBytes, map, bar, half * 64, head, row);
   }
 }
@@ -406,7 +436,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
                           const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const TileOrder order) {
 #ifdef BURST_SM90_KERNEL
-  using Tl = Sm90Tile<kD, kWG>;
+  using Tl = Sm90Tile<kD, kWG, sizeof(T)>;
+  constexpr bool kFp8 = Tl::kFp8;
+  constexpr int kPRegs = Tl::kPRegs;
   constexpr int kTileBytes = Tl::kTileBytes, kStages = Tl::kStages, kStageBytes = Tl::kStageBytes;
   constexpr int kBlockM = Tl::kBlockM, kConsumerThreads = Tl::kConsumerThreads;
   constexpr int kQBytes = Tl::kQBytes, kQHalfBytes = Tl::kQHalfBytes;
@@ -507,7 +539,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         if (q_loads > 0) mbar_wait(bar_q_empty, (q_loads - 1) & 1);
         mbar_expect_tx(bar_q, kQBytes);
 #pragma unroll
-        for (int half = 0; half < kD / 64; ++half) {
+        for (int half = 0; half < Tl::kHalves; ++half) {
 #pragma unroll
           for (int r = 0; r < kBlockM; r += kQBoxRows) {
             tma_load_box(q_addr0 + half * kQHalfBytes + r * kRowBytes, &q_map, bar_q, half * 64,
@@ -527,8 +559,13 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
           const int st = stage_of(i), row = key_block(i) * kBlockN;
           if (done + i >= kStages) mbar_wait(bar_empty(st), (fill_of(i) - 1) & 1);
           mbar_expect_tx(bar_full(st), kStageBytes);
-          tma_load_tile<kD>(k_tile(st), &k_map, bar_full(st), g, row);
-          tma_load_tile<kD>(v_tile(st), &v_map, bar_full(st), g, row);
+          tma_load_tile<Tl::kHalves>(k_tile(st), &k_map, bar_full(st), g, row);
+          if constexpr (kFp8) {
+            // V^T [kv_heads][128][keys]: the box of keys [row, row + 128), all 128 columns.
+            tma_load_box(v_tile(st), &v_map, bar_full(st), row, 0, g);
+          } else {
+            tma_load_tile<Tl::kHalves>(v_tile(st), &v_map, bar_full(st), g, row);
+          }
         }
         if (before_q == n_blocks) load_q();
         done += n_blocks;
@@ -544,25 +581,35 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // the tensor cores while the softmax of block i writes the other (with a single buffer and a
   // copy, the compiler merges the two and ptxas must serialise the wgmmas). With one (pa), the
   // softmax leaves its exp2 values in s and they are rounded into pa once that P.V is done.
-  uint32_t pa[32], pb[32];
+  uint32_t pa[kPRegs], pb[kPRegs];
 
   // O += P.V for block i: k16 slice kk covers keys 16kk..16kk+15, i.e. S column blocks 2kk and
   // 2kk+1, whose C fragments are exactly the A fragment (rows r, r+8 x keys 2t, 2t+1, then +8).
   // V's slice kk starts 16 rows (2048 bytes, a whole number of swizzle repeats) further.
   // Its descriptors come first (pv_descs), before any wgmma of the pipeline stage is issued.
-  uint64_t dv[kBlockN / 16];
+  // fp8: k32 slice kk covers keys 32kk..32kk+31, 32 bytes into each row of the V^T tile (K-major,
+  // like K in S = Q.K^T). P's registers 4kk..4kk+3 are its A fragment as they are (see
+  // softmax): that fragment's byte order is not the accumulator's column order, and V^T's keys
+  // were permuted to match when it was written (attention_fp8.cu: vt_key).
+  constexpr int kPvSlices = kBlockN * int(sizeof(T)) / 32;
+  uint64_t dv[kPvSlices];
   auto pv_descs = [&](int i) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      dv[kk] = mn_major_desc(v_tile(stage_of(i)) + kk * 16 * kRowBytes);
+    for (int kk = 0; kk < kPvSlices; ++kk) {
+      dv[kk] = kFp8 ? k_major_desc(v_tile(stage_of(i)) + kk * 32)
+                    : mn_major_desc(v_tile(stage_of(i)) + kk * 16 * kRowBytes);
     }
     desc_fence(dv);
   };
-  auto issue_pv = [&](const uint32_t(&p)[32]) {
+  auto issue_pv = [&](const uint32_t(&p)[kPRegs]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    for (int kk = 0; kk < kPvSlices; ++kk) {
       const uint32_t pf[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_rs<T, kD>(o, pf, dv[kk]);
+      if constexpr (kFp8) {
+        wgmma_rs_fp8(o, pf, dv[kk]);
+      } else {
+        wgmma_rs<T, kD>(o, pf, dv[kk]);
+      }
     }
     wgmma_commit();
   };
@@ -570,10 +617,11 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row (the
   // hardware applies the swizzle to the advanced address).
   float s[64];
+  constexpr int kSSlices = kD * int(sizeof(T)) / 32;  // 32 bytes of head_dim a slice
   auto issue_s = [&](int i) {
-    uint64_t dq[kD / 16], dk[kD / 16];
+    uint64_t dq[kSSlices], dk[kSSlices];
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
+    for (int ks = 0; ks < kSSlices; ++ks) {
       const uint32_t off = (ks & 3) * 32;
       dq[ks] = k_major_desc(q_addr + (ks >> 2) * kQHalfBytes + off);
       dk[ks] = k_major_desc(k_tile(stage_of(i)) + (ks >> 2) * kHalfBytes + off);
@@ -583,23 +631,63 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     reg_fence(o);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks], ks > 0);
+    for (int ks = 0; ks < kSSlices; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks], ks > 0);
     wgmma_commit();
   };
   // Mask and online softmax of block i's s: new row max, P = exp2(scaled - max) into p, the
   // factor corr that rescales what O accumulated so far.
   float corr[2];
-  auto softmax = [&](int i, uint32_t(&p)[32]) {
-    const int n = key_block(i);
-    // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
-    // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
-    if ((n + 1) * kBlockN - 1 > min_limit) {
+  // fp8: this warpgroup's query scale (per tile) and block i's key scale (read at the start of
+  // its step, ahead of the wait for its S, so the load is off the softmax's path).
+  float q_scale = 1.f, k_scale = 1.f;
+  auto load_k_scale = [&](int i) {
+    if constexpr (kFp8) k_scale = __ldg(a.k_scale + int64_t{g} * a.k_blocks + key_block(i));
+  };
+  // The fp8 softmax of a masked block in s. The block's scores in log2 units are s x c, and
+  // row_max is kept in those units (not raw, as in the 16-bit kernel: each key block has its
+  // own scale). P is stored x 2^kPBias: exp2 values of [2^-kPBias, 1] would otherwise fall in
+  // e4m3's subnormals (below 2^-6) and lose their bits; x 256 they stay below 448 and normal
+  // down to 2^-14. The sum and O carry the same factor, so O / sum is unchanged; the LSE
+  // takes it out (row_lse). Packing: registers 2 j2 + hf of p hold row hf's columns of
+  // accumulator groups 2 j2 and 2 j2 + 1 (8 values, keys 16 j2 + {2t, 2t+1, 8+2t, 9+2t} of
+  // that group pair, t = lane % 4), low byte first; the A fragment reads them as keys
+  // 16 j2 + 4t + {0, 1, 2, 3} (+ 16 for the second register pair of a slice): vt_key
+  // in attention_fp8.cu writes V^T's keys in that order.
+  auto softmax_fp8 = [&](uint32_t(&p)[kPRegs]) {
+    const float c = a.scale_log2 * q_scale * k_scale;  // > 0: scales are never 0
 #pragma unroll
-      for (int e = 0; e < 64; ++e) {
-        const int key = n * kBlockN + (e >> 2) * 8 + (lane & 3) * 2 + (e & 1);
-        if (key > limit[(e >> 1) & 1]) s[e] = kNegInf;
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float new_max = fmaxf(row_max[hf], mx * c);
+      // Only masked keys so far: offset 0 keeps exp2(-inf - offset) = 0 (no -inf + inf).
+      const float offset = new_max == kNegInf ? 0.f : new_max;
+      corr[hf] = exp2_approx(row_max[hf] - offset);
+      row_max[hf] = new_max;
+      const float bias = kPBias - offset;
+      float sum = 0.f;
+#pragma unroll
+      for (int j2 = 0; j2 < 8; ++j2) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = 4 * (2 * j2 + half) + 2 * hf;
+          const float p0 = exp2_approx(fmaf(s[e], c, bias));
+          const float p1 = exp2_approx(fmaf(s[e + 1], c, bias));
+          sum += p0 + p1;
+          const uint32_t two = __nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE,
+                                                        __NV_E4M3);
+          packed |= two << (16 * half);
+        }
+        p[2 * j2 + hf] = packed;
       }
+      row_sum[hf] = row_sum[hf] * corr[hf] + sum;
     }
+  };
+  auto softmax_16 = [&](uint32_t(&p)[kPRegs]) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = row_max[hf];
@@ -619,7 +707,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         const float p0 = exp2_approx(fmaf(s[4 * j + 2 * hf], a.scale_log2, -offset));
         const float p1 = exp2_approx(fmaf(s[4 * j + 2 * hf + 1], a.scale_log2, -offset));
         sum += p0 + p1;
-        if constexpr (Tl::kTwoP) {
+        if constexpr (Tl::kTwoP && !kFp8) {
           p[2 * j + hf] = pack2<T>(p0, p1);
         } else {
           s[4 * j + 2 * hf] = p0;
@@ -632,10 +720,29 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
   };
 
-  // One P buffer: P rounded from the exp2 values the softmax left in s.
-  auto pack_s = [&](uint32_t(&p)[32]) {
+  auto softmax = [&](int i, uint32_t(&p)[kPRegs]) {
+    const int n = key_block(i);
+    // Mask only the blocks that need it: the causal diagonal and the n_kv tail (whose keys
+    // were zero-filled and must not count). Masked scores become -inf, so exp2 gives 0.
+    if ((n + 1) * kBlockN - 1 > min_limit) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+      for (int e = 0; e < 64; ++e) {
+        const int key = n * kBlockN + (e >> 2) * 8 + (lane & 3) * 2 + (e & 1);
+        if (key > limit[(e >> 1) & 1]) s[e] = kNegInf;
+      }
+    }
+    if constexpr (kFp8) {
+      softmax_fp8(p);
+    } else {
+      softmax_16(p);
+    }
+  };
+
+  // One P buffer: P rounded from the exp2 values the softmax left in s.
+  auto pack_s = [&](uint32_t(&p)[kPRegs]) {
+    static_assert(kFp8 || kPRegs == 32, "16-bit P: two values a register");
+#pragma unroll
+    for (int j = 0; j < (kFp8 ? 0 : 16); ++j) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         p[2 * j + hf] = pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
@@ -659,7 +766,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 
   // Block i >= 1: S of block i, then the P.V of block i - 1 (p_prev) on the tensor cores while
   // block i's softmax writes p_next; then O is rescaled to block i's row max.
-  auto step = [&](int i, uint32_t(&p_prev)[32], uint32_t(&p_next)[32]) {
+  auto step = [&](int i, uint32_t(&p_prev)[kPRegs], uint32_t(&p_next)[kPRegs]) {
+    load_k_scale(i);
     wait_full(i);
     pv_descs(i - 1);
     issue_s(i);
@@ -679,7 +787,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     if constexpr (!Tl::kTwoP) pack_s(p_next);
   };
   // The last block's P.V (its tiles arrived before its S).
-  auto last_pv = [&](uint32_t(&p)[32]) {
+  auto last_pv = [&](uint32_t(&p)[kPRegs]) {
     pv_descs(n_blocks - 1);
     reg_fence(o);
     wgmma_fence();
@@ -694,6 +802,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       const TileOrder::Work w = work_of(r);
       if (w.tile < 0) break;
       set_tile(w);
+    }
+    if constexpr (kFp8) {
+      q_scale = __ldg(a.q_scale + int64_t{h} * a.q_groups + (m0 + a.q_pad) / 64 + wg);
     }
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
@@ -717,6 +828,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     } else if (n_blocks > 0) {
       mbar_wait(bar_q, q_loads & 1);
       // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
+      load_k_scale(0);
       wait_full(0);
       issue_s(0);
       wgmma_wait<0>();
@@ -747,6 +859,19 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
 
     if (idle) continue;
+    if constexpr (kFp8) {
+      // O's column d times V's scale for it (the P.V above used V's e4m3 values).
+      const float* const vs = a.v_scale + int64_t{g} * kD + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const float2 sv = __ldg(reinterpret_cast<const float2*>(vs + 8 * j));
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          o[4 * j + 2 * hf] *= sv.x;
+          o[4 * j + 2 * hf + 1] *= sv.y;
+        }
+      }
+    }
     // The work again, for the split tail's epilogue: recomputed (from an opaque copy of r, so
     // the compiler cannot keep it instead) rather than held in registers through the key
     // blocks, where the three-warpgroup kernel has none to spare (held, ptxas spilled).
@@ -757,7 +882,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
     OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
     // The natural-log LSE of row hf whose quad-summed softmax sum is sum (> 0).
-    auto row_lse = [&](int hf, float sum) { return row_max[hf] * a.scale + logf(sum); };
+    // (fp8: row_max in log2 units, and the sum carries P's 2^kPBias.)
+    auto row_lse = [&](int hf, float sum) {
+      return kFp8 ? (row_max[hf] - kPBias) * kLn2 + logf(sum) : row_max[hf] * a.scale + logf(sum);
+    };
     if (w.part >= 0) {
       // A piece of a split tile (TileOrder): its rows, normalised, and their LSE into the
       // workspace; the last piece of this warp's rows to arrive merges every piece's into O.
@@ -917,25 +1045,37 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// The TMA map of a [rows][heads][d] 16-bit tensor (strides in elements) read in boxes of
-// [box_rows][1 head][64 columns] with the 128-byte swizzle. False if the driver refuses it.
-bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads, int d,
-                int64_t row_stride, int64_t head_stride, int box_rows) {
+// The TMA map of a 3-d tensor (dims innermost first, strides of the outer two in bytes) read
+// in boxes of `box` with the 128-byte swizzle (the box's inner extent is 128 bytes). False if
+// the driver refuses it.
+bool encode_3d(CUtensorMap& map, CUtensorMapDataType type, const void* ptr,
+               const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
+               const cuuint32_t (&box)[3]) {
   const auto encode = tensor_map_encoder();
-  if (encode == nullptr || rows <= 0) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2,
-                                 static_cast<cuuint64_t>(row_stride) * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  if (encode == nullptr || dims[2] == 0) return false;
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode(&map,
-                dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                3, const_cast<void*>(ptr), dims, strides, box, element_strides,
+  return encode(&map, type, 3, const_cast<void*>(ptr), dims, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The TMA map of a [rows][heads][d] tensor (strides in elements) of 16-bit values (dtype) or
+// e4m3 bytes (DType::kFP8E4M3), read in boxes of [box_rows][1 head][128 bytes].
+bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads, int d,
+                int64_t row_stride, int64_t head_stride, int box_rows) {
+  if (rows <= 0) return false;
+  const int bytes = dtype == DType::kFP8E4M3 ? 1 : 2;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * bytes,
+                                 static_cast<cuuint64_t>(row_stride) * bytes};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kRowBytes / bytes), 1,
+                             static_cast<cuuint32_t>(box_rows)};
+  const CUtensorMapDataType type = dtype == DType::kBF16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : dtype == DType::kF16  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  return encode_3d(map, type, ptr, dims, strides, box);
 }
 
 // How a launch of query blocks of block_m rows runs: its tile order and CTA count.
@@ -1051,6 +1191,50 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
                  : launch<__half, __half, kD, kWG>(p, plan, stream);
 }
 
+// The e4m3 launch (attention_sm90_fp8): Q and K as [rows][heads][128] bytes, V as V^T, one
+// [128 keys][128 columns] box a stage.
+template <typename OutT>
+cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& plan,
+                       cudaStream_t stream) {
+  using T = __nv_fp8_e4m3;
+  using Tl = Sm90Tile<128, 2, 1>;
+  constexpr int kD = 128;
+  KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
+  a.q = static_cast<const T*>(f.q8);
+  a.k = static_cast<const T*>(f.k8);
+  a.v = static_cast<const T*>(f.vt8);
+  a.q_scale = f.q_scale;
+  a.k_scale = f.k_scale;
+  a.v_scale = f.v_scale;
+  a.q_groups = f.q_groups;
+  a.k_blocks = f.k_blocks;
+  a.q_pad = f.q_pad;
+  CUtensorMap q_map{}, k_map{}, v_map{};
+  if (!encode_map(q_map, DType::kFP8E4M3, f.q8, p.n_q, p.heads, kD, int64_t{p.heads} * kD, kD,
+                  kQBoxRows)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.n_kv > 0) {
+    const cuuint64_t vt_dims[3] = {static_cast<cuuint64_t>(f.vt_keys), kD,
+                                   static_cast<cuuint64_t>(p.kv_heads)};
+    const cuuint64_t vt_strides[2] = {static_cast<cuuint64_t>(f.vt_keys),
+                                      static_cast<cuuint64_t>(f.vt_keys) * kD};
+    const cuuint32_t vt_box[3] = {kBlockN, kD, 1};
+    if (!encode_map(k_map, DType::kFP8E4M3, f.k8, p.n_kv, p.kv_heads, kD,
+                    int64_t{p.kv_heads} * kD, kD, kBlockN) ||
+        !encode_3d(v_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, f.vt8, vt_dims, vt_strides, vt_box)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  auto* kernel = attention_sm90_kernel<T, OutT, kD, 2>;
+  const cudaError_t err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tl::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<plan.ctas, Tl::kThreads, Tl::kSmemBytes, stream>>>(a, q_map, k_map, v_map,
+                                                              plan.order);
+  return cudaGetLastError();
+}
+
 // At head_dim 64, three consumer warpgroups (192-row tiles) run a key block 6-11 % faster than
 // two (H100, docs/benchmarks.md): with a third warpgroup's softmax in flight the tensor cores
 // and the exp2 unit, equally loaded at this head_dim, overlap better. A persistent causal launch
@@ -1100,6 +1284,17 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
   if (err != cudaSuccess) return err;
   if (p.head_dim == 128) return dispatch<128, 2>(p, plan, stream);
   return three ? dispatch<64, 3>(p, plan, stream) : dispatch<64, 2>(p, plan, stream);
+}
+
+cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaStream_t stream) {
+  if (p.head_dim != 128) return cudaErrorInvalidValue;
+  Plan plan;
+  bool three = false;
+  const cudaError_t err = choose_here(p, 128, plan, three);
+  if (err != cudaSuccess) return err;
+  return output_dtype(p) == DType::kF32 ? launch_fp8<float>(p, f, plan, stream)
+         : p.dtype == DType::kBF16      ? launch_fp8<__nv_bfloat16>(p, f, plan, stream)
+                                        : launch_fp8<__half>(p, f, plan, stream);
 }
 
 int attention_sm90_split_parts(const AttnParams& p, int rows) {

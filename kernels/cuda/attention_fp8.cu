@@ -1,0 +1,324 @@
+// FP8 prefill attention (kernels/attention_cuda.h: attention_fp8_cuda): q, k and v (bf16 or
+// f16) are quantized to e4m3 into a workspace, then the Hopper kernel runs over those bytes
+// (attention_sm90.cu, Sm90Tile with one-byte elements: twice the tensor-core rate of bf16).
+//
+// Quantization (what FlashAttention-3 calls block quantization, with its incoherent processing):
+// - Q: one scale per head and 64 query rows (a consumer warpgroup's rows of a 128-row tile;
+//   groups are counted from the first tile's start, q_pad rows before row 0, as the kernel
+//   cuts its tiles from the end of the rows). K: one scale per KV head and 128 keys (a
+//   pipeline stage). Both fold into the score's scale, one multiply a block.
+// - Before quantizing, each 128-value row of Q and of K is multiplied by the same orthogonal
+//   matrix H = Hadamard x diag(random signs) / sqrt(128) (a fast Walsh-Hadamard transform in
+//   registers): (qH).(kH) = q.k, but an outlier channel, which would set the scale of its
+//   whole block, is spread over all 128 (Fp8AttnOptions::hadamard; on by default).
+// - V: one scale per KV head and column (O's column d is (P.v8)[d] x scale[d], applied in the
+//   epilogue), so an outlier channel of V costs only its own column. The scale is the column's
+//   max |v| over all keys of the launch (a first pass), and V is written transposed, since
+//   fp8 wgmma reads its B operand K-major only: vt8[g][d][key].
+// - Scales are max |x| / 448 (e4m3's largest finite value), never below 1e-6 / 448, so that a
+//   zero block gives zeros and no product of scales underflows to 0 (a 0 x -inf score is NaN).
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "attention_common.cuh"
+#include "kernels/attention_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
+
+namespace burst::kernels {
+namespace {
+
+constexpr int kD = 128;             // head_dim of the fp8 kernel
+constexpr int kQGroupRows = 64;     // query rows a scale
+constexpr int kKBlockRows = 128;    // keys a scale (kBlockN of the kernel)
+constexpr float kE4m3Max = 448.f;
+constexpr float kMinAmax = 1e-6f;
+constexpr int kRowsPerWarp = 16;    // rows each warp of the quantizer holds in registers
+constexpr int kVtKeys = 128;        // keys a CTA of the V transpose writes
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Where each operand lies in the workspace.
+struct Layout {
+  int q_groups = 0, k_blocks = 0, q_pad = 0;
+  int64_t vt_keys = 0;
+  size_t q8 = 0, k8 = 0, vt8 = 0, q_scale = 0, k_scale = 0, v_amax = 0, v_scale = 0, end = 0;
+};
+
+Layout layout_of(const AttnParams& p) {
+  Layout l;
+  const int m_blocks = (p.n_q + 127) / 128;  // the kernel's 128-row query tiles
+  l.q_groups = m_blocks * (128 / kQGroupRows);
+  l.q_pad = m_blocks * 128 - p.n_q;
+  l.k_blocks = (p.n_kv + kKBlockRows - 1) / kKBlockRows;
+  l.vt_keys = int64_t{l.k_blocks} * kKBlockRows;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at += align_up(bytes);
+    return here;
+  };
+  l.q8 = take(size_t(p.n_q) * p.heads * kD);
+  l.k8 = take(size_t(p.n_kv) * p.kv_heads * kD);
+  l.vt8 = take(size_t(p.kv_heads) * kD * l.vt_keys);
+  l.q_scale = take(sizeof(float) * p.heads * l.q_groups);
+  l.k_scale = take(sizeof(float) * p.kv_heads * l.k_blocks);
+  l.v_amax = take(sizeof(float) * p.kv_heads * kD);
+  l.v_scale = take(sizeof(float) * p.kv_heads * kD);
+  l.end = at;
+  return l;
+}
+
+// The value of a bf16 or f16 element held as its 16 bits.
+template <typename T>
+__device__ __forceinline__ float bits_to_float(uint16_t bits) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(uint32_t{bits} << 16);
+  } else {
+    return __half2float(__ushort_as_half(bits));
+  }
+}
+
+// Four consecutive values of a row (8 bytes, aligned: strides are multiples of 8 elements).
+template <typename T>
+__device__ __forceinline__ void load4(const T* src, float (&x)[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  x[0] = bits_to_float<T>(raw.x & 0xFFFFu);
+  x[1] = bits_to_float<T>(raw.x >> 16);
+  x[2] = bits_to_float<T>(raw.y & 0xFFFFu);
+  x[3] = bits_to_float<T>(raw.y >> 16);
+}
+
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+// x (a row's values 4 lane .. 4 lane + 3, over the warp's 32 lanes) times H: random signs,
+// then the Walsh-Hadamard butterflies (strides 1 and 2 within the lane, 4 .. 64 across lanes),
+// then 1 / sqrt(128). The signs are a fixed function of the column, the same for q and k.
+__device__ __forceinline__ void hadamard128(float (&x)[4], int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t col = 4 * lane + i;
+    if (((col + 1) * 0x9E3779B9u) >> 31) x[i] = -x[i];
+  }
+  float a = x[0] + x[1], b = x[0] - x[1], c = x[2] + x[3], d = x[2] - x[3];
+  x[0] = a + c;
+  x[1] = b + d;
+  x[2] = a - c;
+  x[3] = b - d;
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float other = __shfl_xor_sync(0xffffffffu, x[i], m);
+      x[i] = (lane & m) ? other - x[i] : x[i] + other;
+    }
+  }
+  constexpr float kNorm = 0.08838834764831845f;  // 1 / sqrt(128)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] *= kNorm;
+}
+
+// Rows [first, first + group_rows) of head blockIdx.y (rows outside [0, rows) read as zero and
+// are not written) into out [rows][heads][128] e4m3, with one scale for the group:
+// scale[head * gridDim.x + blockIdx.x]. Each warp holds 16 rows in registers.
+template <typename T, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+    quantize_rows_kernel(const T* __restrict__ x, int64_t row_stride, int64_t head_stride,
+                         int rows, int pad, int heads, int hadamard, uint8_t* __restrict__ out,
+                         float* __restrict__ scale) {
+  constexpr int kGroupRows = kWarps * kRowsPerWarp;
+  __shared__ float warp_max[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = blockIdx.y;
+  const int first = blockIdx.x * kGroupRows - pad + warp * kRowsPerWarp;
+  float v[kRowsPerWarp][4];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = first + i;
+    if (row >= 0 && row < rows) {
+      load4(x + int64_t{row} * row_stride + int64_t{h} * head_stride + 4 * lane, v[i]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[i][e] = 0.f;
+    }
+    if (hadamard) hadamard128(v[i], lane);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[i][e]));
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  if (lane == 0) warp_max[warp] = amax;
+  __syncthreads();  // every warp's max is in shared memory before any reads them
+  amax = kMinAmax;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float s = amax / kE4m3Max, inv = kE4m3Max / amax;
+  if (threadIdx.x == 0) scale[int64_t{h} * gridDim.x + blockIdx.x] = s;
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = first + i;
+    if (row < 0 || row >= rows) continue;
+    *reinterpret_cast<uint32_t*>(out + (int64_t{row} * heads + h) * kD + 4 * lane) =
+        e4m3x4(v[i][0] * inv, v[i][1] * inv, v[i][2] * inv, v[i][3] * inv);
+  }
+}
+
+// Column maxima of |v| for kv head blockIdx.y over keys [blockIdx.x * 256, + 256): atomicMax
+// on the bits of non-negative floats (which order as their bits do) into amax[g][128], zeroed
+// before.
+template <typename T>
+__global__ void __launch_bounds__(128)
+    v_amax_kernel(const T* __restrict__ v, int64_t row_stride, int64_t head_stride, int n_kv,
+                  float* __restrict__ amax) {
+  __shared__ float part[4][kD];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = blockIdx.y;
+  float m[4] = {0.f, 0.f, 0.f, 0.f};
+  const int end = min(n_kv, (blockIdx.x + 1) * 256);
+  for (int row = blockIdx.x * 256 + warp; row < end; row += 4) {
+    float x[4];
+    load4(v + int64_t{row} * row_stride + int64_t{g} * head_stride + 4 * lane, x);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) m[e] = fmaxf(m[e], fabsf(x[e]));
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) part[warp][4 * lane + e] = m[e];
+  __syncthreads();  // the four warps' column maxima are in shared memory
+  const int d = threadIdx.x;
+  const float col = fmaxf(fmaxf(part[0][d], part[1][d]), fmaxf(part[2][d], part[3][d]));
+  atomicMax(reinterpret_cast<unsigned*>(amax) + g * kD + d, __float_as_uint(col));
+}
+
+// The key that lands at position q (0..31) of its 32-key group in V^T: the P.V A fragment
+// (four e4m3 a register) reads the accumulator's values of keys 2t, 2t+1, 8+2t, 9+2t as keys
+// 4t .. 4t+3 (t = lane % 4; the same + 16 for the group's second half), see softmax_fp8.
+__device__ __forceinline__ int vt_key(int q) {
+  const int half = q & 16, r = q & 15, t = r >> 2, b = r & 3;
+  return half + 2 * t + (b & 1) + 8 * (b >> 1);
+}
+
+// V^T of keys [blockIdx.x * 128, + 128) of kv head blockIdx.y: vt8[g][d][position] = v[key][g][d]
+// / v_scale[g][d] in e4m3, keys at their vt_key positions, keys past n_kv zero. Block (0, g)
+// writes v_scale[g].
+template <typename T>
+__global__ void __launch_bounds__(256)
+    vt_kernel(const T* __restrict__ v, int64_t row_stride, int64_t head_stride, int n_kv,
+              int64_t vt_keys, const float* __restrict__ amax, uint8_t* __restrict__ vt8,
+              float* __restrict__ v_scale) {
+  constexpr int kPad = 8;  // keeps one 16-byte chunk's rows off one bank
+  __shared__ __align__(16) uint16_t tile[kVtKeys][kD + kPad];  // the 16-bit values' bits
+  const int g = blockIdx.y, key0 = blockIdx.x * kVtKeys;
+  for (int c = threadIdx.x; c < kVtKeys * kD / 8; c += blockDim.x) {
+    const int key = c / (kD / 8), col = (c % (kD / 8)) * 8;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (key0 + key < n_kv) {
+      raw = *reinterpret_cast<const uint4*>(v + int64_t{key0 + key} * row_stride +
+                                            int64_t{g} * head_stride + col);
+    }
+    *reinterpret_cast<uint4*>(&tile[key][col]) = raw;
+  }
+  __syncthreads();  // the tile is whole before any thread reads across keys
+  const int lane = threadIdx.x & 31;
+  for (int d = threadIdx.x >> 5; d < kD; d += blockDim.x / 32) {
+    const float col_max = fmaxf(amax[g * kD + d], kMinAmax), inv = kE4m3Max / col_max;
+    if (blockIdx.x == 0 && lane == 0) v_scale[g * kD + d] = col_max / kE4m3Max;
+    const int p = 4 * lane;  // positions p .. p + 3 of this row's 128
+    float x[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int q = p + b, key = (q & ~31) + vt_key(q & 31);
+      x[b] = bits_to_float<T>(tile[key][d]) * inv;
+    }
+    *reinterpret_cast<uint32_t*>(vt8 + (int64_t{g} * kD + d) * vt_keys + key0 + p) =
+        e4m3x4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+template <typename T>
+cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool hadamard,
+                     cudaStream_t stream) {
+  const T* q = static_cast<const T*>(p.q);
+  quantize_rows_kernel<T, kQGroupRows / kRowsPerWarp>
+      <<<dim3(l.q_groups, p.heads), kQGroupRows / kRowsPerWarp * 32, 0, stream>>>(
+          q, p.q_row_stride, p.q_head_stride, p.n_q, l.q_pad, p.heads, hadamard ? 1 : 0,
+          ws + l.q8, reinterpret_cast<float*>(ws + l.q_scale));
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || p.n_kv == 0) return err;
+  quantize_rows_kernel<T, kKBlockRows / kRowsPerWarp>
+      <<<dim3(l.k_blocks, p.kv_heads), kKBlockRows / kRowsPerWarp * 32, 0, stream>>>(
+          static_cast<const T*>(p.k), p.k_row_stride, p.k_head_stride, p.n_kv, 0, p.kv_heads,
+          hadamard ? 1 : 0, ws + l.k8, reinterpret_cast<float*>(ws + l.k_scale));
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  float* amax = reinterpret_cast<float*>(ws + l.v_amax);
+  err = cudaMemsetAsync(amax, 0, sizeof(float) * p.kv_heads * kD, stream);
+  if (err != cudaSuccess) return err;
+  const T* v = static_cast<const T*>(p.v);
+  v_amax_kernel<T><<<dim3((p.n_kv + 255) / 256, p.kv_heads), 128, 0, stream>>>(
+      v, p.v_row_stride, p.v_head_stride, p.n_kv, amax);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  vt_kernel<T><<<dim3(static_cast<unsigned>(l.vt_keys / kVtKeys), p.kv_heads), 256, 0, stream>>>(
+      v, p.v_row_stride, p.v_head_stride, p.n_kv, l.vt_keys, amax, ws + l.vt8,
+      reinterpret_cast<float*>(ws + l.v_scale));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool attention_fp8_supported(const AttnParams& p) {
+  return p.head_dim == kD && attention_sm90_supported(p);
+}
+
+size_t attention_fp8_workspace_bytes(const AttnParams& p) {
+  if (p.n_q < 0 || p.n_kv < 0 || p.heads <= 0 || p.kv_heads <= 0) return 0;
+  return layout_of(p).end;
+}
+
+cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, const Fp8AttnOptions& options) {
+  if (!validate(p).empty()) return cudaErrorInvalidValue;
+  if (p.kv_pages || p.kv_fp8 || p.row_kv_len) return cudaErrorInvalidValue;
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
+  const DType od = output_dtype(p);
+  if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
+  if (p.head_dim != kD || p.heads > 65535) return cudaErrorInvalidValue;
+  if (p.merge_into_o && od != DType::kF32) return cudaErrorInvalidValue;
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
+                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0) return cudaErrorInvalidValue;
+  }
+  if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
+  if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) {
+    return cudaErrorInvalidValue;
+  }
+  if (!attention_sm90_supported(p)) return cudaErrorInvalidDeviceFunction;
+  const Layout l = layout_of(p);
+  if (workspace == nullptr || workspace_bytes < l.end ||
+      reinterpret_cast<uintptr_t>(workspace) % kAlign != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.n_q == 0) return cudaSuccess;
+  auto* ws = static_cast<uint8_t*>(workspace);
+  const cudaError_t err = p.dtype == DType::kBF16
+                              ? quantize<__nv_bfloat16>(p, l, ws, options.hadamard, stream)
+                              : quantize<__half>(p, l, ws, options.hadamard, stream);
+  if (err != cudaSuccess) return err;
+  detail::Fp8Operands f{};
+  f.q8 = ws + l.q8;
+  f.k8 = ws + l.k8;
+  f.vt8 = ws + l.vt8;
+  f.q_scale = reinterpret_cast<const float*>(ws + l.q_scale);
+  f.k_scale = reinterpret_cast<const float*>(ws + l.k_scale);
+  f.v_scale = reinterpret_cast<const float*>(ws + l.v_scale);
+  f.q_groups = l.q_groups;
+  f.k_blocks = l.k_blocks;
+  f.q_pad = l.q_pad;
+  f.vt_keys = l.vt_keys;
+  return detail::attention_sm90_fp8(p, f, stream);
+}
+
+}  // namespace burst::kernels
