@@ -204,6 +204,7 @@ Result<int> HttpApi::start() {
   o.client.cors.origins = cors_list(config_.allowed_origins, "allowed_origins");
   o.client.cors.methods = cors_list(config_.allowed_methods, "allowed_methods");
   o.client.cors.headers = cors_list(config_.allowed_headers, "allowed_headers");
+  o.client.cors.credentials = config_.allow_credentials == 1;
   if (!cors_error.ok()) return cors_error;
   frontend_ = std::make_unique<HttpFrontend>(
       *server_, o, [this](int status, const std::string& message, const std::string& client) {

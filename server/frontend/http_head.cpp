@@ -95,9 +95,16 @@ std::string joined(const std::vector<std::string>& list) {
 
 // The CORS headers of a response to a request from `origin`: none unless it is allowed. A
 // listed origin is echoed (with Vary: Origin, so that caches keep one answer per origin);
-// "*" is answered "*". X-Request-Id is exposed so that a page can read it.
+// "*" is answered "*", except with credentials: browsers refuse a credentialed answer whose
+// allowed origin is "*", so the origin is echoed then too. X-Request-Id is exposed so that a
+// page can read it.
 std::string cors_headers(const CorsPolicy& cors, const std::string& origin) {
   if (!cors.enabled() || origin.empty() || !listed(cors.origins, origin)) return "";
+  if (cors.credentials) {
+    return "Access-Control-Allow-Origin: " + origin +
+           "\r\nVary: Origin\r\nAccess-Control-Allow-Credentials: true\r\n"
+           "Access-Control-Expose-Headers: X-Request-Id\r\n";
+  }
   if (lists_any(cors.origins)) {
     return "Access-Control-Allow-Origin: *\r\nAccess-Control-Expose-Headers: X-Request-Id\r\n";
   }

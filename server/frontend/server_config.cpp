@@ -162,6 +162,9 @@ std::vector<Field> fields(ServerConfig* c) {
       {"allowed_headers", K::kString, &c->allowed_headers, "LIST",
        "CORS: request headers a preflight may ask for (default *: whatever is asked, "
        "Authorization included)"},
+      {"allow_credentials", K::kInt, &c->allow_credentials, nullptr,
+       "CORS: answer Access-Control-Allow-Credentials: true, so that pages may send cookies and "
+       "HTTP authentication; the allowed origin is then echoed, never * (config key: 1)"},
       {"grpc_max_threads", K::kInt, &c->grpc_max_threads, "N",
        "gRPC server threads at most (default 256); a call holds one while it runs, calls beyond "
        "get RESOURCE_EXHAUSTED at once"},
@@ -320,6 +323,9 @@ Status validate(const ServerConfig& c) {
   }
   if (c.metrics_require_key != 0 && c.metrics_require_key != 1) {
     return Status::error("metrics_require_key must be 0 or 1");
+  }
+  if (c.allow_credentials != 0 && c.allow_credentials != 1) {
+    return Status::error("allow_credentials must be 0 or 1");
   }
   if (c.warmup_tokens < -1) return Status::error("warmup_tokens must be >= -1 (-1: the default)");
   if (c.prefix_caching != 0 && c.prefix_caching != 1) {

@@ -770,6 +770,36 @@ def test_cors():
               f"a disallowed origin gets no CORS header (the browser blocks it): {hdr}")
     finally:
         web.stop()
+    # --allow-credentials: the grant, and the origin echoed even under "*" (browsers refuse a
+    # credentialed answer whose allowed origin is "*"); an unlisted origin still gets nothing.
+    cred = Server("--api-key-file", KEY_FILE, "--grpc-port", -1, "--allowed-origins", "*",
+                  "--allow-credentials")
+    try:
+        st, data, hdr = cred.request("OPTIONS", "/v1/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization"})
+        check(st == 204 and hdr.get("Access-Control-Allow-Origin") == origin and
+              hdr.get("Access-Control-Allow-Credentials") == "true" and
+              hdr.get("Access-Control-Allow-Headers") == "authorization" and
+              hdr.get("Vary") == "Origin", f"credentialed preflight: {st} {hdr}")
+        st, data, hdr = cred.request("POST", "/v1/completions", json.dumps(
+            {"prompt": PROMPT, "max_tokens": 2}), {**AUTH, "Origin": "http://localhost:3000",
+                                                    "Content-Type": "application/json"})
+        check(st == 200 and hdr.get("Access-Control-Allow-Origin") == "http://localhost:3000"
+              and hdr.get("Access-Control-Allow-Credentials") == "true",
+              f"credentialed request: {st} {hdr}")
+    finally:
+        cred.stop()
+    web = Server("--api-key-file", KEY_FILE, "--grpc-port", -1, "--allowed-origins", origin,
+                 "--allow-credentials")
+    try:
+        st, data, hdr = web.request("POST", "/v1/completions", json.dumps(
+            {"prompt": PROMPT, "max_tokens": 2}), {**AUTH, "Origin": "https://evil.example.com",
+                                                    "Content-Type": "application/json"})
+        check(st == 200 and not any(k.lower().startswith("access-control") for k in hdr),
+              f"credentials: an unlisted origin gets no CORS header: {hdr}")
+    finally:
+        web.stop()
     # vLLM's JSON-list form is taken; an origin with a path is refused by name.
     server = os.path.join(build_dir(), "bin", "burst-server")
     ok = subprocess.run([server, "--model", MODEL, "--check-config", "--allowed-origins",

@@ -70,11 +70,12 @@ class HttpRouter : public httplib::Server {
 };
 
 // Cross-origin requests from browsers (the Fetch standard's CORS protocol). Names as vLLM's
-// --allowed-origins, --allowed-methods, --allowed-headers.
+// --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials.
 struct CorsPolicy {
   std::vector<std::string> origins;  // empty: CORS off (no CORS header ever); "*": any origin
   std::vector<std::string> methods = {"*"};  // "*": any method a preflight asks for
   std::vector<std::string> headers = {"*"};  // "*": any request header a preflight asks for
+  bool credentials = false;  // Access-Control-Allow-Credentials: true (the origin echoed, not *)
   bool enabled() const { return !origins.empty(); }
 };
 

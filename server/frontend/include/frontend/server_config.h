@@ -86,10 +86,12 @@ struct ServerConfig {
   int http_header_timeout_ms = 10000;  // a request's head must arrive within this
   int http_body_timeout_ms = 30000;    // its body within this after the head
   // CORS (vLLM's flags): comma lists (or JSON arrays) of the origins browsers may call from
-  // (empty: CORS off, no CORS header), and the methods and request headers they may use.
+  // (empty: CORS off, no CORS header), and the methods and request headers they may use;
+  // allow_credentials 1: pages may send cookies and HTTP auth (the origin is echoed, never *).
   std::string allowed_origins;
   std::string allowed_methods = "*";
   std::string allowed_headers = "*";
+  int allow_credentials = 0;
   // gRPC limits: sync-server threads (a call holds one while it runs), how long a call's
   // request message, a new connection's HTTP/2 handshake, an idle connection and any
   // connection may take or live, and the keepalive ping interval.
