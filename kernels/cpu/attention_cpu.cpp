@@ -16,6 +16,10 @@ constexpr int kKeyTile = 64;
 constexpr int kDots = 8;  // keys whose scores are summed together (kKeyTile is a multiple)
 static_assert(kKeyTile % kDots == 0, "whole groups of keys per tile");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// FP8 attention (AttnParams::qkv_fp8), as kernels/cuda/attention_fp8.cu quantizes.
+constexpr int kFp8QGroup = 64, kFp8QTile = 128, kFp8KBlock = 128;
+constexpr float kFp8MinAmax = 1e-6f;
+constexpr float kFp8PScale = 256.f;
 }  // namespace
 
 void set_packed_strides(AttnParams& p) {
@@ -90,7 +94,10 @@ struct KvRows {
 };
 
 // Row i of head h: its keys in tiles with an online softmax, then o and lse (or their merge).
-void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h, int i) {
+// round_p: P is rounded to e4m3 (x 2^8) before P.V, as FP8 attention does (the sum keeps P
+// unrounded, as the kernels do).
+void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h, int i,
+                   bool round_p) {
   const auto* q = static_cast<const float*>(p.q);
   auto* o = static_cast<float*>(p.o);
   const int group = p.heads / p.kv_heads;
@@ -147,8 +154,10 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
     for (int64_t t = 0; t < jn; ++t) {
       const float pt = std::exp(s[t] - m_new);
       l += pt;
+      const float pv =
+          round_p ? fp8_e4m3_to_float(fp8_e4m3_from_float(pt * kFp8PScale)) / kFp8PScale : pt;
       const float* vj = v.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
-      for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
+      for (int c = 0; c < d; ++c) acc[c] += pv * vj[c];
     }
     m = m_new;
   }
@@ -170,15 +179,115 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
   }
 }
 
-}  // namespace
-
-void attention_cpu(const AttnParams& p) {
+void attention_rows(const AttnParams& p, bool round_p) {
   const KvRows k{p.k, p.k_row_stride, p.k_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
   const KvRows v{p.v, p.v_row_stride, p.v_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
 #pragma omp parallel for collapse(2) schedule(static)
   for (int h = 0; h < p.heads; ++h) {
-    for (int i = 0; i < p.n_q; ++i) attention_row(p, k, v, h, i);
+    for (int i = 0; i < p.n_q; ++i) attention_row(p, k, v, h, i, round_p);
   }
+}
+
+float e4m3_round(float x, float inv, float scale) {
+  return fp8_e4m3_to_float(fp8_e4m3_from_float(x * inv)) * scale;
+}
+
+// x [d] times FP8 attention's rotation: the column signs, the Walsh-Hadamard transform, then
+// 1 / sqrt(d) (orthogonal). d a power of two.
+void rotate(float* x, int d) {
+  for (int c = 0; c < d; ++c) {
+    if (fp8_rotation_negates(static_cast<uint32_t>(c))) x[c] = -x[c];
+  }
+  for (int half = 1; half < d; half <<= 1) {
+    for (int i = 0; i < d; i += 2 * half) {
+      for (int j = i; j < i + half; ++j) {
+        const float a = x[j], b = x[j + half];
+        x[j] = a + b;
+        x[j + half] = a - b;
+      }
+    }
+  }
+  const float norm = 1.f / std::sqrt(static_cast<float>(d));
+  for (int c = 0; c < d; ++c) x[c] *= norm;
+}
+
+// Rows [0, n) of x ([n][heads][d] at the given strides), rotated (rotate_rows) and rounded to
+// e4m3 with one scale per head and group of `group` rows, groups starting `pad` rows before row
+// 0; packed [n][heads][d].
+std::vector<float> fp8_rows(const float* x, int64_t row_stride, int64_t head_stride, int n,
+                            int heads, int d, int group, int pad, bool rotate_rows) {
+  std::vector<float> out(static_cast<size_t>(n) * heads * d);
+  for (int h = 0; h < heads; ++h) {
+    for (int first = -pad; first < n; first += group) {
+      const int lo = std::max(first, 0), hi = std::min(first + group, n);
+      float amax = kFp8MinAmax;
+      for (int r = lo; r < hi; ++r) {
+        float* dst = &out[(static_cast<size_t>(r) * heads + h) * d];
+        std::copy_n(x + r * row_stride + h * head_stride, d, dst);
+        if (rotate_rows) rotate(dst, d);
+        for (int c = 0; c < d; ++c) amax = std::max(amax, std::fabs(dst[c]));
+      }
+      const float scale = amax / kFp8E4M3Max, inv = kFp8E4M3Max / amax;
+      for (int r = lo; r < hi; ++r) {
+        float* dst = &out[(static_cast<size_t>(r) * heads + h) * d];
+        for (int c = 0; c < d; ++c) dst[c] = e4m3_round(dst[c], inv, scale);
+      }
+    }
+  }
+  return out;
+}
+
+// V rounded to e4m3 with one scale per kv head and column (its max |v| over the n rows).
+std::vector<float> fp8_columns(const float* x, int64_t row_stride, int64_t head_stride, int n,
+                               int heads, int d) {
+  std::vector<float> out(static_cast<size_t>(n) * heads * d);
+  for (int h = 0; h < heads; ++h) {
+    for (int c = 0; c < d; ++c) {
+      float amax = kFp8MinAmax;
+      for (int r = 0; r < n; ++r) amax = std::max(amax, std::fabs(x[r * row_stride + h * head_stride + c]));
+      const float scale = amax / kFp8E4M3Max, inv = kFp8E4M3Max / amax;
+      for (int r = 0; r < n; ++r) {
+        out[(static_cast<size_t>(r) * heads + h) * d + c] =
+            e4m3_round(x[r * row_stride + h * head_stride + c], inv, scale);
+      }
+    }
+  }
+  return out;
+}
+
+// AttnParams::qkv_fp8 on the CPU: the roundings of attention_fp8_cuda, then the fp32 recurrence
+// with P rounded. The rotation needs a power-of-two head_dim; others are quantized unrotated.
+void attention_fp8_cpu(const AttnParams& p) {
+  const int d = p.head_dim;
+  const bool rotated = (d & (d - 1)) == 0;
+  const int q_tiles = (p.n_q + kFp8QTile - 1) / kFp8QTile;
+  const auto q = fp8_rows(static_cast<const float*>(p.q), p.q_row_stride, p.q_head_stride,
+                          p.n_q, p.heads, d, kFp8QGroup, q_tiles * kFp8QTile - p.n_q, rotated);
+  const auto k = fp8_rows(static_cast<const float*>(p.k), p.k_row_stride, p.k_head_stride,
+                          p.n_kv, p.kv_heads, d, kFp8KBlock, 0, rotated);
+  const auto v = fp8_columns(static_cast<const float*>(p.v), p.v_row_stride, p.v_head_stride,
+                             p.n_kv, p.kv_heads, d);
+  AttnParams r = p;
+  r.qkv_fp8 = false;
+  r.q = q.data();
+  r.k = k.data();
+  r.v = v.data();
+  r.q_row_stride = int64_t{p.heads} * d;
+  r.k_row_stride = r.v_row_stride = int64_t{p.kv_heads} * d;
+  r.q_head_stride = r.k_head_stride = r.v_head_stride = d;
+  attention_rows(r, true);
+}
+
+}  // namespace
+
+void attention_cpu(const AttnParams& p) {
+  // FP8 attention applies to contiguous K/V (prefill); paged and FP8-row launches (decode) run
+  // as they are.
+  if (p.qkv_fp8 && !p.kv_pages && !p.kv_fp8 && p.n_q > 0) {
+    attention_fp8_cpu(p);
+    return;
+  }
+  attention_rows(p, false);
 }
 
 void merge_cpu(const MergeParams& p) {

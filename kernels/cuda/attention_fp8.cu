@@ -102,8 +102,7 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
 __device__ __forceinline__ void hadamard128(float (&x)[4], int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t col = 4 * lane + i;
-    if (((col + 1) * 0x9E3779B9u) >> 31) x[i] = -x[i];
+    if (fp8_rotation_negates(4 * lane + i)) x[i] = -x[i];
   }
   float a = x[0] + x[1], b = x[0] - x[1], c = x[2] + x[3], d = x[2] - x[3];
   x[0] = a + c;

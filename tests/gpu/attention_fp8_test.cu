@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "../fp8_attention_reference.h"
 #include "gpu_test_util.h"
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
@@ -29,7 +30,7 @@
 namespace burst::kernels {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+namespace ref = testing::fp8_attention;
 constexpr int kD = 128;
 using testing::decode;
 using testing::DevBuf;
@@ -53,149 +54,48 @@ class GpuAttentionFp8 : public ::testing::Test {
 
 struct Case {
   std::string name;
-  int n_q, n_kv, heads, kv_heads;
-  MaskKind mask;
-  int64_t q_start = 0, kv_start = 0;
+  ref::Shape shape;
   bool outliers = false;
   DType o_dtype = DType::kBF16;
 };
 
-// Tensors [rows][heads][128], host fp32 values already rounded to bf16.
-struct Inputs {
-  std::vector<float> q, k, v;
-};
+float to_bf16(float x) { return round_to(DType::kBF16, x); }
 
-// Random values never zero, magnitude in [lo, hi]; with outliers, 4 fixed channels x 20.
-std::vector<float> draw(size_t rows, int heads, float lo, float hi, bool outliers,
-                        std::mt19937& rng) {
-  std::uniform_real_distribution<float> mag(lo, hi);
-  std::bernoulli_distribution neg(0.5);
-  std::vector<float> x(rows * heads * kD);
-  for (size_t i = 0; i < x.size(); ++i) {
-    const int c = static_cast<int>(i % kD);
-    const float big = outliers && (c == 3 || c == 40 || c == 77 || c == 120) ? 20.f : 1.f;
-    x[i] = round_to(DType::kBF16, (neg(rng) ? -1.f : 1.f) * mag(rng) * big);
-  }
-  return x;
+ref::Inputs inputs_of(const Case& c, uint32_t seed) {
+  return ref::draw_inputs(c.shape, c.outliers, seed, to_bf16);
 }
 
-template <typename Fn>
-void parallel_rows(int heads, int rows, Fn fn) {
-  const int64_t total = int64_t{heads} * rows;
-  const int n_threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int t = 0; t < n_threads; ++t) {
-    pool.emplace_back([&, t] {
-      for (int64_t it = t; it < total; it += n_threads) {
-        fn(static_cast<int>(it / rows), static_cast<int>(it % rows));
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-}
-
-int64_t visible_keys(const Case& c, int i) {
-  if (c.mask != MaskKind::kCausal) return c.n_kv;
-  return std::clamp<int64_t>(c.q_start + i - c.kv_start + 1, 0, c.n_kv);
-}
-
-struct Result {
-  std::vector<float> o, lse;  // [n_q][heads][128], [heads][n_q]
-};
-
-// Attention over q, k, v as given. fp8_p: P rounded to e4m3 before P.V (the naive FP8 one);
-// otherwise fp64 throughout (the reference).
-Result attend(const Case& c, const Inputs& in, bool fp8_p, float scale) {
-  Result r;
-  r.o.assign(size_t(c.n_q) * c.heads * kD, 0.f);
-  r.lse.assign(size_t(c.heads) * c.n_q, kNegInf);
-  const int group = c.heads / c.kv_heads;
-  parallel_rows(c.heads, c.n_q, [&](int h, int i) {
-    const int g = h / group;
-    const int64_t n = visible_keys(c, i);
-    if (n == 0) return;
-    const float* qi = &in.q[(size_t(i) * c.heads + h) * kD];
-    std::vector<double> s(n);
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* kj = &in.k[(size_t(j) * c.kv_heads + g) * kD];
-      double dot = 0;
-      if (fp8_p) {
-        float f = 0.f;
-        for (int d = 0; d < kD; ++d) f += qi[d] * kj[d];
-        dot = f;
-      } else {
-        for (int d = 0; d < kD; ++d) dot += double(qi[d]) * kj[d];
-      }
-      s[j] = dot * scale;
-      mx = std::max(mx, s[j]);
-    }
-    std::vector<double> acc(kD, 0.0);
-    double sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const double p = std::exp(s[j] - mx);
-      sum += p;
-      const double pr = fp8_p ? fp8_e4m3_to_float(fp8_e4m3_from_float(float(p))) : p;
-      const float* vj = &in.v[(size_t(j) * c.kv_heads + g) * kD];
-      for (int d = 0; d < kD; ++d) acc[d] += pr * vj[d];
-    }
-    float* oi = &r.o[(size_t(i) * c.heads + h) * kD];
-    for (int d = 0; d < kD; ++d) oi[d] = round_to(c.o_dtype, float(acc[d] / sum));
-    r.lse[size_t(h) * c.n_q + i] = float(mx + std::log(sum));
-  });
+// The CPU emulation of the same roundings (attention_cpu with qkv_fp8).
+ref::Result emulate(const ref::Shape& s, const ref::Inputs& in) {
+  ref::Result r;
+  r.o.assign(size_t(s.n_q) * s.heads * kD, 0.f);
+  r.lse.assign(size_t(s.heads) * s.n_q, 0.f);
+  AttnParams p;
+  p.q = in.q.data();
+  p.k = in.k.data();
+  p.v = in.v.data();
+  p.o = r.o.data();
+  p.lse = r.lse.data();
+  p.n_q = s.n_q;
+  p.n_kv = s.n_kv;
+  p.heads = s.heads;
+  p.kv_heads = s.kv_heads;
+  p.head_dim = kD;
+  p.q_start = s.q_start;
+  p.kv_start = s.kv_start;
+  p.mask = s.mask;
+  p.scale = 1.f / std::sqrt(float(kD));
+  p.qkv_fp8 = true;
+  set_packed_strides(p);
+  attention_cpu(p);
   return r;
-}
-
-// x rounded to e4m3 with one scale for the whole tensor.
-std::vector<float> per_tensor_fp8(const std::vector<float>& x) {
-  float amax = 0.f;
-  for (float v : x) amax = std::max(amax, std::fabs(v));
-  const float s = amax / kFp8E4M3Max;
-  std::vector<float> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = fp8_e4m3_to_float(fp8_e4m3_from_float(x[i] / s)) * s;
-  return y;
-}
-
-struct Errors {
-  double o_rmse = 0, lse_max = 0;
-  int empty_rows = 0;
-};
-
-// Against ref; rows that see no key must be exactly O = 0, LSE = -inf.
-Errors errors(const Case& c, const Result& got, const Result& ref, const std::string& what) {
-  Errors e;
-  double sq = 0;
-  size_t counted = 0;
-  for (int i = 0; i < c.n_q; ++i) {
-    const bool empty = visible_keys(c, i) == 0;
-    for (int h = 0; h < c.heads; ++h) {
-      const float lse = got.lse[size_t(h) * c.n_q + i];
-      const float* o = &got.o[(size_t(i) * c.heads + h) * kD];
-      const float* r = &ref.o[(size_t(i) * c.heads + h) * kD];
-      if (empty) {
-        EXPECT_EQ(lse, kNegInf) << what << " row " << i << " head " << h;
-        for (int d = 0; d < kD; ++d) EXPECT_EQ(o[d], 0.f) << what << " row " << i;
-        ++e.empty_rows;
-        continue;
-      }
-      EXPECT_TRUE(std::isfinite(lse)) << what << " row " << i << " head " << h;
-      e.lse_max = std::max(e.lse_max, double(std::fabs(lse - ref.lse[size_t(h) * c.n_q + i])));
-      for (int d = 0; d < kD; ++d) {
-        EXPECT_TRUE(std::isfinite(o[d])) << what << " row " << i << " col " << d;
-        sq += (double(o[d]) - r[d]) * (double(o[d]) - r[d]);
-        ++counted;
-      }
-    }
-  }
-  e.o_rmse = counted ? std::sqrt(sq / counted) : 0.0;
-  return e;
 }
 
 struct Device {
   DevBuf q, k, v, o, lse, ws;
 };
 
-AttnParams params_of(const Case& c, Device& dev) {
+AttnParams params_of(const ref::Shape& c, DType o_dtype, Device& dev) {
   AttnParams p;
   p.q = dev.q.ptr;
   p.k = dev.k.ptr;
@@ -212,7 +112,7 @@ AttnParams params_of(const Case& c, Device& dev) {
   p.mask = c.mask;
   p.scale = 1.f / std::sqrt(float(kD));
   p.dtype = DType::kBF16;
-  p.o_dtype = c.o_dtype;
+  p.o_dtype = o_dtype;
   set_packed_strides(p);
   return p;
 }
@@ -222,19 +122,35 @@ void upload(DevBuf& d, const std::vector<uint8_t>& h) {
   CUDA_ASSERT(cudaMemcpy(d.ptr, h.data(), h.size(), cudaMemcpyHostToDevice));
 }
 
-enum class Run { kFp8, kFp8NoHadamard, kBf16 };
-
-// One launch of `run` over in; the outputs as fp32 values.
-void launch(const Case& c, const Inputs& in, Run run, Result& out) {
-  Device dev;
+// q, k, v (bf16) on the device, O (o_dtype, poisoned: every row must be written) and LSE.
+void to_device(const ref::Shape& c, const ref::Inputs& in, DType o_dtype, Device& dev) {
   upload(dev.q, encode(DType::kBF16, in.q));
   upload(dev.k, encode(DType::kBF16, in.k));
   upload(dev.v, encode(DType::kBF16, in.v));
-  const size_t o_bytes = size_t(c.n_q) * c.heads * kD * testing::dtype_bytes(c.o_dtype);
+  const size_t o_bytes = size_t(c.n_q) * c.heads * kD * testing::dtype_bytes(o_dtype);
   ASSERT_EQ(cudaMalloc(&dev.o.ptr, o_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dev.lse.ptr, sizeof(float) * c.heads * c.n_q + 16), cudaSuccess);
-  CUDA_ASSERT(cudaMemset(dev.o.ptr, 0x7f, o_bytes));  // poison: every row must be written
-  AttnParams p = params_of(c, dev);
+  CUDA_ASSERT(cudaMemset(dev.o.ptr, 0x7f, o_bytes));
+}
+
+void fetch(const ref::Shape& c, DType o_dtype, const Device& dev, ref::Result& out) {
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<uint8_t> o(size_t(c.n_q) * c.heads * kD * testing::dtype_bytes(o_dtype));
+  out.lse.resize(size_t(c.heads) * c.n_q);
+  CUDA_ASSERT(cudaMemcpy(o.data(), dev.o.ptr, o.size(), cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(out.lse.data(), dev.lse.ptr, sizeof(float) * out.lse.size(),
+                         cudaMemcpyDeviceToHost));
+  out.o = decode(o_dtype, o);
+}
+
+enum class Run { kFp8, kFp8NoHadamard, kBf16 };
+
+// One launch of `run` over in; the outputs as fp32 values.
+void launch(const Case& c, const ref::Inputs& in, Run run, ref::Result& out) {
+  Device dev;
+  to_device(c.shape, in, c.o_dtype, dev);
+  if (::testing::Test::HasFatalFailure()) return;
+  AttnParams p = params_of(c.shape, c.o_dtype, dev);
   if (run == Run::kBf16) {
     CUDA_ASSERT(attention_cuda(p, nullptr));
   } else {
@@ -245,49 +161,46 @@ void launch(const Case& c, const Inputs& in, Run run, Result& out) {
     opt.hadamard = run == Run::kFp8;
     CUDA_ASSERT(attention_fp8_cuda(p, dev.ws.ptr, ws, nullptr, opt));
   }
-  CUDA_ASSERT(cudaDeviceSynchronize());
-  std::vector<uint8_t> o(o_bytes);
-  out.lse.resize(size_t(c.heads) * c.n_q);
-  CUDA_ASSERT(cudaMemcpy(o.data(), dev.o.ptr, o_bytes, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(out.lse.data(), dev.lse.ptr, sizeof(float) * out.lse.size(),
-                         cudaMemcpyDeviceToHost));
-  out.o = decode(c.o_dtype, o);
+  fetch(c.shape, c.o_dtype, dev, out);
 }
 
-Inputs inputs_of(const Case& c, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Inputs in;
-  // Magnitudes of LLaMA's q and k after RoPE (scores spread over several units) and of v.
-  in.q = draw(c.n_q, c.heads, 0.2f, 1.6f, c.outliers, rng);
-  in.k = draw(c.n_kv, c.kv_heads, 0.2f, 1.6f, c.outliers, rng);
-  in.v = draw(c.n_kv, c.kv_heads, 0.05f, 1.f, c.outliers, rng);
-  return in;
+// Every row that sees a key is finite, every row that sees none exactly empty.
+void expect_sound(const ref::Errors& e, const std::string& what) {
+  EXPECT_EQ(e.not_finite, 0) << what << ": NaN or infinite values";
+  EXPECT_EQ(e.wrong_empty, 0) << what << ": rows that see no key must be O = 0, LSE = -inf";
 }
 
-// The errors of the kernel (with and without the rotation), bf16 and naive FP8, printed; the
-// kernel's within twice the naive one's.
+// The errors of the kernel (with and without the rotation), its CPU emulation, bf16 and naive
+// FP8, printed; the kernel's within twice the naive one's and twice its emulation's.
 void check_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(c.name);
-  const Inputs in = inputs_of(c, seed);
-  const float scale = 1.f / std::sqrt(float(kD));
-  const Result ref = attend(c, in, false, scale);
-  Inputs naive_in{per_tensor_fp8(in.q), per_tensor_fp8(in.k), per_tensor_fp8(in.v)};
-  const Result naive = attend(c, naive_in, true, scale);
-  Result fp8, fp8_plain, bf16;
+  const ref::Shape& s = c.shape;
+  const ref::Inputs in = inputs_of(c, seed);
+  const ref::Result truth = ref::attend(s, in, false);
+  const ref::Result naive = ref::naive_fp8(s, in);
+  const ref::Result emulated = emulate(s, in);
+  ref::Result fp8, fp8_plain, bf16;
   launch(c, in, Run::kFp8, fp8);
   launch(c, in, Run::kFp8NoHadamard, fp8_plain);
   launch(c, in, Run::kBf16, bf16);
   if (::testing::Test::HasFatalFailure()) return;
-  const Errors e8 = errors(c, fp8, ref, "fp8"), e8p = errors(c, fp8_plain, ref, "fp8 plain");
-  const Errors e16 = errors(c, bf16, ref, "bf16"), en = errors(c, naive, ref, "naive fp8");
+  const ref::Errors e8 = ref::errors(s, fp8, truth), e8p = ref::errors(s, fp8_plain, truth);
+  const ref::Errors e16 = ref::errors(s, bf16, truth), en = ref::errors(s, naive, truth);
+  const ref::Errors em = ref::errors(s, emulated, truth);
+  expect_sound(e8, "fp8");
+  expect_sound(e8p, "fp8 without rotation");
+  expect_sound(em, "cpu emulation");
   std::printf(
-      "[fp8 attention] %s: O RMSE fp8 %.3e (no Hadamard %.3e), naive per-tensor fp8 %.3e, "
-      "bf16 %.3e; max |LSE err| fp8 %.3e (%.3e), naive %.3e, bf16 %.3e; %d empty rows\n",
-      c.name.c_str(), e8.o_rmse, e8p.o_rmse, en.o_rmse, e16.o_rmse, e8.lse_max, e8p.lse_max,
-      en.lse_max, e16.lse_max, e8.empty_rows);
+      "[fp8 attention] %s: O RMSE fp8 %.3e (no Hadamard %.3e, CPU emulation %.3e), naive "
+      "per-tensor fp8 %.3e, bf16 %.3e; LSE RMSE fp8 %.3e (%.3e, %.3e), naive %.3e, bf16 "
+      "%.3e; max |LSE err| fp8 %.3e, naive %.3e; %d empty rows\n",
+      c.name.c_str(), e8.o_rmse, e8p.o_rmse, em.o_rmse, en.o_rmse, e16.o_rmse, e8.lse_rmse,
+      e8p.lse_rmse, em.lse_rmse, en.lse_rmse, e16.lse_rmse, e8.lse_max, en.lse_max,
+      e8.empty_rows);
   EXPECT_LE(e8.o_rmse, 2 * en.o_rmse + 1e-6) << "fp8 O error above twice the naive fp8's";
-  EXPECT_LE(e8.lse_max, 2 * en.lse_max + 1e-5) << "fp8 LSE error above twice the naive's";
+  EXPECT_LE(e8.lse_rmse, 2 * en.lse_rmse + 1e-6) << "fp8 LSE RMSE above twice the naive's";
   EXPECT_LE(e8p.o_rmse, 2 * en.o_rmse + 1e-6) << "fp8 (no rotation) O error above 2x naive";
+  EXPECT_LE(e8.o_rmse, 2 * em.o_rmse + 1e-6) << "fp8 O error above twice its CPU emulation's";
   // FP8 is coarser than bf16, and it must still be attention (not, say, zeros).
   EXPECT_GT(e8.o_rmse, e16.o_rmse);
   if (c.outliers) {
@@ -296,41 +209,34 @@ void check_case(const Case& c, uint32_t seed) {
 }
 
 TEST_F(GpuAttentionFp8, OddSizesCausalAndFullWithinTwiceNaive) {
-  check_case({"causal gqa", 1000, 1000, 8, 2, MaskKind::kCausal}, 11);
-  check_case({"full odd", 333, 1537, 4, 4, MaskKind::kNone}, 12);
-  check_case({"full fp32 out", 257, 389, 4, 1, MaskKind::kNone, 0, 0, false, DType::kF32}, 13);
+  check_case({"causal gqa", {1000, 1000, 8, 2, kD, MaskKind::kCausal}}, 11);
+  check_case({"full odd", {333, 1537, 4, 4, kD, MaskKind::kNone}}, 12);
+  check_case({"full fp32 out", {257, 389, 4, 1, kD, MaskKind::kNone}, false, DType::kF32}, 13);
 }
 
 TEST_F(GpuAttentionFp8, ChunkAfterPrefixAndFullyMaskedRows) {
   // A chunk of 700 queries after 1200 cached keys (q_start past kv_start).
-  check_case({"chunk after prefix", 700, 1900, 8, 8, MaskKind::kCausal, 1200, 0}, 21);
+  check_case({"chunk after prefix", {700, 1900, 8, 8, kD, MaskKind::kCausal, 1200, 0}}, 21);
   // Keys that start after the first 150 queries: those rows see nothing.
-  check_case({"masked rows", 517, 900, 4, 2, MaskKind::kCausal, 0, 150}, 22);
+  check_case({"masked rows", {517, 900, 4, 2, kD, MaskKind::kCausal, 0, 150}}, 22);
 }
 
 TEST_F(GpuAttentionFp8, OutlierChannelsBeatPerTensorFp8) {
-  check_case({"outliers causal", 1024, 1024, 8, 2, MaskKind::kCausal, 0, 0, true}, 31);
-  check_case({"outliers full", 640, 1111, 4, 4, MaskKind::kNone, 0, 0, true}, 32);
+  check_case({"outliers causal", {1024, 1024, 8, 2, kD, MaskKind::kCausal}, true}, 31);
+  check_case({"outliers full", {640, 1111, 4, 4, kD, MaskKind::kNone}, true}, 32);
 }
 
 // merge_into_o: the keys in two launches, the second merging into the first's fp32 (O, LSE),
 // equal one launch over all keys within the rule.
 TEST_F(GpuAttentionFp8, MergeIntoOEqualsOneLaunch) {
-  const Case whole{"merge", 600, 1400, 8, 2, MaskKind::kCausal, 800, 0, false, DType::kF32};
-  const Inputs in = inputs_of(whole, 41);
-  const float scale = 1.f / std::sqrt(float(kD));
-  const Result ref = attend(whole, in, false, scale);
-  Inputs naive_in{per_tensor_fp8(in.q), per_tensor_fp8(in.k), per_tensor_fp8(in.v)};
-  const Result naive = attend(whole, naive_in, true, scale);
-
+  const ref::Shape whole{600, 1400, 8, 2, kD, MaskKind::kCausal, 800, 0};
+  const ref::Inputs in = ref::draw_inputs(whole, false, 41, to_bf16);
+  const ref::Result truth = ref::attend(whole, in, false);
+  const ref::Result naive = ref::naive_fp8(whole, in);
   Device dev;
-  upload(dev.q, encode(DType::kBF16, in.q));
-  upload(dev.k, encode(DType::kBF16, in.k));
-  upload(dev.v, encode(DType::kBF16, in.v));
-  const size_t o_bytes = size_t(whole.n_q) * whole.heads * kD * 4;
-  ASSERT_EQ(cudaMalloc(&dev.o.ptr, o_bytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dev.lse.ptr, sizeof(float) * whole.heads * whole.n_q), cudaSuccess);
-  AttnParams first = params_of(whole, dev);
+  to_device(whole, in, DType::kF32, dev);
+  if (HasFatalFailure()) return;
+  AttnParams first = params_of(whole, DType::kF32, dev);
   const int split = 650;  // keys [0, 650) then [650, 1400)
   first.n_kv = split;
   AttnParams second = first;
@@ -344,31 +250,23 @@ TEST_F(GpuAttentionFp8, MergeIntoOEqualsOneLaunch) {
   ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
   CUDA_ASSERT(attention_fp8_cuda(first, dev.ws.ptr, ws, nullptr));
   CUDA_ASSERT(attention_fp8_cuda(second, dev.ws.ptr, ws, nullptr));
-  CUDA_ASSERT(cudaDeviceSynchronize());
-  Result got;
-  std::vector<uint8_t> o(o_bytes);
-  got.lse.resize(size_t(whole.heads) * whole.n_q);
-  CUDA_ASSERT(cudaMemcpy(o.data(), dev.o.ptr, o_bytes, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(got.lse.data(), dev.lse.ptr, sizeof(float) * got.lse.size(),
-                         cudaMemcpyDeviceToHost));
-  got.o = decode(DType::kF32, o);
-  const Errors e = errors(whole, got, ref, "merged"), en = errors(whole, naive, ref, "naive");
-  std::printf("[fp8 attention] merge into O: O RMSE %.3e, naive %.3e; LSE %.3e, naive %.3e\n",
-              e.o_rmse, en.o_rmse, e.lse_max, en.lse_max);
+  ref::Result got;
+  fetch(whole, DType::kF32, dev, got);
+  const ref::Errors e = ref::errors(whole, got, truth), en = ref::errors(whole, naive, truth);
+  expect_sound(e, "merged");
+  std::printf("[fp8 attention] merge into O: O RMSE %.3e, naive %.3e; LSE RMSE %.3e, naive "
+              "%.3e\n", e.o_rmse, en.o_rmse, e.lse_rmse, en.lse_rmse);
   EXPECT_LE(e.o_rmse, 2 * en.o_rmse + 1e-6);
-  EXPECT_LE(e.lse_max, 2 * en.lse_max + 1e-5);
+  EXPECT_LE(e.lse_rmse, 2 * en.lse_rmse + 1e-6);
 }
 
 TEST_F(GpuAttentionFp8, RefusesWhatItCannotRun) {
+  const ref::Shape c{64, 64, 2, 2, kD, MaskKind::kCausal};
+  const ref::Inputs in = ref::draw_inputs(c, false, 51, to_bf16);
   Device dev;
-  const Case c{"refuse", 64, 64, 2, 2, MaskKind::kCausal};
-  const Inputs in = inputs_of(c, 51);
-  upload(dev.q, encode(DType::kBF16, in.q));
-  upload(dev.k, encode(DType::kBF16, in.k));
-  upload(dev.v, encode(DType::kBF16, in.v));
-  ASSERT_EQ(cudaMalloc(&dev.o.ptr, size_t(64) * 2 * kD * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dev.lse.ptr, sizeof(float) * 2 * 64), cudaSuccess);
-  AttnParams p = params_of(c, dev);
+  to_device(c, in, DType::kBF16, dev);
+  if (HasFatalFailure()) return;
+  AttnParams p = params_of(c, DType::kBF16, dev);
   const size_t ws = attention_fp8_workspace_bytes(p);
   ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
   EXPECT_EQ(attention_fp8_cuda(p, dev.ws.ptr, ws - 1, nullptr), cudaErrorInvalidValue)

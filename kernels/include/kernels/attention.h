@@ -80,7 +80,24 @@ struct AttnParams {
   // and merged). attention_cpu and the CUDA prefill kernels do this (attention_cuda.h:
   // attention_merges_into_o: an fp32 o); the CUDA decode kernel refuses it.
   bool merge_into_o = false;
+  // FP8 attention (--attention-dtype fp8): q, k and v are rounded to e4m3 for the products,
+  // with a scale per 64 query rows and head (counted from the end of the rows, as the Hopper
+  // kernel cuts its 128-row tiles), per 128 keys and kv head, and per V column and kv head; Q
+  // and K are first rotated by the same orthogonal Hadamard matrix (a power-of-two head_dim);
+  // P is rounded to e4m3 (x 2^8) before P.V. The CUDA prefill runs it through
+  // attention_fp8_cuda (Hopper, head_dim 128; kernels/cuda/attention_fp8.cu says why each
+  // choice); attention_cpu emulates the same roundings (the reference, and CPU workers).
+  // Decode launches (n_q small, memory-bound) ignore it.
+  bool qkv_fp8 = false;
 };
+
+// The column signs of the Hadamard rotation of FP8 attention (AttnParams::qkv_fp8): column c is
+// negated when this is true, before the Walsh-Hadamard transform. Shared by the CPU emulation
+// and the CUDA quantizer so both rotate alike.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline bool fp8_rotation_negates(uint32_t c) { return (((c + 1) * 0x9E3779B9u) >> 31) != 0; }
 
 // The physical row of logical key j under the page table `pages` (null: row j).
 inline int64_t kv_row(const int32_t* pages, int32_t page_size, int64_t j) {
