@@ -122,10 +122,11 @@ __global__ void mma_peak_kernel(float* sink, int iters, int ldsm) {
   if (sum == 0.f) sink[threadIdx.x] = sum;  // never true for these inputs; keeps the MMAs live
 }
 
-// FP8 attention (kernel 4: with the Hadamard rotation, 5: without), timed whole: the
+// FP8 attention (kernel 4: with the Hadamard rotation, 5: without, 6: with, and ping-pong),
+// timed whole: the
 // quantization of q, k and v into the workspace and the e4m3 kernel. The workspace grows on
 // demand (cudaMalloc, outside the timed launches after the warm-up).
-int fp8_attention(const AttnParams& p, bool hadamard, cudaStream_t stream) {
+int fp8_attention(const AttnParams& p, bool hadamard, bool pingpong, cudaStream_t stream) {
   static void* ws = nullptr;
   static size_t ws_bytes = 0;
   const size_t need = burst::kernels::attention_fp8_workspace_bytes(p);
@@ -142,6 +143,7 @@ int fp8_attention(const AttnParams& p, bool hadamard, cudaStream_t stream) {
   }
   burst::kernels::Fp8AttnOptions options;
   options.hadamard = hadamard;
+  options.pingpong = pingpong;
   const cudaError_t err = burst::kernels::attention_fp8_cuda(p, ws, ws_bytes, stream, options);
   if (err != cudaSuccess) g_error = cudaGetErrorString(err);
   return err;
@@ -192,8 +194,8 @@ const char* burst_attn_last_error() { return g_error.c_str(); }
 int burst_attention(const void* q, const void* k, const void* v, void* o, float* lse, int n_q,
                     int n_kv, int heads, int kv_heads, int head_dim, int causal, int dtype,
                     const int64_t* strides9, int kernel, void* stream) {
-  if (!strides9 || kernel < 0 || kernel > 5) {
-    g_error = "strides9 must hold 9 strides; kernel 0-5";
+  if (!strides9 || kernel < 0 || kernel > 6) {
+    g_error = "strides9 must hold 9 strides; kernel 0-6";
     return cudaErrorInvalidValue;
   }
   Strides s;
@@ -202,7 +204,9 @@ int burst_attention(const void* q, const void* k, const void* v, void* o, float*
   if (!make_params(p, q, k, v, o, lse, n_q, n_kv, heads, kv_heads, head_dim, causal, dtype, s)) {
     return cudaErrorInvalidValue;
   }
-  if (kernel >= 4) return fp8_attention(p, kernel == 4, static_cast<cudaStream_t>(stream));
+  if (kernel >= 4) {
+    return fp8_attention(p, kernel != 5, kernel == 6, static_cast<cudaStream_t>(stream));
+  }
   constexpr AttnKernel kKernels[] = {AttnKernel::kAuto, AttnKernel::kSm80,
                                      AttnKernel::kSm90Rows128, AttnKernel::kSm90Rows192};
   const cudaError_t err =

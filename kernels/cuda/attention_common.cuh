@@ -120,6 +120,7 @@ struct Fp8Operands {
   const float* v_scale;
   int32_t q_groups, k_blocks, q_pad;
   int64_t vt_keys;
+  bool pingpong;  // Fp8AttnOptions::pingpong
 };
 // The Hopper kernel over e4m3 operands (head_dim 128, 128-row tiles): p's shape, mask, o, lse
 // and merge_into_o as attention_sm90, its q/k/v pointers unused.

@@ -317,6 +317,7 @@ cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t work
   f.k_blocks = l.k_blocks;
   f.q_pad = l.q_pad;
   f.vt_keys = l.vt_keys;
+  f.pingpong = options.pingpong;
   return detail::attention_sm90_fp8(p, f, stream);
 }
 

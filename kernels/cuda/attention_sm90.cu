@@ -430,7 +430,10 @@ struct TileOrder {
 #endif
 };
 
-template <typename T, typename OutT, int kD, int kWG>
+// kPingPong (two warpgroups): the warpgroups take turns to issue their MMAs (named barriers
+// 1 and 2), so that one's softmax runs while the other's MMAs do (FlashAttention-3's
+// scheduling); see turn_wait.
+template <typename T, typename OutT, int kD, int kWG, bool kPingPong = false>
 __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     attention_sm90_kernel(const KernelArgs<T, OutT> a, const __grid_constant__ CUtensorMap q_map,
                           const __grid_constant__ CUtensorMap k_map,
@@ -752,6 +755,17 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 
   // Waits until block i's K and V have arrived.
   auto wait_full = [&](int i) { mbar_wait(bar_full(stage_of(i)), fill_of(i) & 1); };
+  // Ping-pong (kPingPong): before issuing its MMAs of a block a warpgroup waits on its named
+  // barrier (1 + wg) for the other's arrival, which comes once the other has issued its own;
+  // then it arrives on the other's. Both warpgroups issue the same number of times (they share
+  // every tile), warpgroup 1 arrives once first to start the turns, and warpgroup 0 takes that
+  // extra arrival after its last tile.
+  auto turn_wait = [&] {
+    if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  };
+  auto turn_pass = [&] {
+    if constexpr (kPingPong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+  };
   // After this warp's wgmmas that read block i have completed: release the stage (the producer
   // refills it with block i + kStages once all consumer warps have).
   auto release = [&](int i) {
@@ -770,8 +784,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     load_k_scale(i);
     wait_full(i);
     pv_descs(i - 1);
+    turn_wait();
     issue_s(i);
     issue_pv(p_prev);
+    turn_pass();
     wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
     reg_fence(s);
     if (i == n_blocks - 1) release_q();
@@ -791,11 +807,15 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     pv_descs(n_blocks - 1);
     reg_fence(o);
     wgmma_fence();
+    turn_wait();
     issue_pv(p);
+    turn_pass();
     wgmma_wait<0>();
     reg_fence(p);
     reg_fence(o);
   };
+  static_assert(!kPingPong || kWG == 2, "turns between two warpgroups");
+  if (wg == 1) turn_pass();  // warpgroup 0 goes first
 
   for (int r = 0;; ++r) {
     {
@@ -830,7 +850,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
       load_k_scale(0);
       wait_full(0);
+      turn_wait();
       issue_s(0);
+      turn_pass();
       wgmma_wait<0>();
       reg_fence(s);
       if (n_blocks == 1) release_q();
@@ -1017,6 +1039,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       }
     }
   }
+  if (wg == 0) turn_wait();  // warpgroup 1's last arrival (ping-pong)
 #else
   // Built for another architecture: attention_sm90 never launches this (it checks the device).
   __trap();
@@ -1193,7 +1216,7 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
 
 // The e4m3 launch (attention_sm90_fp8): Q and K as [rows][heads][128] bytes, V as V^T, one
 // [128 keys][128 columns] box a stage.
-template <typename OutT>
+template <typename OutT, bool kPingPong>
 cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& plan,
                        cudaStream_t stream) {
   using T = __nv_fp8_e4m3;
@@ -1226,7 +1249,7 @@ cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& pl
       return cudaErrorInvalidValue;
     }
   }
-  auto* kernel = attention_sm90_kernel<T, OutT, kD, 2>;
+  auto* kernel = attention_sm90_kernel<T, OutT, kD, 2, kPingPong>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tl::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -1292,9 +1315,14 @@ cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaSt
   bool three = false;
   const cudaError_t err = choose_here(p, 128, plan, three);
   if (err != cudaSuccess) return err;
-  return output_dtype(p) == DType::kF32 ? launch_fp8<float>(p, f, plan, stream)
-         : p.dtype == DType::kBF16      ? launch_fp8<__nv_bfloat16>(p, f, plan, stream)
-                                        : launch_fp8<__half>(p, f, plan, stream);
+  if (f.pingpong) {
+    return output_dtype(p) == DType::kF32 ? launch_fp8<float, true>(p, f, plan, stream)
+           : p.dtype == DType::kBF16      ? launch_fp8<__nv_bfloat16, true>(p, f, plan, stream)
+                                          : launch_fp8<__half, true>(p, f, plan, stream);
+  }
+  return output_dtype(p) == DType::kF32 ? launch_fp8<float, false>(p, f, plan, stream)
+         : p.dtype == DType::kBF16      ? launch_fp8<__nv_bfloat16, false>(p, f, plan, stream)
+                                        : launch_fp8<__half, false>(p, f, plan, stream);
 }
 
 int attention_sm90_split_parts(const AttnParams& p, int rows) {

@@ -96,6 +96,10 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream,
 // cudaErrorInvalidDeviceFunction off Hopper.
 struct Fp8AttnOptions {
   bool hadamard = true;  // rotate Q and K (incoherent processing); false: quantize as they are
+  // The two consumer warpgroups take turns issuing their MMAs (one's softmax beside the
+  // other's MMAs); false: each issues as soon as its data is in. Off: on an H200 it gained 5 %
+  // at 4K tokens and lost 13-14 % at 64K (docs/benchmarks.md).
+  bool pingpong = false;
 };
 bool attention_fp8_supported(const AttnParams& p);
 size_t attention_fp8_workspace_bytes(const AttnParams& p);
