@@ -5,9 +5,13 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <memory>
 #include <string_view>
 
@@ -64,7 +68,37 @@ std::unique_ptr<spdlog::formatter> json_formatter(int rank) {
 }
 
 std::shared_ptr<spdlog::logger> g_access;  // json format only; set once, before serving
+// json format only: writes whole records as given (the workers' relayed stderr lines). Its
+// sink, like the others, takes spdlog's one console mutex, so lines never interleave.
+std::shared_ptr<spdlog::logger> g_raw;
 std::atomic<bool> g_json{false};
+
+// Now in UTC as the records' "time": 2026-11-28T13:04:05.123456Z.
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+      1000000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  const size_t n = std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof(buf) - n, ".%06lldZ", static_cast<long long>(micros));
+  return buf;
+}
+
+// Whether a raw line speaks of trouble (NCCL WARN, "error:", "Aborted", "failed"): its record
+// is a warning then, else info.
+bool sounds_bad(std::string_view line) {
+  std::string low(line.substr(0, 512));
+  std::transform(low.begin(), low.end(), low.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* word : {"error", "warn", "fail", "fatal", "abort", "panic", "terminate"}) {
+    if (low.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -78,6 +112,35 @@ void log_access(int level, const std::string& text, const std::string& json_fiel
 }
 
 std::string json_quote(const std::string& s) { return escaped(s); }
+
+std::string worker_line_record(std::string_view line, int rank, int* level) {
+  const bool object = !line.empty() && line.front() == '{';
+  // accept() checks the whole line, strings' UTF-8 included: a record cut short or holding
+  // raw bytes is wrapped like any other text.
+  if (object && nlohmann::json::accept(line)) {
+    *level = -1;
+    return std::string(line);
+  }
+  *level = sounds_bad(line) ? spdlog::level::warn : spdlog::level::info;
+  return "{\"time\":\"" + utc_now() + "\",\"level\":\"" +
+         (*level == spdlog::level::warn ? "warning" : "info") +
+         "\",\"logger\":\"burst-worker\",\"rank\":" + std::to_string(rank) +
+         ",\"msg\":" + escaped(line) + "}";
+}
+
+void relay_worker_line(std::string_view line, int rank) {
+  int level = 0;
+  const std::string record = worker_line_record(line, rank, &level);
+  if (!g_raw) {  // text format: the line as the worker wrote it
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+    return;
+  }
+  if (level >= 0 &&
+      !spdlog::default_logger()->should_log(static_cast<spdlog::level::level_enum>(level))) {
+    return;
+  }
+  g_raw->log(spdlog::level::critical, "{}", record);
+}
 
 std::string utf8_cut(const std::string& s, size_t max_bytes) {
   if (s.size() <= max_bytes) return s;
@@ -142,7 +205,12 @@ Status setup_logging(const std::string& binary, const std::string& level,
   }
   auto logger = std::make_shared<spdlog::logger>(binary, sink);
   g_access.reset();
+  g_raw.reset();
   if (format == "json") {
+    g_raw =
+        std::make_shared<spdlog::logger>("raw", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    g_raw->set_pattern("%v");
+    g_raw->flush_on(spdlog::level::trace);
     // Access records carry their fields as members of the object, not inside "msg".
     // Its own sink: a sink has one formatter.
     g_access = std::make_shared<spdlog::logger>(

@@ -2,19 +2,23 @@
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 #include <fstream>
+#include <string_view>
+#include <thread>
 
 #include "burst/v1/worker.grpc.pb.h"
 #include "common/logging.h"
@@ -142,6 +146,53 @@ void remove_stale_run_dirs(const std::string& dir) {
 
 }  // namespace
 
+StderrRelay::StderrRelay(int fd, int rank) : fd_(fd), rank_(rank) {
+  thread_ = std::thread([this] { run(); });
+}
+
+StderrRelay::~StderrRelay() {
+  done_ = true;
+  thread_.join();
+  close(fd_);
+}
+
+void StderrRelay::run() {
+  std::string pending;
+  char buf[4096];
+  std::chrono::steady_clock::time_point give_up{};
+  for (;;) {
+    if (done_ && give_up == std::chrono::steady_clock::time_point{}) {
+      give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
+    if (done_ && std::chrono::steady_clock::now() > give_up) break;
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, 100);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) {
+      if (done_) break;  // the rank is gone and its pipe idle: nothing more will come
+      continue;
+    }
+    const ssize_t n = read(fd_, buf, sizeof(buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;  // every writer closed its end
+    pending.append(buf, static_cast<size_t>(n));
+    size_t begin = 0;
+    for (size_t nl; (nl = pending.find('\n', begin)) != std::string::npos; begin = nl + 1) {
+      std::string_view line(pending.data() + begin, nl - begin);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (!line.empty()) relay_worker_line(line, rank_);
+    }
+    pending.erase(0, begin);
+    while (pending.size() > kMaxLine) {
+      std::string head = utf8_cut(pending, kMaxLine);
+      if (head.empty()) head = pending.substr(0, kMaxLine);  // not UTF-8 at all
+      relay_worker_line(head, rank_);
+      pending.erase(0, head.size());
+    }
+  }
+  if (!pending.empty()) relay_worker_line(pending, rank_);
+}
+
 std::string default_worker_binary() {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -188,7 +239,11 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::start(WorkerGroupOptions optio
     });
     return g;
   }
-  if (options.worker_binary.empty()) options.worker_binary = default_worker_binary();
+  if (options.worker_binary.empty()) {
+    // $BURST_WORKER_BINARY: a wrapper around burst-worker (numactl, a debugger, a test's).
+    const char* b = std::getenv("BURST_WORKER_BINARY");
+    options.worker_binary = b && *b ? b : default_worker_binary();
+  }
   if (access(options.worker_binary.c_str(), X_OK) != 0) {
     return Status::error("worker binary " + options.worker_binary + " is not executable");
   }
@@ -350,16 +405,33 @@ Status WorkerGroup::spawn() {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    // json logs: the rank's stderr is a pipe the server relays line by line, so that what it
+    // prints without the logger is one JSON record too; text logs: the server's stderr.
+    int err_pipe[2] = {-1, -1};
+    if (log_is_json() && pipe2(err_pipe, O_CLOEXEC) != 0) {
+      stop_all();
+      return Status::error(std::string("pipe failed while starting worker rank ") +
+                           std::to_string(r) + ": " + std::strerror(errno));
+    }
     const pid_t pid = fork();
     if (pid < 0) {
+      if (err_pipe[0] >= 0) {
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+      }
       stop_all();  // the ranks already started
       return Status::error("fork failed while starting worker rank " + std::to_string(r));
     }
     if (pid == 0) {
+      if (err_pipe[1] >= 0) dup2(err_pipe[1], STDERR_FILENO);  // dup2 clears close-on-exec
       execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     rk->pid = pid;
+    if (err_pipe[0] >= 0) {
+      close(err_pipe[1]);
+      rk->stderr_relay = std::make_unique<StderrRelay>(err_pipe[0], r);
+    }
     ranks_.push_back(std::move(rk));
   }
   auto addresses = await_ports();

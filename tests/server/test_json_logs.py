@@ -1,11 +1,16 @@
 """--log-format json: every line the server's stderr carries during a run is one JSON object in
-valid UTF-8, the workers' lines included (they log through the same logger, with their rank):
-checked over a run with 2 workers, a 120-character model name of multibyte characters, a
-request path percent-encoding bytes that are not UTF-8, and error messages that the access log
-cuts at 200 bytes in the middle of multibyte characters."""
+valid UTF-8, the workers' lines included (they log through the same logger, with their rank, and
+what they print to stderr without it is relayed as records by the server): checked over a run
+with 2 workers started through a wrapper ($BURST_WORKER_BINARY) that prints raw lines first (one
+plain, one with bytes that are not UTF-8, one longer than the relay's 16384-byte piece), a
+120-character model name of multibyte characters, a request path percent-encoding bytes that are
+not UTF-8, and error messages that the access log cuts at 200 bytes in the middle of multibyte
+characters."""
 import json
 import os
+import stat
 import subprocess
+import tempfile
 
 from harness import MODEL, PROMPT, Server, build_dir, check, run
 
@@ -13,8 +18,31 @@ from harness import MODEL, PROMPT, Server, build_dir, check, run
 NAME = ("é" * 40) + ("模" * 40) + ("😀" * 40)
 
 
+# What the wrapper prints raw before it runs burst-worker: as NCCL or the C runtime would.
+RAW_PLAIN = "raw line: NCCL INFO ring 00 : 0 1"
+LONG = "模" * 7000  # 21000 bytes: relayed in pieces cut between characters
+
+
+def worker_wrapper():
+    path = os.path.join(tempfile.mkdtemp(prefix="burst-test-json-logs-"), "worker-wrapper")
+    real = os.path.join(build_dir(), "bin", "burst-worker")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n"
+                f"printf '%s\\n' '{RAW_PLAIN}' >&2\n"
+                "printf 'raw error: \\377\\376 not UTF-8\\n' >&2\n"
+                f"printf '%s\\n' '{LONG}' >&2\n"
+                f'exec "{real}" "$@"\n')
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return path
+
+
 def test_every_line_is_json():
-    srv = Server("--log-format", "json", "--log-level", "info", "--model-name", NAME, workers=2)
+    os.environ["BURST_WORKER_BINARY"] = worker_wrapper()
+    try:
+        srv = Server("--log-format", "json", "--log-level", "info", "--model-name", NAME,
+                     workers=2)
+    finally:
+        del os.environ["BURST_WORKER_BINARY"]
     try:
         st, body = srv.json("POST", "/v1/completions",
                             {"model": NAME, "prompt": PROMPT, "max_tokens": 2})
@@ -49,6 +77,19 @@ def test_every_line_is_json():
     workers = [r for r in recs if r["logger"] == "burst-worker"]
     check({r.get("rank") for r in workers} == {0, 1},
           f"worker records {len(workers)}: ranks {sorted({str(r.get('rank')) for r in workers})}")
+    # Their raw stderr lines, relayed as records of their rank: info, or warning when they speak
+    # of an error; bytes that are not UTF-8 replaced; a long line in pieces that join up again.
+    for rank in (0, 1):
+        mine = [r for r in workers if r.get("rank") == rank]
+        plain = [r for r in mine if r["msg"] == RAW_PLAIN]
+        check(len(plain) == 1 and plain[0]["level"] == "info", f"rank {rank} raw line: {plain}")
+        bad = [r for r in mine if r["msg"].startswith("raw error:")]
+        check(len(bad) == 1 and bad[0]["level"] == "warning" and
+              bad[0]["msg"] == "raw error: \ufffd\ufffd not UTF-8", f"rank {rank} raw bytes: {bad}")
+        pieces = [r["msg"] for r in mine if r["msg"].startswith("模")]
+        check(len(pieces) == 2 and "".join(pieces) == LONG and
+              all(len(p.encode()) <= 16384 for p in pieces),
+              f"rank {rank} long line: {[len(p.encode()) for p in pieces]}")
     # The model name whole where the server names it.
     serving = [r for r in recs if r["logger"] == "burst-server" and "serving model" in r["msg"]]
     check(serving and f"'{NAME}'" in serving[0]["msg"], f"serving: {serving}")

@@ -5,9 +5,12 @@
 // UTF-8 become U+FFFD, and a string that ends in a cut character loses the cut part. A spawned
 // worker inherits the server's level and format ($BURST_LOG_LEVEL, $BURST_LOG_FORMAT) and its
 // records carry its rank, so the workers' lines in the server's stderr parse like the server's.
+// In the json format the server reads each worker's stderr (a pipe) and relays it line by line,
+// so that what a worker prints without the logger (NCCL, the C runtime, a crash) is a record too.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "engine/status.h"
 
@@ -47,6 +50,17 @@ std::string bytes_progress(int64_t done, int64_t total);
 // bytes that are not UTF-8 replaced by U+FFFD and a character cut at the end (a message cut to
 // a byte limit) dropped.
 std::string json_quote(const std::string& s);
+
+// A line (without its newline) that a spawned worker of rank `rank` wrote to its stderr, as one
+// record of the json format: the line as is when it already is a JSON object (the worker's own
+// records), with *level -1; else {"time", "level", "logger": "burst-worker", "rank", "msg": the
+// line, escaped as json_quote does}, with *level (spdlog's) warn when the line speaks of
+// trouble ("error", "warn", "fail", "fatal", "abort", ...), else info.
+std::string worker_line_record(std::string_view line, int rank, int* level);
+
+// Writes worker_line_record's record to stderr (a wrapped line only at the logger's level or
+// above), serialized with this process's own records; in the text format, the line itself.
+void relay_worker_line(std::string_view line, int rank);
 
 // One access-log record at `level` (spdlog's: 1 debug, 2 info, 3 warn): `text` in the text
 // format; in the json format an object with time, level, logger "access" and `json_fields`
