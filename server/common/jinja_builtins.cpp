@@ -1,8 +1,11 @@
-// The chat template's built-ins: functions (raise_exception, range, namespace), string and dict
-// methods, tests (`is`) and filters (`|`), as jinja.h lists them. Anything else is an error.
+// The chat template's built-ins: functions (raise_exception, range, namespace, strftime_now),
+// macro calls, loop.cycle, string and dict methods, tests (`is`) and filters (`|`), as jinja.h
+// lists them. Anything else is an error.
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <ctime>
+#include <utility>
 
 #include "jinja_internal.h"
 
@@ -24,11 +27,21 @@ Value Renderer::call(const Expr& e) {
   const Expr& callee = *e.args[0];
   Args a = args_of(e, 1);
   if (callee.k == Expr::K::kName && lookup(callee.name).is_undefined()) {
+    if (const auto macro = macros_.find(callee.name); macro != macros_.end()) {
+      return call_macro(e, *macro->second, a);
+    }
     return call_function(e, callee.name, a);
   }
   if (callee.k != Expr::K::kAttr) fail(e.line, "'" + text_of(callee) + "' is not callable");
   const Value obj = eval(*callee.args[0]);
   const std::string& m = callee.name;
+  if (m == "cycle" && callee.args[0]->k == Expr::K::kName && callee.args[0]->name == "loop" &&
+      obj.kind() == Value::Kind::kDict) {
+    // loop.cycle(a, b, ...): the argument at this iteration's index, round and round.
+    if (a.pos.empty()) fail(e.line, "loop.cycle() needs at least one value");
+    const int64_t i = obj.get("index0").as_int();
+    return a.pos[static_cast<size_t>(i % static_cast<int64_t>(a.pos.size()))];
+  }
   if (obj.is_string()) return string_method(e, obj.str(), m, a);
   if (obj.kind() == Value::Kind::kDict) {
     if (std::optional<Value> v = dict_method(obj, m, a)) return *v;
@@ -40,7 +53,57 @@ Value Renderer::call(const Expr& e) {
   fail(e.line, std::string("a ") + kind_name(obj) + " has no method '" + m + "' here");
 }
 
-// raise_exception(), range(), namespace(): names no variable of the template shadows.
+Value Renderer::call_macro(const Expr& e, const Node& macro, const Args& a) {
+  const std::string& name = macro.targets[0];
+  const size_t params = macro.targets.size() - 1;
+  if (a.pos.size() > params) {
+    fail(e.line, "macro '" + name + "' takes " + std::to_string(params) + " argument" +
+                     (params == 1 ? "" : "s") + ", got " + std::to_string(a.pos.size()));
+  }
+  for (const auto& [k, v] : a.kw) {
+    const auto it = std::find(macro.targets.begin() + 1, macro.targets.end(), k);
+    if (it == macro.targets.end()) fail(e.line, "macro '" + name + "' has no argument '" + k + "'");
+    if (static_cast<size_t>(it - macro.targets.begin() - 1) < a.pos.size()) {
+      fail(e.line, "macro '" + name + "' got argument '" + k + "' twice");
+    }
+  }
+  if (call_depth_ >= kMaxCallDepth) {
+    fail(e.line, "macros call each other more than " + std::to_string(kMaxCallDepth) + " deep");
+  }
+  // The macro sees the template's top-level variables and its arguments, not the caller's
+  // loop variables; the caller's scopes come back however the macro ends.
+  std::vector<std::unordered_map<std::string, Value>> caller;
+  caller.swap(scopes_);
+  scopes_.push_back(caller.front());
+  scopes_.emplace_back();
+  ++call_depth_;
+  struct Restore {
+    Renderer& r;
+    std::vector<std::unordered_map<std::string, Value>>& caller;
+    ~Restore() {
+      r.scopes_.swap(caller);
+      --r.call_depth_;
+    }
+  } restore{*this, caller};
+  for (size_t i = 0; i < params; ++i) {
+    const std::string& param = macro.targets[i + 1];
+    Value v;
+    if (i < a.pos.size()) {
+      v = a.pos[i];
+    } else if (const Value* kw = a.find(param)) {
+      v = *kw;
+    } else if (macro.defaults[i]) {
+      v = eval(*macro.defaults[i]);  // at the call, over the parameters bound before it
+    }
+    scopes_.back()[param] = std::move(v);
+  }
+  std::string out;
+  exec(macro.body, out);
+  return Value(std::move(out));
+}
+
+// raise_exception(), range(), namespace(), strftime_now(): names no variable or macro of the
+// template shadows.
 Value Renderer::call_function(const Expr& e, const std::string& f, const Args& a) {
   if (f == "raise_exception") {
     throw Error{a.pos.empty() ? "chat template error" : a.pos[0].to_string()};
@@ -65,6 +128,18 @@ Value Renderer::call_function(const Expr& e, const std::string& f, const Args& a
       l.emplace_back(i);
     }
     return Value(std::move(l));
+  }
+  if (f == "strftime_now") {
+    // transformers' global: the date now (the server's local time) in a strftime format, for
+    // templates that write today's date into the system prompt.
+    const std::string fmt = need_string(e, a.at(0, "format"), "strftime_now()'s format");
+    if (fmt.size() > 256) fail(e.line, "strftime_now()'s format is too long");
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[1024];
+    const size_t n = std::strftime(buf, sizeof(buf), fmt.c_str(), &tm);
+    return Value(std::string(buf, n));
   }
   if (f == "namespace") {
     Value ns{Dict{}};
@@ -135,6 +210,16 @@ Value Renderer::string_method(const Expr& e, const std::string& s, const std::st
   if (m == "replace") {
     return Value(replace_all(s, need_string(e, a.at(0, "old"), "replace()'s old"),
                              need_string(e, a.at(1, "new"), "replace()'s new")));
+  }
+  if (m == "join") {  // ", ".join(items): Python's, strings only
+    std::string out;
+    bool first = true;
+    for (const Value& x : as_list(e, a.at(0, "iterable"))) {
+      out += (first ? "" : s) + need_string(e, x, "join()'s items");
+      first = false;
+      if (out.size() > kMaxOutputBytes) fail(e.line, "a string too long");
+    }
+    return Value(std::move(out));
   }
   fail(e.line, "strings have no method '" + m + "' here");
 }
@@ -233,11 +318,14 @@ bool Renderer::test(const Expr& e) {
 }
 
 Value Renderer::filter(const Expr& e) {
-  const std::string& f = e.name;
   const Value v = eval(*e.args[0]);
-  const Args a = args_of(e, 1);
+  return apply_filter(e, e.name, v, args_of(e, 1));
+}
+
+Value Renderer::apply_filter(const Expr& e, const std::string& f, const Value& v, const Args& a) {
   if (std::optional<Value> r = text_filter(e, f, v, a)) return *r;
   if (std::optional<Value> r = sequence_filter(e, f, v, a)) return *r;
+  if (std::optional<Value> r = dict_filter(e, f, v, a)) return *r;
   fail(e.line, "unknown filter '" + f + "'");
 }
 
@@ -294,7 +382,48 @@ std::optional<Value> Renderer::text_filter(const Expr& e, const std::string& f, 
     return Value(replace_all(v.to_string(), need_string(e, a.at(0, "old"), "replace's old"),
                              need_string(e, a.at(1, "new"), "replace's new")));
   }
-  if (f == "tojson") return Value(to_json(v, e.line));
+  if (f == "tojson") {
+    const Value indent = a.at(0, "indent");
+    if (!indent.is_undefined() && indent.kind() != Value::Kind::kNone &&
+        (indent.kind() != Value::Kind::kInt || indent.as_int() < 0 || indent.as_int() > 64)) {
+      fail(e.line, "tojson's indent must be an integer in 0..64");
+    }
+    const int spaces = indent.kind() == Value::Kind::kInt ? static_cast<int>(indent.as_int()) : 0;
+    return Value(to_json(v, e.line, spaces));
+  }
+  if (f == "abs") {
+    if (v.kind() == Value::Kind::kFloat)
+      return Value(v.as_float() < 0 ? -v.as_float() : v.as_float());
+    if (!v.is_number()) fail(e.line, std::string("abs of a ") + kind_name(v));
+    if (v.as_int() == INT64_MIN) fail(e.line, "integer overflow");
+    return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+  }
+  if (f == "indent") {
+    // Jinja's indent(width=4, first=False, blank=False): every line but the first (with
+    // first=True, it too) gets `width` spaces (or the string given); blank lines none unless
+    // blank=True.
+    const Value w = a.at(0, "width");
+    const std::string pad =
+        w.is_string() ? w.str()
+        : w.is_undefined()
+            ? std::string(4, ' ')
+            : std::string(static_cast<size_t>(std::clamp<int64_t>(w.as_int(), 0, 256)), ' ');
+    const bool first = a.at(1, "first").truthy(), blank = a.at(2, "blank").truthy();
+    const std::string text = v.to_string();
+    std::string out;
+    size_t pos = 0;
+    for (bool is_first = true;; is_first = false) {
+      const size_t nl = text.find('\n', pos);
+      const std::string line = text.substr(pos, nl == std::string::npos ? nl : nl - pos);
+      if ((!is_first || first) && (blank || !line.empty())) out += pad;
+      out += line;
+      if (out.size() > kMaxOutputBytes) fail(e.line, "a string too long");
+      if (nl == std::string::npos) break;
+      out += '\n';
+      pos = nl + 1;
+    }
+    return Value(std::move(out));
+  }
   return std::nullopt;
 }
 
@@ -359,13 +488,94 @@ std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string&
     return Value(std::move(out));
   }
   if (f == "map") {
-    const Value* attr = a.find("attribute");
-    if (!attr || !attr->is_string()) fail(e.line, "map is supported with attribute= only");
     List out;
-    for (const Value& x : as_list(e, v)) out.push_back(attribute(x, attr->str()));
+    if (const Value* attr = a.find("attribute")) {
+      if (!attr->is_string()) fail(e.line, "map's attribute must be a string");
+      for (const Value& x : as_list(e, v)) {
+        Value field = attribute(x, attr->str());
+        const Value* dflt = a.find("default");
+        out.push_back(field.is_undefined() && dflt ? *dflt : field);
+      }
+      return Value(std::move(out));
+    }
+    // map('filter', args...): the filter applied to each item.
+    const std::string name = need_string(e, a.at(0, "filter"), "map's filter");
+    Args rest;
+    rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+    rest.kw = a.kw;
+    for (const Value& x : as_list(e, v)) {
+      step(e.line);
+      out.push_back(apply_filter(e, name, x, rest));
+    }
     return Value(std::move(out));
   }
+  if (f == "unique") {
+    // Jinja's unique(case_sensitive=False, attribute=None): the first of each, in order.
+    const bool cased = a.at(0, "case_sensitive").truthy();
+    const Value attr = a.at(1, "attribute");
+    auto key = [&](const Value& x) {
+      Value k = attr.is_string() ? attribute(x, attr.str()) : x;
+      return k.is_string() && !cased ? Value(ascii_case(k.str(), false)) : k;
+    };
+    List out, keys;
+    for (const Value& x : as_list(e, v)) {
+      const Value k = key(x);
+      // Each comparison is a step: quadratic in the list, so bounded like a nested loop.
+      if (std::none_of(keys.begin(), keys.end(), [&](const Value& y) {
+            step(e.line);
+            return equal(k, y);
+          })) {
+        keys.push_back(k);
+        out.push_back(x);
+      }
+    }
+    return Value(std::move(out));
+  }
+  if (f == "sort") {
+    // Jinja's sort(reverse=False, case_sensitive=False, attribute=None): stable; strings
+    // compared case-blind unless asked; numbers with numbers, strings with strings.
+    const bool reverse = a.at(0, "reverse").truthy(), cased = a.at(1, "case_sensitive").truthy();
+    const Value attr = a.at(2, "attribute");
+    List l = as_list(e, v);
+    auto key = [&](const Value& x) {
+      Value k = attr.is_string() ? attribute(x, attr.str()) : x;
+      return k.is_string() && !cased ? Value(ascii_case(k.str(), false)) : k;
+    };
+    std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+      const int c = compare(e, key(x), key(y));
+      return reverse ? c > 0 : c < 0;
+    });
+    return Value(std::move(l));
+  }
   return std::nullopt;
+}
+
+// Filters of dicts; nullopt for any other name.
+std::optional<Value> Renderer::dict_filter(const Expr& e, const std::string& f, const Value& v,
+                                           const Args& a) {
+  if (f != "items" && f != "dictsort") return std::nullopt;
+  if (v.is_undefined()) return Value(List{});
+  if (v.kind() != Value::Kind::kDict) fail(e.line, f + " needs a dict, got a " + kind_name(v));
+  List out;
+  for (const auto& [k, x] : v.dict()) out.emplace_back(List{Value(k), x});
+  if (f == "dictsort") {
+    // dictsort(case_sensitive=False, by='key', reverse=False).
+    const bool cased = a.at(0, "case_sensitive").truthy(), reverse = a.at(2, "reverse").truthy();
+    const Value by = a.at(1, "by");
+    const size_t at = by.is_string() && by.str() == "value" ? 1 : 0;
+    if (by.is_string() && by.str() != "key" && by.str() != "value") {
+      fail(e.line, "dictsort's by must be 'key' or 'value'");
+    }
+    auto key = [&](const Value& kv) {
+      const Value& k = kv.list()[at];
+      return k.is_string() && !cased ? Value(ascii_case(k.str(), false)) : k;
+    };
+    std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+      const int c = compare(e, key(x), key(y));
+      return reverse ? c > 0 : c < 0;
+    });
+  }
+  return Value(std::move(out));
 }
 
 }  // namespace burst::server::jinja

@@ -25,6 +25,7 @@ constexpr size_t kMaxOutputBytes = size_t{64} << 20;
 constexpr int64_t kMaxSteps = 5'000'000;  // expressions and statements evaluated in one render
 constexpr int64_t kMaxRange = int64_t{1} << 16;  // a list of that many values is MBs
 constexpr int kMaxDepth = 200;                   // parser nesting (parentheses, statements)
+constexpr int kMaxCallDepth = 64;                // macros calling macros (recursion)
 
 // Errors inside the interpreter are thrown and become a Status at the two public entry points.
 struct Error {
@@ -44,8 +45,10 @@ std::string strip_chars(const std::string& s, const std::string* chars, bool lef
 std::string ascii_case(std::string s, bool upper);
 std::string title_case(const std::string& s);
 std::string replace_all(const std::string& s, const std::string& from, const std::string& to);
-// transformers' tojson (ensure_ascii=False); `line` names where a value it cannot write is.
-std::string to_json(const Value& v, int line);
+// transformers' tojson (json.dumps with ensure_ascii=False): on one line, or with `indent` > 0
+// spaces per level as json.dumps(indent=N) writes it; `line` names where a value it cannot
+// write is.
+std::string to_json(const Value& v, int line, int indent = 0, int depth = 0);
 // The kind as errors name it ("integer", "list", ...).
 const char* kind_name(const Value& v);
 
@@ -83,16 +86,28 @@ struct Expr {
 };
 
 struct Node {
-  enum class K { kText, kOutput, kIf, kFor, kSet, kSetBlock, kGeneration };
+  enum class K {
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetBlock,
+    kGeneration,
+    kMacro,
+    kBreak,
+    kContinue
+  };
   K k = K::kText;
   int line = 1;
   std::string text;
   ExprP expr;  // output, set, for's iterable
   std::vector<std::pair<ExprP, std::vector<std::shared_ptr<Node>>>> branches;  // if / elif
   std::vector<std::shared_ptr<Node>> body, else_body;
-  std::vector<std::string> targets;  // for: names; set: the name
+  std::vector<std::string> targets;  // for: names; set: the name; macro: its name, its params
   std::string attr;                  // set ns.attr
   ExprP filter;                      // for ... if cond
+  std::vector<ExprP> defaults;       // macro: each param's default (null: none)
 };
 using NodeP = std::shared_ptr<Node>;
 
@@ -151,6 +166,9 @@ class Renderer {
     }
   };
 
+  // {% break %} / {% continue %} on their way out of the statements to their loop.
+  enum class LoopSignal { kNone, kBreak, kContinue };
+
   // Statements and operators (jinja_render.cpp).
   void step(int line);
   void write(std::string& out, const std::string& s, int line);
@@ -164,6 +182,8 @@ class Renderer {
   Value index(const Expr& e, const Value& obj, const Value& key);
   Value slice(const Expr& e);
   static bool equal(const Value& a, const Value& b);
+  // Python's ordering of two numbers or two strings (-1, 0, 1); anything else is an error.
+  static int compare(const Expr& e, const Value& a, const Value& b);
   bool contains(const Expr& e, const Value& hay, const Value& needle);
   Value binary(const Expr& e);
   static Value arithmetic(const Expr& e, const Value& a, const Value& b);
@@ -172,6 +192,9 @@ class Renderer {
   Args args_of(const Expr& e, size_t first);
   std::string need_string(const Expr& e, const Value& v, const std::string& what);
   Value call(const Expr& e);
+  // A {% macro %}: its text, rendered with the arguments bound to its parameters over the
+  // template's top-level variables (not the caller's locals, as Jinja scopes it).
+  Value call_macro(const Expr& e, const Node& macro, const Args& a);
   Value call_function(const Expr& e, const std::string& f, const Args& a);
   Value string_method(const Expr& e, const std::string& s, const std::string& m, const Args& a);
   static std::optional<Value> dict_method(const Value& obj, const std::string& m,
@@ -185,8 +208,15 @@ class Renderer {
                                    const Args& a);
   std::optional<Value> sequence_filter(const Expr& e, const std::string& f, const Value& v,
                                        const Args& a);
+  std::optional<Value> dict_filter(const Expr& e, const std::string& f, const Value& v,
+                                   const Args& a);
+  // Filter `f` (text, sequence or dict filters) of v: filter() and map('f') call it.
+  Value apply_filter(const Expr& e, const std::string& f, const Value& v, const Args& a);
 
   std::vector<std::unordered_map<std::string, Value>> scopes_;
+  std::unordered_map<std::string, const Node*> macros_;  // defined so far (nodes of the tree)
+  int call_depth_ = 0;
+  LoopSignal signal_ = LoopSignal::kNone;
   std::set<const Dict*> namespaces_;
   std::vector<Value> keep_;
   int64_t steps_ = 0;

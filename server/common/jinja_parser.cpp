@@ -141,10 +141,45 @@ class Parser {
       std::string stopped;
       n->body = parse_body({"endgeneration"}, &stopped);
       expect(Token::K::kBlockEnd, "'%}'");
+    } else if (kw.text == "macro") {
+      parse_macro(*n);
+    } else if (kw.text == "break" || kw.text == "continue") {
+      // jinja2.ext.loopcontrols, which transformers enables.
+      if (loops_ == 0) fail(kw.line, "'{% " + kw.text + " %}' outside a loop");
+      n->k = kw.text == "break" ? Node::K::kBreak : Node::K::kContinue;
+      expect(Token::K::kBlockEnd, "'%}'");
     } else {
-      fail(kw.line, "the statement '{% " + kw.text + " %}' is not supported (for, if, set)");
+      fail(kw.line, "the statement '{% " + kw.text +
+                        " %}' is not supported (for, if, set, macro, break, continue)");
     }
     return n;
+  }
+
+  // {% macro name(a, b=default, ...) %}body{% endmacro %}
+  void parse_macro(Node& n) {
+    n.k = Node::K::kMacro;
+    n.targets.push_back(expect_name());
+    expect_op("(");
+    while (!is_op(")")) {
+      n.targets.push_back(expect_name());
+      ExprP dflt;
+      if (is_op("=")) {
+        next();
+        dflt = parse_expr();
+      }
+      n.defaults.push_back(dflt);
+      if (!is_op(",")) break;
+      next();
+    }
+    expect_op(")");
+    expect(Token::K::kBlockEnd, "'%}'");
+    const int loops = loops_;
+    loops_ = 0;  // a loop around the definition is not the macro's: no break out of it
+    std::string stopped;
+    n.body = parse_body({"endmacro"}, &stopped);
+    loops_ = loops;
+    if (peek().k == Token::K::kName) next();  // {% endmacro name %}
+    expect(Token::K::kBlockEnd, "'%}'");
   }
 
   void parse_if(Node& n) {
@@ -187,7 +222,9 @@ class Parser {
     }
     if (is_name("recursive")) fail(peek().line, "recursive loops are not supported");
     expect(Token::K::kBlockEnd, "'%}'");
+    ++loops_;
     n.body = parse_body({"else", "endfor"}, &stopped);
+    --loops_;
     if (stopped == "else") {
       expect(Token::K::kBlockEnd, "'%}'");
       n.else_body = parse_body({"endfor"}, &stopped);
@@ -335,18 +372,20 @@ class Parser {
     }
     return e;
   }
-  ExprP parse_unary() {
+  // As Jinja: a filter or test after a sign applies to the signed value (-3|abs is 3).
+  ExprP parse_unary(bool with_filters = true) {
     Deeper d(*this);
+    ExprP e;
     if (is_op("-")) {
-      ExprP n = make(Expr::K::kNeg, next().line);
-      n->args = {parse_unary()};
-      return n;
-    }
-    if (is_op("+")) {
+      e = make(Expr::K::kNeg, next().line);
+      e->args = {parse_unary(false)};
+    } else if (is_op("+")) {
       next();
-      return parse_unary();
+      e = parse_unary(false);
+    } else {
+      e = parse_postfix(parse_primary());
     }
-    return parse_filters(parse_postfix(parse_primary()));
+    return with_filters ? parse_filters(e) : e;
   }
 
   void parse_call_args(ExprP& call) {
@@ -526,6 +565,7 @@ class Parser {
   std::vector<Token> t_;
   size_t i_ = 0;
   int depth_ = 0;
+  int loops_ = 0;  // for bodies around the statement being parsed (break, continue)
 };
 
 }  // namespace

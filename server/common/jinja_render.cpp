@@ -1,8 +1,10 @@
-// The chat template's renderer: statements (text, output, if, for, set), variables and their
-// scopes, and expressions with Python's semantics for indexing, slicing, comparison and
-// arithmetic. Functions, methods, tests and filters are in jinja_builtins.cpp.
+// The chat template's renderer: statements (text, output, if, for with break and continue, set,
+// macro definitions), variables and their scopes, and expressions with Python's semantics for
+// indexing, slicing, comparison and arithmetic. Functions, macro calls, methods, tests and
+// filters are in jinja_builtins.cpp.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "jinja_internal.h"
 
@@ -11,6 +13,12 @@ namespace burst::server::jinja {
 namespace {
 
 int64_t norm_index(int64_t i, int64_t len) { return i < 0 ? i + len : i; }
+
+// "an integer", "a string": a value's kind for messages.
+std::string with_article(const Value& v) {
+  const std::string k = kind_name(v);
+  return (k[0] == 'i' || k[0] == 'u' ? "an " : "a ") + k;
+}
 
 }  // namespace
 
@@ -39,7 +47,10 @@ void Renderer::write(std::string& out, const std::string& s, int line) {
 }
 
 void Renderer::exec(const std::vector<NodeP>& body, std::string& out) {
-  for (const NodeP& n : body) exec(*n, out);
+  for (const NodeP& n : body) {
+    exec(*n, out);
+    if (signal_ != LoopSignal::kNone) return;  // a break or continue leaves to its loop
+  }
 }
 
 void Renderer::exec(const Node& n, std::string& out) {
@@ -84,6 +95,15 @@ void Renderer::exec(const Node& n, std::string& out) {
     }
     case Node::K::kGeneration:
       exec(n.body, out);
+      return;
+    case Node::K::kMacro:
+      macros_[n.targets[0]] = &n;
+      return;
+    case Node::K::kBreak:
+      signal_ = LoopSignal::kBreak;
+      return;
+    case Node::K::kContinue:
+      signal_ = LoopSignal::kContinue;
       return;
   }
 }
@@ -139,6 +159,8 @@ void Renderer::exec_for(const Node& n, std::string& out) {
     scopes_.back()["loop"] = Value(std::move(loop));
     exec(n.body, out);
     scopes_.pop_back();
+    const LoopSignal signal = std::exchange(signal_, LoopSignal::kNone);
+    if (signal == LoopSignal::kBreak) break;
   }
 }
 
@@ -359,6 +381,16 @@ bool Renderer::contains(const Expr& e, const Value& hay, const Value& needle) {
   }
 }
 
+int Renderer::compare(const Expr& e, const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) {
+    return a.as_float() < b.as_float() ? -1 : a.as_float() > b.as_float() ? 1 : 0;
+  }
+  if (a.is_string() && b.is_string()) return a.str().compare(b.str());
+  // Both orders, so that the message does not depend on which pair the sort compared first.
+  const bool swap = b.is_number();
+  fail(e.line, "cannot order " + with_article(swap ? b : a) + " and " + with_article(swap ? a : b));
+}
+
 Value Renderer::binary(const Expr& e) {
   const std::string& op = e.name;
   const Value a = eval(*e.args[0]);
@@ -367,22 +399,13 @@ Value Renderer::binary(const Expr& e) {
   if (op == "==") return Value(equal(a, b));
   if (op == "!=") return Value(!equal(a, b));
   if (op == "in") return Value(contains(e, b, a) != e.negate);
-  auto article = [](const Value& v) {
-    const std::string k = kind_name(v);
-    return (k[0] == 'i' || k[0] == 'u' ? "an " : "a ") + k;
-  };
   auto type_error = [&]() {
-    fail(e.line, "'" + op + "' between " + article(a) + " and " + article(b) + " is not defined");
+    fail(e.line,
+         "'" + op + "' between " + with_article(a) + " and " + with_article(b) + " is not defined");
   };
   if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-    int c = 0;
-    if (a.is_number() && b.is_number()) {
-      c = a.as_float() < b.as_float() ? -1 : a.as_float() > b.as_float() ? 1 : 0;
-    } else if (a.is_string() && b.is_string()) {
-      c = a.str().compare(b.str());
-    } else {
-      type_error();
-    }
+    if (!(a.is_number() && b.is_number()) && !(a.is_string() && b.is_string())) type_error();
+    const int c = compare(e, a, b);
     return Value(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
   }
   if (op == "+") {

@@ -172,7 +172,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   out.append(s, pos, std::string::npos);
   return out;
 }
-std::string to_json(const Value& v, int line) {
+std::string to_json(const Value& v, int line, int indent, int depth) {
   switch (v.kind()) {
     case Value::Kind::kUndefined:
     case Value::Kind::kNone:
@@ -182,26 +182,40 @@ std::string to_json(const Value& v, int line) {
     case Value::Kind::kInt:
       return std::to_string(v.as_int());
     case Value::Kind::kFloat: {
-      if (!std::isfinite(v.as_float())) return v.as_float() != v.as_float() ? "NaN" : "Infinity";
-      return float_text(v.as_float());
+      const double x = v.as_float();
+      if (!std::isfinite(x)) return x != x ? "NaN" : x > 0 ? "Infinity" : "-Infinity";
+      return float_text(x);
     }
     case Value::Kind::kString:
       return json_string(v.str());
-    case Value::Kind::kList: {
-      std::string out = "[";
-      for (size_t i = 0; i < v.list().size(); ++i) {
-        out += (i ? ", " : "") + to_json(v.list()[i], line);
-      }
-      return out + "]";
-    }
+    case Value::Kind::kList:
     case Value::Kind::kDict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [k, x] : v.dict()) {
-        out += (first ? "" : ", ") + json_string(k) + ": " + to_json(x, line);
-        first = false;
+      const bool list = v.kind() == Value::Kind::kList;
+      const size_t n = list ? v.list().size() : v.dict().size();
+      if (n == 0) return list ? "[]" : "{}";
+      // json.dumps: ", " between items on one line; with indent, "," and a new line, each item
+      // indented one level deeper than its bracket.
+      // A new line and `level` indents (indent and depth are never negative).
+      auto new_line = [&](int level) {
+        std::string s(1 + static_cast<size_t>(indent) * static_cast<size_t>(level), ' ');
+        s[0] = '\n';
+        return s;
+      };
+      const std::string open = indent > 0 ? new_line(depth + 1) : std::string();
+      const std::string sep = indent > 0 ? std::string(",").append(open) : std::string(", ");
+      std::string out = list ? "[" : "{";
+      out += open;
+      for (size_t i = 0; i < n; ++i) {
+        if (i) out += sep;
+        if (list) {
+          out += to_json(v.list()[i], line, indent, depth + 1);
+        } else {
+          const auto& [k, x] = v.dict()[i];
+          out += json_string(k) + ": " + to_json(x, line, indent, depth + 1);
+        }
       }
-      return out + "}";
+      if (indent > 0) out += new_line(depth);
+      return out + (list ? "]" : "}");
     }
   }
   fail(line, "a value tojson cannot write");

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -227,8 +228,23 @@ TEST(Jinja, ErrorsNameTheProblemAndTheLine) {
   EXPECT_EQ(jinja_error("{{ raise_exception('no tools here') }}"), "no tools here");
   EXPECT_EQ(jinja_error("a\n{{ x | frobnicate }}"),
             "chat template, line 2: unknown filter 'frobnicate'");
-  EXPECT_EQ(jinja_error("{% macro m() %}{% endmacro %}"),
-            "chat template, line 1: the statement '{% macro %}' is not supported (for, if, set)");
+  EXPECT_EQ(jinja_error("{% call m() %}{% endcall %}"),
+            "chat template, line 1: the statement '{% call %}' is not supported (for, if, set, "
+            "macro, break, continue)");
+  EXPECT_EQ(jinja_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"),
+            "chat template, line 1: macro 'm' takes 1 argument, got 2");
+  EXPECT_EQ(jinja_error("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}"),
+            "chat template, line 1: macro 'm' has no argument 'b'");
+  EXPECT_EQ(jinja_error("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}"),
+            "chat template, line 1: macro 'm' got argument 'a' twice");
+  EXPECT_EQ(jinja_error("{% if true %}{% break %}{% endif %}"),
+            "chat template, line 1: '{% break %}' outside a loop");
+  EXPECT_EQ(jinja_error("{% for x in [1] %}{% macro m() %}{% continue %}{% endmacro %}"
+                        "{% endfor %}"),
+            "chat template, line 1: '{% continue %}' outside a loop");
+  EXPECT_NE(jinja_error("{{ [1, 'a'] | sort }}").find("cannot order an integer and a string"),
+            std::string::npos)
+      << jinja_error("{{ [1, 'a'] | sort }}");
   EXPECT_EQ(jinja_error("{{ 'a' + 1 }}"),
             "chat template, line 1: '+' between a string and an integer is not defined");
   EXPECT_EQ(jinja_error("{{ x"), "chat template, line 1: a tag is not closed with }}");
@@ -256,6 +272,108 @@ TEST(Jinja, HostileTemplatesAreBounded) {
                 .find("nests too deeply"),
             std::string::npos);
   EXPECT_NE(jinja_error("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
+  // A macro that calls itself for ever; one that doubles its text each level.
+  EXPECT_EQ(jinja_error("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}"),
+            "chat template, line 1: macros call each other more than 64 deep");
+  EXPECT_NE(jinja_error("{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% else %}x"
+                        "{% endif %}{% endmacro %}{{ m(40) }}")
+                .find("too many steps"),
+            std::string::npos);
+  // unique compares every pair: bounded like a nested loop.
+  EXPECT_NE(jinja_error("{{ range(60000) | unique | length }}").find("too many steps"),
+            std::string::npos);
+}
+
+// Macros, loop.cycle, break / continue and the filters chat templates with tools use (Llama 3.1's
+// tojson(indent=4), gpt-oss's and Qwen3-Coder's macros and |items). Every expected text is what
+// jinja2 3.1 renders with transformers' environment (trim_blocks, lstrip_blocks, loopcontrols,
+// its tojson) over the same variables.
+TEST(Jinja, MacrosLoopControlsAndFiltersAsJinja2RendersThem) {
+  const jinja::Value msgs(jinja::List{
+      jinja::Dict{{"role", "system"}, {"content", "S"}},
+      jinja::Dict{{"role", "user"}, {"content", "Hi"}},
+      jinja::Dict{{"role", "assistant"}, {"content", "Hello"}},
+      jinja::Dict{{"role", "user"}, {"content", "Bye"}}});
+  const jinja::Value tool(jinja::Dict{
+      {"name", "get_weather"},
+      {"parameters",
+       jinja::Dict{{"type", "object"},
+                   {"properties", jinja::Dict{{"city", jinja::Dict{{"type", "string"}}}}},
+                   {"required", jinja::List{"city"}}}}});
+  const jinja::Value ctx(jinja::Dict{
+      {"xs", jinja::List{1, 2, 3}},
+      {"d", jinja::Dict{{"b", 2}, {"A", 1}, {"c", 3}}},
+      {"tools", jinja::List{tool}},
+      {"messages", msgs},
+      {"names", jinja::List{"b", "B", "a", "c", "a"}}});
+  auto render_text = [&](const std::string& src) {
+    auto t = jinja::Template::parse(src);
+    EXPECT_TRUE(t.ok()) << t.message();
+    if (!t.ok()) return std::string();
+    auto r = t.value().render(ctx);
+    EXPECT_TRUE(r.ok()) << r.message();
+    return r.ok() ? r.value() : "";
+  };
+  EXPECT_EQ(render_text("{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}"
+                        "{% endmacro %}{{ greet('Ann') }} {{ greet('Bob', '?') }} "
+                        "{{ greet(punct='.', name='Cy') }}"),
+            "Hello Ann! Hello Bob? Hello Cy.");
+  EXPECT_EQ(render_text("{% macro row(x, sep=', ', last=false) -%}\n"
+                        "{{ x }}{% if not last %}{{ sep }}{% endif %}\n"
+                        "{%- endmacro %}\n"
+                        "{% for x in xs %}{{ row(x, last=loop.last) }}{% endfor %}"),
+            "1, 2, 3");
+  // A macro reads the template's top-level variables.
+  EXPECT_EQ(render_text("{%- set prefix = 'P:' -%}\n"
+                        "{%- macro tag(m) -%}{{ prefix }}{{ m.role | upper }}={{ m.content }}"
+                        "{%- endmacro -%}\n"
+                        "{%- for m in messages %}{{ tag(m) }};{% endfor %}"),
+            "P:SYSTEM=S;P:USER=Hi;P:ASSISTANT=Hello;P:USER=Bye;");
+  EXPECT_EQ(render_text("{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n }}*{{ fact(n - 1) }}"
+                        "{% endif %}{% endmacro %}{{ fact(4) }}"),
+            "4*3*2*1");
+  EXPECT_EQ(render_text("{% for m in messages %}{{ loop.cycle('odd', 'even') }}:{{ m.role }} "
+                        "{% endfor %}"),
+            "odd:system even:user odd:assistant even:user ");
+  EXPECT_EQ(render_text("{% for x in [1, 2, 3, 4, 5] %}{% if x == 2 %}{% continue %}{% endif %}"
+                        "{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}"),
+            "13");
+  EXPECT_EQ(render_text("{{ tools[0] | tojson(indent=4) }}"),
+            "{\n    \"name\": \"get_weather\",\n    \"parameters\": {\n        \"type\": "
+            "\"object\",\n        \"properties\": {\n            \"city\": {\n"
+            "                \"type\": \"string\"\n            }\n        },\n"
+            "        \"required\": [\n            \"city\"\n        ]\n    }\n}");
+  EXPECT_EQ(render_text("{{ {'a': [], 'b': {}, 'c': [1, 'x', none, true, 1.5]} | "
+                        "tojson(indent=2) }}"),
+            "{\n  \"a\": [],\n  \"b\": {},\n  \"c\": [\n    1,\n    \"x\",\n    null,\n"
+            "    true,\n    1.5\n  ]\n}");
+  EXPECT_EQ(render_text("{% for k, v in d | items %}{{ k }}={{ v }} {% endfor %}|"
+                        "{% for k, v in d | dictsort %}{{ k }}={{ v }} {% endfor %}|"
+                        "{% for k, v in d | dictsort(by='value', reverse=true) %}{{ k }} "
+                        "{% endfor %}"),
+            "b=2 A=1 c=3 |A=1 b=2 c=3 |c b A ");
+  EXPECT_EQ(render_text("{{ names | unique | list }} {{ names | sort }} "
+                        "{{ names | sort(case_sensitive=true, reverse=true) }} "
+                        "{{ messages | sort(attribute='content') | map(attribute='content') | "
+                        "join(',') }}"),
+            "['b', 'a', 'c'] ['a', 'a', 'b', 'B', 'c'] ['c', 'b', 'a', 'a', 'B'] Bye,Hello,Hi,S");
+  EXPECT_EQ(render_text("{{ xs | map('string') | join('-') }} {{ names | map('upper') | list }} "
+                        "{{ [' a ', 'b '] | map('trim') | list }} {{ xs | map('tojson') | join }}"),
+            "1-2-3 ['B', 'B', 'A', 'C', 'A'] ['a', 'b'] 123");
+  EXPECT_EQ(render_text("{{ -3 | abs }} {{ (-2.5) | abs }} {{ ', '.join(names) }} "
+                        "[{{ \"a\\nb\\n\\nc\" | indent(2) }}] "
+                        "[{{ \"a\\nb\" | indent(first=true) }}] "
+                        "[{{ \"a\\n\\nb\" | indent(width='> ', blank=true) }}]"),
+            "3 2.5 b, B, a, c, a [a\n  b\n\n  c] [    a\n    b] [a\n> \n> b]");
+  EXPECT_EQ(render_text("{{ messages | map(attribute='name', default='anon') | list }}"),
+            "['anon', 'anon', 'anon', 'anon']");
+  // transformers' strftime_now: the local date in the format given.
+  char year[8];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  std::strftime(year, sizeof(year), "%Y", &tm);
+  EXPECT_EQ(render_text("{{ strftime_now('%Y') }}"), year);
 }
 
 TEST(Jinja, WhitespaceControlAndBlocksAsTransformersRendersThem) {

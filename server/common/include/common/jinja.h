@@ -1,24 +1,30 @@
 // A small Jinja interpreter for chat templates (the `chat_template` of a model's
 // tokenizer_config.json, or --chat-template FILE). Debian packages no C++ Jinja library, and
 // chat templates use a small part of the language; this is that part, with Jinja's semantics as
-// Hugging Face renders templates (trim_blocks and lstrip_blocks on, no autoescape):
+// Hugging Face renders templates (trim_blocks and lstrip_blocks on, no autoescape, the
+// loopcontrols extension):
 // - text, {{ expr }}, {% stmt %}, {# comment #}, whitespace control ({%- -%} {{- -}});
 // - statements: for (one name or a tuple of names; loop.index, index0, revindex, revindex0,
-//   first, last, length, previtem, nextitem; an `if` filter; else), if / elif / else, set
-//   (a name or namespace attribute), and nothing else;
+//   first, last, length, previtem, nextitem, cycle(...); an `if` filter; else; break and
+//   continue), if / elif / else, set (a name or namespace attribute; or a block), macro (with
+//   positional and keyword parameters and defaults; called as a function, it returns its text;
+//   it sees the template's top-level variables and its arguments), and nothing else;
 // - expressions: literals (strings, integers, floats, true/false/none in either case, lists,
 //   dicts), variables, subscripts and slices, attributes, calls, filters, tests (`is`), `~`,
 //   arithmetic, comparisons, `in` / `not in`, `and` / `or` / `not`, `a if c else b`;
-// - functions: raise_exception(msg), range(...), namespace(...); string methods (strip,
-//   lstrip, rstrip, upper, lower, title, capitalize, startswith, endswith, split, replace),
-//   dict methods (items, keys, values, get);
+// - functions: raise_exception(msg), range(...), namespace(...), strftime_now(format)
+//   (transformers' global: the local time); string methods (strip, lstrip, rstrip, upper, lower,
+//   title, capitalize, startswith, endswith, split, replace, join), dict methods (items, keys,
+//   values, get);
 // - filters: trim, length / count, lower, upper, title, capitalize, first, last, join,
-//   default / d, string, int, float, list, reverse, replace, tojson, safe, selectattr /
-//   rejectattr (an attribute alone, or with equalto / eq / == / ne / != and a value), map
-//   (attribute=).
+//   default / d, string, int, float, abs, list, reverse, replace, indent, tojson (indent=),
+//   safe, items, dictsort, sort, unique, selectattr / rejectattr (an attribute alone, or with a
+//   test and its value: equalto / eq / == / ne / != ...), map (attribute=, or a filter's name
+//   and its arguments).
 // Anything else is an error naming it and where it is (line of the template), never undefined
 // behaviour: a template and the messages rendered with it are untrusted. Rendering is bounded
-// (output bytes, loop iterations, nesting), so a hostile template cannot hang the server.
+// (output bytes, loop iterations, nesting, macro recursion), so a hostile template cannot hang
+// the server.
 #pragma once
 
 #include <cstdint>
