@@ -174,7 +174,8 @@ Result<ChatTemplate> ChatTemplate::for_model(const std::string& dir, const Token
 
 Result<std::string> ChatTemplate::render(const std::vector<std::string>& roles,
                                          const std::vector<std::string>& contents,
-                                         bool add_generation_prompt) const {
+                                         bool add_generation_prompt,
+                                         const jinja::Dict& variables) const {
   if (!jinja_) return Status::error("the compiled-in template renders ids, not text");
   if (roles.empty()) return Status::error("'messages' must not be empty");
   const std::vector<std::string> r = canonical_roles(roles);
@@ -183,21 +184,27 @@ Result<std::string> ChatTemplate::render(const std::vector<std::string>& roles,
     messages.emplace_back(
         jinja::Dict{{"role", jinja::Value(r[i])}, {"content", jinja::Value(contents[i])}});
   }
-  const jinja::Value context(jinja::Dict{
+  jinja::Value context(jinja::Dict{
       {"messages", jinja::Value(std::move(messages))},
       {"bos_token", jinja::Value(bos_)},
       {"eos_token", jinja::Value(eos_)},
       {"add_generation_prompt", jinja::Value(add_generation_prompt)},
   });
+  // The request's variables, over these (as vLLM merges chat_template_kwargs), but the
+  // conversation is the messages'.
+  for (const auto& [key, value] : variables) {
+    if (key != "messages") context.set(key, value);
+  }
   return jinja_->render(context);
 }
 
 Result<std::vector<int32_t>> ChatTemplate::apply(const Tokenizer& tok,
                                                  const std::vector<std::string>& roles,
                                                  const std::vector<std::string>& contents,
-                                                 bool add_generation_prompt) const {
+                                                 bool add_generation_prompt,
+                                                 const jinja::Dict& variables) const {
   if (!jinja_) return apply_llama2_chat_template(tok, roles, contents);
-  auto text = render(roles, contents, add_generation_prompt);
+  auto text = render(roles, contents, add_generation_prompt, variables);
   if (!text.ok()) return text.status();
   const std::string& s = text.value();
   std::vector<int32_t> ids;
@@ -237,8 +244,9 @@ const ChatTemplate& chat_template() {
 Result<std::vector<int32_t>> apply_chat_template(const Tokenizer& tok,
                                                  const std::vector<std::string>& roles,
                                                  const std::vector<std::string>& contents,
-                                                 bool add_generation_prompt) {
-  return chat_template().apply(tok, roles, contents, add_generation_prompt);
+                                                 bool add_generation_prompt,
+                                                 const jinja::Dict& variables) {
+  return chat_template().apply(tok, roles, contents, add_generation_prompt, variables);
 }
 
 }  // namespace burst::server

@@ -452,7 +452,7 @@ void HttpApi::serve(const httplib::Request& req, httplib::Response& res, bool ch
     check_prompt_text(bytes, param);
   };
   const Prompts prompts =
-      chat ? chat_prompts(body, tokenizer_, check, p.add_generation_prompt)
+      chat ? chat_prompts(body, tokenizer_, check, p)
            : completion_prompts(body, p, tokenizer_, scheduler_.max_context(),
                                 scheduler_.vocab_size(), scheduler_.max_prompt_bytes(), check);
   if (!p.max_tokens_given) {

@@ -103,8 +103,10 @@ struct Prompts {
   std::vector<std::string> echoes = {""};  // completions with echo: each prompt's text
 };
 
+// The messages through the chat template, with the request's add_generation_prompt and
+// chat_template_kwargs.
 Prompts chat_prompts(const json& body, const Tokenizer& tok, const CheckText& check,
-                     bool add_generation_prompt);
+                     const ParsedOptions& options);
 Prompts completion_prompts(const json& body, const CommonParams& p, const Tokenizer& tok,
                            int64_t max_context, int vocab_size, int64_t max_prompt_bytes,
                            const CheckText& check);

@@ -183,6 +183,18 @@ const std::vector<OptionSpec> kOptions = {
        o.add_generation_prompt = v.flag;
        return std::string();
      }},
+    // Chat (vLLM's): more variables for the chat template (enable_thinking, ...); the
+    // conversation is `messages`' alone.
+    {"chat_template_kwargs", kChat, T::kObject, L{.max_count = 64},
+     [](const OptionValue& v, ParsedOptions& o) {
+       for (const auto& [key, value] : v.fields) {
+         if (key == "messages") {
+           return std::string("'chat_template_kwargs' must not set 'messages'");
+         }
+       }
+       o.chat_template_kwargs = v.fields;
+       return std::string();
+     }},
     {"return_progress", kAllEndpoints, T::kBool, L{},
      [](const OptionValue& v, ParsedOptions& o) {
        o.request.return_progress = v.flag;
@@ -242,6 +254,7 @@ std::string type_text(const OptionSpec& spec) {
     case T::kStrings: return "a string or an array of " + up_to + "strings";
     case T::kTokenIds: return "an array of " + up_to + "token ids";
     case T::kTokenIdMap: return "an object of " + up_to + "token id -> number";
+    case T::kObject: return "an object of " + up_to + "keys";
   }
   return "valid";
 }
@@ -300,11 +313,18 @@ std::string check_scalar(const OptionSpec& spec, const RawValue& raw, OptionValu
   }
 }
 
-// kStrings, kTokenIds, kTokenIdMap: the container, its size, then every item.
+// kStrings, kTokenIds, kTokenIdMap, kObject: the container, its size, then every item.
 std::string check_items(const OptionSpec& spec, const RawValue& raw, int vocab_size,
                         OptionValue& out) {
   const std::string bad_type = quoted(spec) + " must be " + type_text(spec);
   const size_t max = spec.limits.max_count;
+  if (spec.type == T::kObject) {
+    if (raw.kind != RawValue::Kind::kObject || (max > 0 && raw.fields.size() > max)) {
+      return bad_type;
+    }
+    out.fields = raw.fields;
+    return "";
+  }
   if (spec.type == T::kTokenIdMap) {
     if (raw.kind != RawValue::Kind::kObject || (max > 0 && raw.fields.size() > max)) {
       return bad_type;

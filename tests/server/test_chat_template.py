@@ -5,7 +5,9 @@ the template's text, written out by hand from ChatML's meaning and tokenized by 
 naming the problem and the server keeps serving; --chat-template FILE (Zephyr's template, whose
 text holds </s>) takes the place of the model's, its </s> text becoming the EOS id; without
 either, LLaMA-2's compiled-in template; a --chat-template that does not parse stops the start
-with the file and the line. Run: /usr/bin/python3 test_chat_template.py --build B"""
+with the file and the line; vLLM's chat_template_kwargs become the template's variables (a
+Qwen3-style enable_thinking, through a template written with a macro), and anything but an
+object is a 400 naming the parameter. Run: /usr/bin/python3 test_chat_template.py --build B"""
 import json
 import os
 import shutil
@@ -87,6 +89,50 @@ def test_bad_template_file_refused_at_start():
     raise AssertionError("the server started with a template that does not parse")
 
 
+# Qwen3's way with enable_thinking (an empty think block when it is false), a macro per turn, and
+# a variable that is an object.
+THINKING = (
+    "{%- macro turn(role, content) -%}"
+    "{{ '<|im_start|>' ~ role ~ '\\n' ~ content ~ '<|im_end|>\\n' }}"
+    "{%- endmacro -%}"
+    "{%- for m in messages %}{{ turn(m.role, m.content) }}{% endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}"
+    "{%- if persona is defined %}{{ persona.name ~ ':' }}{% endif %}")
+
+
+def test_chat_template_kwargs():
+    path = os.path.join(TMP, "thinking.jinja")
+    with open(path, "w") as f:
+        f.write(THINKING)
+    msgs = [{"role": "user", "content": "Who begat Enos?"}]
+    base = "<|im_start|>user\nWho begat Enos?<|im_end|>\n<|im_start|>assistant\n"
+    with Server("--model", model_with_template_dir(), "--chat-template", path, workers=1) as srv:
+        for kwargs, text in [(None, base), ({"enable_thinking": True}, base),
+                             ({"enable_thinking": False}, base + "<think>\n\n</think>\n\n"),
+                             ({"persona": {"name": "Moses"}, "unused": [1, None]},
+                              base + "Moses:")]:
+            body = {"messages": msgs, "max_tokens": 1, "temperature": 0}
+            if kwargs is not None:
+                body["chat_template_kwargs"] = kwargs
+            st, r = srv.json("POST", "/v1/chat/completions", body)
+            check(st == 200 and r["usage"]["prompt_tokens"] == count(srv, text),
+                  f"{kwargs}: {st} {r} (the text: {count(srv, text)} tokens)")
+        # Anything but an object, and an object that would replace the conversation: 400s that
+        # name the parameter.
+        for bad, word in [(5, "must be an object"), (["enable_thinking"], "must be an object"),
+                          ({"messages": []}, "must not set 'messages'")]:
+            st, r = srv.json("POST", "/v1/chat/completions",
+                             {"messages": msgs, "max_tokens": 1, "chat_template_kwargs": bad})
+            check(st == 400 and r["error"]["param"] == "chat_template_kwargs" and
+                  word in r["error"]["message"], f"{bad}: {st} {r}")
+        # Completions have no template: the parameter is unknown there.
+        st, r = srv.json("POST", "/v1/completions",
+                         {"prompt": "x", "max_tokens": 1, "chat_template_kwargs": {}})
+        check(st == 400 and r["error"]["param"] == "chat_template_kwargs", f"{st} {r}")
+
+
 def model_with_template_dir():
     d = os.path.join(TMP, "chatml-model")
     return d if os.path.isdir(d) else model_with_template()
@@ -108,7 +154,7 @@ if __name__ == "__main__":
         print("needs models/kjv-tiny")
         raise SystemExit(77)
     try:
-        run([test_model_template, test_chat_template_flag, test_compiled_in_llama2,
-             test_bad_template_file_refused_at_start])
+        run([test_model_template, test_chat_template_flag, test_chat_template_kwargs,
+             test_compiled_in_llama2, test_bad_template_file_refused_at_start])
     finally:
         shutil.rmtree(TMP, ignore_errors=True)

@@ -45,17 +45,21 @@ class ChatTemplate {
   const std::string& origin() const { return origin_; }
 
   // The prompt as text, the special tokens written as their text (Jinja templates only).
-  // Variables: messages (role, content), bos_token, eos_token, add_generation_prompt.
+  // Variables: messages (role, content), bos_token, eos_token, add_generation_prompt, then
+  // `variables` (a request's chat_template_kwargs: enable_thinking, ...), which override those
+  // but `messages`. The compiled-in template reads none.
   Result<std::string> render(const std::vector<std::string>& roles,
                              const std::vector<std::string>& contents,
-                             bool add_generation_prompt) const;
+                             bool add_generation_prompt,
+                             const jinja::Dict& variables = {}) const;
   // The prompt's ids. A Jinja template's text is cut at each bos / eos text, which become the
   // tokenizer's BOS / EOS ids; the pieces between are encoded without BOS, as transformers
   // tokenizes a rendered chat (add_special_tokens=False). A template error (raise_exception, an
   // unsupported construct, a type error) is an error naming it.
   Result<std::vector<int32_t>> apply(const Tokenizer& tok, const std::vector<std::string>& roles,
                                      const std::vector<std::string>& contents,
-                                     bool add_generation_prompt = true) const;
+                                     bool add_generation_prompt = true,
+                                     const jinja::Dict& variables = {}) const;
 
  private:
   std::shared_ptr<const jinja::Template> jinja_;
@@ -70,6 +74,7 @@ const ChatTemplate& chat_template();
 Result<std::vector<int32_t>> apply_chat_template(const Tokenizer& tok,
                                                  const std::vector<std::string>& roles,
                                                  const std::vector<std::string>& contents,
-                                                 bool add_generation_prompt = true);
+                                                 bool add_generation_prompt = true,
+                                                 const jinja::Dict& variables = {});
 
 }  // namespace burst::server

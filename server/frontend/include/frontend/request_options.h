@@ -64,6 +64,7 @@ enum class OptionType {
   kStrings,     // a string (a list of one) or an array of non-empty strings
   kTokenIds,    // an array of token ids, each in [0, vocab)
   kTokenIdMap,  // an object of token id (its key, as text) -> number
+  kObject,      // an object of any JSON values (up to max_count keys)
 };
 
 struct OptionLimits {
@@ -84,6 +85,7 @@ struct OptionValue {
   std::vector<std::string> strings;                 // kStrings
   std::vector<int32_t> ids;                         // kTokenIds
   std::vector<std::pair<int32_t, float>> id_values;  // kTokenIdMap, sorted by id
+  std::vector<std::pair<std::string, RawValue>> fields;  // kObject, in the source's order
 };
 
 // What the table fills: the request, and what the APIs need to know beyond its values.
@@ -93,6 +95,8 @@ struct ParsedOptions {
   bool seed_given = false;        // HTTP's n choices then sample with seed + i
   int64_t min_tokens = 0;         // as asked (request.adjust.min_tokens is bounded to an int)
   bool add_generation_prompt = true;  // chat: the template ends with the assistant's header
+  // chat (vLLM's chat_template_kwargs): more variables for the chat template (enable_thinking).
+  std::vector<std::pair<std::string, RawValue>> chat_template_kwargs;
 };
 
 struct OptionSpec {
