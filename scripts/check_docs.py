@@ -2,7 +2,16 @@
 """check_docs.py: the names a design document gives must exist in the code.
 
 Usage: scripts/check_docs.py [--root DIR] [-v] [FILE ...]
+       scripts/check_docs.py --counts [--root DIR] [FILE ...]
        (default FILE: docs/architecture.md; paths are relative to the repository root)
+
+--counts checks, instead of the names, the numbers a document says it took from a test suite
+(docs/reliability.md's): each number followed by an HTML comment (invisible once rendered)
+  N<!-- count: tests/server/test_x.py -->            the file's `def test_` functions
+  N<!-- count: tests/server/test_x.py test_y cases -->  the items of the list literal
+                                                     assigned to `cases` in function test_y
+must equal what it names, counted from the file's Python syntax tree. Exit 1 when one differs
+or names nothing (each is listed with the document's line).
 
 Reads the backticked spans (`...`) of each FILE, outside fenced code blocks (```), and checks
 two kinds of them; everything else is ignored. Exit 0 when every checked name exists, 1 when
@@ -36,6 +45,7 @@ git, every file under the root except .git/, build*/ and third_party/.
 """
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -151,6 +161,45 @@ def symbol_parts(span):
     return [p.lstrip("~") for p in re.split(r"::|\.", span) if p]
 
 
+COUNT = re.compile(r"(\d+)\s*<!--\s*count:\s*(\S+)(?:\s+(\w+)\s+(\w+))?\s*-->")
+
+
+def suite_count(root, path, function, variable):
+    """What a count comment names (see the header), or a string saying why it names nothing."""
+    try:
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError) as e:
+        return "cannot read %s: %s" % (path, e)
+    if function is None:
+        return sum(1 for n in tree.body
+                   if isinstance(n, ast.FunctionDef) and n.name.startswith("test_"))
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef) and n.name == function:
+            for a in ast.walk(n):
+                if (isinstance(a, ast.Assign) and isinstance(a.value, (ast.List, ast.Tuple)) and
+                        any(isinstance(t, ast.Name) and t.id == variable for t in a.targets)):
+                    return len(a.value.elts)
+            return "%s in %s assigns no list to %s" % (function, path, variable)
+    return "%s has no function %s" % (path, function)
+
+
+def check_counts(root, doc, text):
+    """The count comments of one document: (how many, [problems])."""
+    problems, checked = [], 0
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in COUNT.finditer(line):
+            checked += 1
+            said, path, function, variable = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+            got = suite_count(root, path, function, variable)
+            what = path + ("" if function is None else " %s %s" % (function, variable))
+            if isinstance(got, str):
+                problems.append("%s:%d: %s" % (doc, n, got))
+            elif got != said:
+                problems.append("%s:%d: says %d, %s holds %d" % (doc, n, said, what, got))
+    return checked, problems
+
+
 def main(argv):
     parser = argparse.ArgumentParser(
         description="Check that the file paths and C++ symbols a document names in backticks "
@@ -162,9 +211,27 @@ def main(argv):
                         help="repository root (default: the parent of this script's folder)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="list every checked name, not only the missing ones")
+    parser.add_argument("--counts", action="store_true",
+                        help="check the numbers marked as taken from a test suite instead")
     args = parser.parse_args(argv)
 
     root = os.path.abspath(args.root or os.path.join(os.path.dirname(__file__), ".."))
+    if args.counts:
+        problems, checked = [], 0
+        for doc in args.files:
+            try:
+                with open(os.path.join(root, doc), encoding="utf-8") as f:
+                    c, p = check_counts(root, doc, f.read())
+            except OSError as e:
+                print("check_docs: cannot read %s: %s" % (doc, e.strerror), file=sys.stderr)
+                return 2
+            checked += c
+            problems += p
+        for p in problems:
+            print(p)
+        print("check_docs: %d count(s) checked, %d wrong" % (checked, len(problems)),
+              file=sys.stderr)
+        return 1 if problems or checked == 0 else 0
     files = repo_files(root)
     dirs = set()
     for f in files:

@@ -8,8 +8,10 @@
 // the config and flags, prints the resolved settings and exits (deployment checks, CI).
 #include <malloc.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -49,6 +51,26 @@ int fail(const std::string& msg) {
 }
 
 bool is_cuda(const burst::server::ServerConfig& cfg) { return cfg.device.rfind("cuda", 0) == 0; }
+
+// Open files: the soft limit up to the hard one (at most 2^20), as Go's runtime and nginx do.
+// Every connection is a descriptor, and gRPC has no per-client connection cap to offer (HTTP
+// has one): with the usual soft limit of 1024, a client holding a thousand idle gRPC
+// connections would leave no descriptor for an HTTP accept or a worker's pipe until the idle
+// deadline closes them.
+void raise_open_files_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = lim.rlim_max == RLIM_INFINITY
+                          ? rlim_t{1} << 20
+                          : std::min<rlim_t>(lim.rlim_max, rlim_t{1} << 20);
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
+    const rlim_t before = lim.rlim_cur;
+    lim.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &lim) == 0) {
+      spdlog::info("open files limit raised from {} to {}", before, want);
+    }
+  }
+}
 
 // Multi-node is secure by default: a group of remote workers needs the cluster token, which the
 // registry requires of every worker on every call. Without one anybody who reaches the
@@ -313,6 +335,7 @@ int main(int argc, char** argv) {
   spdlog::info("{}", version_string("burst-server"));
   spdlog::info("config file: {}", cfg.config_file.empty() ? "none (defaults and flags)"
                                                           : cfg.config_file);
+  raise_open_files_limit();
 
   // A preset (random weights, for benchmarks) takes the place of the model directory.
   auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)

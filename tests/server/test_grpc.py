@@ -3,7 +3,7 @@ python3-grpcio), stubs generated from proto/burst/v1/burst.proto by protoc and D
 grpc_python_plugin: a streaming Generate (started, tokens, finished; text equal to the HTTP
 API's), Tokenize, ModelInfo, the error codes, the API key, the grpc.health.v1 service, and the
 limits for slow and idle clients (bounded threads, a deadline for a call's message, handshake and
-idle-connection deadlines).
+idle-connection deadlines; one client's many idle connections served around and closed).
 Run: /usr/bin/python3 test_grpc.py --build BUILD_DIR."""
 import os
 import socket
@@ -486,6 +486,67 @@ def test_idle_connections_are_closed():
         small.stop()
 
 
+def open_files(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_many_idle_connections_do_not_exhaust_the_server():
+    # 300 connections of one client that finish the HTTP/2 handshake (the preface and an empty
+    # SETTINGS frame) and then say nothing. gRPC offers no per-client connection cap: they cost
+    # no thread, a descriptor each, until the idle deadline closes them; the open-files limit
+    # is raised to the hard one at start so that they do not leave HTTP without descriptors.
+    small = Server("--grpc-max-connection-idle-ms", 3000)
+    socks = []
+    try:
+        limits = open(f"/proc/{small.proc.pid}/limits").read()
+        line = [x for x in limits.splitlines() if x.startswith("Max open files")][0].split()
+        check(line[3] == line[4], f"open files: soft {line[3]}, hard {line[4]}")
+        threads0, fds0 = threads_of(small.proc.pid), open_files(small.proc.pid)
+        hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", small.grpc_port), timeout=15)
+            s.sendall(hello)
+            socks.append(s)
+        time.sleep(0.5)
+        held = open_files(small.proc.pid)
+        t0 = time.time()
+        channel = grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}")
+        events = list(burst_pb2_grpc.BurstStub(channel).Generate(
+            burst_pb2.GenerateRequest(text=PROMPT, max_tokens=2), timeout=30))
+        channel.close()
+        st, _ = small.json("GET", "/health")
+        served = time.time() - t0
+        threads = threads_of(small.proc.pid)
+        print(f"300 idle gRPC connections: descriptors {fds0} -> {held}, threads {threads0} -> "
+              f"{threads}, a call and /health served in {served:.2f} s")
+        check(events[-1].finished.completion_tokens == 2 and st == 200 and served < 10,
+              f"served meanwhile: {st}, {served:.1f} s")
+        check(held >= fds0 + 300 and threads <= threads0 + 8,
+              f"descriptors {fds0} -> {held}, threads {threads0} -> {threads}")
+        # The server closes every one after the idle deadline (GOAWAY, then EOF).
+        closed, deadline = 0, time.time() + 10
+        for s in socks:
+            s.settimeout(max(0.1, deadline - time.time()))
+            try:
+                while s.recv(4096):
+                    pass
+                closed += 1
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass
+        check(closed == 300, f"{closed} of 300 idle connections closed by the server")
+        deadline = time.time() + 5
+        while time.time() < deadline and open_files(small.proc.pid) > fds0 + 4:
+            time.sleep(0.1)
+        check(open_files(small.proc.pid) <= fds0 + 4,
+              f"descriptors back: {fds0} -> {open_files(small.proc.pid)}")
+    finally:
+        for s in socks:
+            s.close()
+        small.stop()
+
+
 if __name__ == "__main__":
     srv = Server("--api-key", KEY)
     stub = burst_pb2_grpc.BurstStub(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
@@ -500,6 +561,7 @@ if __name__ == "__main__":
              test_access_log,
              test_tokenize_and_model_info, test_errors, test_malformed_requests, test_cancel,
              test_health_service, test_calls_without_a_message_are_bounded_and_cancelled,
-             test_idle_connections_are_closed])
+             test_idle_connections_are_closed,
+             test_many_idle_connections_do_not_exhaust_the_server])
     finally:
         srv.stop()
