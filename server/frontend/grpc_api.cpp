@@ -342,6 +342,8 @@ class GrpcApi::Service final : public pb::Burst::Service {
                                                       CallLog*)) {
     const InFlight counted(in_flight_);
     CallLog log(ctx, method);
+    const GrpcLimits::ClientCall client(limits_, ctx->peer());
+    if (!client.admitted()) return log.done(too_many_calls(client));
     Req req;
     if (grpc::Status st = receive(ctx, stream, &req); !st.ok()) return log.done(st);
     return guarded(log, [&] { return (this->*body)(ctx, &req, stream, &log); });
@@ -353,12 +355,21 @@ class GrpcApi::Service final : public pb::Burst::Service {
                      grpc::Status (Service::*body)(grpc::ServerContext*, const Req*, Resp*)) {
     const InFlight counted(in_flight_);
     CallLog log(ctx, method);
+    const GrpcLimits::ClientCall client(limits_, ctx->peer());
+    if (!client.admitted()) return log.done(too_many_calls(client));
     Req req;
     if (grpc::Status st = receive(ctx, s, &req); !st.ok()) return log.done(st);
     Resp resp;
     grpc::Status st = guarded(log, [&] { return (this->*body)(ctx, &req, &resp); });
     if (st.ok()) s->Write(resp);
     return st;
+  }
+
+  // One client's calls beyond --grpc-max-calls-per-client: refused before their message is
+  // read, so that their threads go back at once.
+  static grpc::Status too_many_calls(const GrpcLimits::ClientCall& client) {
+    spdlog::warn("gRPC: {}", client.refusal());
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, client.refusal());
   }
 
   // Runs a call's body: no exception leaves the service (it would end the process), and the

@@ -1,5 +1,6 @@
-// GrpcLimits (see the header): the thread quota, the channel arguments for connections, and the
-// interceptor and watchdog that end calls whose request message does not arrive in time.
+// GrpcLimits (see the header): the thread quota, the channel arguments for connections, the
+// interceptor and watchdog that end calls whose request message does not arrive in time, and
+// the count of each client's calls.
 #include "frontend/grpc_limits.h"
 
 #include <grpc/grpc.h>
@@ -52,6 +53,50 @@ void GrpcLimits::ended(grpc::ServerContextBase* ctx) {
 bool GrpcLimits::cancelled_late(const grpc::ServerContextBase* ctx) const {
   std::lock_guard<std::mutex> lock(mu_);
   return cancelled_.count(ctx) > 0;
+}
+
+namespace {
+
+// "ipv4:10.0.0.1:5000" -> "ipv4:10.0.0.1", "ipv6:[::1]:5000" -> "ipv6:[::1]"; anything else
+// (a Unix socket) as it is.
+std::string client_of(const std::string& peer) {
+  if (peer.rfind("ipv6:[", 0) == 0) {
+    const size_t close = peer.find(']');
+    return close == std::string::npos ? peer : peer.substr(0, close + 1);
+  }
+  if (peer.rfind("ipv4:", 0) == 0) {
+    const size_t colon = peer.rfind(':');
+    return colon > 4 ? peer.substr(0, colon) : peer;
+  }
+  return peer;
+}
+
+}  // namespace
+
+GrpcLimits::ClientCall::ClientCall(const GrpcLimits& limits, const std::string& peer)
+    : limits_(limits), client_(client_of(peer)) {
+  const int max = limits_.cfg_.grpc_max_calls_per_client;
+  std::lock_guard<std::mutex> lock(limits_.mu_);
+  int& running = limits_.client_calls_[client_];
+  admitted_ = max <= 0 || running < max;
+  if (admitted_) {
+    ++running;
+  } else if (running == 0) {
+    limits_.client_calls_.erase(client_);
+  }
+}
+
+GrpcLimits::ClientCall::~ClientCall() {
+  if (!admitted_) return;
+  std::lock_guard<std::mutex> lock(limits_.mu_);
+  const auto it = limits_.client_calls_.find(client_);
+  if (it != limits_.client_calls_.end() && --it->second <= 0) limits_.client_calls_.erase(it);
+}
+
+std::string GrpcLimits::ClientCall::refusal() const {
+  return "too many calls from " + client_ + ": this server runs at most " +
+         std::to_string(limits_.cfg_.grpc_max_calls_per_client) +
+         " at once for one client (--grpc-max-calls-per-client); retry";
 }
 
 void GrpcLimits::watch_loop() {

@@ -168,6 +168,10 @@ std::vector<Field> fields(ServerConfig* c) {
       {"grpc_max_threads", K::kInt, &c->grpc_max_threads, "N",
        "gRPC server threads at most (default 256); a call holds one while it runs, calls beyond "
        "get RESOURCE_EXHAUSTED at once"},
+      {"grpc_max_calls_per_client", K::kInt, &c->grpc_max_calls_per_client, "N",
+       "Burst calls (Generate, Chat, Tokenize, ModelInfo) one client address runs at once at "
+       "most (default 128; 0: no limit; behind a proxy every client is the proxy); more get "
+       "RESOURCE_EXHAUSTED at once. gRPC has no per-client connection cap"},
       {"grpc_message_timeout_ms", K::kInt, &c->grpc_message_timeout_ms, "MS",
        "a call's request message must arrive within this after the call starts, else the call "
        "is cancelled (default 30000)"},
@@ -357,6 +361,9 @@ Status validate(const ServerConfig& c) {
   }
   // gRPC's sync server keeps up to 2 threads polling for calls besides those running calls.
   if (c.grpc_max_threads < 4) return Status::error("grpc_max_threads must be >= 4");
+  if (c.grpc_max_calls_per_client < 0) {
+    return Status::error("grpc_max_calls_per_client must be >= 0 (0: no limit)");
+  }
   for (const auto& [key, ms] : {std::pair<const char*, int>{"grpc_message_timeout_ms",
                                                             c.grpc_message_timeout_ms},
                                 {"grpc_handshake_timeout_ms", c.grpc_handshake_timeout_ms},

@@ -9,7 +9,9 @@
 //   when its first message arrives; a watchdog ends calls still waiting after
 //   --grpc-message-timeout-ms with DEADLINE_EXCEEDED, which wakes their handler's read;
 // - connections: a handshake deadline (gRPC's default is 120 s for a connection that never
-//   speaks HTTP/2), max idle and max age (GOAWAY), keepalive pings for vanished peers.
+//   speaks HTTP/2), max idle and max age (GOAWAY), keepalive pings for vanished peers;
+// - one client: the Burst calls one address runs at once (--grpc-max-calls-per-client), so that
+//   one client cannot hold every thread; gRPC C++ (1.51) has no per-client connection cap.
 // GrpcApi makes one and applies it to the ServerBuilder it builds its server with; the limits
 // must outlive that server (the interceptors and the watchdog refer to them).
 #pragma once
@@ -47,6 +49,25 @@ class GrpcLimits {
   // is then DEADLINE_EXCEEDED, as the client saw, not a client's cancel. Valid while it runs.
   bool cancelled_late(const grpc::ServerContextBase* ctx) const;
 
+  // A Burst call of the client at `peer` (gRPC's "ipv4:ADDR:PORT", "ipv6:[ADDR]:PORT"; the
+  // port is left out) while it runs. Not admitted when that client already runs
+  // --grpc-max-calls-per-client calls: the call is then to end at once with refusal().
+  class ClientCall {
+   public:
+    ClientCall(const GrpcLimits& limits, const std::string& peer);
+    ~ClientCall();
+    ClientCall(const ClientCall&) = delete;
+    ClientCall& operator=(const ClientCall&) = delete;
+    bool admitted() const { return admitted_; }
+    // RESOURCE_EXHAUSTED "too many calls from ADDR: ..." naming the flag.
+    std::string refusal() const;
+
+   private:
+    const GrpcLimits& limits_;
+    std::string client_;
+    bool admitted_ = false;
+  };
+
  private:
   class Interceptor;
   class InterceptorFactory;
@@ -66,6 +87,7 @@ class GrpcLimits {
   std::condition_variable cv_;
   std::map<grpc::ServerContextBase*, Waiting> waiting_;
   std::set<const grpc::ServerContextBase*> cancelled_;  // by the watchdog, until the call ends
+  mutable std::map<std::string, int> client_calls_;  // Burst calls running, by client address
   bool stop_ = false;
   std::thread watchdog_;  // last: started once the members above exist
 };

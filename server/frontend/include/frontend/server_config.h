@@ -96,6 +96,7 @@ struct ServerConfig {
   // request message, a new connection's HTTP/2 handshake, an idle connection and any
   // connection may take or live, and the keepalive ping interval.
   int grpc_max_threads = 256;
+  int grpc_max_calls_per_client = 128;  // Burst calls of one address at once; 0: no limit
   int grpc_message_timeout_ms = 30000;
   int grpc_handshake_timeout_ms = 10000;
   int grpc_max_connection_idle_ms = 300000;
