@@ -381,6 +381,35 @@ def threads_of(pid):
     raise KeyError("Threads")
 
 
+def start_calls_without_a_message(channel, n, release, timeout):
+    """n Generate calls on `channel` whose headers go out and whose message never does (until
+    `release` is set): their threads, started, and the list each appends (code, details,
+    seconds) to when its call ends."""
+    generate = channel.stream_stream("/burst.v1.Burst/Generate",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+
+    def no_message():
+        release.wait()
+        return
+        yield
+
+    results = []
+
+    def call():
+        t0 = time.time()
+        try:
+            list(generate(no_message(), timeout=timeout))
+            results.append(("OK", "", time.time() - t0))
+        except grpc.RpcError as e:
+            results.append((e.code(), e.details(), time.time() - t0))
+
+    calls = [threading.Thread(target=call) for _ in range(n)]
+    for t in calls:
+        t.start()
+    return calls, results
+
+
 def test_calls_without_a_message_are_bounded_and_cancelled():
     # 200 Generate calls that open and never send their message. Each used to hold a server
     # thread with no deadline (1000 such calls: 1552 threads). Now at most --grpc-max-threads
@@ -391,35 +420,15 @@ def test_calls_without_a_message_are_bounded_and_cancelled():
     try:
         threads0 = threads_of(small.proc.pid)
         channel = grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}")
-        generate = channel.stream_stream("/burst.v1.Burst/Generate",
-                                         request_serializer=lambda b: b,
-                                         response_deserializer=lambda b: b)
-
-        def no_message():
-            release.wait()  # the call's headers go out; its message never does
-            return
-            yield
-
-        results = []
-
-        def call():
-            try:
-                list(generate(no_message(), timeout=60))
-                results.append(("OK", ""))
-            except grpc.RpcError as e:
-                results.append((e.code(), e.details()))
-
         t0 = time.time()
-        calls = [threading.Thread(target=call) for _ in range(200)]
-        for t in calls:
-            t.start()
+        calls, results = start_calls_without_a_message(channel, 200, release, 60)
         time.sleep(1.0)
         held = threads_of(small.proc.pid)
         for t in calls:
             t.join(10)
         ended = time.time() - t0
         codes = {}
-        for code, details in results:
+        for code, _, _ in results:
             codes[code] = codes.get(code, 0) + 1
         print(f"200 calls without a message: server threads {threads0} -> {held}, all ended "
               f"after {ended:.1f} s: {codes}")
@@ -427,7 +436,7 @@ def test_calls_without_a_message_are_bounded_and_cancelled():
         check(len(results) == 200 and set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED,
                                                      grpc.StatusCode.RESOURCE_EXHAUSTED},
               f"how they ended: {codes}")
-        timed_out = [d for c, d in results if c == grpc.StatusCode.DEADLINE_EXCEEDED]
+        timed_out = [d for c, d, _ in results if c == grpc.StatusCode.DEADLINE_EXCEEDED]
         check(timed_out and "--grpc-message-timeout-ms" in timed_out[0] and ended < 6,
               f"cancelled after the message deadline: {timed_out[:1]}, {ended:.1f} s")
         events = list(burst_pb2_grpc.BurstStub(channel).Generate(
@@ -495,28 +504,7 @@ def test_one_client_cannot_hold_every_call():
     release = threading.Event()
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}")
-        generate = channel.stream_stream("/burst.v1.Burst/Generate",
-                                         request_serializer=lambda b: b,
-                                         response_deserializer=lambda b: b)
-
-        def no_message():
-            release.wait()
-            return
-            yield
-
-        results = []
-
-        def call():
-            t0 = time.time()
-            try:
-                list(generate(no_message(), timeout=30))
-                results.append(("OK", "", time.time() - t0))
-            except grpc.RpcError as e:
-                results.append((e.code(), e.details(), time.time() - t0))
-
-        calls = [threading.Thread(target=call) for _ in range(20)]
-        for t in calls:
-            t.start()
+        calls, results = start_calls_without_a_message(channel, 20, release, 30)
         time.sleep(0.5)
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                            timeout=10)
