@@ -7,8 +7,8 @@
 
 namespace burst::engine {
 
-Result<std::unique_ptr<Backend>> make_backend(const std::string& spec) {
-  if (spec == "cpu") return make_cpu_backend();
+Result<std::unique_ptr<Backend>> make_backend(const std::string& spec, const Tuning& tuning) {
+  if (spec == "cpu") return make_cpu_backend(true, tuning);
   if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
     int device = 0;
     if (spec.size() > 5) {
@@ -19,13 +19,13 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& spec) {
       }
       device = static_cast<int>(d);
     }
-    return make_cuda_backend(device);
+    return make_cuda_backend(device, tuning);
   }
   return Status::error("unknown device '" + spec + "' (expected cpu, cuda or cuda:N)");
 }
 
 #ifndef BURST_HAVE_CUDA
-Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int, const Tuning&) {
   return Status::error("this build of burst has no CUDA backend (nvcc was not found at build)");
 }
 #endif

@@ -74,6 +74,7 @@ Result<std::unique_ptr<Communicator>> make_communicator(Backend& backend,
     o.store = options.store;
     o.compute_stream = streams.value().compute;
     o.timeout = options.timeout;
+    o.peer_gather = backend.tuning().peer_gather;
     return make_nccl_communicator(o);
 #else
     return Status::error("this build has no CUDA");

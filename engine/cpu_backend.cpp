@@ -21,7 +21,7 @@ Status shape_error(const char* op, const std::string& what) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(bool merges) : merges_(merges) {}
+  CpuBackend(bool merges, const Tuning& tuning) : Backend(tuning), merges_(merges) {}
   std::string name() const override { return "cpu"; }
   DeviceKind device() const override { return DeviceKind::kCpu; }
   DType compute_dtype() const override { return DType::kF32; }
@@ -80,15 +80,14 @@ class CpuBackend final : public Backend {
   }
 
   using Backend::fill_random;
-  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant,
-                     const RandomWindow& w) override {
+  Status fill_random(Tensor& t, uint64_t seed, float scale, const RandomWindow& w) override {
     float* p = t.as<float>();
     const int64_t n = t.numel();
     const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t counter = w.cols == 0 ? i : (w.row0 + i / cols) * w.cols + w.col0 + i % cols;
-      p[i] = constant ? scale : uniform_at(seed, counter, scale);
+      p[i] = uniform_at(seed, counter, scale);
     }
     return {};
   }
@@ -125,21 +124,19 @@ class CpuBackend final : public Backend {
     return {};
   }
 
-  Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) override {
+  using Backend::embedding;
+  Status embedding(const Tensor& table, const std::vector<int32_t>& ids,
+                   const std::vector<DrawnId>& drawn, Tensor& out) override {
     const int64_t vocab = table.dim(0), dim = table.dim(1);
     if (out.dim(0) != static_cast<int64_t>(ids.size()) || out.dim(1) != dim) {
       return shape_error("embedding", "out " + out.describe() + " for table " + table.describe());
     }
+    const std::string bad =
+        check_embedding_ids(vocab, ids, drawn, static_cast<int64_t>(drawn_.size()));
+    if (!bad.empty()) return shape_error("embedding", bad);
     std::vector<int32_t> resolved(ids);
-    for (int32_t& id : resolved) {
-      if (id < 0 && -int64_t{id} - 1 < static_cast<int64_t>(drawn_.size())) {
-        id = drawn_[static_cast<size_t>(-int64_t{id} - 1)];
-      }
-      if (id < 0 || id >= vocab) {
-        return shape_error("embedding", "token id " + std::to_string(id) + " outside vocab " +
-                                            std::to_string(vocab) + " (drawn ids: " +
-                                            std::to_string(drawn_.size()) + ")");
-      }
+    for (const DrawnId& d : drawn) {
+      resolved[static_cast<size_t>(d.row)] = drawn_[static_cast<size_t>(d.index)];
     }
     kernels::embedding_cpu(table.as<float>(), resolved.data(), out.as<float>(),
                            static_cast<int64_t>(ids.size()), dim);
@@ -277,6 +274,28 @@ bool kv_rows_match(const Tensor& values, int kv_heads, const Tensor& rows, int& 
   return rows.dim(1) == kernels::kv_fp8_row_bytes(kv_heads, head_dim);
 }
 
+std::string check_embedding_ids(int64_t vocab, const std::vector<int32_t>& ids,
+                                const std::vector<Backend::DrawnId>& drawn, int64_t drawn_count) {
+  std::vector<bool> is_drawn(ids.size(), false);
+  for (const Backend::DrawnId& d : drawn) {
+    if (d.row < 0 || d.row >= static_cast<int64_t>(ids.size())) {
+      return "drawn row " + std::to_string(d.row) + " outside the " +
+             std::to_string(ids.size()) + " rows";
+    }
+    if (d.index < 0 || d.index >= drawn_count) {
+      return "drawn id " + std::to_string(d.index) + " of row " + std::to_string(d.row) +
+             " beyond the count (drawn ids: " + std::to_string(drawn_count) + ")";
+    }
+    is_drawn[static_cast<size_t>(d.row)] = true;
+  }
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (!is_drawn[r] && (ids[r] < 0 || ids[r] >= vocab)) {
+      return "token id " + std::to_string(ids[r]) + " outside vocab " + std::to_string(vocab);
+    }
+  }
+  return {};
+}
+
 std::string check_sample_args(const Tensor& logits, const std::vector<SamplingParams>& params,
                               const std::vector<double>& uniforms) {
   if (logits.shape.size() != 2 || logits.dim(1) < 1) {
@@ -294,8 +313,8 @@ std::string check_sample_args(const Tensor& logits, const std::vector<SamplingPa
   return {};
 }
 
-std::unique_ptr<Backend> make_cpu_backend(bool attention_merges) {
-  return std::make_unique<CpuBackend>(attention_merges);
+std::unique_ptr<Backend> make_cpu_backend(bool attention_merges, const Tuning& tuning) {
+  return std::make_unique<CpuBackend>(attention_merges, tuning);
 }
 
 }  // namespace burst::engine

@@ -246,15 +246,16 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::random(engine::Backend& backend,
   if (!m.ok()) return m.status();
   BURST_RETURN_IF_ERROR(m.value()->fill_weights(on_progress, [&](const WeightSpec& w,
                                                                  uint64_t index) {
-    // Uniform(-a, a) with a = 1/sqrt(fan_in) keeps activations O(1) through the layers; a
-    // slice draws the whole weight's values at its place.
-    const float a = w.is_norm ? 1.f : 1.f / std::sqrt(static_cast<float>(w.shape.back()));
+    // Norm weights are 1; the others Uniform(-a, a) with a = 1/sqrt(fan_in), which keeps
+    // activations O(1) through the layers; a slice draws the whole weight's values at its place.
+    if (w.is_norm) return backend.fill(*w.dst, 1.f);
+    const float a = 1.f / std::sqrt(static_cast<float>(w.shape.back()));
     engine::Backend::RandomWindow window;
     if (w.shape.size() == 2) {
       window = {w.shape[1], std::max<int64_t>(w.window.row0, 0),
                 std::max<int64_t>(w.window.col0, 0)};
     }
-    return backend.fill_random(*w.dst, seed * 1000003ull + index, a, w.is_norm, window);
+    return backend.fill_random(*w.dst, seed * 1000003ull + index, a, window);
   }));
   return m;
 }
@@ -462,7 +463,7 @@ Status LlamaModel::forward(const ForwardBatch& batch, engine::AttentionContext& 
   }
   BURST_RETURN_IF_ERROR(ensure_scratch(rows));
   Tensor x = x_.rows(0, rows);
-  BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, x));
+  BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, batch.drawn, x));
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     BURST_RETURN_IF_ERROR(layer(l, runs, positions, attn, rows));
     if (after_layer) BURST_RETURN_IF_ERROR(after_layer(l + 1));

@@ -130,7 +130,7 @@ void BatchRunner::release_all() {
   drawn_count_ = 0;
 }
 
-Status BatchRunner::resolve_previous(StepPlan& plan) {
+Status BatchRunner::resolve_previous(StepPlan& plan, std::vector<DrawnPrevious>& drawn) {
   std::vector<SeqWork*> asked;
   bool on_rank0_device = true;  // the same on every rank: it follows from the plans
   for (SeqWork& s : plan.seqs) {
@@ -142,7 +142,7 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
   if (asked.empty()) return {};
   if (on_rank0_device) {
     // Every asked token was drawn by rank 0's backend in the step before and lies where it
-    // was drawn: the embedding reads it there (id -1 - k, Backend::embedding), and the other
+    // was drawn: the embedding reads it there (Backend::DrawnId), and the other
     // ranks get the step's ids by one broadcast into their backend's memory, queued with the
     // step's work (on GPUs no host waits for it).
     if (comm_.world_size() > 1) {
@@ -151,7 +151,9 @@ Status BatchRunner::resolve_previous(StepPlan& plan) {
       BURST_RETURN_IF_ERROR(
           comm_.broadcast(where, static_cast<size_t>(drawn_count_) * sizeof(int32_t), 0));
     }
-    for (SeqWork* s : asked) s->tokens[0] = -1 - static_cast<int32_t>(seq(s->id).drawn_index);
+    for (SeqWork* s : asked) {
+      drawn.push_back({static_cast<size_t>(s - plan.seqs.data()), seq(s->id).drawn_index});
+    }
     return {};
   }
   // Some token was drawn on another rank or on rank 0's host: rank 0 knows them all once the
@@ -349,8 +351,10 @@ struct BatchRunner::StepInputs {
   }
 };
 
-void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
+void BatchRunner::build_inputs(const StepPlan& plan, const std::vector<DrawnPrevious>& drawn,
+                               StepInputs& in) const {
   const int rank = comm_.rank(), world = comm_.world_size();
+  auto next_drawn = drawn.begin();  // in plan order
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqWork& s = plan.seqs[i];
     engine::SeqRows sr;
@@ -360,7 +364,13 @@ void BatchRunner::build_inputs(const StepPlan& plan, StepInputs& in) const {
     if (s.decode) {
       sr.decode = true;
       sr.pos = s.start;
-      in.batch.ids.push_back(s.tokens[0]);
+      if (next_drawn != drawn.end() && next_drawn->seq == i) {
+        in.batch.drawn.push_back({sr.row, next_drawn->index});
+        in.batch.ids.push_back(0);  // not read: the backend reads its draw
+        ++next_drawn;
+      } else {
+        in.batch.ids.push_back(s.tokens[0]);
+      }
       in.batch.positions.push_back(s.start);
       in.batch.spans.push_back({sr.row, 1, s.start + 1});
       // Every rank runs the decode token; rank 0 samples it.
@@ -481,9 +491,10 @@ Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) 
     return s.decode && s.tokens[0] == kPreviousToken;
   });
   StepPlan resolved;
+  std::vector<DrawnPrevious> drawn;
   if (previous) {
     resolved = given;
-    BURST_RETURN_IF_ERROR(resolve_previous(resolved));
+    BURST_RETURN_IF_ERROR(resolve_previous(resolved, drawn));
   }
   const StepPlan& plan = previous ? resolved : given;
   Launched l;
@@ -495,7 +506,7 @@ Status BatchRunner::launch(const StepPlan& given, const LayerHook& after_layer) 
     return {};
   }
   StepInputs in;
-  build_inputs(plan, in);
+  build_inputs(plan, drawn, in);
   in.batch.sample.queued = device_only(in) && !in.batch.sample.rows.empty();
   BURST_RETURN_IF_ERROR(draw_uniforms(plan, in.samples, in.remote_u, in.batch.sample));
   BURST_RETURN_IF_ERROR(ring_.begin_step(std::move(in.rows)));
@@ -553,7 +564,7 @@ bool BatchRunner::queues(const StepPlan& plan) const {
     return false;
   }
   StepInputs in;
-  build_inputs(plan, in);
+  build_inputs(plan, {}, in);
   return device_only(in) && !in.batch.sample.rows.empty();
 }
 

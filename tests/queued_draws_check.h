@@ -1,7 +1,7 @@
 // Backend::sample_queued / sampled / sampled_ready, checked on any backend against a reference
 // backend's sample() (the CPU one): the worker's order (queue draw k, then take draw k - 1),
 // a synchronous sample() while a draw is queued, a third queued draw refused, an empty queue
-// refused; and a queued draw's ids are what embedding() reads as -1 - r at once, before the
+// refused; and a queued draw's ids are what embedding() reads as a DrawnId at once, before the
 // host has them. Used by tests/unit/sampler_test.cpp (CPU defaults) and tests/gpu (CUDA).
 #pragma once
 
@@ -45,10 +45,11 @@ inline void check_queued_draws(engine::Backend& b, engine::Backend& ref, engine:
     return t.take();
   };
   const Tensor table = make(b, {kVocab, kDim}, random_values(size_t(kVocab * kDim)), dtype);
-  auto embed = [&](const std::vector<int32_t>& ids) {
+  auto embed = [&](const std::vector<int32_t>& ids,
+                   const std::vector<engine::Backend::DrawnId>& drawn = {}) {
     Tensor out = make(b, {static_cast<int64_t>(ids.size()), kDim},
                       std::vector<float>(ids.size() * kDim, 0.f), dtype);
-    const auto st = b.embedding(table, ids, out);
+    const auto st = b.embedding(table, ids, drawn, out);
     EXPECT_TRUE(st.ok()) << st.message();
     std::vector<float> h;
     EXPECT_TRUE(b.download(out, h).ok());
@@ -73,7 +74,7 @@ inline void check_queued_draws(engine::Backend& b, engine::Backend& ref, engine:
     draw_inputs(logits.back(), want.back(), u);
     const auto queued = b.sample_queued(logits.back(), settings, u);
     ASSERT_TRUE(queued.ok()) << queued.message();
-    EXPECT_EQ(embed({-1, -static_cast<int32_t>(rows)}), embed({want[k][0], want[k][rows - 1]}))
+    EXPECT_EQ(embed({0, 0}, {{0, 0}, {1, rows - 1}}), embed({want[k][0], want[k][rows - 1]}))
         << "draw " << k << ": embedding reads the queued draw's ids";
     if (k == 0) continue;
     if (k == 2) {

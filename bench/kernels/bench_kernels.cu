@@ -406,6 +406,10 @@ std::vector<int64_t> parse_sizes(const char* arg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // BURST_PDL=0 launches every kernel plainly (the switch is read here, once).
+  if (const char* pdl = std::getenv("BURST_PDL"); pdl != nullptr && pdl[0] == '0') {
+    burst::kernels::set_launch_switches({false});
+  }
   std::string out_path;
   std::vector<int64_t> sizes = {4096, 16384, 65536};
   std::vector<int64_t> decode_sizes = {8192, 32768, 65536, 131072};

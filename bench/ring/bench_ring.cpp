@@ -76,9 +76,9 @@ int run_chunked(const Opts& o, int rank, Backend& be, Communicator& comm, cudaSt
       *t = a.take();
     }
     const auto salt = static_cast<uint64_t>(1000 * chunks.size() + 10 * rank);
-    be.fill_random(c.q, 11 + salt, 1.f, false);
-    be.fill_random(c.k, 23 + salt, 1.f, false);
-    be.fill_random(c.v, 37 + salt, 1.f, false);
+    be.fill_random(c.q, 11 + salt, 1.f);
+    be.fill_random(c.k, 23 + salt, 1.f);
+    be.fill_random(c.v, 37 + salt, 1.f);
     for (const auto& sg : c.plan.segments(rank)) {
       for (int64_t i = 0; i < sg.len; ++i) c.positions.push_back(sg.position(i));
     }
@@ -150,13 +150,16 @@ int run_chunked(const Opts& o, int rank, Backend& be, Communicator& comm, cudaSt
 }
 
 int run_rank(const Opts& o, int rank, const std::string& store) {
-  auto backend = make_cuda_backend(rank);
+  auto tuning = Tuning::from_env();  // BURST_PDL, BURST_PEER_GATHER, BURST_ATTN_KERNEL
+  if (!tuning.ok()) return fail(rank, tuning.message());
+  auto backend = make_cuda_backend(rank, tuning.value());
   if (!backend.ok()) return fail(rank, backend.message());
   auto streams = cuda_streams(*backend.value());
   if (!streams.ok()) return fail(rank, streams.message());
   const cudaStream_t stream = streams.value().compute;
   auto comm = make_nccl_communicator({rank, o.world, rank, store, stream,
-                                      std::chrono::milliseconds(120000), nullptr});
+                                      std::chrono::milliseconds(120000), nullptr,
+                                      tuning.value().peer_gather});
   if (!comm.ok()) return fail(rank, comm.message());
   Backend& be = *backend.value();
   std::ostringstream json;
@@ -173,9 +176,9 @@ int run_rank(const Opts& o, int rank, const std::string& store) {
     for (auto* t : {&q, &k, &v, &out}) {
       if (!t->ok()) return fail(rank, "seq " + std::to_string(seq) + ": " + t->message());
     }
-    be.fill_random(q.value(), 11 + rank, 1.f, false);
-    be.fill_random(k.value(), 23 + rank, 1.f, false);
-    be.fill_random(v.value(), 37 + rank, 1.f, false);
+    be.fill_random(q.value(), 11 + rank, 1.f);
+    be.fill_random(k.value(), 23 + rank, 1.f);
+    be.fill_random(v.value(), 37 + rank, 1.f);
     auto ring = RingAttention::create(be, *comm.value(), {1, o.heads, o.kv_heads, o.head_dim},
                                       rows + 8);
     if (!ring.ok()) return fail(rank, ring.message());

@@ -156,7 +156,7 @@ std::string describe(const kernels::AttnParams& p) {
 
 class CudaBackend final : public Backend {
  public:
-  static Result<std::unique_ptr<Backend>> create(int device);
+  static Result<std::unique_ptr<Backend>> create(int device, const Tuning& tuning);
 
   ~CudaBackend() override {
     // Nothing here can report an error; tensors still alive keep their memory (their deleters
@@ -344,8 +344,7 @@ class CudaBackend final : public Backend {
   }
 
   using Backend::fill_random;
-  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant,
-                     const RandomWindow& w) override {
+  Status fill_random(Tensor& t, uint64_t seed, float scale, const RandomWindow& w) override {
     BURST_RETURN_IF_ERROR(on_device("fill_random", t));
     BURST_RETURN_IF_ERROR(use_device("fill_random"));
     const int64_t n = t.numel();
@@ -353,8 +352,7 @@ class CudaBackend final : public Backend {
     const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
     const kernels::FillWindow fw{cols, w.cols == 0 ? cols : w.cols, w.row0, w.col0};
     return launched("fill_random",
-                    kernels::fill_uniform_cuda(t.data, n, t.dtype, seed, scale, constant, fw,
-                                               compute_),
+                    kernels::fill_uniform_cuda(t.data, n, t.dtype, seed, scale, fw, compute_),
                     t.describe());
   }
 
@@ -368,10 +366,7 @@ class CudaBackend final : public Backend {
                                      static_cast<size_t>(t.bytes()), compute_));
       return {};
     }
-    return launched("fill",
-                    kernels::fill_uniform_cuda(t.data, t.numel(), t.dtype, 0, value,
-                                               /*constant=*/true,
-                                               {t.numel(), t.numel(), 0, 0}, compute_),
+    return launched("fill", kernels::fill_cuda(t.data, t.numel(), t.dtype, value, compute_),
                     t.describe());
   }
 
@@ -402,37 +397,33 @@ class CudaBackend final : public Backend {
                     src.describe() + " -> " + dst.describe());
   }
 
-  Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) override {
+  using Backend::embedding;
+  Status embedding(const Tensor& table, const std::vector<int32_t>& ids,
+                   const std::vector<DrawnId>& drawn, Tensor& out) override {
     BURST_RETURN_IF_ERROR(on_device("embedding", table, out));
     if (table.shape.size() != 2 || out.shape.size() != 2 || table.dtype != out.dtype ||
         out.dim(0) != static_cast<int64_t>(ids.size()) || out.dim(1) != table.dim(1)) {
       return op_error("embedding", "out " + out.describe() + " for table " + table.describe() +
                                        " and " + std::to_string(ids.size()) + " ids");
     }
-    const int64_t vocab = table.dim(0);
-    bool any_drawn = false;
-    for (int32_t id : ids) {
-      if (id < 0 && -int64_t{id} - 1 < drawn_count_) {
-        any_drawn = true;  // the sampling kernel's own id: in range
-        continue;
-      }
-      if (id < 0 || id >= vocab) {
-        return op_error("embedding", "token id " + std::to_string(id) + " outside vocab " +
-                                         std::to_string(vocab) + " (drawn ids: " +
-                                         std::to_string(drawn_count_) + ")");
-      }
-    }
+    const std::string bad = check_embedding_ids(table.dim(0), ids, drawn, drawn_count_);
+    if (!bad.empty()) return op_error("embedding", bad);
     if (ids.empty()) return {};
     BURST_RETURN_IF_ERROR(use_device("embedding"));
-    const size_t bytes = ids.size() * sizeof(int32_t);
+    // A drawn row goes to the kernel as -1 - its index (embedding_cuda's encoding).
+    std::vector<int32_t> encoded(ids);
+    for (const DrawnId& d : drawn) {
+      encoded[static_cast<size_t>(d.row)] = static_cast<int32_t>(-1 - d.index);
+    }
+    const size_t bytes = encoded.size() * sizeof(int32_t);
     BURST_RETURN_IF_ERROR(ensure(ids_, bytes, "embedding"));
     BURST_CUDA_TRY(device_, "embedding",
-                   cudaMemcpyAsync(ids_.ptr, ids.data(), bytes, cudaMemcpyHostToDevice,
+                   cudaMemcpyAsync(ids_.ptr, encoded.data(), bytes, cudaMemcpyHostToDevice,
                                    compute_));
     return launched("embedding",
                     kernels::embedding_cuda(table.data, static_cast<const int32_t*>(ids_.ptr),
-                                            any_drawn ? static_cast<const int32_t*>(drawn_.ptr)
-                                                      : nullptr,
+                                            drawn.empty() ? nullptr
+                                                          : static_cast<const int32_t*>(drawn_.ptr),
                                             out.data, out.dim(0), out.dim(1), out.dtype,
                                             compute_),
                     table.describe() + " -> " + out.describe());
@@ -893,7 +884,11 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  explicit CudaBackend(int device) : device_(device) {}
+  CudaBackend(int device, const Tuning& tuning) : Backend(tuning), device_(device) {
+    if (tuning.prefill_kernel == PrefillKernel::kSm80) {
+      prefill_kernel_ = kernels::AttnKernel::kSm80;
+    }
+  }
 
   Status op_error(const char* op, const std::string& what) const {
     return Status::error(name() + " " + op + ": " + what);
@@ -977,7 +972,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::string gpu_name_;
-  // The prefill kernel (BURST_ATTN_KERNEL): auto, or the mma.sync one that an A100 runs,
+  // The prefill kernel (Tuning::prefill_kernel): auto, or the mma.sync one that an A100 runs,
   // forced on a Hopper GPU to rehearse an A100 deployment's attention path.
   kernels::AttnKernel prefill_kernel_ = kernels::AttnKernel::kAuto;
   cudaStream_t compute_ = nullptr;
@@ -999,7 +994,7 @@ class CudaBackend final : public Backend {
   DrawSlot draws_[kMaxQueuedDraws];
   std::deque<int> queued_;  // slots of the queued draws, oldest first
   // The ids the last sample() drew (or another rank's, broadcast in), and how many: what an
-  // embedding id -1 - k reads (drawn_ids).
+  // embedding's DrawnId reads (drawn_ids).
   Scratch drawn_;
   int64_t drawn_count_ = 0;
   std::vector<int64_t> positions_host_;
@@ -1009,7 +1004,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<TensorMemory> mem_ = std::make_shared<TensorMemory>();
 };
 
-Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
+Result<std::unique_ptr<Backend>> CudaBackend::create(int device, const Tuning& tuning) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -1021,7 +1016,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                          std::to_string(count) + " CUDA device(s) visible)");
   }
   const char* op = "create";
-  std::unique_ptr<CudaBackend> b(new CudaBackend(device));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(device, tuning));
   BURST_CUDA_TRY(device, op, cudaSetDevice(device));
   cudaDeviceProp prop{};
   BURST_CUDA_TRY(device, op, cudaGetDeviceProperties(&prop, device));
@@ -1031,13 +1026,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                          std::to_string(prop.major * 10 + prop.minor) +
                          "): the CUDA backend needs sm_80 or newer (bf16 tensor cores)");
   }
-  if (const char* k = std::getenv("BURST_ATTN_KERNEL"); k && *k && std::strcmp(k, "auto") != 0) {
-    if (std::strcmp(k, "sm80") != 0) {
-      return Status::error(std::string("BURST_ATTN_KERNEL must be auto or sm80, got '") + k +
-                           "'");
-    }
-    b->prefill_kernel_ = kernels::AttnKernel::kSm80;
-  }
+  kernels::set_launch_switches({tuning.pdl});
   // Non-blocking: the legacy default stream (used by libraries we do not control) must not
   // serialise against our work.
   BURST_CUDA_TRY(device, op, cudaStreamCreateWithFlags(&b->compute_, cudaStreamNonBlocking));
@@ -1076,8 +1065,8 @@ Status not_cuda(const Backend& backend) {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
-  return CudaBackend::create(device);
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const Tuning& tuning) {
+  return CudaBackend::create(device, tuning);
 }
 
 Result<CudaStreams> cuda_streams(Backend& backend) {

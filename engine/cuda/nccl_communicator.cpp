@@ -5,7 +5,6 @@
 
 #include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -126,18 +125,17 @@ class NcclCommunicator final : public Communicator {
   // Small device all-gathers (the decode's per-layer partials) skip NCCL where every rank is on
   // this host and every pair of GPUs has peer access: each rank maps the others' regions
   // (kernels::peer_all_gather_cuda). Every rank must agree, so they decide together; anything
-  // missing (another host, no P2P, BURST_PEER_GATHER=0) leaves NCCL in charge.
+  // missing (another host, no P2P, a rank's Tuning::peer_gather off) leaves NCCL in charge.
   Status init_peer_gather() {
     const int world = opt_.world_size;
-    const char* env = std::getenv("BURST_PEER_GATHER");
     if (world < 2) return {};
     if (world > kernels::kPeerGatherMaxRanks) {
       peer_gather_off_ = "more ranks than peer stores serve";
       return {};
     }
-    // Decided together even when this rank declines (its environment may differ from the
+    // Decided together even when this rank declines (its switches may differ from the
     // others' with --join): every rank takes part in the same two all-gathers.
-    const bool declined = env && env[0] == '0';
+    const bool declined = !opt_.peer_gather;
     struct Card {
       char host[160];
       char bus[32];

@@ -1,10 +1,11 @@
 // CUDA twins of kernels/ops.h (contract in kernels/ops_cuda.h): RMSNorm, rotate-half RoPE,
 // SwiGLU's silu(gate) * up, the embedding gather, and the element-wise conversion, add and
-// random fill the CUDA backend needs. All are memory-bound: each reads its
+// fills (random and constant) the CUDA backend needs. All are memory-bound: each reads its
 // inputs once and writes once, converting to fp32 in registers and rounding once at the store.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -179,17 +180,33 @@ __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n
 
 template <typename T>
 __global__ void fill_uniform_kernel(T* __restrict__ out, int64_t n, uint64_t seed, float scale,
-                                    bool constant, FillWindow w) {
+                                    FillWindow w) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t counter = (w.row0 + i / w.local_cols) * w.cols + w.col0 + i % w.local_cols;
-    store_f32(out + i, constant ? scale : uniform_at(seed, counter, scale));
+    store_f32(out + i, uniform_at(seed, counter, scale));
+  }
+}
+
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ out, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    store_f32(out + i, value);
   }
 }
 
 constexpr int kThreads = kGridStrideThreads;
 
+std::atomic<bool> pdl_switch{true};  // LaunchSwitches::pdl
+
 }  // namespace
+
+void set_launch_switches(const LaunchSwitches& switches) {
+  pdl_switch.store(switches.pdl, std::memory_order_relaxed);
+}
+
+LaunchSwitches launch_switches() { return {pdl_switch.load(std::memory_order_relaxed)}; }
 
 cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows, int64_t dim,
                           float eps, DType dtype, cudaStream_t stream) {
@@ -365,7 +382,7 @@ cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_
 }
 
 cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
-                              bool constant, FillWindow window, cudaStream_t stream) {
+                              FillWindow window, cudaStream_t stream) {
   if (n < 0 || window.local_cols <= 0 || window.cols < window.local_cols) {
     return cudaErrorInvalidValue;
   }
@@ -374,7 +391,18 @@ cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, 
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     fill_uniform_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), n, seed,
-                                                                  scale, constant, window);
+                                                                  scale, window);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t fill_cuda(void* out, int64_t n, DType dtype, float value, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!out) return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), n, value);
     return cudaGetLastError();
   });
 }

@@ -201,7 +201,10 @@ Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest
     }
     return stats;
   }
-  auto backend = engine::make_backend(a.device);
+  // The A/B switches (engine/tuning.h: BURST_PDL, BURST_ATTN_KERNEL, ...), read once here.
+  auto tuning = engine::Tuning::from_env();
+  if (!tuning.ok()) return tuning.status();
+  auto backend = engine::make_backend(a.device, tuning.value());
   if (!backend.ok()) return backend.status();
   auto model = models::load_model(*backend.value(), spec);
   if (!model.ok()) return model.status();

@@ -82,7 +82,11 @@ int main(int argc, char** argv) {
   // is. A spawned one is the coordinator's build, which the coordinator's log names already.
   if (!a.join.empty()) process.say(burst::server::version_string("burst-worker"));
 
-  auto backend = engine::make_backend(a.device);
+  // The A/B switches (BURST_OVERLAP, BURST_PDL, BURST_PEER_GATHER, BURST_ATTN_KERNEL), read
+  // here once: the backend keeps them for its kernels, the communicator and the step loop.
+  auto tuning = engine::Tuning::from_env();
+  if (!tuning.ok()) return process.fail(tuning.message());
+  auto backend = engine::make_backend(a.device, tuning.value());
   if (!backend.ok()) return process.fail(backend.message());
   // A --join worker learns its rank (and so its tensor-parallel slice) from the server: it
   // loads once assigned. A spawned rank knows its place: it reads only its slice.

@@ -1,7 +1,6 @@
 #include "worker/worker_service.h"
 
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -70,25 +69,13 @@ class WorkerService::RequestReader {
   std::thread thread_;  // last: starts once the members above exist
 };
 
-namespace {
-
-// BURST_OVERLAP=0 in the environment: every step is answered before the next is read.
-bool overlap_steps() {
-  static const bool overlap = [] {
-    const char* env = std::getenv("BURST_OVERLAP");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return overlap;
-}
-
-}  // namespace
-
 // The loop behind Session: at most one launched step whose reply is not written yet.
 class WorkerService::StepLoop {
  public:
   StepLoop(WorkerService& service, Stream& stream, RequestReader& reader)
       : service_(service), runner_(service.runner_), stream_(stream), reader_(reader),
-        layers_(static_cast<int>(service.model_.config().num_layers)) {}
+        layers_(static_cast<int>(service.model_.config().num_layers)),
+        overlap_(service.model_.backend().tuning().overlap_steps) {}
 
   grpc::Status run() {
     pb::StepRequest req;
@@ -112,7 +99,7 @@ class WorkerService::StepLoop {
       // the host (BatchRunner::queues: a decode step; a prefill chunk's launch could hold it
       // and so delay that reply), and always before progress events (written as it runs).
       if (runner_.launched() &&
-          (!overlap_steps() || progress || !bad.ok() || !runner_.queues(plan))) {
+          (!overlap_ || progress || !bad.ok() || !runner_.queues(plan))) {
         if (Status st = reply_oldest(); !st.ok()) return service_.leave_broken_group(st);
       }
       if (!bad.ok()) {
@@ -125,7 +112,7 @@ class WorkerService::StepLoop {
       ++pending_;
       // The step before (if any) is answered now, behind this one's queued work; this one
       // once its ids are in or the next request was launched behind it (the loop's wait).
-      while (runner_.launched() && (pending_ > 1 || !overlap_steps())) {
+      while (runner_.launched() && (pending_ > 1 || !overlap_)) {
         if (Status st = reply_oldest(); !st.ok()) return service_.leave_broken_group(st);
       }
     }
@@ -172,6 +159,8 @@ class WorkerService::StepLoop {
   Stream& stream_;
   RequestReader& reader_;
   const int layers_;
+  // Tuning::overlap_steps (BURST_OVERLAP): false answers every step before the next is read.
+  const bool overlap_;
   int pending_ = 0;  // steps launched whose reply is not written yet
   bool write_failed_ = false;
 };
@@ -202,8 +191,8 @@ grpc::Status WorkerService::authorize(const grpc::ServerContext* ctx) const {
 // their way runs on the device (BatchRunner::launch) the next request, once it is here, is
 // launched behind it before that step's reply is written: the device goes from one step to
 // the next without waiting for the host's turnaround (the ids' copy, the reply, the read
-// and the next step's planning). BURST_OVERLAP=0 in the environment replies to every step
-// before reading the next (A/B timing).
+// and the next step's planning). Tuning::overlap_steps off (BURST_OVERLAP=0) replies to every
+// step before reading the next (A/B timing).
 grpc::Status WorkerService::Session(grpc::ServerContext* ctx, Stream* stream) {
   if (grpc::Status a = authorize(ctx); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(run_mu_);  // one coordinator session at a time

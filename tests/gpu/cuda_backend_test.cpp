@@ -104,7 +104,11 @@ class CudaBackendTest : public ::testing::Test {
   void SetUp() override {
     std::string why;
     if (!have_gpu(why)) GTEST_SKIP() << "skipping CUDA backend test: " << why;
-    auto b = engine::make_cuda_backend(0);
+    // The environment's switches, as burst-worker's main reads them (BURST_ATTN_KERNEL=sm80
+    // runs these tests on the A100's prefill kernel).
+    auto tuning = engine::Tuning::from_env();
+    ASSERT_TRUE(tuning.ok()) << tuning.message();
+    auto b = engine::make_cuda_backend(0, tuning.value());
     ASSERT_TRUE(b.ok()) << b.message();
     gpu_ = b.take();
     cpu_ = engine::make_cpu_backend();
@@ -235,13 +239,14 @@ TEST_F(CudaBackendTest, CopyConvertAndFillRandomMatchCpu) {
     auto g = gpu_->alloc({n}, DType::kBF16);
     auto c = cpu_->alloc({n}, DType::kF32);
     ASSERT_TRUE(g.ok() && c.ok());
-    for (bool constant : {false, true}) {
-      const uint64_t seed = 1000003ull * 7 + static_cast<uint64_t>(n);
-      ASSERT_TRUE(gpu_->fill_random(g.value(), seed, 0.0156f, constant).ok());
-      ASSERT_TRUE(cpu_->fill_random(c.value(), seed, 0.0156f, constant).ok());
-      // The device draws the same uniform_at values and rounds each once to bf16.
-      EXPECT_EQ(fetch(*gpu_, g.value()), round_bf16(fetch(*cpu_, c.value())));
-    }
+    const uint64_t seed = 1000003ull * 7 + static_cast<uint64_t>(n);
+    ASSERT_TRUE(gpu_->fill(g.value(), 0.0156f).ok());
+    ASSERT_TRUE(cpu_->fill(c.value(), 0.0156f).ok());
+    EXPECT_EQ(fetch(*gpu_, g.value()), round_bf16(fetch(*cpu_, c.value())));
+    ASSERT_TRUE(gpu_->fill_random(g.value(), seed, 0.0156f).ok());
+    ASSERT_TRUE(cpu_->fill_random(c.value(), seed, 0.0156f).ok());
+    // The device draws the same uniform_at values and rounds each once to bf16.
+    EXPECT_EQ(fetch(*gpu_, g.value()), round_bf16(fetch(*cpu_, c.value())));
     auto dst = gpu_->alloc({n}, DType::kBF16);
     ASSERT_TRUE(dst.ok());
     ASSERT_TRUE(gpu_->copy(g.value(), dst.value()).ok());
@@ -254,8 +259,8 @@ TEST_F(CudaBackendTest, CopyConvertAndFillRandomMatchCpu) {
     auto g = gpu_->alloc({19, 37}, DType::kBF16);
     auto c = cpu_->alloc({19, 37}, DType::kF32);
     ASSERT_TRUE(g.ok() && c.ok());
-    ASSERT_TRUE(gpu_->fill_random(g.value(), 77, 0.5f, false, w).ok());
-    ASSERT_TRUE(cpu_->fill_random(c.value(), 77, 0.5f, false, w).ok());
+    ASSERT_TRUE(gpu_->fill_random(g.value(), 77, 0.5f, w).ok());
+    ASSERT_TRUE(cpu_->fill_random(c.value(), 77, 0.5f, w).ok());
     EXPECT_EQ(fetch(*gpu_, g.value()), round_bf16(fetch(*cpu_, c.value()))) << w.col0;
   }
   // convert: fp32 -> bf16 rounds once; bf16 -> fp32 is exact.
@@ -660,10 +665,11 @@ TEST_F(CudaBackendTest, AttentionRejectsUnsupportedHeadDimClearly) {
   EXPECT_TRUE(gpu_->synchronize().ok()) << "a rejected call must not poison the device";
 }
 
-// BURST_ATTN_KERNEL picks the backend's prefill kernel: sm80 (what an A100 runs; forced on
-// Hopper to rehearse an A100 deployment) or auto. The backend's launch must give the bits of
-// the kernel it names, launched directly on the same buffers; any other value fails at make.
-TEST_F(CudaBackendTest, PrefillKernelFromTheEnvironment) {
+// Tuning::prefill_kernel (BURST_ATTN_KERNEL) picks the backend's prefill kernel: sm80 (what an
+// A100 runs; forced on Hopper to rehearse an A100 deployment) or auto. The backend's launch
+// must give the bits of the kernel it names, launched directly on the same buffers; any other
+// value of the variable fails at Tuning::from_env.
+TEST_F(CudaBackendTest, PrefillKernelFromTheTuning) {
   struct EnvGuard {
     std::string old;
     bool had;
@@ -678,7 +684,7 @@ TEST_F(CudaBackendTest, PrefillKernelFromTheEnvironment) {
     }
   } guard;
   setenv("BURST_ATTN_KERNEL", "sm100", 1);
-  auto bad = engine::make_cuda_backend(0);
+  auto bad = engine::Tuning::from_env();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("BURST_ATTN_KERNEL must be auto or sm80, got 'sm100'"),
             std::string::npos)
@@ -693,7 +699,9 @@ TEST_F(CudaBackendTest, PrefillKernelFromTheEnvironment) {
   for (const auto& [name, kernel] : modes) {
     SCOPED_TRACE(name);
     setenv("BURST_ATTN_KERNEL", name, 1);
-    auto made = engine::make_cuda_backend(0);
+    auto tuning = engine::Tuning::from_env();
+    ASSERT_TRUE(tuning.ok()) << tuning.message();
+    auto made = engine::make_cuda_backend(0, tuning.value());
     ASSERT_TRUE(made.ok()) << made.message();
     std::unique_ptr<Backend> b = made.take();
     auto upload = [&](std::vector<int64_t> shape, const std::vector<float>& host) {
@@ -881,9 +889,9 @@ TEST_F(CudaBackendTest, QueuedDrawsComeBackInOrderAndEqualTheCpu) {
   testing::check_queued_draws(*gpu_, *cpu_, DType::kBF16);
 }
 
-// Backend::embedding's id -1 - k on the GPU: the k-th id the last sample() drew, read on the
-// device (the same rows as the ids themselves give), or ids another rank's broadcast put into
-// drawn_ids()'s room; a k beyond the count is refused.
+// Backend::embedding's DrawnId {row, k} on the GPU: the k-th id the last sample() drew, read on
+// the device (the same rows as the ids themselves give), or ids another rank's broadcast put
+// into drawn_ids()'s room; a k beyond the count is refused.
 TEST_F(CudaBackendTest, EmbeddingReadsTheIdsTheLastSampleDrew) {
   constexpr int64_t kVocab = 97, kDim = 64;
   const std::vector<float> table_host = random_vector(size_t(kVocab * kDim), -1.f, 1.f, 91);
@@ -896,21 +904,22 @@ TEST_F(CudaBackendTest, EmbeddingReadsTheIdsTheLastSampleDrew) {
   std::vector<int32_t> ids;
   ASSERT_TRUE(gpu_->sample(logits, {greedy, greedy}, {0.0, 0.0}, ids).ok());
   ASSERT_EQ(ids, (std::vector<int32_t>{41, 88}));
-  auto rows_of = [&](const std::vector<int32_t>& in) {
+  auto rows_of = [&](const std::vector<int32_t>& in,
+                     const std::vector<Backend::DrawnId>& drawn = {}) {
     Tensor out = gpu({static_cast<int64_t>(in.size()), kDim},
                      std::vector<float>(in.size() * kDim, 0.f));
-    const Status st = gpu_->embedding(table, in, out);
+    const Status st = gpu_->embedding(table, in, drawn, out);
     EXPECT_TRUE(st.ok()) << st.message();
     return fetch(*gpu_, out);
   };
-  EXPECT_EQ(rows_of({-2, 5, -1}), rows_of({88, 5, 41}));
+  EXPECT_EQ(rows_of({0, 5, 0}, {{0, 1}, {2, 0}}), rows_of({88, 5, 41}));
   void* where = nullptr;
   ASSERT_TRUE(gpu_->drawn_ids(3, &where).ok());
   const int32_t theirs[3] = {7, 0, 96};
   ASSERT_EQ(cudaMemcpy(where, theirs, sizeof theirs, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(rows_of({-3, -1, 9}), rows_of({96, 7, 9}));
+  EXPECT_EQ(rows_of({-1, 0, 9}, {{0, 2}, {1, 0}}), rows_of({96, 7, 9}));
   Tensor one = gpu({1, kDim}, std::vector<float>(kDim, 0.f));
-  const Status beyond = gpu_->embedding(table, {-4}, one);
+  const Status beyond = gpu_->embedding(table, {0}, {{0, 3}}, one);
   ASSERT_FALSE(beyond.ok());
   EXPECT_NE(beyond.message().find("drawn ids: 3"), std::string::npos) << beyond.message();
 }
@@ -1327,7 +1336,9 @@ struct Bench7b {
   models::LlamaConfig config;
 };
 void make_bench_7b(Bench7b& out) {
-  auto backend = engine::make_cuda_backend(0);
+  auto tuning = engine::Tuning::from_env();  // BURST_PDL=0 etc., as in burst-worker
+  ASSERT_TRUE(tuning.ok()) << tuning.message();
+  auto backend = engine::make_cuda_backend(0, tuning.value());
   ASSERT_TRUE(backend.ok()) << backend.message();
   out.backend = backend.take();
   auto config = models::preset_config("7b");
@@ -1442,10 +1453,10 @@ TEST(CudaDecodeBench, HostOverhead7b) {
     auto w2 = b.alloc({c.intermediate_size, c.hidden_size}, dt);
     auto y2 = b.alloc({1, c.intermediate_size}, dt);
     ASSERT_TRUE(x.ok() && w.ok() && y.ok() && nw.ok() && w2.ok() && y2.ok());
-    ASSERT_TRUE(b.fill_random(w2.value(), 4, 0.01f, false).ok());
-    ASSERT_TRUE(b.fill_random(x.value(), 1, 0.5f, false).ok());
-    ASSERT_TRUE(b.fill_random(w.value(), 2, 0.01f, false).ok());
-    ASSERT_TRUE(b.fill_random(nw.value(), 3, 1.f, true).ok());
+    ASSERT_TRUE(b.fill_random(w2.value(), 4, 0.01f).ok());
+    ASSERT_TRUE(b.fill_random(x.value(), 1, 0.5f).ok());
+    ASSERT_TRUE(b.fill_random(w.value(), 2, 0.01f).ok());
+    ASSERT_TRUE(b.fill(nw.value(), 1.f).ok());
     auto time_calls = [&](const char* what, const std::function<Status()>& call) {
       ASSERT_TRUE(call().ok());
       ASSERT_TRUE(b.synchronize().ok());
@@ -1472,7 +1483,7 @@ TEST(CudaDecodeBench, HostOverhead7b) {
     for (int64_t rows : {1, 16, 64}) {
       auto logits = b.alloc({rows, c.vocab_size}, b.compute_dtype());
       ASSERT_TRUE(logits.ok()) << logits.message();
-      ASSERT_TRUE(b.fill_random(logits.value(), 5, 4.f, false).ok());
+      ASSERT_TRUE(b.fill_random(logits.value(), 5, 4.f).ok());
       for (const engine::SamplingParams& sp : settings) {
         std::vector<engine::Sampler> on_host(static_cast<size_t>(rows), engine::Sampler(sp));
         std::vector<engine::Sampler> on_dev = on_host;

@@ -17,6 +17,7 @@
 
 #include "engine/cuda/nccl_communicator.h"
 #include "engine/dtype_convert.h"
+#include "engine/tuning.h"
 #include "gpu_test_util.h"
 #include "kernels/ops_cuda.h"
 
@@ -109,6 +110,10 @@ int rank_main(int rank, int world, const std::string& store, int declined_by) {
   o.store_dir = store;
   o.compute_stream = stream;
   o.timeout = std::chrono::milliseconds(60000);
+  // The rank's switches as burst-worker's main reads them (BURST_PEER_GATHER=0 declines).
+  auto tuning = engine::Tuning::from_env();
+  if (!tuning.ok()) return 18;
+  o.peer_gather = tuning.value().peer_gather;
   auto comm = engine::make_nccl_communicator(o);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.message().c_str());

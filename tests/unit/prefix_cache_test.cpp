@@ -140,8 +140,8 @@ TEST(PrefixPages, FreedPagesArePoisonedWhenAsked) {
   ASSERT_TRUE(c.reserve(1, 2).ok());
   auto k = backend->alloc({2, 4}, engine::DType::kF32).take();
   auto v = backend->alloc({2, 4}, engine::DType::kF32).take();
-  ASSERT_TRUE(backend->fill_random(k, 1, 1.f, false).ok());
-  ASSERT_TRUE(backend->fill_random(v, 2, 1.f, false).ok());
+  ASSERT_TRUE(backend->fill_random(k, 1, 1.f).ok());
+  ASSERT_TRUE(backend->fill_random(v, 2, 1.f).ok());
   ASSERT_TRUE(c.write(1, 0, 0, k, v).ok());
   c.commit(1);
   ASSERT_TRUE(c.publish(1, 0, 7).ok());

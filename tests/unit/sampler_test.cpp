@@ -258,9 +258,9 @@ TEST(BackendSample, RejectsBadArguments) {
   EXPECT_NE(bad.message().find("row 1: top_p"), std::string::npos) << bad.message();
 }
 
-// Backend::embedding reads an id -1 - k as the k-th id the last sample() drew, where it was
-// drawn (the decode lookahead's "the token you drew last"); drawn_ids(n) gives room for n ids
-// that another rank's broadcast fills; a k beyond the count is refused with a message.
+// Backend::embedding reads a DrawnId {row, k} as the k-th id the last sample() drew, where it
+// was drawn (the decode lookahead's "the token you drew last"); drawn_ids(n) gives room for n
+// ids that another rank's broadcast fills; a k beyond the count is refused with a message.
 TEST(BackendSample, EmbeddingReadsTheIdsTheLastSampleDrew) {
   auto backend = make_cpu_backend();
   constexpr int64_t kVocab = 97, kDim = 5;
@@ -280,25 +280,34 @@ TEST(BackendSample, EmbeddingReadsTheIdsTheLastSampleDrew) {
   std::vector<int32_t> ids;
   ASSERT_TRUE(backend->sample(logits.value(), {greedy, greedy}, {0.0, 0.0}, ids).ok());
   ASSERT_EQ(ids, (std::vector<int32_t>{41, 88}));
-  auto rows_of = [&](const std::vector<int32_t>& in, Tensor& dst) {
-    const Status st = backend->embedding(table.value(), in, dst);
+  auto rows_of = [&](const std::vector<int32_t>& in, Tensor& dst,
+                     const std::vector<Backend::DrawnId>& drawn = {}) {
+    const Status st = backend->embedding(table.value(), in, drawn, dst);
     EXPECT_TRUE(st.ok()) << st.message();
     std::vector<float> h;
     EXPECT_TRUE(backend->download(dst, h).ok());
     return h;
   };
-  EXPECT_EQ(rows_of({-2, 5, -1}, out.value()), rows_of({88, 5, 41}, want.value()));
+  EXPECT_EQ(rows_of({0, 5, 0}, out.value(), {{0, 1}, {2, 0}}),
+            rows_of({88, 5, 41}, want.value()));
   // Room for another rank's ids, filled as a broadcast would.
   void* where = nullptr;
   ASSERT_TRUE(backend->drawn_ids(3, &where).ok());
   const int32_t theirs[3] = {7, 0, 96};
   std::memcpy(where, theirs, sizeof theirs);
-  EXPECT_EQ(rows_of({-3, -1, 9}, out.value()), rows_of({96, 7, 9}, want.value()));
+  EXPECT_EQ(rows_of({-1, 0, 9}, out.value(), {{0, 2}, {1, 0}}),
+            rows_of({96, 7, 9}, want.value()));
   auto one = backend->alloc({1, kDim}, DType::kF32);
   ASSERT_TRUE(one.ok());
-  const Status beyond = backend->embedding(table.value(), {-4}, one.value());
+  const Status beyond = backend->embedding(table.value(), {0}, {{0, 3}}, one.value());
   ASSERT_FALSE(beyond.ok());
   EXPECT_NE(beyond.message().find("drawn ids: 3"), std::string::npos) << beyond.message();
+  const Status outside = backend->embedding(table.value(), {0}, {{1, 0}}, one.value());
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.message().find("drawn row 1"), std::string::npos) << outside.message();
+  const Status negative = backend->embedding(table.value(), {-1}, one.value());
+  ASSERT_FALSE(negative.ok()) << "a negative id is no drawn id";
+  EXPECT_NE(negative.message().find("token id -1"), std::string::npos) << negative.message();
 }
 
 }  // namespace

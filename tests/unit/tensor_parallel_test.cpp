@@ -182,12 +182,12 @@ TEST(TensorParallel, RandomWindowsAreSlicesOfTheWholeMatrix) {
   const int64_t rows = 7, cols = 11;
   auto whole = backend->alloc({rows, cols}, engine::DType::kF32);
   ASSERT_TRUE(whole.ok());
-  ASSERT_TRUE(backend->fill_random(whole.value(), 99, 0.5f, false).ok());
+  ASSERT_TRUE(backend->fill_random(whole.value(), 99, 0.5f).ok());
   struct W { int64_t row0, nrows, col0, ncols; };
   for (const W w : {W{2, 3, 0, 11}, W{0, 7, 4, 5}, W{5, 2, 9, 2}}) {
     auto part = backend->alloc({w.nrows, w.ncols}, engine::DType::kF32);
     ASSERT_TRUE(part.ok());
-    ASSERT_TRUE(backend->fill_random(part.value(), 99, 0.5f, false, {cols, w.row0, w.col0}).ok());
+    ASSERT_TRUE(backend->fill_random(part.value(), 99, 0.5f, {cols, w.row0, w.col0}).ok());
     for (int64_t r = 0; r < w.nrows; ++r) {
       for (int64_t c = 0; c < w.ncols; ++c) {
         EXPECT_EQ(part.value().as<float>()[r * w.ncols + c],

@@ -16,6 +16,7 @@
 #include "engine/sampler.h"
 #include "engine/status.h"
 #include "engine/tensor.h"
+#include "engine/tuning.h"
 #include "kernels/attention.h"
 
 namespace burst::engine {
@@ -27,6 +28,9 @@ class Backend {
   virtual DeviceKind device() const = 0;
   // The dtype of activations, weights and the KV cache on this backend.
   virtual DType compute_dtype() const = 0;
+  // The A/B switches this backend was made with (make_backend): its own launches follow them,
+  // and so does what runs on it (the NCCL communicator, the worker's step loop).
+  const Tuning& tuning() const { return tuning_; }
 
   virtual Result<Tensor> alloc(std::vector<int64_t> shape, DType dtype) = 0;
   // Converts host data of host_dtype (fp32/bf16/fp16, dst.numel() elements) into dst.
@@ -43,17 +47,17 @@ class Backend {
                          " is not supported");
   }
   // Fills t with uniform values in [-scale, scale] from a counter-based generator keyed by
-  // seed (deterministic on every backend), or with `scale` itself when constant is true.
-  // `window` says which part of a larger matrix t is: element (r, c) of t (as [rows, its last
-  // dimension]) draws counter (row0 + r) * cols + col0 + c, so a tensor-parallel rank's slice
-  // holds exactly the values of the whole matrix there. cols 0: t is the whole (counter = index).
+  // seed (deterministic on every backend). `window` says which part of a larger matrix t is:
+  // element (r, c) of t (as [rows, its last dimension]) draws counter (row0 + r) * cols + col0 +
+  // c, so a tensor-parallel rank's slice holds exactly the values of the whole matrix there.
+  // cols 0: t is the whole (counter = index). A constant fill is fill().
   struct RandomWindow {
     int64_t cols = 0, row0 = 0, col0 = 0;
   };
-  virtual Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant,
+  virtual Status fill_random(Tensor& t, uint64_t seed, float scale,
                              const RandomWindow& window) = 0;
-  Status fill_random(Tensor& t, uint64_t seed, float scale, bool constant) {
-    return fill_random(t, seed, scale, constant, RandomWindow{});
+  Status fill_random(Tensor& t, uint64_t seed, float scale) {
+    return fill_random(t, seed, scale, RandomWindow{});
   }
   // Every element of t = value, rounded once to t's dtype. An FP8 tensor gets value's e4m3
   // byte in every byte, its rows' scales included: NaN poisons whole FP8 KV rows, 0 zeroes them.
@@ -69,11 +73,21 @@ class Backend {
                              Tensor& dst) = 0;
   virtual Status dequantize_kv(const Tensor& src, int kv_heads, Tensor& dst) = 0;
 
-  // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]. ids are validated. An
-  // id -1 - k (k < the count of drawn_ids()) stands for the k-th id the last sample() drew,
-  // read where it lies (the decode lookahead's "the token this sequence drew last", with no
-  // round trip through the host).
-  virtual Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) = 0;
+  // A row of an embedding whose id this backend drew itself: row `row` takes the `index`-th id
+  // of the last sample() (or of drawn_ids()'s room), read where it lies (the decode lookahead's
+  // "the token this sequence drew last", with no round trip through the host).
+  struct DrawnId {
+    int64_t row = 0;
+    int64_t index = 0;
+  };
+  // out[r] = table[ids[r]]; table [vocab, dim], out [ids.size(), dim]; ids are validated. The
+  // rows that `drawn` names take a drawn id instead (their ids[r] is not read); each index is
+  // below the count of drawn_ids().
+  virtual Status embedding(const Tensor& table, const std::vector<int32_t>& ids,
+                           const std::vector<DrawnId>& drawn, Tensor& out) = 0;
+  Status embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) {
+    return embedding(table, ids, {}, out);
+  }
   // Where the ids the last sample() drew lie (this backend's memory, int32), readied for n of
   // them; the count embedding() accepts becomes n. The ids stay when n is at most what
   // sample() drew; otherwise the room is for another rank's ids to be broadcast into.
@@ -204,6 +218,8 @@ class Backend {
   virtual Status synchronize() = 0;
 
  protected:
+  Backend() = default;
+  explicit Backend(const Tuning& tuning) : tuning_(tuning) {}
   Status too_many_draws() const {
     return Status::error(name() + " sample_queued: " + std::to_string(kMaxQueuedDraws) +
                          " draws are queued already (sampled() takes them)");
@@ -233,8 +249,15 @@ class Backend {
   }
 
  private:
+  Tuning tuning_;
   std::deque<std::vector<int32_t>> queued_draws_;  // the defaults' queued draws
 };
+
+// Empty when Backend::embedding may read these ids, else what is wrong: each id of a row that
+// `drawn` does not name in [0, vocab); each drawn row one of ids' rows, its index below
+// drawn_count (the backend's drawn_ids() count).
+std::string check_embedding_ids(int64_t vocab, const std::vector<int32_t>& ids,
+                                const std::vector<Backend::DrawnId>& drawn, int64_t drawn_count);
 
 // Empty when Backend::sample may run on these arguments, else what is wrong: logits 2-D with at
 // least one id per row, one params (valid: engine::validate) and one uniform per row.
@@ -248,10 +271,13 @@ bool kv_rows_match(const Tensor& values, int kv_heads, const Tensor& rows, int& 
 // The CPU backend (fp32). Always available. attention_merges = false makes it report that its
 // attention cannot merge into o, so callers take the partial + merge path (the one a CUDA
 // decode-shaped launch gets): for tests of that path.
-std::unique_ptr<Backend> make_cpu_backend(bool attention_merges = true);
+std::unique_ptr<Backend> make_cpu_backend(bool attention_merges = true,
+                                          const Tuning& tuning = {});
 // The CUDA backend (bf16) on the given device, or an error when CUDA is absent or fails.
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
-// "cpu" or "cuda[:N]".
-Result<std::unique_ptr<Backend>> make_backend(const std::string& spec);
+// tuning.pdl applies to the whole process (kernels::set_launch_switches), from this call on.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const Tuning& tuning = {});
+// "cpu" or "cuda[:N]"; `tuning`: Tuning::from_env() in a program's main.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& spec,
+                                              const Tuning& tuning = {});
 
 }  // namespace burst::engine

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/ops_cuda.h"  // launch_switches
 
 namespace burst::kernels {
 
@@ -120,13 +121,10 @@ __device__ __forceinline__ void pdl_begin() {
 
 // Whether `kernel` may be launched as a programmatic dependent on `device`: only where the code
 // the device runs was compiled for sm_90+ (PTX version >= 9.0) does it carry griddepcontrol (a
-// Hopper JIT-compiling compute_80 PTX would run it without the wait: a race). BURST_PDL=0 in the
-// environment turns it off (for A/B timing).
+// Hopper JIT-compiling compute_80 PTX would run it without the wait: a race). LaunchSwitches::pdl
+// false (BURST_PDL=0, read in main) turns it off (for A/B timing).
 inline cudaError_t pdl_capable(const void* kernel, int device, bool& capable) {
-  static const bool off = [] {
-    const char* v = std::getenv("BURST_PDL");
-    return v != nullptr && v[0] == '0';
-  }();
+  const bool off = !launch_switches().pdl;
   int major = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err != cudaSuccess) return err;

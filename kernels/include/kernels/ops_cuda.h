@@ -13,6 +13,16 @@
 
 namespace burst::kernels {
 
+// Switches of every launch in this process, set once before the first launch by a program's
+// main (through engine::make_cuda_backend's Tuning, or the kernel benchmark's own): pdl false
+// launches every kernel plainly, never as a programmatic dependent (cuda_dispatch.cuh's
+// launch_chained; a kernel decides at its first launch on a device and keeps to it).
+struct LaunchSwitches {
+  bool pdl = true;
+};
+void set_launch_switches(const LaunchSwitches& switches);
+LaunchSwitches launch_switches();
+
 // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; x, out [rows, dim]; w [dim]. The sum
 // of squares is an fp32 tree reduction over the row (one block per row).
 cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows, int64_t dim,
@@ -37,9 +47,10 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
                           cudaStream_t stream);
 
 // out[r, :] = table[id, :]; table [vocab, dim]; ids [rows] int32 on the device: id = ids[r],
-// or drawn[-1 - ids[r]] where ids[r] < 0 (ids drawn on the device by an earlier kernel; drawn
-// may be null when no id is negative). Every id in range (checked by the caller, as for
-// embedding_cpu).
+// or drawn[-1 - ids[r]] where ids[r] < 0. That negative encoding is this launcher's alone: a row
+// whose id an earlier kernel drew on the device (Backend::DrawnId's index k) is passed as
+// -1 - k, by the CUDA backend only; drawn may be null when no id is negative. Every id in range
+// (checked by the caller, as for embedding_cpu).
 cudaError_t embedding_cuda(const void* table, const int32_t* ids, const int32_t* drawn, void* out,
                            int64_t rows, int64_t dim, DType dtype, cudaStream_t stream);
 
@@ -123,10 +134,12 @@ struct FillWindow {
   int64_t local_cols, cols, row0, col0;
 };
 // out[i] = uniform_at(seed, counter, scale) (kernels/random.h) with counter the element's index
-// in the whole matrix ((row0 + i / local_cols) * cols + col0 + i % local_cols), or scale itself
-// when constant, rounded once to dtype: the CPU backend's values element for element.
+// in the whole matrix ((row0 + i / local_cols) * cols + col0 + i % local_cols), rounded once to
+// dtype: the CPU backend's values element for element.
 cudaError_t fill_uniform_cuda(void* out, int64_t n, DType dtype, uint64_t seed, float scale,
-                              bool constant, FillWindow window, cudaStream_t stream);
+                              FillWindow window, cudaStream_t stream);
+// out[i] = value rounded once to dtype (kBF16, kF16 or kF32), n elements.
+cudaError_t fill_cuda(void* out, int64_t n, DType dtype, float value, cudaStream_t stream);
 
 // The all-gather between the GPUs of one host without NCCL (the distributed decode's per-layer
 // exchange of a few KB, where NCCL's call costs ~10 us): every rank owns a `region` of

@@ -44,6 +44,9 @@ struct SampleRows {
 // host (`logit_rows`, indices into ids) and which rows are drawn on the backend (`sample`).
 struct ForwardBatch {
   std::vector<int32_t> ids;
+  // Rows whose id the backend drew in the step before and still holds (Backend::embedding's
+  // DrawnId: the decode lookahead); their entry in ids is not read.
+  std::vector<engine::Backend::DrawnId> drawn;
   std::vector<int64_t> positions;
   // Must tile the rows in order (of_sequence makes the one span of a single sequence).
   std::vector<RopeSpan> spans;

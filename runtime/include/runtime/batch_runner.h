@@ -78,9 +78,17 @@ class BatchRunner {
   // Whether nothing but rank 0's device draws comes back from a step with these inputs (the
   // same on every rank: it follows from the plan), so nothing after its forward is a collective.
   static bool device_only(const StepInputs& in);
-  // The step's rows on this rank: ids, positions, ring rows, RoPE spans, the rows sampled on
-  // the device or brought to the host, the prompt rows to score.
-  void build_inputs(const StepPlan& plan, StepInputs& in) const;
+  // A decode token of a plan that rank 0's backend drew in the step before and still holds:
+  // plan.seqs[seq]'s token is that backend's draw `index` (Backend::DrawnId).
+  struct DrawnPrevious {
+    size_t seq;
+    int64_t index;
+  };
+  // The step's rows on this rank: ids (`drawn`, in plan order: the rows the backend reads from
+  // its draws), positions, ring rows, RoPE spans, the rows sampled on the device or brought to
+  // the host, the prompt rows to score.
+  void build_inputs(const StepPlan& plan, const std::vector<DrawnPrevious>& drawn,
+                    StepInputs& in) const;
   // Prompt logprobs of sequence s: this rank scores its rows `mine` (position, logits row);
   // one all-gather of fixed-size records; rank 0 appends the merged entries to result.
   Status score_prompt(const StepPlan& plan, const SeqWork& s,
@@ -95,11 +103,12 @@ class BatchRunner {
   // that other ranks drew (`sampled`: this rank's ids, in SampleRows order) come in ONE
   // all-gather of `remote` slots per rank (none when there are none).
   // Decode tokens given as kPreviousToken become the tokens drawn in the step before. Drawn
-  // by rank 0's backend (the usual decode step): ids -1 - k that the embedding reads where the
-  // backend drew them, the other ranks' copies by ONE broadcast between the backends' memory
-  // (queued, no host wait on GPUs). Otherwise rank 0 fills them in from what it knows and they
-  // reach the other ranks in ONE host broadcast.
-  Status resolve_previous(StepPlan& plan);
+  // by rank 0's backend (the usual decode step): they stay kPreviousToken in the plan and go
+  // into `drawn`, which the embedding reads where the backend drew them, the other ranks'
+  // copies by ONE broadcast between the backends' memory (queued, no host wait on GPUs).
+  // Otherwise rank 0 fills them in from what it knows and they reach the other ranks in ONE
+  // host broadcast.
+  Status resolve_previous(StepPlan& plan, std::vector<DrawnPrevious>& drawn);
   Status gather_ids(const std::vector<Sample>& samples, size_t remote,
                     const std::vector<int32_t>& sampled, std::vector<int32_t>& device_ids);
   // The samples that need their logits on rank 0 (logprobs, LogitAdjust): today's path, one

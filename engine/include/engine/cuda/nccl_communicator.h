@@ -29,8 +29,11 @@ struct NcclOptions {
   cudaStream_t compute_stream = nullptr;
   std::chrono::milliseconds timeout{60000};
   // Or through this store (multi-node: the coordinator's network store); store_dir unused
-  // then. Last, so that positional initialisers of the fields above keep working.
+  // then. After the fields above, so that their positional initialisers keep working.
   std::shared_ptr<RendezvousStore> store;
+  // Tuning::peer_gather: false declines the stores into the peers' memory (every rank then
+  // takes NCCL, whatever the others said).
+  bool peer_gather = true;
 };
 
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& options);
