@@ -514,8 +514,7 @@ std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string&
     const bool cased = a.at(0, "case_sensitive").truthy();
     const Value attr = a.at(1, "attribute");
     auto key = [&](const Value& x) {
-      Value k = attr.is_string() ? attribute(x, attr.str()) : x;
-      return k.is_string() && !cased ? Value(ascii_case(k.str(), false)) : k;
+      return folded(attr.is_string() ? attribute(x, attr.str()) : x, cased);
     };
     List out, keys;
     for (const Value& x : as_list(e, v)) {
@@ -534,20 +533,26 @@ std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string&
   if (f == "sort") {
     // Jinja's sort(reverse=False, case_sensitive=False, attribute=None): stable; strings
     // compared case-blind unless asked; numbers with numbers, strings with strings.
-    const bool reverse = a.at(0, "reverse").truthy(), cased = a.at(1, "case_sensitive").truthy();
     const Value attr = a.at(2, "attribute");
     List l = as_list(e, v);
-    auto key = [&](const Value& x) {
-      Value k = attr.is_string() ? attribute(x, attr.str()) : x;
-      return k.is_string() && !cased ? Value(ascii_case(k.str(), false)) : k;
-    };
-    std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
-      const int c = compare(e, key(x), key(y));
-      return reverse ? c > 0 : c < 0;
-    });
+    sort_list(e, l, a.at(1, "case_sensitive").truthy(), a.at(0, "reverse").truthy(),
+              [&](const Value& x) { return attr.is_string() ? attribute(x, attr.str()) : x; });
     return Value(std::move(l));
   }
   return std::nullopt;
+}
+
+Value Renderer::folded(const Value& v, bool case_sensitive) {
+  return v.is_string() && !case_sensitive ? Value(ascii_case(v.str(), false)) : v;
+}
+
+void Renderer::sort_list(const Expr& e, List& l, bool case_sensitive, bool reverse,
+                         const std::function<Value(const Value&)>& field) {
+  // Python's sort with reverse=True keeps equal items in their order too: stable either way.
+  std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+    const int c = compare(e, folded(field(x), case_sensitive), folded(field(y), case_sensitive));
+    return reverse ? c > 0 : c < 0;
+  });
 }
 
 // Filters of dicts; nullopt for any other name.
@@ -560,20 +565,13 @@ std::optional<Value> Renderer::dict_filter(const Expr& e, const std::string& f, 
   for (const auto& [k, x] : v.dict()) out.emplace_back(List{Value(k), x});
   if (f == "dictsort") {
     // dictsort(case_sensitive=False, by='key', reverse=False).
-    const bool cased = a.at(0, "case_sensitive").truthy(), reverse = a.at(2, "reverse").truthy();
     const Value by = a.at(1, "by");
     const size_t at = by.is_string() && by.str() == "value" ? 1 : 0;
     if (by.is_string() && by.str() != "key" && by.str() != "value") {
       fail(e.line, "dictsort's by must be 'key' or 'value'");
     }
-    auto key = [&](const Value& kv) {
-      const Value& k = kv.list()[at];
-      return k.is_string() && !cased ? Value(ascii_case(k.str(), false)) : k;
-    };
-    std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
-      const int c = compare(e, key(x), key(y));
-      return reverse ? c > 0 : c < 0;
-    });
+    sort_list(e, out, a.at(0, "case_sensitive").truthy(), a.at(2, "reverse").truthy(),
+              [&](const Value& kv) { return kv.list()[at]; });
   }
   return Value(std::move(out));
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -210,6 +211,11 @@ class Renderer {
                                        const Args& a);
   std::optional<Value> dict_filter(const Expr& e, const std::string& f, const Value& v,
                                    const Args& a);
+  // Jinja's sorts and unique: a string in lower case unless case_sensitive.
+  static Value folded(const Value& v, bool case_sensitive);
+  // Sorts by field(item), stably, as Jinja's sort and dictsort.
+  static void sort_list(const Expr& e, List& l, bool case_sensitive, bool reverse,
+                        const std::function<Value(const Value&)>& field);
   // Filter `f` (text, sequence or dict filters) of v: filter() and map('f') call it.
   Value apply_filter(const Expr& e, const std::string& f, const Value& v, const Args& a);
 
