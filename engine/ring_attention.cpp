@@ -27,13 +27,29 @@ T* at(const Tensor& t, int64_t i) {
 
 }  // namespace
 
+Result<AttentionDtype> parse_attention_dtype(const std::string& name) {
+  if (name == "auto" || name == "bf16") return AttentionDtype::kAuto;
+  if (name == "fp8") return AttentionDtype::kFp8;
+  return Status::error("attention dtype must be auto, bf16 or fp8, got '" + name + "'");
+}
+
+const char* attention_dtype_name(AttentionDtype dtype) {
+  return dtype == AttentionDtype::kFp8 ? "fp8" : "auto";
+}
+
 Result<std::unique_ptr<RingAttention>> RingAttention::create(Backend& backend, Communicator& comm,
                                                              AttentionShape shape,
                                                              int64_t capacity, int page_size,
-                                                             KvCacheDtype kv_dtype) {
+                                                             KvCacheDtype kv_dtype,
+                                                             AttentionDtype attention) {
   if (capacity <= 0) return Status::error("kv cache: capacity must be > 0");
   if (page_size <= 0) return Status::error("kv cache: page size must be > 0");
+  if (attention == AttentionDtype::kFp8) {
+    const std::string why = backend.attention_fp8_refusal(shape.head_dim);
+    if (!why.empty()) return Status::error(why);
+  }
   std::unique_ptr<RingAttention> r(new RingAttention(backend, comm, shape));
+  r->attention_fp8_ = attention == AttentionDtype::kFp8;
   auto cache = PagedKvCache::create(backend, shape, (capacity + page_size - 1) / page_size,
                                     page_size, kv_dtype);
   if (!cache.ok()) return cache.status();
@@ -316,6 +332,7 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   p.beside_transfer = beside_transfer_;
+  p.qkv_fp8 = attention_fp8_;
   // The first contribution to these rows goes straight into the accumulator (same layout);
   // later ones merge into it, in the kernel where the backend's does that (one pass over the
   // accumulator), else through a partial and a merge.

@@ -110,12 +110,13 @@ Result<GenerateStats> generate(StepRunner& runner, const GenerateRequest& reques
 Result<std::unique_ptr<LocalStepRunner>> LocalStepRunner::create(models::Model& model,
                                                                  int64_t capacity,
                                                                  int page_size,
-                                                                 engine::KvCacheDtype kv_dtype) {
+                                                                 engine::KvCacheDtype kv_dtype,
+                                                                 engine::AttentionDtype attention) {
   std::unique_ptr<LocalStepRunner> r(new LocalStepRunner(model));
   r->comm_ = engine::make_local_communicator();
   if (page_size <= 0) page_size = engine::kv_page_size(model.backend());
   auto ring = engine::RingAttention::create(model.backend(), *r->comm_, model.attention_shape(),
-                                            capacity, page_size, kv_dtype);
+                                            capacity, page_size, kv_dtype, attention);
   if (!ring.ok()) return ring.status();
   r->ring_ = ring.take();
   r->batch_ = std::make_unique<BatchRunner>(model, *r->ring_, *r->comm_);

@@ -61,11 +61,12 @@ struct OneRank {
   std::unique_ptr<engine::RingAttention> ring;
 
   static Result<OneRank> create(models::Model& m, int64_t capacity,
-                                engine::KvCacheDtype kv = engine::KvCacheDtype::kAuto) {
+                                engine::KvCacheDtype kv = engine::KvCacheDtype::kAuto,
+                                engine::AttentionDtype attention = engine::AttentionDtype::kAuto) {
     OneRank r;
     r.comm = engine::make_local_communicator();
     auto ring = engine::RingAttention::create(m.backend(), *r.comm, m.attention_shape(), capacity,
-                                              engine::kv_page_size(m.backend()), kv);
+                                              engine::kv_page_size(m.backend()), kv, attention);
     if (!ring.ok()) return ring.status();
     r.ring = ring.take();
     return r;

@@ -177,6 +177,7 @@ class CudaBackend final : public Backend {
   bool attention_merges(const kernels::AttnParams& p) const override {
     return p.n_q != 1 && !p.row_kv_len && !p.kv_pages && kernels::attention_merges_into_o(p);
   }
+  std::string attention_fp8_refusal(int head_dim) const override;
 
   Status merge(const kernels::MergeParams& p) override;
 
@@ -267,7 +268,7 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
-  Scratch staging_, ids_, positions_, inv_freq_, decode_ws_;
+  Scratch staging_, ids_, positions_, inv_freq_, decode_ws_, fp8_attention_ws_;
   // sample(): its inputs and ids ([uniforms | row settings | ids]) on the device, and the
   // kernel's workspace (stream order lets each draw reuse them).
   Scratch sample_in_, sample_ws_;

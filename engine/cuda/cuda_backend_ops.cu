@@ -366,8 +366,30 @@ Status CudaBackend::attention(const kernels::AttnParams& p) {
                                                    compute_),
                     describe(p));
   }
+  if (p.qkv_fp8) {
+    // FP8 attention: the Hopper kernel over e4m3 copies of q, k and v in a workspace.
+    const std::string why = attention_fp8_refusal(p.head_dim);
+    if (!why.empty()) return op_error("attention", why);
+    BURST_RETURN_IF_ERROR(
+        ensure(fp8_attention_ws_, kernels::attention_fp8_workspace_bytes(p), "attention"));
+    return launched("attention",
+                    kernels::attention_fp8_cuda(p, fp8_attention_ws_.ptr,
+                                                fp8_attention_ws_.bytes, compute_),
+                    describe(p));
+  }
   return launched("attention", kernels::attention_cuda(p, compute_, prefill_kernel_),
                   describe(p));
+}
+
+std::string CudaBackend::attention_fp8_refusal(int head_dim) const {
+  const Status on = use_device("attention");
+  if (!on.ok()) return on.message();
+  kernels::AttnParams p;
+  p.head_dim = head_dim;
+  if (kernels::attention_fp8_supported(p)) return {};
+  return "fp8 attention runs on Hopper GPUs (compute capability 9.0) at head_dim 128; this is " +
+         std::string(head_dim == 128 ? "another GPU" : "head_dim " + std::to_string(head_dim)) +
+         " (use --attention-dtype auto)";
 }
 
 Status CudaBackend::merge(const kernels::MergeParams& p) {

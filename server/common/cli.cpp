@@ -101,6 +101,20 @@ std::string parse_cli(CLI::App& app, int argc, char** argv, bool* help) {
   return "";
 }
 
+CLI::Option* add_attention_dtype_option(CLI::App& app, engine::AttentionDtype& target,
+                                        const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          "--attention-dtype",
+          [&target](const std::string& v) { target = engine::parse_attention_dtype(v).value(); },
+          help)
+      ->type_name("D")
+      ->check([](const std::string& v) -> std::string {
+        auto d = engine::parse_attention_dtype(v);
+        return d.ok() ? "" : d.message();
+      });
+}
+
 CLI::Option* add_kv_cache_dtype_option(CLI::App& app, engine::KvCacheDtype& target,
                                        const std::string& help) {
   return app

@@ -41,6 +41,7 @@ struct Args {
   int tp = 1;
   burst::engine::ShardLayout layout = burst::engine::ShardLayout::kStriped;
   burst::engine::KvCacheDtype kv_cache_dtype = burst::engine::KvCacheDtype::kAuto;
+  burst::engine::AttentionDtype attention_dtype = burst::engine::AttentionDtype::kAuto;
   burst::engine::SamplingParams sampling{0.8f, 40, 0.95f, 0};
 };
 
@@ -76,6 +77,10 @@ void add_flags(CLI::App& app, Args& a, std::string& layout, bool& version) {
                                            "what the KV cache holds: auto (the compute dtype; "
                                            "default) or fp8 (e4m3 rows with a scale per token "
                                            "and KV head: about half the bytes)");
+  burst::server::add_attention_dtype_option(app, a.attention_dtype,
+                                            "prefill attention's products: auto (the compute "
+                                            "dtype; default) or fp8 (e4m3: the Hopper FP8 "
+                                            "kernel, head_dim 128; emulated on CPUs)");
   app.add_option("--workers", a.workers, "shard the prompt over N burst-worker processes "
                  "(BurstAttention ring); without it, one in-process engine")->type_name("N");
   app.add_option("--tp", a.tp, "tensor parallelism (default 1): each T consecutive workers "
@@ -184,6 +189,7 @@ Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest
     opt.kv_capacity = capacity;
     opt.layout = a.layout;
     opt.kv_cache_dtype = a.kv_cache_dtype;
+    opt.attention_dtype = a.attention_dtype;
     opt.prefill_chunk = a.prefill_chunk;
     auto group = server::WorkerGroup::start(opt);
     if (!group.ok()) return group.status();
@@ -208,7 +214,8 @@ Result<runtime::GenerateStats> run(const Args& a, const runtime::GenerateRequest
   if (!backend.ok()) return backend.status();
   auto model = models::load_model(*backend.value(), spec);
   if (!model.ok()) return model.status();
-  auto runner = runtime::LocalStepRunner::create(*model.value(), capacity, 0, a.kv_cache_dtype);
+  auto runner = runtime::LocalStepRunner::create(*model.value(), capacity, 0, a.kv_cache_dtype,
+                                                 a.attention_dtype);
   if (!runner.ok()) return runner.status();
   *where = "device " + backend.value()->name();
   return runtime::generate(*runner.value(), req, on_token);

@@ -125,6 +125,10 @@ std::vector<Field> fields(ServerConfig* c) {
        "or fp8 (fp8_e4m3: e4m3 with a scale per token and KV head, about half the bytes of "
        "bf16, so about twice the tokens; the ring passes FP8 blocks, decode reads FP8). "
        "Accuracy: README"},
+      {"attention_dtype", K::kString, &c->attention_dtype, "D",
+       "prefill attention's products: auto (default; bf16 is the same: the compute dtype) or "
+       "fp8 (q, k, v and P in e4m3 with block scales and a Hadamard rotation of q and k: the "
+       "Hopper FP8 kernel, head_dim 128; CPU workers emulate it). Accuracy and speed: README"},
       {"warmup_tokens", K::kInt64, &c->warmup_tokens, "N",
        "before the workers serve (at start and after a restart), one request of N tokens runs "
        "through them, so that the first request is as fast as the next (-1, the default: the "
@@ -308,6 +312,7 @@ Status validate(const ServerConfig& c) {
                          std::to_string(n) + " workers (workers = tp x the ring's ranks)");
   }
   if (auto kv = engine::parse_kv_cache_dtype(c.kv_cache_dtype); !kv.ok()) return kv.status();
+  if (auto at = engine::parse_attention_dtype(c.attention_dtype); !at.ok()) return at.status();
   engine::ShardLayout layout;
   if (!engine::parse_shard_layout(c.layout, &layout)) {
     return Status::error("layout must be striped, zigzag or contiguous, got \"" + c.layout +

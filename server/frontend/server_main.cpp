@@ -206,6 +206,7 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
                                : server::default_start_timeout(weight_bytes);
   engine::parse_shard_layout(cfg.layout, &so.group.layout);  // checked by the config
   so.group.kv_cache_dtype = engine::parse_kv_cache_dtype(cfg.kv_cache_dtype).value();
+  so.group.attention_dtype = engine::parse_attention_dtype(cfg.attention_dtype).value();
   so.max_context = cfg.max_context;
   so.max_prompt_bytes = cfg.max_prompt_bytes;
   so.max_tokens_limit = cfg.max_tokens_limit;
@@ -262,6 +263,7 @@ burst::Result<std::shared_ptr<burst::server::WorkerRegistry>> start_registry(
   ro.kv_memory_fraction = so.group.kv_memory_fraction;
   ro.kv_reserve_bytes = so.group.kv_reserve_bytes;
   ro.kv_cache_dtype = so.group.kv_cache_dtype;
+  ro.attention_dtype = so.group.attention_dtype;
   ro.comm_timeout = so.group.comm_timeout;
   auto r = WorkerRegistry::start(ro);
   if (!r.ok()) return r.status();

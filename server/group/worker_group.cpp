@@ -339,6 +339,10 @@ std::vector<std::string> WorkerGroup::worker_args(const Rank& rk, const std::str
     args.insert(args.end(),
                 {"--kv-cache-dtype", engine::kv_cache_dtype_name(options_.kv_cache_dtype)});
   }
+  if (options_.attention_dtype != engine::AttentionDtype::kAuto) {
+    args.insert(args.end(),
+                {"--attention-dtype", engine::attention_dtype_name(options_.attention_dtype)});
+  }
   if (!options_.model.dir.empty()) {
     args.insert(args.end(), {"--model", options_.model.dir});
   } else {

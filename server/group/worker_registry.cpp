@@ -270,6 +270,7 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
         a->set_kv_reserve_bytes(o.kv_reserve_bytes);
         a->set_tp(o.tp);
         a->set_kv_cache_dtype(engine::kv_cache_dtype_name(o.kv_cache_dtype));
+        a->set_attention_dtype(engine::attention_dtype_name(o.attention_dtype));
         a->set_comm_timeout_ms(o.comm_timeout.count());
         if (!writer->Write(ev)) {
           r_.member_gone(&m, "its Join stream broke before it got its rank");

@@ -79,6 +79,10 @@ void add_flags(CLI::App& app, Args& a, bool& version) {
                                            "what the KV pool holds: auto (the compute dtype; "
                                            "default) or fp8 (FP8 rows, kernels/kv_fp8.h) "
                                            "(spawned form)");
+  burst::server::add_attention_dtype_option(app, a.attention_dtype,
+                                            "prefill attention's products: auto (the compute "
+                                            "dtype; default) or fp8 (e4m3: the Hopper FP8 "
+                                            "kernel, emulated on CPUs) (spawned form)");
   app.add_option("--comm-timeout-ms", a.comm_timeout_ms, "the communicator's timeout (spawned "
                  "form; default 30000)")->type_name("MS");
   app.add_option("--poison-freed-kv", a.poison_freed_kv, "1: fill freed KV pages with NaN (a "

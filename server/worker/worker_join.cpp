@@ -157,6 +157,11 @@ int serve_as_member(WorkerProcess& process, const Args& a, engine::Backend& back
                                                                            : as.kv_cache_dtype());
   if (!kv_dtype.ok()) return process.fail("the coordinator's " + kv_dtype.message());
   sized.kv_cache_dtype = kv_dtype.value();
+  auto attention = engine::parse_attention_dtype(as.attention_dtype().empty()
+                                                     ? "auto"
+                                                     : as.attention_dtype());
+  if (!attention.ok()) return process.fail("the coordinator's " + attention.message());
+  sized.attention_dtype = attention.value();
   auto ring = open_ring(process, sized, backend, model, *comms.value().ring);
   if (!ring.ok()) return process.fail(ring.message());
   WorkerService service(process, model, *comms.value().ring, *ring.value(), reg.token,

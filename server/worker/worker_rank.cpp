@@ -120,7 +120,8 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
   const engine::AttentionShape s = model.attention_shape();
   const int64_t kv_bytes = capacity.value() * kv_token_bytes(s, backend, a.kv_cache_dtype);
   auto ring = engine::RingAttention::create(backend, comm, s, capacity.value(),
-                                            engine::kv_page_size(backend), a.kv_cache_dtype);
+                                            engine::kv_page_size(backend), a.kv_cache_dtype,
+                                            a.attention_dtype);
   if (!ring.ok()) return ring.status();
   ring.value()->cache_mut().set_poison_freed(a.poison_freed_kv);
   std::string plan = "memory plan: weights " + gib(static_cast<double>(model.weight_bytes())) +
@@ -131,7 +132,8 @@ Result<std::unique_ptr<engine::RingAttention>> open_ring(const WorkerProcess& pr
                      ", KV cache " + gib(static_cast<double>(kv_bytes)) + " (" +
                      std::to_string(capacity.value()) + " tokens, " + std::to_string(s.kv_heads) +
                      " KV heads" +
-                     (a.kv_cache_dtype == engine::KvCacheDtype::kFp8 ? ", fp8" : "") + ")";
+                     (a.kv_cache_dtype == engine::KvCacheDtype::kFp8 ? ", fp8" : "") + ")" +
+                     (a.attention_dtype == engine::AttentionDtype::kFp8 ? ", attention fp8" : "");
 #ifdef BURST_HAVE_CUDA
   if (backend.device() == engine::DeviceKind::kCuda) {
     if (auto mem = engine::cuda_memory_info(backend); mem.ok()) {

@@ -173,6 +173,9 @@ class Backend {
   // Whether attention(p) takes p with merge_into_o set (the CPU kernel always; on CUDA the
   // prefill kernels with an fp32 o, not the decode kernel: one row, or per-row K/V).
   virtual bool attention_merges(const kernels::AttnParams& p) const = 0;
+  // Why FP8 attention (AttnParams::qkv_fp8, --attention-dtype fp8) cannot run here at this
+  // head_dim; empty where it can (the CPU emulation always can).
+  virtual std::string attention_fp8_refusal(int /*head_dim*/) const { return {}; }
   // One (O, LSE) merge of the kernels/attention.h contract (fp32) on this backend's memory.
   virtual Status merge(const kernels::MergeParams& p) = 0;
   // One token per row of logits [rows, vocab] (this backend's memory, fp32 or its compute

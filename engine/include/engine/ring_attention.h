@@ -33,10 +33,12 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/attention_context.h"
+#include "engine/attention_dtype.h"
 #include "engine/communicator.h"
 #include "engine/kv_pages.h"
 #include "engine/sharding.h"
@@ -72,15 +74,17 @@ inline int kv_page_size(const Backend& backend) {
 // Which ring a prefill chunk uses (tests and benchmarks force one; kAuto picks per chunk).
 enum class RingPass { kAuto, kKv, kQ };
 
+
 class RingAttention final : public AttentionContext {
  public:
   // capacity: KV tokens this rank may hold over all sequences (rounded up to whole pages).
   // kv_dtype fp8: the pages hold FP8 rows, and so do the blocks pass-KV sends (half the bytes
   // a hop); each block is dequantized where it is attended.
-  static Result<std::unique_ptr<RingAttention>> create(Backend& backend, Communicator& comm,
-                                                       AttentionShape shape, int64_t capacity,
-                                                       int page_size = kDefaultKvPageSize,
-                                                       KvCacheDtype kv_dtype = KvCacheDtype::kAuto);
+  // attention fp8: every prefill launch rounds its products to e4m3 (AttentionDtype).
+  static Result<std::unique_ptr<RingAttention>> create(
+      Backend& backend, Communicator& comm, AttentionShape shape, int64_t capacity,
+      int page_size = kDefaultKvPageSize, KvCacheDtype kv_dtype = KvCacheDtype::kAuto,
+      AttentionDtype attention = AttentionDtype::kAuto);
 
   // The next forward is a step of these sequences (their rows in this order); reserves the KV
   // pages the step adds on this rank (kResourceExhausted, nothing changed, when they do not fit).
@@ -224,6 +228,7 @@ class RingAttention final : public AttentionContext {
   // Set while a ring step's transfer is in flight: its attention launches say so
   // (AttnParams::beside_transfer).
   bool beside_transfer_ = false;
+  bool attention_fp8_ = false;  // AttentionDtype::kFp8: prefill launches set qkv_fp8
   RingStats stats_;
 };
 

@@ -80,10 +80,12 @@ Result<GenerateStats> generate(StepRunner& runner, const GenerateRequest& reques
 class LocalStepRunner final : public StepRunner {
  public:
   // capacity: KV tokens (whole pages of page_size; 0: the page size a worker on the model's
-  // backend uses, engine::kv_page_size); kv_dtype: what the pool holds (--kv-cache-dtype).
+  // backend uses, engine::kv_page_size); kv_dtype: what the pool holds (--kv-cache-dtype);
+  // attention: the precision of prefill attention (--attention-dtype).
   static Result<std::unique_ptr<LocalStepRunner>> create(
       models::Model& model, int64_t capacity, int page_size = 0,
-      engine::KvCacheDtype kv_dtype = engine::KvCacheDtype::kAuto);
+      engine::KvCacheDtype kv_dtype = engine::KvCacheDtype::kAuto,
+      engine::AttentionDtype attention = engine::AttentionDtype::kAuto);
   Result<StepResult> run_step(const StepPlan& plan, const StepProgress& on_layer) override;
   int32_t eos_token_id() const override { return model_.config().eos_token_id; }
   int64_t kv_capacity_tokens() const override { return ring_->capacity(); }

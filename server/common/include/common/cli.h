@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/attention_dtype.h"
 #include "engine/kv_pages.h"
 
 namespace burst::server {
@@ -24,6 +25,9 @@ std::unique_ptr<CLI::App> make_cli(const std::string& program, const std::string
 // with its message), with `help` as its --help line.
 CLI::Option* add_kv_cache_dtype_option(CLI::App& app, engine::KvCacheDtype& target,
                                        const std::string& help);
+// --attention-dtype D likewise (engine::parse_attention_dtype).
+CLI::Option* add_attention_dtype_option(CLI::App& app, engine::AttentionDtype& target,
+                                        const std::string& help);
 
 // Parses argv into the App's bindings. Returns "" on success or the error; --help / -h sets
 // *help and stops (nothing after it is checked).

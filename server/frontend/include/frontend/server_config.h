@@ -70,6 +70,7 @@ struct ServerConfig {
   int decode_lookahead = 1;
   int prefix_caching = 1;  // requests reuse the KV of prompt blocks computed before
   std::string kv_cache_dtype = "auto";  // auto or fp8 (engine::parse_kv_cache_dtype)
+  std::string attention_dtype = "auto";  // auto, bf16 or fp8 (engine::parse_attention_dtype)
   int64_t warmup_tokens = -1;  // the warm-up request's tokens; -1: the longest prompt on GPUs
                                // (at most 128K), none on CPUs
   int64_t max_body_bytes = 8 << 20;

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/attention_dtype.h"
 #include "engine/kv_pages.h"
 #include "engine/sharding.h"
 #include "models/llama.h"
@@ -66,6 +67,8 @@ struct WorkerGroupOptions {
   int64_t kv_reserve_bytes = 0;
   // What the ranks' KV pools hold (--kv-cache-dtype): the compute dtype, or FP8 rows.
   engine::KvCacheDtype kv_cache_dtype = engine::KvCacheDtype::kAuto;
+  // Prefill attention's products on the ranks (--attention-dtype): the compute dtype, or fp8.
+  engine::AttentionDtype attention_dtype = engine::AttentionDtype::kAuto;
   int64_t prefill_chunk = 0;   // the largest prefill chunk a step carries (0: whole prompts)
   engine::ShardLayout layout = engine::ShardLayout::kStriped;
   // From the spawn until every rank answers (loading the weights included): see

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/auth.h"
+#include "engine/attention_dtype.h"
 #include "engine/kv_pages.h"
 #include "engine/rendezvous_store.h"
 #include "models/config.h"
@@ -81,6 +82,7 @@ struct RegistryOptions {
   double kv_memory_fraction = 0.9;
   int64_t kv_reserve_bytes = 0;
   engine::KvCacheDtype kv_cache_dtype = engine::KvCacheDtype::kAuto;  // every rank's pool
+  engine::AttentionDtype attention_dtype = engine::AttentionDtype::kAuto;  // every rank's
   std::chrono::milliseconds comm_timeout{30000};
   // Workers must present it (kWorkerTokenKey) on Join and every Store call; the group sends it
   // on every WorkerControl call. Empty: start() takes cluster_token_from_env(); still empty:

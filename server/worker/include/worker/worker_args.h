@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/attention_dtype.h"
 #include "engine/kv_pages.h"
 #include "models/llama.h"
 
@@ -18,6 +19,7 @@ struct Args {
   double kv_memory_fraction = 0.9;
   int64_t kv_reserve_bytes = 0;
   engine::KvCacheDtype kv_cache_dtype = engine::KvCacheDtype::kAuto;  // --kv-cache-dtype
+  engine::AttentionDtype attention_dtype = engine::AttentionDtype::kAuto;  // --attention-dtype
   int comm_timeout_ms = 30000;
   std::string join, advertise_host;
   std::string cluster_token_file;  // --join: the cluster token's file (else $BURST_CLUSTER_TOKEN)
