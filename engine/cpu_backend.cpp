@@ -45,6 +45,11 @@ class CpuBackend final : public Backend {
   }
 
   Status upload(const void* host, DType host_dtype, Tensor& dst) override {
+    if (dst.dtype == DType::kI32 || host_dtype == DType::kI32) {  // tables: bits unchanged
+      if (dst.dtype != host_dtype) return shape_error("upload", "i32 uploads only into i32");
+      std::memcpy(dst.data, host, static_cast<size_t>(dst.bytes()));
+      return {};
+    }
     if (dst.dtype != DType::kF32) return shape_error("upload", "cpu tensors are f32");
     const int64_t n = dst.numel();
     float* out = dst.as<float>();
@@ -61,11 +66,16 @@ class CpuBackend final : public Backend {
         break;
       }
       case DType::kFP8E4M3: return shape_error("upload", "fp8 is not a host format");
+      case DType::kI32: break;  // above
     }
     return {};
   }
 
   Status download(const Tensor& src, std::vector<float>& host) override {
+    if (src.dtype == DType::kI32) {
+      host.assign(src.as<int32_t>(), src.as<int32_t>() + src.numel());
+      return {};
+    }
     if (src.dtype != DType::kF32) return shape_error("download", "cpu tensors are f32");
     host.assign(src.as<float>(), src.as<float>() + src.numel());
     return {};

@@ -155,11 +155,9 @@ Status RingAttention::begin_step(std::vector<SeqRows> seqs) {
     tables.insert(tables.end(), pages.begin(), pages.end());
   }
   if (!tables.empty()) {
-    // The page tables of the step's decode tokens, one upload for the step. The buffer is
-    // typed f32 (backends know no int type); upload of the same dtype copies bits unchanged.
-    BURST_RETURN_IF_ERROR(ensure(tables_, {static_cast<int64_t>(tables.size())}, DType::kF32));
-    static_assert(sizeof(int32_t) == sizeof(float), "page tables travel as 4-byte words");
-    BURST_RETURN_IF_ERROR(backend_.upload(tables.data(), DType::kF32, tables_));
+    // The step's tables, one upload of int32 for the step.
+    BURST_RETURN_IF_ERROR(ensure(tables_, {static_cast<int64_t>(tables.size())}, DType::kI32));
+    BURST_RETURN_IF_ERROR(backend_.upload(tables.data(), DType::kI32, tables_));
   }
   step_ = std::move(seqs);
   in_step_ = true;

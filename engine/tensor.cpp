@@ -11,6 +11,7 @@ const char* dtype_name(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
     case DType::kFP8E4M3: return "fp8e4m3";
+    case DType::kI32: return "i32";
   }
   return "?";
 }

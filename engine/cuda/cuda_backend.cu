@@ -190,6 +190,9 @@ Status CudaBackend::upload(const void* host, DType host_dtype, Tensor& dst) {
   BURST_RETURN_IF_ERROR(use_device("upload"));
   const int64_t n = dst.numel();
   if (n == 0) return {};
+  if ((host_dtype == DType::kI32 || dst.dtype == DType::kI32) && host_dtype != dst.dtype) {
+    return op_error("upload", "i32 uploads only into i32");
+  }
   if (host_dtype == dst.dtype) {
     BURST_CUDA_TRY(device_, "upload",
                    cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.bytes()),
@@ -228,6 +231,15 @@ Status CudaBackend::download(const Tensor& src, std::vector<float>& host) {
                    cudaMemcpyAsync(host.data(), src.data, static_cast<size_t>(src.bytes()),
                                    cudaMemcpyDeviceToHost, compute_));
     BURST_CUDA_TRY(device_, "download", cudaStreamSynchronize(compute_));
+    return {};
+  }
+  if (src.dtype == DType::kI32) {
+    std::vector<int32_t> ints(static_cast<size_t>(n));
+    BURST_CUDA_TRY(device_, "download",
+                   cudaMemcpyAsync(ints.data(), src.data, static_cast<size_t>(src.bytes()),
+                                   cudaMemcpyDeviceToHost, compute_));
+    BURST_CUDA_TRY(device_, "download", cudaStreamSynchronize(compute_));
+    host.assign(ints.begin(), ints.end());
     return {};
   }
   std::vector<uint16_t> raw(static_cast<size_t>(n));

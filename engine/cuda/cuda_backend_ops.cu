@@ -23,6 +23,7 @@ cudaDataType_t cuda_data_type(DType t) {
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
     case DType::kFP8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kI32: return CUDA_R_32I;
   }
   return CUDA_R_32F;
 }

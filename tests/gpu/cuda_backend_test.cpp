@@ -310,10 +310,12 @@ TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
     auto pool = gpu_->alloc({rows, row_bytes}, DType::kFP8E4M3);
     ASSERT_TRUE(pool.ok()) << pool.message();
     ASSERT_EQ(cudaMemset(pool.value().data, 0x5a, size_t(rows * row_bytes)), cudaSuccess);
-    auto table = gpu_->alloc({rows}, DType::kF32);  // int32 words (bits copied unchanged)
+    auto table = gpu_->alloc({rows}, DType::kI32);
     ASSERT_TRUE(table.ok());
-    ASSERT_EQ(cudaMemcpy(table.value().data, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_TRUE(gpu_->upload(dst.data(), DType::kI32, table.value()).ok());
+    std::vector<float> rows_back;
+    ASSERT_TRUE(gpu_->download(table.value(), rows_back).ok());
+    EXPECT_EQ(rows_back, std::vector<float>(dst.begin(), dst.end())) << "i32 round trip";
     Status st = gpu_->quantize_kv(src, s.kv_heads, table.value().as<int32_t>(), pool.value());
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_TRUE(gpu_->synchronize().ok());

@@ -15,7 +15,7 @@ namespace burst::engine {
 using kernels::DType;
 
 inline int64_t dtype_size(DType t) {
-  return t == DType::kF32 ? 4 : t == DType::kFP8E4M3 ? 1 : 2;
+  return t == DType::kF32 || t == DType::kI32 ? 4 : t == DType::kFP8E4M3 ? 1 : 2;
 }
 const char* dtype_name(DType t);
 

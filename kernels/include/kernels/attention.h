@@ -24,8 +24,10 @@ namespace burst::kernels {
 
 enum class MaskKind : int32_t { kNone = 0, kCausal = 1 };
 // kFP8E4M3 is the FP8 KV cache's element (kernels/kv_fp8.h): a tensor of it holds FP8 KV rows
-// (e4m3 values and their scales), one element per byte; no op computes in it.
-enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kFP8E4M3 = 3 };
+// (e4m3 values and their scales), one element per byte; no op computes in it. kI32 holds
+// tables (page tables, row indices: int32 pointers of the kernels' parameters); no op computes
+// in it either.
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kFP8E4M3 = 3, kI32 = 4 };
 
 struct AttnParams {
   const void* q = nullptr;

@@ -32,6 +32,7 @@ cudaError_t with_type(DType dtype, F&& f) {
     case DType::kBF16: return f(TypeTag<__nv_bfloat16>{});
     case DType::kF16: return f(TypeTag<__half>{});
     case DType::kFP8E4M3: break;  // FP8 KV rows: only their own kernels read them
+    case DType::kI32: break;      // tables: read as int32 pointers, never through with_type
   }
   return cudaErrorInvalidValue;
 }
