@@ -17,6 +17,26 @@
 #include "kernels/attention.h"
 #include "kernels/kv_fp8.h"
 
+namespace burst::testing {
+
+// Runs fn(h, i) over all (head, row) pairs on all host threads.
+template <typename Fn>
+void parallel_rows(int heads, int rows, Fn fn) {
+  const int64_t total = int64_t{heads} * rows;
+  const int n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < n_threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int64_t it = t; it < total; it += n_threads) {
+        fn(static_cast<int>(it / rows), static_cast<int>(it % rows));
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace burst::testing
+
 namespace burst::testing::fp8_attention {
 
 using kernels::MaskKind;
@@ -61,21 +81,6 @@ Inputs draw_inputs(const Shape& s, bool outliers, uint32_t seed, Round round) {
   in.k = draw(s.n_kv, s.kv_heads, s.head_dim, 0.2f, 1.6f, outliers, rng, round);
   in.v = draw(s.n_kv, s.kv_heads, s.head_dim, 0.05f, 1.f, outliers, rng, round);
   return in;
-}
-
-template <typename Fn>
-void parallel_rows(int heads, int rows, Fn fn) {
-  const int64_t total = int64_t{heads} * rows;
-  const int n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < n_threads; ++t) {
-    pool.emplace_back([&, t] {
-      for (int64_t it = t; it < total; it += n_threads) {
-        fn(static_cast<int>(it / rows), static_cast<int>(it % rows));
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
 }
 
 inline int64_t visible_keys(const Shape& s, int i) {
@@ -126,6 +131,45 @@ inline Result attend(const Shape& s, const Inputs& in, bool naive_fp8) {
     for (int c = 0; c < d; ++c) oi[c] = float(acc[c] / sum);
     r.lse[size_t(h) * s.n_q + i] = float(mx + std::log(sum));
   });
+  return r;
+}
+
+// attention_cpu over in (fp32), with AttnParams::qkv_fp8 = fp8 (the emulation of the FP8
+// kernel). merge_split > 0: keys [0, split) first, then the rest merged into O (merge_into_o).
+inline Result attention_cpu_of(const Shape& s, const Inputs& in, bool fp8, int merge_split = 0) {
+  Result r;
+  r.o.assign(size_t(s.n_q) * s.heads * s.head_dim, 0.f);
+  r.lse.assign(size_t(s.heads) * s.n_q, 0.f);
+  kernels::AttnParams p;
+  p.q = in.q.data();
+  p.k = in.k.data();
+  p.v = in.v.data();
+  p.o = r.o.data();
+  p.lse = r.lse.data();
+  p.n_q = s.n_q;
+  p.n_kv = s.n_kv;
+  p.heads = s.heads;
+  p.kv_heads = s.kv_heads;
+  p.head_dim = s.head_dim;
+  p.q_start = s.q_start;
+  p.kv_start = s.kv_start;
+  p.mask = s.mask;
+  p.scale = 1.f / std::sqrt(float(s.head_dim));
+  p.qkv_fp8 = fp8;
+  kernels::set_packed_strides(p);
+  if (merge_split == 0) {
+    kernels::attention_cpu(p);
+    return r;
+  }
+  kernels::AttnParams first = p, second = p;
+  first.n_kv = merge_split;
+  second.n_kv = s.n_kv - merge_split;
+  second.kv_start = s.kv_start + merge_split;
+  second.k = in.k.data() + int64_t{merge_split} * p.k_row_stride;
+  second.v = in.v.data() + int64_t{merge_split} * p.v_row_stride;
+  second.merge_into_o = true;
+  kernels::attention_cpu(first);
+  kernels::attention_cpu(second);
   return r;
 }
 

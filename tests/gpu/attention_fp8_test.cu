@@ -67,28 +67,7 @@ ref::Inputs inputs_of(const Case& c, uint32_t seed) {
 
 // The CPU emulation of the same roundings (attention_cpu with qkv_fp8).
 ref::Result emulate(const ref::Shape& s, const ref::Inputs& in) {
-  ref::Result r;
-  r.o.assign(size_t(s.n_q) * s.heads * kD, 0.f);
-  r.lse.assign(size_t(s.heads) * s.n_q, 0.f);
-  AttnParams p;
-  p.q = in.q.data();
-  p.k = in.k.data();
-  p.v = in.v.data();
-  p.o = r.o.data();
-  p.lse = r.lse.data();
-  p.n_q = s.n_q;
-  p.n_kv = s.n_kv;
-  p.heads = s.heads;
-  p.kv_heads = s.kv_heads;
-  p.head_dim = kD;
-  p.q_start = s.q_start;
-  p.kv_start = s.kv_start;
-  p.mask = s.mask;
-  p.scale = 1.f / std::sqrt(float(kD));
-  p.qkv_fp8 = true;
-  set_packed_strides(p);
-  attention_cpu(p);
-  return r;
+  return ref::attention_cpu_of(s, in, true);
 }
 
 struct Device {

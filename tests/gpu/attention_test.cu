@@ -24,6 +24,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
 #include "kernels/kv_fp8.h"
+#include "../fp8_attention_reference.h"
 #include "gpu_test_util.h"
 
 namespace burst::kernels {
@@ -34,6 +35,7 @@ using testing::decode;
 using testing::DevBuf;
 using testing::encode;
 using testing::have_gpu;
+using testing::parallel_rows;
 using testing::round_to;
 
 class GpuAttention : public ::testing::Test {
@@ -63,22 +65,6 @@ void device_sms(int& sms) {
 void upload(DevBuf& d, const std::vector<uint8_t>& h) {
   ASSERT_EQ(cudaMalloc(&d.ptr, std::max<size_t>(h.size(), 16)), cudaSuccess);
   CUDA_ASSERT(cudaMemcpy(d.ptr, h.data(), h.size(), cudaMemcpyHostToDevice));
-}
-
-// Runs fn(h, i) over all (head, row) pairs on all host threads.
-template <typename Fn>
-void parallel_rows(int heads, int rows, Fn fn) {
-  const int64_t total = int64_t{heads} * rows;
-  const int n_threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int t = 0; t < n_threads; ++t) {
-    pool.emplace_back([&, t] {
-      for (int64_t it = t; it < total; it += n_threads) {
-        fn(static_cast<int>(it / rows), static_cast<int>(it % rows));
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
 }
 
 // The naive same-precision implementation: full fp32 score row, P = exp(s - max) rounded to the
@@ -1109,7 +1095,6 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
     for (int b = 0; b < n; ++b) {
       const int len = lens[size_t(b)];
       std::vector<float> kd(size_t(len) * kvw), vd(kd.size()), ke(kd.size()), ve(kd.size());
-      std::vector<float> row(size_t(kvw));
       for (int j = 0; j < len; ++j) {
         const int64_t pr = int64_t{meta[size_t(offsets[size_t(b)] + j / page)]} * page + j % page;
         dequantize_kv_cpu(kp.data() + pr * row_bytes, 1, s.kv_heads, s.d, &kd[size_t(j) * kvw]);

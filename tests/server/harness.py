@@ -20,6 +20,13 @@ HAVE_KJV = os.path.exists(os.path.join(KJV, "config.json"))
 MODEL = KJV if HAVE_KJV else os.path.join(ROOT, "tests", "fixtures", "golden", "odd-linear", "model")
 # Tokenizes to ids < 4099, so it works on both models.
 PROMPT = "And God said" if HAVE_KJV else "And the was"
+# Genesis 1:1-4 (kjv-tiny's training text): a prompt of ~80 tokens whose log-probabilities the
+# FP8 tests compare; the fallback model gets a short one.
+KJV_PASSAGE = ("In the beginning God created the heaven and the earth. And the earth was "
+               "without form, and void; and darkness was upon the face of the deep. And the "
+               "Spirit of God moved upon the face of the waters. And God said, Let there be "
+               "light: and there was light. And God saw the light, that it was good: and God "
+               "divided the light from the darkness.") if HAVE_KJV else "And the was"
 
 
 def build_dir():

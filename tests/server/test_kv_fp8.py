@@ -14,13 +14,8 @@ import os
 import subprocess
 import threading
 
-from harness import HAVE_KJV, Server, build_dir, check, run
+from harness import KJV_PASSAGE as PROMPT, Server, build_dir, check, run
 
-TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, "
-        "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
-        "the face of the waters. And God said, Let there be light: and there was light. And God "
-        "saw the light, that it was good: and God divided the light from the darkness.")
-PROMPT = TEXT if HAVE_KJV else "And the was"
 
 
 def complete(srv, prompt, max_tokens=16, echo=False):

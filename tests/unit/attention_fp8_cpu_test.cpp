@@ -21,52 +21,13 @@ namespace ref = testing::fp8_attention;
 
 float as_is(float x) { return x; }
 
-// attention_cpu over in, fp32; fp8: with qkv_fp8. merge_split > 0: keys [0, split) then the
-// rest merged into O (merge_into_o).
-ref::Result run(const ref::Shape& s, const ref::Inputs& in, bool fp8, int merge_split = 0) {
-  ref::Result r;
-  r.o.assign(size_t(s.n_q) * s.heads * s.head_dim, 0.f);
-  r.lse.assign(size_t(s.heads) * s.n_q, 0.f);
-  AttnParams p;
-  p.q = in.q.data();
-  p.k = in.k.data();
-  p.v = in.v.data();
-  p.o = r.o.data();
-  p.lse = r.lse.data();
-  p.n_q = s.n_q;
-  p.n_kv = s.n_kv;
-  p.heads = s.heads;
-  p.kv_heads = s.kv_heads;
-  p.head_dim = s.head_dim;
-  p.q_start = s.q_start;
-  p.kv_start = s.kv_start;
-  p.mask = s.mask;
-  p.scale = 1.f / std::sqrt(float(s.head_dim));
-  p.qkv_fp8 = fp8;
-  set_packed_strides(p);
-  if (merge_split == 0) {
-    attention_cpu(p);
-    return r;
-  }
-  AttnParams first = p, second = p;
-  first.n_kv = merge_split;
-  second.n_kv = s.n_kv - merge_split;
-  second.kv_start = s.kv_start + merge_split;
-  second.k = in.k.data() + int64_t{merge_split} * p.k_row_stride;
-  second.v = in.v.data() + int64_t{merge_split} * p.v_row_stride;
-  second.merge_into_o = true;
-  attention_cpu(first);
-  attention_cpu(second);
-  return r;
-}
-
 void check(const std::string& name, const ref::Shape& s, bool outliers, uint32_t seed,
            int merge_split = 0) {
   SCOPED_TRACE(name);
   const ref::Inputs in = ref::draw_inputs(s, outliers, seed, as_is);
   const ref::Result truth = ref::attend(s, in, false);
-  const ref::Errors e8 = ref::errors(s, run(s, in, true, merge_split), truth);
-  const ref::Errors e32 = ref::errors(s, run(s, in, false), truth);
+  const ref::Errors e8 = ref::errors(s, ref::attention_cpu_of(s, in, true, merge_split), truth);
+  const ref::Errors e32 = ref::errors(s, ref::attention_cpu_of(s, in, false), truth);
   const ref::Errors en = ref::errors(s, ref::naive_fp8(s, in), truth);
   std::printf("[fp8 attention, CPU] %s: O RMSE %.3e, naive per-tensor fp8 %.3e, fp32 %.3e; "
               "LSE RMSE %.3e (max %.3e), naive %.3e (max %.3e); %d empty rows\n",
