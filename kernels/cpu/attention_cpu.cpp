@@ -93,6 +93,63 @@ struct KvRows {
   }
 };
 
+// Scores of keys j0 .. j0 + jn - 1 (at most kKeyTile) against query row qi, kv head g, times
+// p.scale, into s [jn]; returns their max. buf: room for kDots FP8 rows read [kDots * d].
+float tile_scores(const AttnParams& p, const KvRows& k, const int32_t* pages, const float* qi,
+                  int g, int64_t j0, int64_t jn, float* s, float* buf) {
+  const int d = p.head_dim;
+  float tile_max = kNegInf;
+  // kDots keys at a time: independent sums the CPU overlaps (one sum's chain of dependent
+  // adds is latency-bound), each still q[0] k[0] + q[1] k[1] + ... in order, so the
+  // scores are the same to the bit as one key at a time.
+  int64_t t = 0;
+  for (; t + kDots <= jn; t += kDots) {
+    const float* kt[kDots];
+    for (int u = 0; u < kDots; ++u) {
+      kt[u] = k.row(kv_row(pages, p.page_size, j0 + t + u), g, buf + u * d);
+    }
+    float dot[kDots] = {};
+    for (int c = 0; c < d; ++c) {
+      const float qc = qi[c];
+      for (int u = 0; u < kDots; ++u) dot[u] += qc * kt[u][c];
+    }
+    for (int u = 0; u < kDots; ++u) {
+      s[t + u] = dot[u] * p.scale;
+      tile_max = std::max(tile_max, s[t + u]);
+    }
+  }
+  for (; t < jn; ++t) {
+    const float* kj = k.row(kv_row(pages, p.page_size, j0 + t), g, buf);
+    float dot = 0.f;
+    for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
+    s[t] = dot * p.scale;
+    tile_max = std::max(tile_max, s[t]);
+  }
+  return tile_max;
+}
+
+// A row's end: acc [d] (the unnormalized sum of P.V) with running max m and sum l over
+// `visible` keys becomes o oi and lse *lse, or is merged into them (p.merge_into_o).
+void finish_row(const AttnParams& p, int64_t visible, float m, float l, float* acc, float* oi,
+                float* lse) {
+  const int d = p.head_dim;
+  if (visible == 0) {  // empty row: contributes nothing to a later merge
+    if (!p.merge_into_o) {
+      for (int c = 0; c < d; ++c) oi[c] = 0.f;
+      *lse = kNegInf;
+    }
+    return;
+  }
+  const float inv = 1.f / l;
+  for (int c = 0; c < d; ++c) acc[c] *= inv;
+  if (p.merge_into_o) {
+    merge_row(oi, lse, acc, m + std::log(l), d, oi);
+  } else {
+    std::copy(acc, acc + d, oi);
+    *lse = m + std::log(l);
+  }
+}
+
 // Row i of head h: its keys in tiles with an online softmax, then o and lse (or their merge).
 // round_p: P is rounded to e4m3 (x 2^8) before P.V, as FP8 attention does (the sum keeps P
 // unrounded, as the kernels do).
@@ -119,33 +176,7 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
   float m = kNegInf, l = 0.f;
   for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
     const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
-    float tile_max = kNegInf;
-    // kDots keys at a time: independent sums the CPU overlaps (one sum's chain of dependent
-    // adds is latency-bound), each still q[0] k[0] + q[1] k[1] + ... in order, so the
-    // scores are the same to the bit as one key at a time.
-    int64_t t = 0;
-    for (; t + kDots <= jn; t += kDots) {
-      const float* kt[kDots];
-      for (int u = 0; u < kDots; ++u) {
-        kt[u] = k.row(kv_row(pages, p.page_size, j0 + t + u), g, buf.data() + u * d);
-      }
-      float dot[kDots] = {};
-      for (int c = 0; c < d; ++c) {
-        const float qc = qi[c];
-        for (int u = 0; u < kDots; ++u) dot[u] += qc * kt[u][c];
-      }
-      for (int u = 0; u < kDots; ++u) {
-        s[t + u] = dot[u] * p.scale;
-        tile_max = std::max(tile_max, s[t + u]);
-      }
-    }
-    for (; t < jn; ++t) {
-      const float* kj = k.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
-      float dot = 0.f;
-      for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
-      s[t] = dot * p.scale;
-      tile_max = std::max(tile_max, s[t]);
-    }
+    const float tile_max = tile_scores(p, k, pages, qi, g, j0, jn, s.data(), buf.data());
     // Online softmax: rescale what was accumulated under the old max.
     const float m_new = std::max(m, tile_max);
     const float corr = std::exp(m - m_new);  // m = -inf on the first tile: corr = 0
@@ -161,22 +192,7 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
     }
     m = m_new;
   }
-  float* lse = p.lse + h * p.lse_head_stride + i;
-  if (visible == 0) {  // empty row: contributes nothing to a later merge
-    if (!p.merge_into_o) {
-      for (int c = 0; c < d; ++c) oi[c] = 0.f;
-      *lse = kNegInf;
-    }
-  } else {
-    const float inv = 1.f / l;
-    for (int c = 0; c < d; ++c) acc[c] *= inv;
-    if (p.merge_into_o) {
-      merge_row(oi, lse, acc.data(), m + std::log(l), d, oi);
-    } else {
-      std::copy(acc.begin(), acc.end(), oi);
-      *lse = m + std::log(l);
-    }
-  }
+  finish_row(p, visible, m, l, acc.data(), oi, p.lse + h * p.lse_head_stride + i);
 }
 
 void attention_rows(const AttnParams& p, bool round_p) {
