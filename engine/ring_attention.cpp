@@ -25,6 +25,26 @@ T* at(const Tensor& t, int64_t i) {
   return reinterpret_cast<T*>(static_cast<char*>(t.data) + i * dtype_size(t.dtype));
 }
 
+// Posts a send of `bytes` from `send` to rank `to` and a receive into `recv` from rank `from`;
+// *h holds the transfer until it is waited on.
+Status start_exchange(Communicator& comm, const void* send, int to, void* recv, int from,
+                      size_t bytes, int tag, std::unique_ptr<CommHandle>* h) {
+  auto r = comm.isendrecv(send, to, recv, from, bytes, tag);
+  if (!r.ok()) return r.status();
+  *h = r.take();
+  return {};
+}
+
+// A pass-Q partial buffer (fp32: o [rows, qw], then lse [heads, rows]) seen as its o and lse.
+void partial_views(const Tensor& part, int64_t rows, int64_t qw, int heads, Tensor* o,
+                   Tensor* lse) {
+  *o = part;
+  o->shape = {rows, qw};
+  *lse = part;
+  lse->data = at(part, rows * qw);
+  lse->shape = {heads * rows};
+}
+
 }  // namespace
 
 Result<AttentionDtype> parse_attention_dtype(const std::string& name) {
@@ -412,9 +432,8 @@ Status RingAttention::prefill_pass_kv(int layer, const SeqRows& sr, const Prefil
     // `cur` is only read while it is being sent; `nxt` is not touched until its recv completes.
     std::unique_ptr<CommHandle> xfer;
     if (s + 1 < world && transfers_) {
-      auto h = comm_.isendrecv(cur.data, next, nxt.data, prev, block_bytes, kTagKv);
-      if (!h.ok()) return h.status();
-      xfer = h.take();
+      BURST_RETURN_IF_ERROR(
+          start_exchange(comm_, cur.data, next, nxt.data, prev, block_bytes, kTagKv, &xfer));
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int src = (rank - s + world) % world;
@@ -570,20 +589,15 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
     const void* qcur = s == 0 ? q.data : q_block_[s % 2].data;
     std::unique_ptr<CommHandle> xfer;
     if (s + 1 < world) {
-      auto h = comm_.isendrecv(qcur, next, q_block_[(s + 1) % 2].data, prev, q_bytes, kTagQ);
-      if (!h.ok()) return h.status();
-      xfer = h.take();
+      BURST_RETURN_IF_ERROR(start_exchange(comm_, qcur, next, q_block_[(s + 1) % 2].data, prev,
+                                           q_bytes, kTagQ, &xfer));
     }
     const auto t0 = std::chrono::steady_clock::now();
     Tensor o_to = o_acc_, lse_to = lse_acc_;
     if (s > 0) {
       // This slot's previous partial (step s - 2) must have left, and its answer merged.
       BURST_RETURN_IF_ERROR(merge_back(s % 2));
-      o_to = part_out_[s % 2];
-      o_to.shape = {b.rows, qw};
-      lse_to = part_out_[s % 2];
-      lse_to.data = at(part_out_[s % 2], o_len);
-      lse_to.shape = {shape_.heads * b.rows};
+      partial_views(part_out_[s % 2], b.rows, qw, shape_.heads, &o_to, &lse_to);
     }
     beside_transfer_ = xfer != nullptr || back[0] != nullptr || back[1] != nullptr;
     BURST_RETURN_IF_ERROR(attend_keys(b.rows, qcur, plan.segments(src), pk, pv, own_prefix, ck,
@@ -592,10 +606,9 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
     const auto t1 = std::chrono::steady_clock::now();
     if (xfer) BURST_RETURN_IF_ERROR(xfer->wait());
     if (s > 0) {
-      auto h = comm_.isendrecv(part_out_[s % 2].data, src, part_in_[s % 2].data,
-                               (rank + s) % world, part_bytes, kTagPartial);
-      if (!h.ok()) return h.status();
-      back[s % 2] = h.take();
+      BURST_RETURN_IF_ERROR(start_exchange(comm_, part_out_[s % 2].data, src,
+                                           part_in_[s % 2].data, (rank + s) % world, part_bytes,
+                                           kTagPartial, &back[s % 2]));
     }
     count_step(t0, t1);
   }
