@@ -5,12 +5,69 @@
 
 namespace burst::runtime {
 
+namespace {
+
+Status bad(std::string m) { return Status::error(StatusCode::kInvalidArgument, std::move(m)); }
+
+// The prefix blocks there are once a plan's publish and evict are applied.
+struct PlanBlocks {
+  const engine::PagedKvCache& cache;
+  std::unordered_set<int64_t> published, evicted;
+  bool exists(int64_t id) const {
+    return (cache.has_block(id) || published.count(id) != 0) && evicted.count(id) == 0;
+  }
+};
+
+// A plan's publish list (new ids, pages full on every rank), then its evict list (blocks that
+// exist), recorded into blocks.
+Status check_block_changes(const StepPlan& plan, const engine::RingAttention& ring, int world,
+                           PlanBlocks& blocks) {
+  const int64_t page = ring.cache().page_size();
+  for (const PublishBlock& b : plan.publish) {
+    const std::string what = "prefix block " + std::to_string(b.id) + ": ";
+    if (ring.cache().has_block(b.id) || !blocks.published.insert(b.id).second) {
+      return bad(what + "exists already");
+    }
+    for (int r = 0; r < world; ++r) {
+      if (b.index < 0 || ring.rows_on(b.seq, r) < (b.index + 1) * page) {
+        return bad(what + "page " + std::to_string(b.index) + " of sequence " +
+                   std::to_string(b.seq) + " is not full on rank " + std::to_string(r));
+      }
+    }
+  }
+  for (int64_t id : plan.evict) {
+    if (!blocks.exists(id)) return bad("prefix block " + std::to_string(id) + ": none to evict");
+    blocks.evicted.insert(id);
+  }
+  return {};
+}
+
+// What a sequence's work asks for beside its tokens: sampling, logit adjustments and logprobs
+// when it samples, prompt logprobs, the forced next token. who: "sequence <id>: ".
+Status check_seq_options(const SeqWork& s, int64_t vocab_size, const std::string& who) {
+  if (s.sample) {
+    const std::string why = engine::validate(s.sampling);
+    if (!why.empty()) return bad(who + why);
+    const std::string adj = engine::validate(s.adjust, vocab_size);
+    if (!adj.empty()) return bad(who + adj);
+    if (s.logprobs < -1 || s.logprobs > vocab_size) {
+      return bad(who + "logprobs must be in [-1, vocab]");
+    }
+  }
+  if (s.prompt_logprobs < -1 || s.prompt_logprobs > 20) {
+    return bad(who + "prompt_logprobs must be in [-1, 20]");
+  }
+  if (s.next_token < -1 || s.next_token >= vocab_size) {
+    return bad(who + "next_token outside the vocabulary");
+  }
+  return {};
+}
+
+}  // namespace
+
 Status BatchRunner::validate(const StepPlan& plan) const {
   const auto& c = model_.config();
   std::unordered_set<uint64_t> seen;
-  auto bad = [](std::string m) {
-    return Status::error(StatusCode::kInvalidArgument, std::move(m));
-  };
   if (plan.seqs.empty() && plan.release.empty() && plan.publish.empty() && plan.evict.empty()) {
     return bad("an empty step");
   }
@@ -23,26 +80,8 @@ Status BatchRunner::validate(const StepPlan& plan) const {
   }
   const engine::RingAttention& ring = ring_;
   const int64_t page = ring.cache().page_size();
-  std::unordered_set<int64_t> published, evicted;
-  for (const PublishBlock& b : plan.publish) {
-    const std::string what = "prefix block " + std::to_string(b.id) + ": ";
-    if (ring.cache().has_block(b.id) || !published.insert(b.id).second) {
-      return bad(what + "exists already");
-    }
-    for (int r = 0; r < comm_.world_size(); ++r) {
-      if (b.index < 0 || ring.rows_on(b.seq, r) < (b.index + 1) * page) {
-        return bad(what + "page " + std::to_string(b.index) + " of sequence " +
-                   std::to_string(b.seq) + " is not full on rank " + std::to_string(r));
-      }
-    }
-  }
-  auto block_exists = [&](int64_t id) {
-    return (ring.cache().has_block(id) || published.count(id) != 0) && evicted.count(id) == 0;
-  };
-  for (int64_t id : plan.evict) {
-    if (!block_exists(id)) return bad("prefix block " + std::to_string(id) + ": none to evict");
-    evicted.insert(id);
-  }
+  PlanBlocks blocks{ring.cache(), {}, {}};
+  BURST_RETURN_IF_ERROR(check_block_changes(plan, ring, comm_.world_size(), blocks));
   for (const SeqWork& s : plan.seqs) {
     const std::string who = "sequence " + std::to_string(s.id) + ": ";
     if (!seen.insert(s.id).second) return bad(who + "appears twice in one step");
@@ -69,7 +108,7 @@ Status BatchRunner::validate(const StepPlan& plan) const {
       }
       std::unordered_set<int64_t> once;
       for (int64_t id : s.reuse) {
-        if (!block_exists(id)) return bad(who + "no prefix block " + std::to_string(id));
+        if (!blocks.exists(id)) return bad(who + "no prefix block " + std::to_string(id));
         if (!once.insert(id).second) return bad(who + "prefix block " + std::to_string(id) + " twice");
       }
     }
@@ -85,21 +124,7 @@ Status BatchRunner::validate(const StepPlan& plan) const {
       return bad(who + "prompt_len is shorter than its chunk's end");
     }
     if (s.decode && s.start < s.prompt_len) return bad(who + "decode inside the prompt");
-    if (s.sample) {
-      const std::string why = engine::validate(s.sampling);
-      if (!why.empty()) return bad(who + why);
-      const std::string adj = engine::validate(s.adjust, c.vocab_size);
-      if (!adj.empty()) return bad(who + adj);
-      if (s.logprobs < -1 || s.logprobs > c.vocab_size) {
-        return bad(who + "logprobs must be in [-1, vocab]");
-      }
-    }
-    if (s.prompt_logprobs < -1 || s.prompt_logprobs > 20) {
-      return bad(who + "prompt_logprobs must be in [-1, 20]");
-    }
-    if (s.next_token < -1 || s.next_token >= c.vocab_size) {
-      return bad(who + "next_token outside the vocabulary");
-    }
+    BURST_RETURN_IF_ERROR(check_seq_options(s, c.vocab_size, who));
   }
   return {};
 }
