@@ -35,7 +35,8 @@ struct Field {
   const char* help;
 };
 
-std::vector<Field> fields(ServerConfig* c) {
+// The model, its workers and how they split it.
+std::vector<Field> model_fields(ServerConfig* c) {
   using K = Field::Kind;
   return {
       {"model", K::kPath, &c->model, "DIR",
@@ -61,6 +62,13 @@ std::vector<Field> fields(ServerConfig* c) {
        "threads per CPU worker (0: cores / workers)"},
       {"layout", K::kString, &c->layout, "L",
        "sequence sharding: striped (default; prefix caching needs it), zigzag or contiguous"},
+  };
+}
+
+// Where the APIs listen, who may call them, and how remote workers join.
+std::vector<Field> access_fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
       {"host", K::kString, &c->host, "ADDR",
        "the address HTTP and gRPC bind (default 127.0.0.1)"},
       {"grpc_port", K::kInt, &c->grpc_port, "P",
@@ -89,6 +97,13 @@ std::vector<Field> fields(ServerConfig* c) {
        "with --remote-workers: start without a cluster token, so that any host that reaches "
        "--worker-listen can join the group and drive the workers (without this flag such a "
        "server refuses to start; config key: 1)"},
+  };
+}
+
+// Context, KV cache, scheduling and prefill: what the engine holds and runs.
+std::vector<Field> engine_fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
       {"max_context", K::kInt64, &c->max_context, "N",
        "longest prompt (0: the model's max_position_embeddings)"},
       {"kv_capacity", K::kInt64, &c->kv_capacity, "N",
@@ -133,6 +148,13 @@ std::vector<Field> fields(ServerConfig* c) {
        "before the workers serve (at start and after a restart), one request of N tokens runs "
        "through them, so that the first request is as fast as the next (-1, the default: the "
        "max context, at most 131072, on GPUs; none on CPUs)"},
+  };
+}
+
+// HTTP: request and response sizes, connections, timeouts, CORS.
+std::vector<Field> http_fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
       {"max_body_bytes", K::kInt64, &c->max_body_bytes, "B",
        "largest HTTP request body (default 8 MiB)"},
       {"max_prompt_bytes", K::kInt64, &c->max_prompt_bytes, "B",
@@ -169,6 +191,13 @@ std::vector<Field> fields(ServerConfig* c) {
       {"allow_credentials", K::kInt, &c->allow_credentials, nullptr,
        "CORS: answer Access-Control-Allow-Credentials: true, so that pages may send cookies and "
        "HTTP authentication; the allowed origin is then echoed, never * (config key: 1)"},
+  };
+}
+
+// gRPC: threads, calls per client, timeouts and connection lifetimes.
+std::vector<Field> grpc_fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
       {"grpc_max_threads", K::kInt, &c->grpc_max_threads, "N",
        "gRPC server threads at most (default 256); a call holds one while it runs, calls beyond "
        "get RESOURCE_EXHAUSTED at once"},
@@ -191,6 +220,13 @@ std::vector<Field> fields(ServerConfig* c) {
       {"grpc_keepalive_ms", K::kInt, &c->grpc_keepalive_ms, "MS",
        "the server pings a connection silent for this long and closes it if the ping is not "
        "answered within 20 s (default 60000)"},
+  };
+}
+
+// Keep-alive, drain and start timeouts, and logging.
+std::vector<Field> lifecycle_fields(ServerConfig* c) {
+  using K = Field::Kind;
+  return {
       {"keepalive_ms", K::kInt, &c->keepalive_ms, "MS",
        "SSE keep-alive comment interval while no token is ready (default 5000)"},
       {"drain_timeout_ms", K::kInt, &c->drain_timeout_ms, "MS",
@@ -205,6 +241,17 @@ std::vector<Field> fields(ServerConfig* c) {
        "text (default) or json (one object per line); logs go to stderr, with one access-log "
        "line per HTTP request (status, route, latency, request id)"},
   };
+}
+
+// Every setting, in --help's order: the tables above, one after another.
+std::vector<Field> fields(ServerConfig* c) {
+  std::vector<Field> all;
+  for (auto* part : {model_fields, access_fields, engine_fields, http_fields, grpc_fields,
+                     lifecycle_fields}) {
+    std::vector<Field> rows = part(c);
+    all.insert(all.end(), rows.begin(), rows.end());
+  }
+  return all;
 }
 
 const Field* find_field(const std::vector<Field>& table, const std::string& key) {
@@ -299,6 +346,55 @@ Status set_from_string(const std::string& flag, const Field& f, const std::strin
   return {};
 }
 
+// A 0|1 setting.
+Status check_switch(const char* key, int value) {
+  if (value != 0 && value != 1) return Status::error(std::string(key) + " must be 0 or 1");
+  return {};
+}
+
+// Request and response sizes, the SSE keep-alive, HTTP connections and the CORS lists.
+Status check_http_limits(const ServerConfig& c) {
+  if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
+  if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
+  if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");
+  if (c.max_response_bytes < 0) {
+    return Status::error("max_response_bytes must be >= 0 (0: no limit)");
+  }
+  if (c.http_backlog < 1) return Status::error("http_backlog must be >= 1");
+  if (c.http_max_connections < 1) return Status::error("http_max_connections must be >= 1");
+  if (c.http_max_connections_per_client < 0) {
+    return Status::error("http_max_connections_per_client must be >= 0 (0: no limit)");
+  }
+  for (const auto& [key, text] : {std::pair<std::string, const std::string*>{
+                                      "allowed_origins", &c.allowed_origins},
+                                  {"allowed_methods", &c.allowed_methods},
+                                  {"allowed_headers", &c.allowed_headers}}) {
+    auto list = parse_cors_list(*text, key);
+    if (!list.ok()) return list.status();
+  }
+  return {};
+}
+
+// gRPC threads, calls per client, timeouts and connection age.
+Status check_grpc_limits(const ServerConfig& c) {
+  // gRPC's sync server keeps up to 2 threads polling for calls besides those running calls.
+  if (c.grpc_max_threads < 4) return Status::error("grpc_max_threads must be >= 4");
+  if (c.grpc_max_calls_per_client < 0) {
+    return Status::error("grpc_max_calls_per_client must be >= 0 (0: no limit)");
+  }
+  for (const auto& [key, ms] : {std::pair<const char*, int>{"grpc_message_timeout_ms",
+                                                            c.grpc_message_timeout_ms},
+                                {"grpc_handshake_timeout_ms", c.grpc_handshake_timeout_ms},
+                                {"grpc_max_connection_idle_ms", c.grpc_max_connection_idle_ms},
+                                {"grpc_keepalive_ms", c.grpc_keepalive_ms}}) {
+    if (ms < 10) return Status::error(std::string(key) + " must be >= 10");
+  }
+  if (c.grpc_max_connection_age_ms < 0) {
+    return Status::error("grpc_max_connection_age_ms must be >= 0 (0: no limit)");
+  }
+  return {};
+}
+
 Status validate(const ServerConfig& c) {
   if (c.model.empty() && c.preset.empty()) {
     return Status::error("no model (set \"model\" or --model, or --preset)");
@@ -327,58 +423,17 @@ Status validate(const ServerConfig& c) {
   if (c.max_batched_tokens < 0) return Status::error("max_batched_tokens must be >= 0");
   if (c.prefill_chunk < 0) return Status::error("prefill_chunk must be >= 0");
   if (c.prefill_chunk_decoding < 0) return Status::error("prefill_chunk_decoding must be >= 0");
-  if (c.insecure_cluster != 0 && c.insecure_cluster != 1) {
-    return Status::error("insecure_cluster must be 0 or 1");
-  }
-  if (c.metrics_require_key != 0 && c.metrics_require_key != 1) {
-    return Status::error("metrics_require_key must be 0 or 1");
-  }
-  if (c.allow_credentials != 0 && c.allow_credentials != 1) {
-    return Status::error("allow_credentials must be 0 or 1");
-  }
+  BURST_RETURN_IF_ERROR(check_switch("insecure_cluster", c.insecure_cluster));
+  BURST_RETURN_IF_ERROR(check_switch("metrics_require_key", c.metrics_require_key));
+  BURST_RETURN_IF_ERROR(check_switch("allow_credentials", c.allow_credentials));
   if (c.warmup_tokens < -1) return Status::error("warmup_tokens must be >= -1 (-1: the default)");
-  if (c.prefix_caching != 0 && c.prefix_caching != 1) {
-    return Status::error("prefix_caching must be 0 or 1");
-  }
-  if (c.decode_lookahead != 0 && c.decode_lookahead != 1) {
-    return Status::error("decode_lookahead must be 0 or 1");
-  }
+  BURST_RETURN_IF_ERROR(check_switch("prefix_caching", c.prefix_caching));
+  BURST_RETURN_IF_ERROR(check_switch("decode_lookahead", c.decode_lookahead));
   if (c.kv_memory_percent < 1 || c.kv_memory_percent > 100) {
     return Status::error("kv_memory_percent must be in 1..100");
   }
-  if (c.max_body_bytes < 1024) return Status::error("max_body_bytes must be >= 1024");
-  if (c.keepalive_ms < 10) return Status::error("keepalive_ms must be >= 10");
-  if (c.max_prompt_bytes < 0) return Status::error("max_prompt_bytes must be >= 0");
-  if (c.max_response_bytes < 0) {
-    return Status::error("max_response_bytes must be >= 0 (0: no limit)");
-  }
-  if (c.http_backlog < 1) return Status::error("http_backlog must be >= 1");
-  if (c.http_max_connections < 1) return Status::error("http_max_connections must be >= 1");
-  if (c.http_max_connections_per_client < 0) {
-    return Status::error("http_max_connections_per_client must be >= 0 (0: no limit)");
-  }
-  for (const auto& [key, text] : {std::pair<std::string, const std::string*>{
-                                      "allowed_origins", &c.allowed_origins},
-                                  {"allowed_methods", &c.allowed_methods},
-                                  {"allowed_headers", &c.allowed_headers}}) {
-    auto list = parse_cors_list(*text, key);
-    if (!list.ok()) return list.status();
-  }
-  // gRPC's sync server keeps up to 2 threads polling for calls besides those running calls.
-  if (c.grpc_max_threads < 4) return Status::error("grpc_max_threads must be >= 4");
-  if (c.grpc_max_calls_per_client < 0) {
-    return Status::error("grpc_max_calls_per_client must be >= 0 (0: no limit)");
-  }
-  for (const auto& [key, ms] : {std::pair<const char*, int>{"grpc_message_timeout_ms",
-                                                            c.grpc_message_timeout_ms},
-                                {"grpc_handshake_timeout_ms", c.grpc_handshake_timeout_ms},
-                                {"grpc_max_connection_idle_ms", c.grpc_max_connection_idle_ms},
-                                {"grpc_keepalive_ms", c.grpc_keepalive_ms}}) {
-    if (ms < 10) return Status::error(std::string(key) + " must be >= 10");
-  }
-  if (c.grpc_max_connection_age_ms < 0) {
-    return Status::error("grpc_max_connection_age_ms must be >= 0 (0: no limit)");
-  }
+  BURST_RETURN_IF_ERROR(check_http_limits(c));
+  BURST_RETURN_IF_ERROR(check_grpc_limits(c));
   if (c.http_header_timeout_ms < 10 || c.http_body_timeout_ms < 10) {
     return Status::error("http_header_timeout_ms and http_body_timeout_ms must be >= 10");
   }
