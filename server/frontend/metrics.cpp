@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <sstream>
+#include <utility>
 
 namespace burst::server {
 
@@ -30,6 +32,16 @@ void scalar(std::string* out, const std::string& labels, const char* name, const
             const char* help, double v) {
   *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
           name + braced(labels) + " " + num(v) + "\n";
+}
+
+// A counter family with one sample per value of the label `key`, after the labels l.
+void labelled_counter(std::string* out, const std::string& l, const std::string& name,
+                      const char* help, const char* key,
+                      std::initializer_list<std::pair<const char*, uint64_t>> samples) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n";
+  for (const auto& [label, v] : samples) {
+    *out += name + "{" + l + "," + key + "=\"" + label + "\"} " + std::to_string(v) + "\n";
+  }
 }
 
 // A label value in the exposition format: backslash, quote and newline escaped.
@@ -183,25 +195,17 @@ std::string Metrics::render() const {
   scalar(&out, l, "burst:lookahead_dropped_tokens_total", "counter",
          "Tokens of lookahead steps dropped: their sequence had ended in the step before.",
          static_cast<double>(lookahead_dropped.load()));
-  out += "# HELP burst:requests_total Requests by outcome.\n# TYPE burst:requests_total counter\n";
-  const std::pair<const char*, uint64_t> outcomes[] = {
-      {"ok", requests_ok.load()},
-      {"cancelled", requests_cancelled.load()},
-      {"failed", requests_failed.load()},
-      {"rejected", requests_rejected.load()}};
-  for (const auto& [label, v] : outcomes) {
-    out += "burst:requests_total{" + l + ",outcome=\"" + label + "\"} " + std::to_string(v) +
-           "\n";
-  }
-  out += "# HELP burst:request_success_total Finished requests by finish reason (vLLM's "
-         "request_success_total).\n# TYPE burst:request_success_total counter\n";
-  const std::pair<const char*, uint64_t> reasons[] = {{"stop", success_stop.load()},
-                                                      {"length", success_length.load()},
-                                                      {"abort", requests_cancelled.load()}};
-  for (const auto& [label, v] : reasons) {
-    out += "burst:request_success_total{" + l + ",finished_reason=\"" + label + "\"} " +
-           std::to_string(v) + "\n";
-  }
+  labelled_counter(&out, l, "burst:requests_total", "Requests by outcome.", "outcome",
+                   {{"ok", requests_ok.load()},
+                    {"cancelled", requests_cancelled.load()},
+                    {"failed", requests_failed.load()},
+                    {"rejected", requests_rejected.load()}});
+  labelled_counter(&out, l, "burst:request_success_total",
+                   "Finished requests by finish reason (vLLM's request_success_total).",
+                   "finished_reason",
+                   {{"stop", success_stop.load()},
+                    {"length", success_length.load()},
+                    {"abort", requests_cancelled.load()}});
   out += "# HELP burst:http_errors_total HTTP responses with a 4xx or 5xx status, by status.\n"
          "# TYPE burst:http_errors_total counter\n";
   {
