@@ -323,6 +323,46 @@ void log_serving(const burst::server::ServerConfig& cfg,
                cfg.api_key.empty() ? "off" : "on");
 }
 
+// The tokenizer, and the chat template every chat is rendered with: --chat-template FILE, else
+// the model's tokenizer_config.json chat_template, else LLaMA-2's compiled in.
+burst::Result<std::unique_ptr<burst::server::Tokenizer>> load_tokenizer_and_chat(
+    const burst::server::ServerConfig& cfg) {
+  using namespace burst::server;
+  auto tok = Tokenizer::load(cfg.tokenizer);
+  if (!tok.ok()) return burst::Status::error("tokenizer: " + tok.message());
+  std::unique_ptr<Tokenizer> tokenizer = tok.take();
+  auto chat = !cfg.chat_template.empty()
+                  ? ChatTemplate::from_file(cfg.chat_template, *tokenizer)
+                  : ChatTemplate::for_model(cfg.preset.empty() ? cfg.model : "", *tokenizer);
+  if (!chat.ok()) return burst::Status::error("chat template: " + chat.message());
+  spdlog::info("chat template: {}", chat.value().origin());
+  set_chat_template(std::make_shared<const ChatTemplate>(chat.take()));
+  return tokenizer;
+}
+
+// Serves until SIGTERM or SIGINT, then drains the requests in flight (drain_ms at most) and
+// stops the APIs; or, when the scheduler gives up on the workers, stops at once. The exit code.
+int serve_until_signal(burst::server::Scheduler& scheduler,
+                       std::optional<burst::server::HttpApi>& http,
+                       std::optional<burst::server::GrpcApi>& grpc_api, int drain_ms) {
+  while (g_signal == 0 && scheduler.gave_up().empty()) usleep(50 * 1000);
+  if (const std::string why = scheduler.gave_up(); !why.empty()) {
+    // The workers fail to start the same way each time: exit saying why, not restart forever.
+    if (grpc_api) grpc_api->stop();
+    if (http) http->stop();
+    return fail(why);
+  }
+  spdlog::info("signal {}: draining", static_cast<int>(g_signal));
+  scheduler.drain(std::chrono::milliseconds(drain_ms));
+  // The streams have their final events queued; give the API threads a moment to write them
+  // before the listeners close.
+  usleep(300 * 1000);
+  if (grpc_api) grpc_api->stop();
+  if (http) http->stop();
+  spdlog::info("stopped");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -343,17 +383,9 @@ int main(int argc, char** argv) {
   auto model_cfg = cfg.preset.empty() ? models::load_config(cfg.model)
                                       : models::preset_config(cfg.preset);
   if (!model_cfg.ok()) return fail(model_cfg.message());
-  auto tok = Tokenizer::load(cfg.tokenizer);
-  if (!tok.ok()) return fail("tokenizer: " + tok.message());
+  auto tok = load_tokenizer_and_chat(cfg);
+  if (!tok.ok()) return fail(tok.message());
   std::unique_ptr<Tokenizer> tokenizer = tok.take();
-  // Chats: --chat-template FILE, else the model's tokenizer_config.json chat_template, else
-  // LLaMA-2's compiled in.
-  auto chat = !cfg.chat_template.empty()
-                  ? ChatTemplate::from_file(cfg.chat_template, *tokenizer)
-                  : ChatTemplate::for_model(cfg.preset.empty() ? cfg.model : "", *tokenizer);
-  if (!chat.ok()) return fail("chat template: " + chat.message());
-  spdlog::info("chat template: {}", chat.value().origin());
-  set_chat_template(std::make_shared<const ChatTemplate>(chat.take()));
   const bool kv_from_memory = resolve_limits(cfg, model_cfg.value(), *tokenizer);
   // A layout the model cannot take is refused before any worker starts or reads a weight.
   if (std::string e = models::tensor_parallel_error(model_cfg.value(), cfg.tp); !e.empty()) {
@@ -411,20 +443,5 @@ int main(int argc, char** argv) {
     return fail("cannot write the port file " + cfg.port_file);
   }
 
-  while (g_signal == 0 && scheduler.gave_up().empty()) usleep(50 * 1000);
-  if (const std::string why = scheduler.gave_up(); !why.empty()) {
-    // The workers fail to start the same way each time: exit saying why, not restart forever.
-    if (grpc_api) grpc_api->stop();
-    if (http) http->stop();
-    return fail(why);
-  }
-  spdlog::info("signal {}: draining", static_cast<int>(g_signal));
-  scheduler.drain(std::chrono::milliseconds(cfg.drain_timeout_ms));
-  // The streams have their final events queued; give the API threads a moment to write them
-  // before the listeners close.
-  usleep(300 * 1000);
-  if (grpc_api) grpc_api->stop();
-  if (http) http->stop();
-  spdlog::info("stopped");
-  return 0;
+  return serve_until_signal(scheduler, http, grpc_api, cfg.drain_timeout_ms);
 }
