@@ -11,6 +11,120 @@
 
 namespace burst::server::jinja {
 
+namespace {
+
+// Jinja's indent(width, first, blank) of text: every line but the first (with first, it too)
+// gets `pad`; blank lines none unless blank.
+std::string indent_lines(const std::string& text, const std::string& pad, bool first, bool blank,
+                         int line) {
+  std::string out;
+  size_t pos = 0;
+  for (bool is_first = true;; is_first = false) {
+    const size_t nl = text.find('\n', pos);
+    const std::string row = text.substr(pos, nl == std::string::npos ? nl : nl - pos);
+    if ((!is_first || first) && (blank || !row.empty())) out += pad;
+    out += row;
+    if (out.size() > kMaxOutputBytes) fail(line, "a string too long");
+    if (nl == std::string::npos) break;
+    out += '\n';
+    pos = nl + 1;
+  }
+  return out;
+}
+
+// The int filter's value of v: a number truncated, or a string that is wholly a base-10
+// integer; nullopt for anything else.
+std::optional<Value> int_of(const Value& v) {
+  if (v.is_number()) return Value(v.as_int());
+  if (v.is_string()) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(v.str().c_str(), &end, 10);
+    if (errno == 0 && end && *end == '\0' && !v.str().empty()) return Value(int64_t{n});
+  }
+  return std::nullopt;
+}
+
+// The float filter's value of v: a number, or a string that is wholly one; else 0.0.
+Value float_of(const Value& v) {
+  if (v.is_number()) return Value(v.as_float());
+  if (v.is_string()) {
+    char* end = nullptr;
+    const double d = std::strtod(v.str().c_str(), &end);
+    if (end && *end == '\0' && !v.str().empty()) return Value(d);
+  }
+  return Value(0.0);
+}
+
+// The length filter: a string's code points, a list's items, a dict's keys; 0 for undefined.
+Value length_of(const Value& v, int line) {
+  if (v.is_string()) return Value(static_cast<int64_t>(chars_of(v.str()).size()));
+  if (v.kind() == Value::Kind::kList) return Value(static_cast<int64_t>(v.list().size()));
+  if (v.kind() == Value::Kind::kDict) return Value(static_cast<int64_t>(v.dict().size()));
+  if (v.is_undefined()) return Value(int64_t{0});
+  fail(line, std::string("a ") + kind_name(v) + " has no length");
+}
+
+// A string with its code points in reverse order.
+std::string reversed_chars(const std::string& s) {
+  const auto cs = chars_of(s);
+  std::string out;
+  for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
+  return out;
+}
+
+// The join filter: the text of pick(x) for each item, sep between them.
+template <typename Pick>
+std::string joined(const List& items, const std::string& sep, Pick pick, int line) {
+  std::string out;
+  bool first = true;
+  for (const Value& x : items) {
+    out += (first ? "" : sep) + pick(x).to_string();
+    first = false;
+    if (out.size() > kMaxOutputBytes) fail(line, "a string too long");
+  }
+  return out;
+}
+
+// The unique filter: each item whose key(x) is same() as no earlier kept item's, in order.
+template <typename Key, typename Same>
+List first_of_each(const List& items, Key key, Same same) {
+  List out, keys;
+  for (const Value& x : items) {
+    const Value k = key(x);
+    if (std::none_of(keys.begin(), keys.end(), [&](const Value& y) { return same(k, y); })) {
+      keys.push_back(k);
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
+// The items for which keep(x) holds, in order (selectattr, rejectattr).
+template <typename Keep>
+List kept_items(const List& items, Keep keep) {
+  List out;
+  for (const Value& x : items) {
+    if (keep(x)) out.push_back(x);
+  }
+  return out;
+}
+
+// fn(x) of each item, in order (map).
+template <typename Fn>
+List mapped(const List& items, Fn fn) {
+  List out;
+  for (const Value& x : items) out.push_back(fn(x));
+  return out;
+}
+
+// A test as selectattr and rejectattr name it: "==" and "!=" are eq and ne.
+std::string test_alias(const std::string& name) {
+  return name == "==" ? "eq" : name == "!=" ? "ne" : name;
+}
+
+}  // namespace
+
 Renderer::Args Renderer::args_of(const Expr& e, size_t first) {
   Args a;
   for (size_t i = first; i < e.args.size(); ++i) a.pos.push_back(eval(*e.args[i]));
@@ -360,24 +474,10 @@ std::optional<Value> Renderer::text_filter(const Expr& e, const std::string& f, 
     return v;
   }
   if (f == "int") {
-    if (v.is_number()) return Value(v.as_int());
-    if (v.is_string()) {
-      char* end = nullptr;
-      errno = 0;
-      const long long n = std::strtoll(v.str().c_str(), &end, 10);
-      if (errno == 0 && end && *end == '\0' && !v.str().empty()) return Value(int64_t{n});
-    }
+    if (std::optional<Value> n = int_of(v)) return *n;
     return a.pos.empty() ? Value(int64_t{0}) : a.pos[0];
   }
-  if (f == "float") {
-    if (v.is_number()) return Value(v.as_float());
-    if (v.is_string()) {
-      char* end = nullptr;
-      const double d = std::strtod(v.str().c_str(), &end);
-      if (end && *end == '\0' && !v.str().empty()) return Value(d);
-    }
-    return Value(0.0);
-  }
+  if (f == "float") return float_of(v);
   if (f == "replace") {
     return Value(replace_all(v.to_string(), need_string(e, a.at(0, "old"), "replace's old"),
                              need_string(e, a.at(1, "new"), "replace's new")));
@@ -409,20 +509,7 @@ std::optional<Value> Renderer::text_filter(const Expr& e, const std::string& f, 
             ? std::string(4, ' ')
             : std::string(static_cast<size_t>(std::clamp<int64_t>(w.as_int(), 0, 256)), ' ');
     const bool first = a.at(1, "first").truthy(), blank = a.at(2, "blank").truthy();
-    const std::string text = v.to_string();
-    std::string out;
-    size_t pos = 0;
-    for (bool is_first = true;; is_first = false) {
-      const size_t nl = text.find('\n', pos);
-      const std::string line = text.substr(pos, nl == std::string::npos ? nl : nl - pos);
-      if ((!is_first || first) && (blank || !line.empty())) out += pad;
-      out += line;
-      if (out.size() > kMaxOutputBytes) fail(e.line, "a string too long");
-      if (nl == std::string::npos) break;
-      out += '\n';
-      pos = nl + 1;
-    }
-    return Value(std::move(out));
+    return Value(indent_lines(v.to_string(), pad, first, blank, e.line));
   }
   return std::nullopt;
 }
@@ -430,13 +517,7 @@ std::optional<Value> Renderer::text_filter(const Expr& e, const std::string& f, 
 // Filters of sequences (lists, dicts' keys, strings' characters); nullopt for any other name.
 std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string& f,
                                                const Value& v, const Args& a) {
-  if (f == "length" || f == "count") {
-    if (v.is_string()) return Value(static_cast<int64_t>(chars_of(v.str()).size()));
-    if (v.kind() == Value::Kind::kList) return Value(static_cast<int64_t>(v.list().size()));
-    if (v.kind() == Value::Kind::kDict) return Value(static_cast<int64_t>(v.dict().size()));
-    if (v.is_undefined()) return Value(int64_t{0});
-    fail(e.line, std::string("a ") + kind_name(v) + " has no length");
-  }
+  if (f == "length" || f == "count") return length_of(v, e.line);
   if (f == "first" || f == "last") {
     const List l = as_list(e, v);
     if (l.empty()) return Value();
@@ -445,69 +526,48 @@ std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string&
   if (f == "join") {
     const Value sep = a.at(0, "d");
     const Value attr = a.at(1, "attribute");
-    std::string out;
-    bool first = true;
-    for (const Value& x : as_list(e, v)) {
-      out += (first ? "" : sep.to_string()) +
-             (attr.is_string() ? attribute(x, attr.str()) : x).to_string();
-      first = false;
-      if (out.size() > kMaxOutputBytes) fail(e.line, "a string too long");
-    }
-    return Value(std::move(out));
+    return Value(joined(
+        as_list(e, v), sep.to_string(),
+        [&](const Value& x) { return attr.is_string() ? attribute(x, attr.str()) : x; }, e.line));
   }
   if (f == "list") return Value(as_list(e, v));
   if (f == "reverse") {
-    if (v.is_string()) {
-      auto cs = chars_of(v.str());
-      std::string out;
-      for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
-      return Value(std::move(out));
-    }
+    if (v.is_string()) return Value(reversed_chars(v.str()));
     List l = as_list(e, v);
     std::reverse(l.begin(), l.end());
     return Value(std::move(l));
   }
   if (f == "selectattr" || f == "rejectattr") {
     const std::string attr = need_string(e, a.at(0, "attr"), f + "'s attribute");
-    List out;
-    for (const Value& x : as_list(e, v)) {
+    return Value(kept_items(as_list(e, v), [&](const Value& x) {
       const Value field = attribute(x, attr);
       bool ok = field.truthy();
       if (a.pos.size() > 1) {
         Args rest;
         rest.pos.assign(a.pos.begin() + 2, a.pos.end());
-        const std::string test_name = need_string(e, a.pos[1], f + "'s test");
-        ok = run_test(e,
-                      test_name == "=="   ? "eq"
-                      : test_name == "!=" ? "ne"
-                                          : test_name,
-                      field, rest);
+        ok = run_test(e, test_alias(need_string(e, a.pos[1], f + "'s test")), field, rest);
       }
-      if (ok == (f == "selectattr")) out.push_back(x);
-    }
-    return Value(std::move(out));
+      return ok == (f == "selectattr");
+    }));
   }
   if (f == "map") {
-    List out;
     if (const Value* attr = a.find("attribute")) {
       if (!attr->is_string()) fail(e.line, "map's attribute must be a string");
-      for (const Value& x : as_list(e, v)) {
+      const Value* dflt = a.find("default");
+      return Value(mapped(as_list(e, v), [&](const Value& x) {
         Value field = attribute(x, attr->str());
-        const Value* dflt = a.find("default");
-        out.push_back(field.is_undefined() && dflt ? *dflt : field);
-      }
-      return Value(std::move(out));
+        return field.is_undefined() && dflt ? *dflt : field;
+      }));
     }
     // map('filter', args...): the filter applied to each item.
     const std::string name = need_string(e, a.at(0, "filter"), "map's filter");
     Args rest;
     rest.pos.assign(a.pos.begin() + 1, a.pos.end());
     rest.kw = a.kw;
-    for (const Value& x : as_list(e, v)) {
+    return Value(mapped(as_list(e, v), [&](const Value& x) {
       step(e.line);
-      out.push_back(apply_filter(e, name, x, rest));
-    }
-    return Value(std::move(out));
+      return apply_filter(e, name, x, rest);
+    }));
   }
   if (f == "unique") {
     // Jinja's unique(case_sensitive=False, attribute=None): the first of each, in order.
@@ -516,19 +576,11 @@ std::optional<Value> Renderer::sequence_filter(const Expr& e, const std::string&
     auto key = [&](const Value& x) {
       return folded(attr.is_string() ? attribute(x, attr.str()) : x, cased);
     };
-    List out, keys;
-    for (const Value& x : as_list(e, v)) {
-      const Value k = key(x);
-      // Each comparison is a step: quadratic in the list, so bounded like a nested loop.
-      if (std::none_of(keys.begin(), keys.end(), [&](const Value& y) {
-            step(e.line);
-            return equal(k, y);
-          })) {
-        keys.push_back(k);
-        out.push_back(x);
-      }
-    }
-    return Value(std::move(out));
+    // Each comparison is a step: quadratic in the list, so bounded like a nested loop.
+    return Value(first_of_each(as_list(e, v), key, [&](const Value& k, const Value& y) {
+      step(e.line);
+      return equal(k, y);
+    }));
   }
   if (f == "sort") {
     // Jinja's sort(reverse=False, case_sensitive=False, attribute=None): stable; strings
