@@ -182,64 +182,96 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
                 kClusterTokenEnv + " or --cluster-token-file)"};
   }
 
+  // Whether the worker's device and model are the group's.
+  grpc::Status check_worker(const pb::JoinRequest& req) const {
+    const RegistryOptions& o = r_.options_;
+    if (req.device_kind() != o.device_kind) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "device mismatch: this server's group runs on " + o.device_kind +
+                  " workers (its \"device\" setting); this worker runs on " + req.device_kind()};
+    }
+    if (req.fingerprint() != o.fingerprint) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "model mismatch (" + fingerprint_difference(o.fingerprint, req.fingerprint()) +
+                  "): start the worker with the server's model [" + o.fingerprint + "]"};
+    }
+    return grpc::Status::OK;
+  }
+
+  // m joins the current generation, unless the server stops or the group is full; the last
+  // member to join forms the group.
+  grpc::Status add_member(Member& m, bool rejoin) {
+    std::lock_guard<std::mutex> lock(r_.mu_);
+    if (r_.stopping_) return {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
+    const int n = r_.options_.world_size;
+    if (static_cast<int>(r_.members_.size()) >= n) {
+      // A worker whose own group just broke may race the coordinator noticing it: it waits
+      // (UNAVAILABLE: retry). A fresh worker beyond N is an operator mistake: refused.
+      return {rejoin ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "the group is full: " + std::to_string(n) + " of " + std::to_string(n) +
+                  " workers are registered (generation " + std::to_string(r_.generation_) +
+                  "); this worker is one too many"};
+    }
+    m.generation = r_.generation_;
+    r_.members_.push_back(&m);
+    spdlog::info("{} joined from {} ({}/{} registered)", m.name(), m.peer, r_.members_.size(),
+                 n);
+    if (static_cast<int>(r_.members_.size()) == n) form_group();
+    return grpc::Status::OK;
+  }
+
+  // Under mu_, with every member registered: ranks in join order, host by host, given only
+  // now: a worker that leaves while the group forms must not leave a hole in the ranks, and a
+  // tensor-parallel group's ranks should share a node.
+  void form_group() {
+    const RegistryOptions& o = r_.options_;
+    const int n = o.world_size;
+    std::stable_sort(r_.members_.begin(), r_.members_.end(),
+                     [](const Member* a, const Member* b) { return a->host < b->host; });
+    for (int i = 0; i < n; ++i) {
+      r_.members_[i]->rank = i;
+      r_.members_[i]->assigned = true;
+      if (o.tp > 1 && i % o.tp != 0 && r_.members_[i]->host != r_.members_[i - 1]->host) {
+        spdlog::warn("tensor-parallel group {} spans hosts {} and {}: its all-reduces "
+                     "cross the network (start a multiple of tp = {} workers on each host)",
+                     i / o.tp, r_.members_[i - 1]->host, r_.members_[i]->host, o.tp);
+      }
+    }
+    r_.formed_ = true;
+    spdlog::info("worker group generation {} formed: {} workers", r_.generation_, n);
+    r_.cv_.notify_all();
+  }
+
+  // What a member is told once the group formed: its rank and the group's settings.
+  pb::JoinEvent assigned_event(const Member& m) const {
+    const RegistryOptions& o = r_.options_;
+    pb::JoinEvent ev;
+    auto* a = ev.mutable_assigned();
+    a->set_rank(m.rank);
+    a->set_world_size(o.world_size);
+    a->set_generation(m.generation);
+    a->set_kv_capacity(o.kv_capacity_per_rank);
+    a->set_kv_memory_fraction(o.kv_memory_fraction);
+    a->set_kv_reserve_bytes(o.kv_reserve_bytes);
+    a->set_tp(o.tp);
+    a->set_kv_cache_dtype(engine::kv_cache_dtype_name(o.kv_cache_dtype));
+    a->set_attention_dtype(engine::attention_dtype_name(o.attention_dtype));
+    a->set_comm_timeout_ms(o.comm_timeout.count());
+    return ev;
+  }
+
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                     grpc::ServerWriter<pb::JoinEvent>* writer) override {
     if (grpc::Status a = authorize(ctx); !a.ok()) {
       spdlog::warn("refused a worker from {}: {}", ctx->peer(), a.error_message());
       return a;
     }
-    const RegistryOptions& o = r_.options_;
-    if (req->device_kind() != o.device_kind) {
-      return {grpc::StatusCode::FAILED_PRECONDITION,
-              "device mismatch: this server's group runs on " + o.device_kind +
-                  " workers (its \"device\" setting); this worker runs on " + req->device_kind()};
-    }
-    if (req->fingerprint() != o.fingerprint) {
-      return {grpc::StatusCode::FAILED_PRECONDITION,
-              "model mismatch (" + fingerprint_difference(o.fingerprint, req->fingerprint()) +
-                  "): start the worker with the server's model [" + o.fingerprint + "]"};
-    }
+    if (grpc::Status c = check_worker(*req); !c.ok()) return c;
     Member m;
     m.peer = ctx->peer();
     m.host = req->host().empty() ? m.peer : req->host();
     m.pid = req->pid();
-    {
-      std::lock_guard<std::mutex> lock(r_.mu_);
-      if (r_.stopping_) return {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
-      const int n = o.world_size;
-      if (static_cast<int>(r_.members_.size()) >= n) {
-        // A worker whose own group just broke may race the coordinator noticing it: it waits
-        // (UNAVAILABLE: retry). A fresh worker beyond N is an operator mistake: refused.
-        return {req->rejoin() ? grpc::StatusCode::UNAVAILABLE
-                              : grpc::StatusCode::RESOURCE_EXHAUSTED,
-                "the group is full: " + std::to_string(n) + " of " + std::to_string(n) +
-                    " workers are registered (generation " + std::to_string(r_.generation_) +
-                    "); this worker is one too many"};
-      }
-      m.generation = r_.generation_;
-      r_.members_.push_back(&m);
-      spdlog::info("{} joined from {} ({}/{} registered)", m.name(), m.peer,
-                   r_.members_.size(), n);
-      if (static_cast<int>(r_.members_.size()) == n) {
-        // Ranks in join order, host by host, given only now: a worker that leaves while the
-        // group forms must not leave a hole in the ranks, and a tensor-parallel group's ranks
-        // should share a node.
-        std::stable_sort(r_.members_.begin(), r_.members_.end(),
-                         [](const Member* a, const Member* b) { return a->host < b->host; });
-        for (int i = 0; i < n; ++i) {
-          r_.members_[i]->rank = i;
-          r_.members_[i]->assigned = true;
-          if (o.tp > 1 && i % o.tp != 0 && r_.members_[i]->host != r_.members_[i - 1]->host) {
-            spdlog::warn("tensor-parallel group {} spans hosts {} and {}: its all-reduces "
-                         "cross the network (start a multiple of tp = {} workers on each host)",
-                         i / o.tp, r_.members_[i - 1]->host, r_.members_[i]->host, o.tp);
-          }
-        }
-        r_.formed_ = true;
-        spdlog::info("worker group generation {} formed: {} workers", r_.generation_, n);
-        r_.cv_.notify_all();
-      }
-    }
+    if (grpc::Status added = add_member(m, req->rejoin()); !added.ok()) return added;
     bool sent = false;
     while (true) {
       bool to_send = false;
@@ -260,19 +292,7 @@ class WorkerRegistry::Service final : public pb::WorkerRegistry::Service {
         return {grpc::StatusCode::CANCELLED, "the worker left"};
       }
       if (to_send) {
-        pb::JoinEvent ev;
-        auto* a = ev.mutable_assigned();
-        a->set_rank(m.rank);
-        a->set_world_size(o.world_size);
-        a->set_generation(m.generation);
-        a->set_kv_capacity(o.kv_capacity_per_rank);
-        a->set_kv_memory_fraction(o.kv_memory_fraction);
-        a->set_kv_reserve_bytes(o.kv_reserve_bytes);
-        a->set_tp(o.tp);
-        a->set_kv_cache_dtype(engine::kv_cache_dtype_name(o.kv_cache_dtype));
-        a->set_attention_dtype(engine::attention_dtype_name(o.attention_dtype));
-        a->set_comm_timeout_ms(o.comm_timeout.count());
-        if (!writer->Write(ev)) {
+        if (!writer->Write(assigned_event(m))) {
           r_.member_gone(&m, "its Join stream broke before it got its rank");
           return {grpc::StatusCode::CANCELLED, "the worker left"};
         }
