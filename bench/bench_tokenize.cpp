@@ -162,6 +162,98 @@ void time_once(const Tokenizer& tok, const std::string& text, const std::vector<
   if (ids.value() != want) row->same = false;
 }
 
+// The text's lines: --text FILE's, else the KJV's; *source names it. False (said on stderr)
+// when there is none.
+bool read_lines(const Args& a, std::vector<std::string>* lines, std::string* source) {
+  if (!a.text_file.empty()) {
+    std::ifstream in(a.text_file, std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) {
+      std::fprintf(stderr, "burst-bench-tokenize: cannot read %s\n", a.text_file.c_str());
+      return false;
+    }
+    for (size_t s = 0; s < all.size();) {
+      size_t e = all.find('\n', s);
+      if (e == std::string::npos) e = all.size();
+      lines->push_back(all.substr(s, e - s));
+      s = e + 1;
+    }
+    *source = a.text_file;
+  } else {
+    if (!kjv_lines(lines)) {
+      std::fprintf(stderr,
+                   "burst-bench-tokenize: the KJV needs the `bible` command (Debian package "
+                   "bible-kjv); or pass --text FILE\n");
+      return false;
+    }
+    *source = "KJV (bible-kjv), from Genesis 1:1";
+  }
+  if (lines->empty()) {
+    std::fprintf(stderr, "burst-bench-tokenize: empty text\n");
+    return false;
+  }
+  return true;
+}
+
+// The first *count lines whose text holds about `target` tokens (*tokens of them): guess from
+// the bytes a token took so far, three rounds (a line is ~30 tokens, so this lands within a
+// line or two of the target). False (said on stderr) when encode fails.
+bool cut_to_tokens(const Tokenizer& tok, const std::vector<std::string>& lines, size_t target,
+                   std::string* text, size_t* count, size_t* tokens) {
+  std::vector<size_t> line_end(lines.size());  // bytes of join_lines(lines, i + 1)
+  for (size_t i = 0, b = 0; i < lines.size(); ++i) line_end[i] = b += lines[i].size() + (i > 0);
+  *count = lines.size();
+  for (int round = 0; round < 4; ++round) {
+    *text = join_lines(lines, *count);
+    auto ids = tok.encode(*text, false, false);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "burst-bench-tokenize: %s\n", ids.message().c_str());
+      return false;
+    }
+    *tokens = ids.value().size();
+    if (*tokens == target || round == 3) break;
+    const double want_bytes = static_cast<double>(text->size()) * target / *tokens;
+    const size_t next = static_cast<size_t>(
+        std::lower_bound(line_end.begin(), line_end.end(), static_cast<size_t>(want_bytes)) -
+        line_end.begin());
+    const size_t clamped = std::min(std::max<size_t>(next + 1, 1), lines.size());
+    if (clamped == *count) break;
+    *count = clamped;
+  }
+  return true;
+}
+
+// The rows timed: the whole text on one thread, then split on 1, 2, 4, ... threads up to the
+// encode pool's width.
+std::vector<Row> rows_to_time(const Tokenizer::Split& whole, size_t piece_bytes) {
+  std::vector<Row> rows;
+  rows.emplace_back("whole text, 1 thread", whole);
+  std::vector<size_t> counts;
+  for (size_t t = 1; t < Tokenizer::encode_threads(); t *= 2) counts.push_back(t);
+  counts.push_back(Tokenizer::encode_threads());
+  for (size_t t : counts) {
+    char label[64];
+    std::snprintf(label, sizeof label, "split, %zu thread%s", t, t == 1 ? "" : "s");
+    rows.emplace_back(label, Tokenizer::Split{piece_bytes, t});
+  }
+  return rows;
+}
+
+// The table of rows; whether every row's ids were the whole text's.
+bool print_rows(const std::vector<Row>& rows) {
+  std::printf("%-28s %8s %10s %10s %10s %8s\n", "", "pieces", "best ms", "median ms", "cpu ms",
+              "speedup");
+  bool all_same = true;
+  for (const Row& row : rows) {
+    all_same = all_same && row.same;
+    std::printf("%-28s %8zu %10.1f %10.1f %10.1f %7.2fx%s\n", row.label.c_str(), row.pieces,
+                row.best(), row.median(), row.least_cpu(), rows[0].best() / row.best(),
+                row.same ? "" : "  IDS DIFFER");
+  }
+  std::printf("ids: %s\n", all_same ? "identical to the whole text's" : "DIFFER");
+  return all_same;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,58 +273,10 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> lines;
   std::string source;
-  if (!a.text_file.empty()) {
-    std::ifstream in(a.text_file, std::ios::binary);
-    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) {
-      std::fprintf(stderr, "burst-bench-tokenize: cannot read %s\n", a.text_file.c_str());
-      return 1;
-    }
-    for (size_t s = 0; s < all.size();) {
-      size_t e = all.find('\n', s);
-      if (e == std::string::npos) e = all.size();
-      lines.push_back(all.substr(s, e - s));
-      s = e + 1;
-    }
-    source = a.text_file;
-  } else {
-    if (!kjv_lines(&lines)) {
-      std::fprintf(stderr,
-                   "burst-bench-tokenize: the KJV needs the `bible` command (Debian package "
-                   "bible-kjv); or pass --text FILE\n");
-      return 1;
-    }
-    source = "KJV (bible-kjv), from Genesis 1:1";
-  }
-  if (lines.empty()) {
-    std::fprintf(stderr, "burst-bench-tokenize: empty text\n");
-    return 1;
-  }
-
-  // Lines whose text holds about a.tokens tokens: guess from the bytes a token took so far,
-  // three rounds (a line is ~30 tokens, so this lands within a line or two of the target).
-  std::vector<size_t> line_end(lines.size());  // bytes of join_lines(lines, i + 1)
-  for (size_t i = 0, b = 0; i < lines.size(); ++i) line_end[i] = b += lines[i].size() + (i > 0);
-  size_t count = lines.size();
+  if (!read_lines(a, &lines, &source)) return 1;
   std::string text;
-  size_t tokens = 0;
-  for (int round = 0; round < 4; ++round) {
-    text = join_lines(lines, count);
-    auto ids = tok.encode(text, false, false);
-    if (!ids.ok()) {
-      std::fprintf(stderr, "burst-bench-tokenize: %s\n", ids.message().c_str());
-      return 1;
-    }
-    tokens = ids.value().size();
-    if (tokens == a.tokens || round == 3) break;
-    const double want_bytes = static_cast<double>(text.size()) * a.tokens / tokens;
-    const size_t next = static_cast<size_t>(
-        std::lower_bound(line_end.begin(), line_end.end(), static_cast<size_t>(want_bytes)) -
-        line_end.begin());
-    const size_t clamped = std::min(std::max<size_t>(next + 1, 1), lines.size());
-    if (clamped == count) break;
-    count = clamped;
-  }
+  size_t count = 0, tokens = 0;
+  if (!cut_to_tokens(tok, lines, a.tokens, &text, &count, &tokens)) return 1;
 
   std::printf("text: %s, %zu lines, %zu bytes, %zu tokens\n", source.c_str(), count, text.size(),
               tokens);
@@ -248,31 +292,11 @@ int main(int argc, char** argv) {
   }
   const std::vector<int>& want = reference.value();
 
-  std::vector<Row> rows;
-  rows.emplace_back("whole text, 1 thread", whole);
-  std::vector<size_t> counts;
-  for (size_t t = 1; t < Tokenizer::encode_threads(); t *= 2) counts.push_back(t);
-  counts.push_back(Tokenizer::encode_threads());
-  for (size_t t : counts) {
-    char label[64];
-    std::snprintf(label, sizeof label, "split, %zu thread%s", t, t == 1 ? "" : "s");
-    rows.emplace_back(label, Tokenizer::Split{a.piece_bytes, t});
-  }
+  std::vector<Row> rows = rows_to_time(whole, a.piece_bytes);
   // Round by round, every row once a round: on a shared machine a busy spell then slows every
   // row alike instead of whichever row it fell on.
   for (int r = 0; r < a.reps; ++r) {
     for (Row& row : rows) time_once(tok, text, want, &row);
   }
-
-  std::printf("%-28s %8s %10s %10s %10s %8s\n", "", "pieces", "best ms", "median ms", "cpu ms",
-              "speedup");
-  bool all_same = true;
-  for (const Row& row : rows) {
-    all_same = all_same && row.same;
-    std::printf("%-28s %8zu %10.1f %10.1f %10.1f %7.2fx%s\n", row.label.c_str(), row.pieces,
-                row.best(), row.median(), row.least_cpu(), rows[0].best() / row.best(),
-                row.same ? "" : "  IDS DIFFER");
-  }
-  std::printf("ids: %s\n", all_same ? "identical to the whole text's" : "DIFFER");
-  return all_same ? 0 : 1;
+  return print_rows(rows) ? 0 : 1;
 }
