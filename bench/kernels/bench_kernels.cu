@@ -295,6 +295,49 @@ Row bench_gemv(int64_t m, int64_t n, int64_t k, bool cublas) {
 // kGemvMaxRows) with silu_mul apart: what the step would run with the GEMV limited to fewer rows.
 enum class Chain { kSplit, kFused, kGraph, kNoNorm, kCublas };
 
+// out [m, n] (+)= in [m, k] . w [n, k]^T in bf16 on stream st: by gemv_cuda, or with a cuBLAS
+// handle by cublasGemmEx (fp32 compute).
+void product(cublasHandle_t handle, const void* in, const void* w, void* out, int64_t m,
+             int64_t n, int64_t k, bool acc, cudaStream_t st) {
+  if (!handle) {
+    CUDA_CHECK(burst::kernels::gemv_cuda(in, w, out, m, n, k, DType::kBF16, acc, st));
+    return;
+  }
+  const float alpha = 1.f, beta = acc ? 1.f : 0.f;
+  const cublasStatus_t cs =
+      cublasSetStream(handle, st) != CUBLAS_STATUS_SUCCESS
+          ? CUBLAS_STATUS_INTERNAL_ERROR
+          : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                         static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
+                         static_cast<int>(k), in, CUDA_R_16BF, static_cast<int>(k), &beta, out,
+                         CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
+  if (cs != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s:%d: cublas failed: %d\n", __FILE__, __LINE__, static_cast<int>(cs));
+    std::exit(1);
+  }
+}
+
+// What enqueue(stream) queues, captured once into a CUDA graph and replayed: the median ms of
+// a replay. Captured on a stream of its own (the legacy stream cannot be captured), replayed in
+// the legacy stream the other rows and the timing events use.
+template <typename Enqueue>
+double graph_median_ms(Enqueue enqueue, int* runs) {
+  cudaStream_t cs = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  enqueue(cs);
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = median_ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, runs);
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(cs));
+  return ms;
+}
+
 Row bench_layers(Chain chain, int64_t m = 1) {
   using burst::kernels::GemvOut;
   const int64_t d = 4096, f = 11008, layers = 32;
@@ -317,27 +360,9 @@ Row bench_layers(Chain chain, int64_t m = 1) {
     std::fprintf(stderr, "cublasCreate failed\n");
     std::exit(1);
   }
-  // out [m, n] (+)= in [m, k] . w [n, k]^T
-  auto product = [&](const void* in, const void* w, void* out, int64_t n, int64_t k, bool acc,
-                     cudaStream_t st) {
-    if (!cublas) {
-      CUDA_CHECK(gemv_cuda(in, w, out, m, n, k, t, acc, st));
-      return;
-    }
-    const float alpha = 1.f, beta = acc ? 1.f : 0.f;
-    const cublasStatus_t cs =
-        cublasSetStream(handle, st) != CUBLAS_STATUS_SUCCESS
-            ? CUBLAS_STATUS_INTERNAL_ERROR
-            : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-                           static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
-                           static_cast<int>(k), in, CUDA_R_16BF, static_cast<int>(k), &beta, out,
-                           CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT);
-    if (cs != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "%s:%d: cublas failed: %d\n", __FILE__, __LINE__, static_cast<int>(cs));
-      std::exit(1);
-    }
-  };
+  // out [m, n] (+)= in [m, k] . w [n, k]^T: by gemv_cuda, or by cuBLAS in the cuBLAS chain
+  auto prod = [&](const void* in, const void* w, void* out, int64_t n, int64_t k, bool acc,
+                  cudaStream_t st) { product(handle, in, w, out, m, n, k, acc, st); };
   auto enqueue = [&](cudaStream_t st) {
     for (int64_t l = 0; l < layers; ++l) {
       if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, m, d, 1e-5f, t, st));
@@ -345,42 +370,25 @@ Row bench_layers(Chain chain, int64_t m = 1) {
         const GemvOut qkv[3] = {{wq.ptr, q.ptr, d}, {wk.ptr, kk.ptr, d}, {wv.ptr, vv.ptr, d}};
         CUDA_CHECK(gemv_multi_cuda(h.ptr, qkv, 3, m, d, t, st));
       } else {
-        product(h.ptr, wq.ptr, q.ptr, d, d, false, st);
-        product(h.ptr, wk.ptr, kk.ptr, d, d, false, st);
-        product(h.ptr, wv.ptr, vv.ptr, d, d, false, st);
+        prod(h.ptr, wq.ptr, q.ptr, d, d, false, st);
+        prod(h.ptr, wk.ptr, kk.ptr, d, d, false, st);
+        prod(h.ptr, wv.ptr, vv.ptr, d, d, false, st);
       }
-      product(q.ptr, wo.ptr, x.ptr, d, d, true, st);
+      prod(q.ptr, wo.ptr, x.ptr, d, d, true, st);
       if (norms) CUDA_CHECK(rms_norm_cuda(x.ptr, norm.ptr, h.ptr, m, d, 1e-5f, t, st));
       if (fused) {
         CUDA_CHECK(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, gate.ptr, m, f, d, t, st));
       } else {
-        product(h.ptr, wg.ptr, gate.ptr, f, d, false, st);
-        product(h.ptr, wu.ptr, up.ptr, f, d, false, st);
+        prod(h.ptr, wg.ptr, gate.ptr, f, d, false, st);
+        prod(h.ptr, wu.ptr, up.ptr, f, d, false, st);
         CUDA_CHECK(silu_mul_cuda(gate.ptr, up.ptr, gate.ptr, m * f, t, st));
       }
-      product(gate.ptr, wd.ptr, x.ptr, d, f, true, st);
+      prod(gate.ptr, wd.ptr, x.ptr, d, f, true, st);
     }
   };
   int runs = 0;
-  double ms = 0;
-  if (chain == Chain::kGraph) {
-    // Captured on a stream of its own (the legacy stream cannot be captured), replayed in the
-    // legacy stream the other rows and the timing events use.
-    cudaStream_t cs = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
-    enqueue(cs);
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
-    cudaGraphExec_t exec = nullptr;
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    ms = median_ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, &runs);
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    CUDA_CHECK(cudaStreamDestroy(cs));
-  } else {
-    ms = median_ms([&] { enqueue(nullptr); }, &runs);
-  }
+  const double ms = chain == Chain::kGraph ? graph_median_ms(enqueue, &runs)
+                                           : median_ms([&] { enqueue(nullptr); }, &runs);
   if (handle) cublasDestroy(handle);
   const double bytes = double(layers) * (4 * d * d + 3 * f * d) * 2;
   std::string op = chain == Chain::kSplit    ? "layers_split"
@@ -403,27 +411,26 @@ std::vector<int64_t> parse_sizes(const char* arg) {
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // BURST_PDL=0 launches every kernel plainly (the switch is read here, once).
-  if (const char* pdl = std::getenv("BURST_PDL"); pdl != nullptr && pdl[0] == '0') {
-    burst::kernels::set_launch_switches({false});
-  }
+// What to time: prefill sizes and head dims, decode sizes; where to write the JSON.
+struct Options {
   std::string out_path;
   std::vector<int64_t> sizes = {4096, 16384, 65536};
   std::vector<int64_t> decode_sizes = {8192, 32768, 65536, 131072};
   std::vector<int64_t> head_dims = {128};
+};
+
+// 0, or the exit status of a usage error (said on stderr).
+int parse_options(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
-      out_path = argv[++i];
+      o->out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc) {
-      sizes = parse_sizes(argv[++i]);
+      o->sizes = parse_sizes(argv[++i]);
     } else if (!std::strcmp(argv[i], "--decode-sizes") && i + 1 < argc) {
-      decode_sizes = parse_sizes(argv[++i]);
+      o->decode_sizes = parse_sizes(argv[++i]);
     } else if (!std::strcmp(argv[i], "--head-dims") && i + 1 < argc) {
-      head_dims = parse_sizes(argv[++i]);
-      for (int64_t d : head_dims) {
+      o->head_dims = parse_sizes(argv[++i]);
+      for (int64_t d : o->head_dims) {
         if (d != 64 && d != 128) {
           std::fprintf(stderr, "--head-dims: 64 or 128, not %lld\n", static_cast<long long>(d));
           return 2;
@@ -437,59 +444,66 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return 0;
+}
 
-  std::vector<Row> rows;
-  for (int64_t d64 : head_dims) {
+// The prefill rows: every head dim and size, full and causal, by the engine's kernel and (on
+// Hopper) by the mma.sync one beside it.
+void bench_prefills(const Options& o, std::vector<Row>* rows) {
+  for (int64_t d64 : o.head_dims) {
     const int d = static_cast<int>(d64);
-    for (int64_t s : sizes) {
+    for (int64_t s : o.sizes) {
       for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal}) {
-        rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kAuto));
+        rows->push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kAuto));
         // On Hopper kAuto is the wgmma kernel: time the mma.sync one beside it.
         AttnParams probe = base_params(s, s, 4096 / d, 4096 / d, d, m);
         if (burst::kernels::attention_sm90_supported(probe)) {
-          rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm80));
+          rows->push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm80));
           // At head_dim 64 the launch picks 128- or 192-row query tiles: time both.
           if (d == 64) {
-            rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm90Rows128));
-            rows.push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm90Rows192));
+            rows->push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm90Rows128));
+            rows->push_back(bench_prefill(s, d, m, burst::kernels::AttnKernel::kSm90Rows192));
           }
         }
       }
     }
   }
-  rows.push_back(bench_copy());
-  for (int64_t s : decode_sizes) rows.push_back(bench_decode(s, 1, 8));
+}
+
+// The decode rows: the copy bandwidth, decode attention, the decode GEMMs and layer chains.
+void bench_decode_side(const Options& o, std::vector<Row>* rows) {
+  rows->push_back(bench_copy());
+  for (int64_t s : o.decode_sizes) rows->push_back(bench_decode(s, 1, 8));
   // The 7B preset's shape (no GQA) at the largest size; the server's batched step: 16
   // sequences of 2K and of 8K keys in one launch.
-  if (!decode_sizes.empty()) rows.push_back(bench_decode(decode_sizes.back(), 1, 32));
-  for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows.push_back(bench_decode(s, 16, 8));
+  if (!o.decode_sizes.empty()) rows->push_back(bench_decode(o.decode_sizes.back(), 1, 32));
+  for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows->push_back(bench_decode(s, 16, 8));
   // The 7B's decode GEMMs (q/k/v/o 4096 x 4096, gate/up 11008 x 4096, down 4096 x 11008).
   // 4096 x 4096 (32 MB) stays in an H100's or H200's L2 between two timed launches, so its row
   // reads above what the memory gives.
   for (int64_t m : {int64_t{1}, int64_t{4}}) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 4096}, {11008, 4096}, {4096, 11008}}) {
-      rows.push_back(bench_gemv(m, n, k, false));
-      rows.push_back(bench_gemv(m, n, k, true));
+      rows->push_back(bench_gemv(m, n, k, false));
+      rows->push_back(bench_gemv(m, n, k, true));
     }
   }
   // One long stream (512 MB of w): the GEMV's steady state, without a short kernel's ramp
   // and tail.
-  rows.push_back(bench_gemv(1, 65536, 4096, false));
+  rows->push_back(bench_gemv(1, 65536, 4096, false));
 
-  rows.push_back(bench_layers(Chain::kFused));
-  rows.push_back(bench_layers(Chain::kGraph));
-  rows.push_back(bench_layers(Chain::kSplit));
-  rows.push_back(bench_layers(Chain::kNoNorm));
-  rows.push_back(bench_layers(Chain::kCublas));
+  rows->push_back(bench_layers(Chain::kFused));
+  rows->push_back(bench_layers(Chain::kGraph));
+  rows->push_back(bench_layers(Chain::kSplit));
+  rows->push_back(bench_layers(Chain::kNoNorm));
+  rows->push_back(bench_layers(Chain::kCublas));
   for (int64_t m : {int64_t{2}, int64_t{4}}) {
-    rows.push_back(bench_layers(Chain::kFused, m));
-    rows.push_back(bench_layers(Chain::kCublas, m));
+    rows->push_back(bench_layers(Chain::kFused, m));
+    rows->push_back(bench_layers(Chain::kCublas, m));
   }
+}
 
+// The table, then each memory-bound row against the copy bandwidth.
+void print_rows(const cudaDeviceProp& prop, const std::vector<Row>& rows) {
   std::printf("burst attention kernels on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::printf("%-15s %-7s %8s %6s %4s %10s %9s %8s %5s\n", "op", "mask", "S", "heads", "d",
               "ms", "TFLOP/s", "GB/s", "runs");
@@ -511,25 +525,49 @@ int main(int argc, char** argv) {
                   copy_gbps);
     }
   }
-  if (!out_path.empty()) {
-    FILE* f = std::fopen(out_path.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
-      return 1;
-    }
-    std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::fprintf(f,
-                   "  {\"op\": \"%s\", \"mask\": \"%s\", \"S\": %lld, \"heads\": %d, "
-                   "\"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"ms\": %.4f, "
-                   "\"tflops\": %.2f, \"gbps\": %.1f, \"runs\": %d}%s\n",
-                   r.op.c_str(), r.mask.c_str(), static_cast<long long>(r.s), r.heads,
-                   r.kv_heads, r.head_dim, r.ms, r.tflops, r.gbps, r.runs,
-                   i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "]}\n");
-    std::fclose(f);
+}
+
+// The rows as JSON into path; false (said on stderr) when it cannot be written.
+bool write_json(const std::string& path, const cudaDeviceProp& prop,
+                const std::vector<Row>& rows) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
   }
+  std::fprintf(f, "{\"device\": \"%s\", \"results\": [\n", prop.name);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(f,
+                 "  {\"op\": \"%s\", \"mask\": \"%s\", \"S\": %lld, \"heads\": %d, "
+                 "\"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"ms\": %.4f, "
+                 "\"tflops\": %.2f, \"gbps\": %.1f, \"runs\": %d}%s\n",
+                 r.op.c_str(), r.mask.c_str(), static_cast<long long>(r.s), r.heads, r.kv_heads,
+                 r.head_dim, r.ms, r.tflops, r.gbps, r.runs, i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // BURST_PDL=0 launches every kernel plainly (the switch is read here, once).
+  if (const char* pdl = std::getenv("BURST_PDL"); pdl != nullptr && pdl[0] == '0') {
+    burst::kernels::set_launch_switches({false});
+  }
+  Options o;
+  if (const int usage = parse_options(argc, argv, &o)) return usage;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+
+  std::vector<Row> rows;
+  bench_prefills(o, &rows);
+  bench_decode_side(o, &rows);
+  print_rows(prop, rows);
+  if (!o.out_path.empty() && !write_json(o.out_path, prop, rows)) return 1;
   return 0;
 }
