@@ -340,6 +340,33 @@ burst::Result<std::unique_ptr<burst::server::Tokenizer>> load_tokenizer_and_chat
   return tokenizer;
 }
 
+// The APIs the config enables, started: their ports into *http_port and *grpc_port (-1 for one
+// disabled), or why one did not start.
+burst::Status start_apis(const burst::server::ServerConfig& cfg,
+                         burst::server::Scheduler& scheduler, burst::server::Tokenizer& tokenizer,
+                         burst::server::Metrics& metrics,
+                         std::optional<burst::server::HttpApi>& http,
+                         std::optional<burst::server::GrpcApi>& grpc_api, int* http_port,
+                         int* grpc_port) {
+  if (!cfg.allowed_origins.empty()) {
+    spdlog::info("CORS: origins {}, methods {}, headers {}", cfg.allowed_origins,
+                 cfg.allowed_methods, cfg.allowed_headers);
+  }
+  if (cfg.http_port >= 0) {
+    http.emplace(cfg, scheduler, tokenizer, metrics);
+    auto p = http->start();
+    if (!p.ok()) return p.status();
+    *http_port = p.value();
+  }
+  if (cfg.grpc_port >= 0) {
+    grpc_api.emplace(cfg, scheduler, tokenizer);
+    auto p = grpc_api->start();
+    if (!p.ok()) return p.status();
+    *grpc_port = p.value();
+  }
+  return {};
+}
+
 // Serves until SIGTERM or SIGINT, then drains the requests in flight (drain_ms at most) and
 // stops the APIs; or, when the scheduler gives up on the workers, stops at once. The exit code.
 int serve_until_signal(burst::server::Scheduler& scheduler,
@@ -417,24 +444,13 @@ int main(int argc, char** argv) {
   Metrics metrics;
   metrics.model_name = cfg.model_name;
   Scheduler scheduler(so, *tokenizer, metrics);
-  if (!cfg.allowed_origins.empty()) {
-    spdlog::info("CORS: origins {}, methods {}, headers {}", cfg.allowed_origins,
-                 cfg.allowed_methods, cfg.allowed_headers);
-  }
   std::optional<HttpApi> http;
   std::optional<GrpcApi> grpc_api;
   int http_port = -1, grpc_port = -1;
-  if (cfg.http_port >= 0) {
-    http.emplace(cfg, scheduler, *tokenizer, metrics);
-    auto p = http->start();
-    if (!p.ok()) return fail(p.message());
-    http_port = p.value();
-  }
-  if (cfg.grpc_port >= 0) {
-    grpc_api.emplace(cfg, scheduler, *tokenizer);
-    auto p = grpc_api->start();
-    if (!p.ok()) return fail(p.message());
-    grpc_port = p.value();
+  if (const Status st = start_apis(cfg, scheduler, *tokenizer, metrics, http, grpc_api,
+                                   &http_port, &grpc_port);
+      !st.ok()) {
+    return fail(st.message());
   }
   log_serving(cfg, so, weight_bytes, kv_from_memory, http_port, grpc_port,
               registry ? cfg.remote_workers : cfg.workers);
