@@ -27,13 +27,8 @@ class CpuBackend final : public Backend {
   DType compute_dtype() const override { return DType::kF32; }
 
   Result<Tensor> alloc(std::vector<int64_t> shape, DType dtype) override {
-    Tensor t;
-    t.dtype = dtype;
-    t.device = DeviceKind::kCpu;
-    t.shape = std::move(shape);
-    for (int64_t d : t.shape) {
-      if (d < 0) return shape_error("alloc", "negative dimension in " + t.describe());
-    }
+    Tensor t = Tensor::unallocated(std::move(shape), dtype, DeviceKind::kCpu);
+    if (const std::string why = t.shape_problem(); !why.empty()) return shape_error("alloc", why);
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.bytes(), 64));
     // 64-byte aligned for the vector loops; zeroed so a bug reads zeros, not old data.
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);

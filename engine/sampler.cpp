@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/sampling_mass.h"
+
 namespace burst::engine {
 
 std::string validate(const SamplingParams& p) {
@@ -102,30 +104,9 @@ namespace {
 
 using Scratch = std::vector<std::pair<float, int32_t>>;
 
-// Probability mass as an unsigned fixed-point number of 2^-96 units. A mass p = exp(s - max)
-// is in [0, 1], so it needs 97 bits and 2^31 of them sum in 128 bits without overflow: prefix
-// sums are exact, hence the same in any summation order (the GPU's tree, our running sum).
-// Masses below 2^-96 of the top one truncate to nothing; no 53-bit uniform could reach them.
-using Mass = unsigned __int128;
-
-// Truncates p (finite, in [0, 1]) to whole units. kernels/cuda/sampling.cu has the twin.
-Mass to_mass(double p) {
-  uint64_t b;
-  std::memcpy(&b, &p, sizeof b);
-  const int e = static_cast<int>((b >> 52) & 0x7ff);
-  if (e == 0) return 0;  // zero or subnormal: far below one unit
-  const uint64_t m = (b & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
-  const int shift = e - 979;  // p = m * 2^(e - 1075) = m * 2^(e - 979) units
-  if (shift >= 0) return Mass{m} << shift;
-  return -shift >= 64 ? Mass{0} : Mass{m >> -shift};
-}
-
-// Round-to-nearest of each 64-bit half, then one rounded add (the product is exact): the same
-// double on the host and the GPU for the same mass.
-double to_double(Mass q) {
-  return static_cast<double>(static_cast<uint64_t>(q >> 64)) * 0x1p64 +
-         static_cast<double>(static_cast<uint64_t>(q));
-}
+using kernels::Mass;
+using kernels::to_double;
+using kernels::to_mass;
 
 // Descending by logit, ties by id, so the kept set never depends on sort stability.
 bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {

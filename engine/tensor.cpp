@@ -16,6 +16,21 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+Tensor Tensor::unallocated(std::vector<int64_t> shape, DType dtype, DeviceKind device) {
+  Tensor t;
+  t.dtype = dtype;
+  t.device = device;
+  t.shape = std::move(shape);
+  return t;
+}
+
+std::string Tensor::shape_problem() const {
+  for (int64_t d : shape) {
+    if (d < 0) return "negative dimension in " + describe();
+  }
+  return "";
+}
+
 Tensor Tensor::rows(int64_t begin, int64_t count) const {
   Tensor v = *this;
   const int64_t row_elems = shape.empty() || shape[0] == 0 ? 0 : numel() / shape[0];

@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -52,22 +51,9 @@ def kjv_chapters(corpus=None):
             return [c for c in f.read().split(CHAPTER_SEP) if c.strip()]
     out = subprocess.run(["bible", "Gen1:1-Rev22:21"], check=True, capture_output=True,
                          text=True).stdout
-    chapters, verses = [], []
-    for line in out.splitlines():
-        if not line.strip():
-            continue
-        m = re.match(r"^\s+\d+ (.*)$", line)
-        if m:
-            verses.append(m.group(1).strip())
-        elif line.startswith(" ") or not re.match(r"^\S.* \d+$", line):
-            verses[-1] += " " + line.strip()  # wrapped verse continues
-        else:
-            if verses:
-                chapters.append("\n".join(verses))
-            verses = []
-    if verses:
-        chapters.append("\n".join(verses))
-    return chapters
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    from burstbench.kjv import kjv_chapters as parse_chapters
+    return parse_chapters(out)
 
 
 def rms_norm(x, w, eps):

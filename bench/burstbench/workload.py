@@ -7,10 +7,10 @@
 # shared prefix in the server's cache). All the randomness comes from rng (the run's seed).
 # Errors in the inputs end the run (SystemExit).
 import json
-import re
 import subprocess
 
 from .common import Spec, log
+from .kjv import kjv_verses
 from .tokenizer import fit_prefix
 
 WORDS = ("the and of to in that he shall unto for i his a lord they be is him not them it with "
@@ -28,19 +28,7 @@ def kjv_corpus():
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit("burst-bench: --dataset-name kjv needs the `bible` command (Debian "
                          f"package bible-kjv) or use --dataset-name text --dataset-path FILE: {e}")
-    verses = []
-    for line in out.splitlines():
-        if not line.strip():
-            continue
-        m = re.match(r"^\s+\d+ (.*)$", line)
-        if m:
-            verses.append(m.group(1).strip())
-        elif line.startswith(" ") or not re.match(r"^\S.* \d+$", line):
-            if verses:
-                verses[-1] += " " + line.strip()
-        else:
-            verses.append("")  # a chapter heading: a blank line between chapters
-    return "\n".join(verses)
+    return "\n".join(kjv_verses(out))  # chapter headings as blank lines
 
 
 def input_lengths(args, rng, n):

@@ -137,13 +137,8 @@ Status CudaBackend::check_fits(int64_t bytes, const std::string& what, int64_t r
 }
 
 Result<Tensor> CudaBackend::alloc(std::vector<int64_t> shape, DType dtype) {
-  Tensor t;
-  t.dtype = dtype;
-  t.device = DeviceKind::kCuda;
-  t.shape = std::move(shape);
-  for (int64_t d : t.shape) {
-    if (d < 0) return op_error("alloc", "negative dimension in " + t.describe());
-  }
+  Tensor t = Tensor::unallocated(std::move(shape), dtype, DeviceKind::kCuda);
+  if (const std::string why = t.shape_problem(); !why.empty()) return op_error("alloc", why);
   BURST_RETURN_IF_ERROR(use_device("alloc"));
   // At least 256 bytes: an empty tensor still gets a distinct, aligned, non-null pointer.
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(t.bytes(), 256));

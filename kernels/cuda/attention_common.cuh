@@ -49,31 +49,38 @@ struct KernelArgs {
   int32_t q_groups, k_blocks, q_pad;
 };
 
-template <typename T, typename OutT>
-KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
-  KernelArgs<T, OutT> a{};
+// The fields the prefill and decode kernels' arguments share (q, k, v, their strides, the
+// mask), set from the params.
+template <typename T, typename Args>
+void set_qkv_args(Args& a, const AttnParams& p) {
   a.q = static_cast<const T*>(p.q);
   a.k = static_cast<const T*>(p.k);
   a.v = static_cast<const T*>(p.v);
-  a.o = static_cast<OutT*>(p.o);
-  a.lse = p.lse;
   a.q_row_stride = p.q_row_stride;
   a.q_head_stride = p.q_head_stride;
   a.k_row_stride = p.k_row_stride;
   a.k_head_stride = p.k_head_stride;
   a.v_row_stride = p.v_row_stride;
   a.v_head_stride = p.v_head_stride;
-  a.o_row_stride = p.o_row_stride;
-  a.o_head_stride = p.o_head_stride;
-  a.lse_head_stride = p.lse_head_stride;
   a.delta = p.q_start - p.kv_start;
   a.n_q = p.n_q;
   a.n_kv = p.n_kv;
   a.group = p.heads / p.kv_heads;
   a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
+  a.scale_log2 = p.scale * kLog2e;
+}
+
+template <typename T, typename OutT>
+KernelArgs<T, OutT> make_kernel_args(const AttnParams& p) {
+  KernelArgs<T, OutT> a{};
+  set_qkv_args<T>(a, p);
+  a.o = static_cast<OutT*>(p.o);
+  a.lse = p.lse;
+  a.o_row_stride = p.o_row_stride;
+  a.o_head_stride = p.o_head_stride;
+  a.lse_head_stride = p.lse_head_stride;
   a.merge = p.merge_into_o ? 1 : 0;
   a.scale = p.scale;
-  a.scale_log2 = p.scale * kLog2e;
   return a;
 }
 

@@ -677,25 +677,11 @@ template <typename T, typename OutT, int kD, bool kFp8>
 cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
                    cudaStream_t stream) {
   DecodeArgs<T> a{};
-  a.q = static_cast<const T*>(p.q);
-  a.k = static_cast<const T*>(p.k);
-  a.v = static_cast<const T*>(p.v);
+  set_qkv_args<T>(a, p);
   a.o_part = static_cast<float*>(workspace);
   a.lse_part = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.o_part_bytes);
-  a.q_row_stride = p.q_row_stride;
-  a.q_head_stride = p.q_head_stride;
-  a.k_row_stride = p.k_row_stride;
-  a.k_head_stride = p.k_head_stride;
-  a.v_row_stride = p.v_row_stride;
-  a.v_head_stride = p.v_head_stride;
-  a.delta = p.q_start - p.kv_start;
-  a.n_q = p.n_q;
-  a.n_kv = p.n_kv;
   a.heads = p.heads;
-  a.group = p.heads / p.kv_heads;
-  a.causal = p.mask == MaskKind::kCausal ? 1 : 0;
   a.keys_per_split = plan.keys_per_split;
-  a.scale_log2 = p.scale * kLog2e;
   a.pages = p.kv_pages;
   a.page_size = p.page_size;
   a.row_kv_len = p.row_kv_len;

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda_dispatch.cuh"
 #include "kernels/sampling_cuda.h"
+#include "kernels/sampling_mass.h"
 
 namespace burst::kernels {
 namespace {
@@ -132,27 +133,7 @@ constexpr int kChunk = kPickThreads * kItems;
 constexpr int kPickWarps = kPickThreads / 32;
 static_assert(kPickThreads % 32 == 0 && kPickThreads <= 1024, "whole warps per block");
 
-// Probability mass as unsigned fixed point in 2^-96 units, as in engine/sampler.cpp: a mass
-// exp(s - max) is in [0, 1] (97 bits) and rows * vocab <= 2^31 of them sum in 128 bits, so
-// prefix sums are exact and equal the host's running sums whatever the order of addition.
-using Mass = unsigned __int128;
-
-// Truncates p (finite, in [0, 1]) to whole units; the twin of to_mass in engine/sampler.cpp.
-__device__ __forceinline__ Mass to_mass(double p) {
-  const auto b = static_cast<uint64_t>(__double_as_longlong(p));
-  const int e = static_cast<int>((b >> 52) & 0x7ff);
-  if (e == 0) return 0;  // zero or subnormal: far below one unit
-  const uint64_t m = (b & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
-  const int shift = e - 979;  // p = m * 2^(e - 1075) = m * 2^(e - 979) units
-  if (shift >= 0) return Mass{m} << shift;
-  return -shift >= 64 ? Mass{0} : Mass{m >> -shift};
-}
-
-// The host's to_double: each half rounded to nearest, then one rounded add (exact product).
-__device__ __forceinline__ double to_double(Mass q) {
-  return __dadd_rn(__dmul_rn(__ull2double_rn(static_cast<uint64_t>(q >> 64)), 0x1p64),
-                   __ull2double_rn(static_cast<uint64_t>(q)));
-}
+// Masses in 2^-96 units, exact prefix sums: kernels/sampling_mass.h (shared with the host).
 
 __device__ __forceinline__ Mass shfl_up_mass(Mass v, int d) {
   const auto lo = __shfl_up_sync(0xffffffffu, static_cast<unsigned long long>(v), d);

@@ -28,6 +28,8 @@ struct Tensor {
   DeviceKind device = DeviceKind::kCpu;
   std::vector<int64_t> shape;
 
+  // A tensor of this shape that holds no memory yet (what a Backend's alloc starts from).
+  static Tensor unallocated(std::vector<int64_t> shape, DType dtype, DeviceKind device);
   int64_t numel() const {
     return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
   }
@@ -39,6 +41,8 @@ struct Tensor {
   // Rows [begin, begin + count) of a tensor whose first dimension is rows.
   Tensor rows(int64_t begin, int64_t count) const;
   std::string describe() const;
+  // Why this shape cannot be allocated ("negative dimension in f32[2,-1]"), or "" when it can.
+  std::string shape_problem() const;
 };
 
 }  // namespace burst::engine
