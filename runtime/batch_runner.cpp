@@ -66,7 +66,7 @@ Status check_seq_options(const SeqWork& s, int64_t vocab_size, const std::string
 }  // namespace
 
 Status BatchRunner::validate(const StepPlan& plan) const {
-  const auto& c = model_.config();
+  const auto& c = model_.info();
   std::unordered_set<uint64_t> seen;
   if (plan.seqs.empty() && plan.release.empty() && plan.publish.empty() && plan.evict.empty()) {
     return bad("an empty step");
@@ -281,7 +281,7 @@ Status BatchRunner::sample_on_host(const StepPlan& plan, const std::vector<Sampl
                                    const std::vector<float>& logits,
                                    const std::vector<int32_t>& device_ids, StepResult& result) {
   const int rank = comm_.rank();
-  const int64_t vocab = model_.config().vocab_size;
+  const int64_t vocab = model_.info().vocab_size;
   // Logits a rank other than 0 computed travel to rank 0, one broadcast each, in plan order.
   std::vector<const float*> sample_rows(samples.size(), nullptr);
   std::vector<std::vector<float>> moved(samples.size());
@@ -316,7 +316,7 @@ Status BatchRunner::sample_on_host(const StepPlan& plan, const std::vector<Sampl
     }
   }
   std::vector<SampledToken> drawn(samples.size());
-  const int32_t eos = model_.config().eos_token_id;
+  const int32_t eos = model_.info().eos_token_id;
 #pragma omp parallel for schedule(dynamic) if (samples.size() > 1)
   for (size_t k = 0; k < samples.size(); ++k) {
     const SeqWork& s = plan.seqs[samples[k].seq];
@@ -442,7 +442,7 @@ Status BatchRunner::score_prompt(const StepPlan& plan, const SeqWork& s,
                                  const std::vector<std::pair<int64_t, int64_t>>& mine,
                                  const std::vector<float>& logits, StepResult& result) {
   const int rank = comm_.rank(), world = comm_.world_size();
-  const int64_t vocab = model_.config().vocab_size;
+  const int64_t vocab = model_.info().vocab_size;
   const int k = std::min<int>(s.prompt_logprobs, static_cast<int>(vocab));
   const size_t rec = 3 + 2 * static_cast<size_t>(k);  // pos, token, logprob, k x (id, lp)
   const auto sp = engine::ShardPlan::make(plan.layout, static_cast<int64_t>(s.tokens.size()),

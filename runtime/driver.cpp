@@ -127,7 +127,7 @@ Result<StepResult> LocalStepRunner::run_step(const StepPlan& plan, const StepPro
   bool stopped = false;
   models::LayerHook hook;
   if (on_layer) {
-    const int layers = model_.config().num_layers;
+    const int layers = model_.info().num_layers;
     hook = [&](int64_t done) -> Status {
       if (on_layer(static_cast<int>(done), layers)) return {};
       stopped = true;

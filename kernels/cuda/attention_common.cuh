@@ -14,6 +14,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/cuda_dispatch.cuh"
 
 namespace burst::kernels::detail {
 
@@ -48,6 +49,23 @@ struct KernelArgs {
   const float* v_scale;
   int32_t q_groups, k_blocks, q_pad;
 };
+
+// What every prefill launch (attention_cuda, attention_fp8_cuda) requires of its params: valid,
+// K and V contiguous (no pages, no FP8 rows), bf16 or f16 inputs, an output in that dtype or
+// f32, at most 65535 heads (a grid dimension), strides a multiple of 8 elements and 16-byte
+// aligned pointers (TMA and 16-byte loads). The head_dim each supports is its own check.
+inline bool prefill_params_ok(const AttnParams& p) {
+  if (!validate(p).empty() || p.kv_pages || p.kv_fp8) return false;
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return false;
+  const DType od = output_dtype(p);
+  if ((od != p.dtype && od != DType::kF32) || p.heads > 65535) return false;
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
+                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0) return false;
+  }
+  return aligned16(p.q) && aligned16(p.o) && (p.n_kv == 0 || (aligned16(p.k) && aligned16(p.v)));
+}
 
 // The fields the prefill and decode kernels' arguments share (q, k, v, their strides, the
 // mask), set from the params.

@@ -70,21 +70,8 @@ bool attention_sm80_heads_first(const AttnParams& p, int sms) {
 }
 
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream, AttnKernel kernel) {
-  if (!validate(p).empty()) return cudaErrorInvalidValue;
-  if (p.kv_pages) return cudaErrorInvalidValue;  // paged K/V: the decode kernel only
-  if (p.kv_fp8) return cudaErrorInvalidValue;    // FP8 rows: the decode kernel only
-  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
-  const DType od = output_dtype(p);
-  if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
+  if (!detail::prefill_params_ok(p)) return cudaErrorInvalidValue;
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
-  if (p.heads > 65535) return cudaErrorInvalidValue;
-  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
-                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) return cudaErrorInvalidValue;
-  }
-  if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
-  if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) return cudaErrorInvalidValue;
   const bool sm90 = attention_sm90_supported(p);
   const bool sm90_only = kernel == AttnKernel::kSm90 || kernel == AttnKernel::kSm90Rows128 ||
                          kernel == AttnKernel::kSm90Rows192;

@@ -278,22 +278,9 @@ size_t attention_fp8_workspace_bytes(const AttnParams& p) {
 
 cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, const Fp8AttnOptions& options) {
-  if (!validate(p).empty()) return cudaErrorInvalidValue;
-  if (p.kv_pages || p.kv_fp8 || p.row_kv_len) return cudaErrorInvalidValue;
-  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorInvalidValue;
-  const DType od = output_dtype(p);
-  if (od != p.dtype && od != DType::kF32) return cudaErrorInvalidValue;
-  if (p.head_dim != kD || p.heads > 65535) return cudaErrorInvalidValue;
-  if (p.merge_into_o && od != DType::kF32) return cudaErrorInvalidValue;
-  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
-                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) return cudaErrorInvalidValue;
-  }
-  if (!aligned16(p.q) || !aligned16(p.o)) return cudaErrorInvalidValue;
-  if (p.n_kv > 0 && (!aligned16(p.k) || !aligned16(p.v))) {
-    return cudaErrorInvalidValue;
-  }
+  if (!detail::prefill_params_ok(p) || p.row_kv_len) return cudaErrorInvalidValue;
+  if (p.head_dim != kD) return cudaErrorInvalidValue;
+  if (p.merge_into_o && output_dtype(p) != DType::kF32) return cudaErrorInvalidValue;
   if (!attention_sm90_supported(p)) return cudaErrorInvalidDeviceFunction;
   const Layout l = layout_of(p);
   if (workspace == nullptr || workspace_bytes < l.end ||

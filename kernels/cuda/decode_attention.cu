@@ -677,7 +677,7 @@ template <typename T, typename OutT, int kD, bool kFp8>
 cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
                    cudaStream_t stream) {
   DecodeArgs<T> a{};
-  set_qkv_args<T>(a, p);
+  detail::set_qkv_args<T>(a, p);
   a.o_part = static_cast<float*>(workspace);
   a.lse_part = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.o_part_bytes);
   a.heads = p.heads;

@@ -126,14 +126,18 @@ int check_config(const burst::server::ServerConfig& cfg) {
 
 // What a GPU rank keeps free beside its KV pool (--kv-capacity 0) for a prefill chunk's
 // activations and the cached prefix gathered for the ring (one layer's K and V of the rank's
-// share of the longest prompt), twice over, plus 1 GiB for libraries' workspaces.
+// share of the longest prompt), twice over, plus 1 GiB for libraries' workspaces. With FP8
+// attention, also its workspace: q, k and v of the rank's share at one byte an element, and
+// their scales (under 1 % of that; 2 % is kept).
 int64_t kv_activation_reserve(const burst::models::LlamaConfig& m, int64_t max_context,
-                              int workers, int64_t chunk) {
+                              int workers, int64_t chunk, bool fp8_attention) {
   const int64_t bf16 = 2;
   const int64_t kv_row = 2 * m.num_kv_heads * m.head_dim * bf16;
-  const int64_t prefix = (max_context + workers - 1) / std::max(1, workers) * kv_row;
+  const int64_t share = (max_context + workers - 1) / std::max(1, workers);
   const int64_t per_token = 8 * m.hidden_size * bf16 + 3 * m.intermediate_size * bf16;
-  return (int64_t{1} << 30) + 2 * (prefix + chunk * per_token);
+  const int64_t fp8_workspace =
+      fp8_attention ? share * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim * 102 / 100 : 0;
+  return (int64_t{1} << 30) + 2 * (share * kv_row + chunk * per_token) + fp8_workspace;
 }
 
 // The flags (CLI11, frontend/server_config.h). Returns the config, or the exit code when the
@@ -239,7 +243,8 @@ burst::server::SchedulerOptions scheduler_options(const burst::server::ServerCon
   if (kv_from_memory) {
     so.group.kv_memory_fraction = cfg.kv_memory_percent / 100.0;
     so.group.kv_reserve_bytes = kv_activation_reserve(
-        model, cfg.max_context, world, so.group.prefill_chunk);
+        model, cfg.max_context, world, so.group.prefill_chunk,
+        so.group.attention_dtype == burst::engine::AttentionDtype::kFp8);
   }
   return so;
 }

@@ -57,7 +57,10 @@ class LlamaModel final : public Model {
                                                     const LoadProgress& on_progress = nullptr,
                                                     TensorParallel tp = {});
 
-  const LlamaConfig& config() const override { return config_; }
+  const LlamaConfig& config() const { return config_; }
+  ModelInfo info() const override {
+    return {config_.num_layers, config_.vocab_size, config_.eos_token_id};
+  }
   engine::Backend& backend() const override { return backend_; }
   // This rank's heads (a tensor-parallel rank's share).
   engine::AttentionShape attention_shape() const override;

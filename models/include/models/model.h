@@ -12,7 +12,6 @@
 #include "engine/attention_context.h"
 #include "engine/backend.h"
 #include "engine/sampler.h"
-#include "models/config.h"
 
 namespace burst::models {
 
@@ -65,10 +64,17 @@ struct ForwardOutput {
   std::vector<int32_t> sampled;
 };
 
+// What the runtime needs to know of a model, whatever its architecture and its config's shape.
+struct ModelInfo {
+  int64_t num_layers = 0;
+  int64_t vocab_size = 0;
+  int32_t eos_token_id = -1;  // -1: none
+};
+
 class Model {
  public:
   virtual ~Model() = default;
-  virtual const LlamaConfig& config() const = 0;
+  virtual ModelInfo info() const = 0;
   virtual engine::Backend& backend() const = 0;
   // The KV shape an attention context for this model holds (per rank).
   virtual engine::AttentionShape attention_shape() const = 0;

@@ -87,7 +87,7 @@ class LocalStepRunner final : public StepRunner {
       engine::KvCacheDtype kv_dtype = engine::KvCacheDtype::kAuto,
       engine::AttentionDtype attention = engine::AttentionDtype::kAuto);
   Result<StepResult> run_step(const StepPlan& plan, const StepProgress& on_layer) override;
-  int32_t eos_token_id() const override { return model_.config().eos_token_id; }
+  int32_t eos_token_id() const override { return model_.info().eos_token_id; }
   int64_t kv_capacity_tokens() const override { return ring_->capacity(); }
   BatchRunner& batch() { return *batch_; }
 
