@@ -112,6 +112,7 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     NCCL_TRY(ncclCommInitRankConfig(&comm_, opt_.world_size, id, rank_, &config));
     BURST_RETURN_IF_ERROR(poll_comm("init"));
+    BURST_RETURN_IF_ERROR(connect_ring());
     return init_peer_gather();
   }
 
@@ -331,6 +332,32 @@ class NcclCommunicator final : public Communicator {
     BURST_RETURN_IF_ERROR(poll_comm("send/recv"));
     CUDA_TRY(cudaEventRecord(done, comm_stream_));
     return std::unique_ptr<CommHandle>(new NcclHandle(done, opt_.compute_stream));
+  }
+
+  // NCCL connects two ranks for send and receive at their first transfer, channel by channel,
+  // on its own thread (a few milliseconds a channel). Left to the first prefill, that held its
+  // first ring hop back ~0.4 s on 4 x H200 (a timeline: NCCL's small uploads between idle
+  // gaps, the attention waiting). One exchange with each ring neighbour here, large enough to
+  // be spread over every channel, connects them while the group starts instead.
+  Status connect_ring() {
+    const int world = opt_.world_size;
+    if (world < 2) return {};
+    constexpr size_t kBytes = size_t{64} << 20;
+    void* buf = nullptr;
+    CUDA_TRY(cudaMallocAsync(&buf, 2 * kBytes, opt_.compute_stream));
+    char* send = static_cast<char*>(buf);
+    const int next = (rank_ + 1) % world, prev = (rank_ - 1 + world) % world;
+    Status st;
+    // To the next rank (pass-KV's blocks), then back to the previous one (pass-Q's partials,
+    // and the reverse ring); with two ranks the first exchange is both.
+    for (int dir = 0; dir < (world > 2 ? 2 : 1) && st.ok(); ++dir) {
+      auto h = post(send, dir == 0 ? next : prev, send + kBytes, dir == 0 ? prev : next, kBytes, 0);
+      st = h.ok() ? h.value()->wait() : h.status();
+    }
+    const cudaError_t freed = cudaFreeAsync(buf, opt_.compute_stream);
+    BURST_RETURN_IF_ERROR(st);
+    CUDA_TRY(freed);
+    return sync(opt_.compute_stream, "connect");
   }
 
   // Waits until the communicator has no operation in progress (non-blocking mode), failing on
