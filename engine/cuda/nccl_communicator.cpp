@@ -343,8 +343,8 @@ class NcclCommunicator final : public Communicator {
     const int world = opt_.world_size;
     if (world < 2) return {};
     constexpr size_t kBytes = size_t{64} << 20;
-    void* buf = nullptr;
-    CUDA_TRY(cudaMallocAsync(&buf, 2 * kBytes, opt_.compute_stream));
+    void* buf = nullptr;  // not from a pool: freed, it goes back before the KV pool is sized
+    CUDA_TRY(cudaMalloc(&buf, 2 * kBytes));
     char* send = static_cast<char*>(buf);
     const int next = (rank_ + 1) % world, prev = (rank_ - 1 + world) % world;
     Status st;
@@ -354,10 +354,12 @@ class NcclCommunicator final : public Communicator {
       auto h = post(send, dir == 0 ? next : prev, send + kBytes, dir == 0 ? prev : next, kBytes, 0);
       st = h.ok() ? h.value()->wait() : h.status();
     }
-    const cudaError_t freed = cudaFreeAsync(buf, opt_.compute_stream);
+    if (st.ok()) st = sync(opt_.compute_stream, "connect");
+    // After an error the communicator is aborted (no transfer still reads or writes buf).
+    const cudaError_t freed = cudaFree(buf);
     BURST_RETURN_IF_ERROR(st);
     CUDA_TRY(freed);
-    return sync(opt_.compute_stream, "connect");
+    return {};
   }
 
   // Waits until the communicator has no operation in progress (non-blocking mode), failing on
