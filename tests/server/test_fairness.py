@@ -65,7 +65,10 @@ def test_short_request_beside_n_choices():
     # Before: the short request waited for a free slot, i.e. for the n request's end.
     check(done < big["end"], f"the short request ended {done - big['end']:.2f} s after the n "
           "request: it waited for its slots")
-    check(first < 0.25 * total, f"TTFT {first:.2f} s beside an n request of {total:.2f} s")
+    # Alone on 2 cores the first token comes after 1-7 % of the n request's time; waiting for
+    # its slots would be ~100 %. Three quarters leaves room for a loaded machine (a run beside
+    # a compiler and an xz saw 64 % of a 13.6 s request, and still ended first).
+    check(first < 0.75 * total, f"TTFT {first:.2f} s beside an n request of {total:.2f} s")
     print(f"  TTFT {first * 1000:.0f} ms beside an n = 16 request of {total:.1f} s")
 
 
