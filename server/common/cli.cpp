@@ -56,6 +56,21 @@ std::string option_name(const std::string& what) {
   return colon == std::string::npos ? what : what.substr(0, colon);
 }
 
+// A string option read through `parse` (an engine::parse_* function): a value it refuses is a
+// usage error with its message, a value it takes is stored in `target`.
+template <typename T, typename Parse>
+CLI::Option* add_parsed_option(CLI::App& app, const std::string& flag, T& target, Parse parse,
+                               const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag, [&target, parse](const std::string& v) { target = parse(v).value(); }, help)
+      ->type_name("D")
+      ->check([parse](const std::string& v) -> std::string {
+        auto d = parse(v);
+        return d.ok() ? "" : d.message();
+      });
+}
+
 }  // namespace
 
 std::unique_ptr<CLI::App> make_cli(const std::string& program, const std::string& synopsis) {
@@ -103,30 +118,12 @@ std::string parse_cli(CLI::App& app, int argc, char** argv, bool* help) {
 
 CLI::Option* add_attention_dtype_option(CLI::App& app, engine::AttentionDtype& target,
                                         const std::string& help) {
-  return app
-      .add_option_function<std::string>(
-          "--attention-dtype",
-          [&target](const std::string& v) { target = engine::parse_attention_dtype(v).value(); },
-          help)
-      ->type_name("D")
-      ->check([](const std::string& v) -> std::string {
-        auto d = engine::parse_attention_dtype(v);
-        return d.ok() ? "" : d.message();
-      });
+  return add_parsed_option(app, "--attention-dtype", target, engine::parse_attention_dtype, help);
 }
 
 CLI::Option* add_kv_cache_dtype_option(CLI::App& app, engine::KvCacheDtype& target,
                                        const std::string& help) {
-  return app
-      .add_option_function<std::string>(
-          "--kv-cache-dtype",
-          [&target](const std::string& v) { target = engine::parse_kv_cache_dtype(v).value(); },
-          help)
-      ->type_name("D")
-      ->check([](const std::string& v) -> std::string {
-        auto d = engine::parse_kv_cache_dtype(v);
-        return d.ok() ? "" : d.message();
-      });
+  return add_parsed_option(app, "--kv-cache-dtype", target, engine::parse_kv_cache_dtype, help);
 }
 
 }  // namespace burst::server

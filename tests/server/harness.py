@@ -224,6 +224,20 @@ def run_at_most(fn, n, width):
         t.join()
 
 
+def check_bad_option_refused(flag, server_value, worker_value, expected):
+    """burst-server refuses `flag server_value` at start, burst-worker `flag worker_value` with
+    exit 2, both saying `expected` (the choices the option takes)."""
+    r = subprocess.run([os.path.join(build_dir(), "bin", "burst-server"), flag, server_value,
+                        "--http-port", "0", "--grpc-port", "-1"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0, f"server {flag} {server_value}: exit {r.returncode}")
+    check(expected in r.stderr + r.stdout, (r.stderr + r.stdout)[-500:])
+    w = subprocess.run([os.path.join(build_dir(), "bin", "burst-worker"), flag, worker_value],
+                       capture_output=True, text=True, timeout=60)
+    check(w.returncode == 2, f"worker {flag} {worker_value}: exit {w.returncode}")
+    check(expected in w.stderr, w.stderr[-500:])
+
+
 def check(cond, msg):
     if not cond:
         raise AssertionError(msg)

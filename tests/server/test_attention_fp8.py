@@ -12,10 +12,8 @@ processes (CPU workers run the emulation of the Hopper kernel's roundings, kjv-t
 Run: /usr/bin/python3 test_attention_fp8.py --build BUILD_DIR."""
 import http.client
 import json
-import os
-import subprocess
 
-from harness import KJV_PASSAGE as PROMPT, Server, build_dir, check, run
+from harness import KJV_PASSAGE as PROMPT, Server, check, check_bad_option_refused, run
 
 
 
@@ -59,15 +57,7 @@ def test_fp8_attention_costs_little_and_is_not_free():
 
 
 def test_bad_value_is_refused_at_start():
-    exe = os.path.join(build_dir(), "bin", "burst-server")
-    r = subprocess.run([exe, "--attention-dtype", "fp16", "--http-port", "0", "--grpc-port",
-                        "-1"], capture_output=True, text=True, timeout=60)
-    check(r.returncode != 0, f"exit {r.returncode}")
-    check("auto, bf16 or fp8" in r.stderr + r.stdout, (r.stderr + r.stdout)[-500:])
-    w = subprocess.run([os.path.join(build_dir(), "bin", "burst-worker"), "--attention-dtype",
-                        "int8"], capture_output=True, text=True, timeout=60)
-    check(w.returncode == 2, f"worker exit {w.returncode}")
-    check("auto, bf16 or fp8" in w.stderr, w.stderr[-500:])
+    check_bad_option_refused("--attention-dtype", "fp16", "int8", "auto, bf16 or fp8")
 
 
 if __name__ == "__main__":
