@@ -66,7 +66,7 @@ Status check_seq_options(const SeqWork& s, int64_t vocab_size, const std::string
 }  // namespace
 
 Status BatchRunner::validate(const StepPlan& plan) const {
-  const auto& c = model_.info();
+  const models::ModelInfo c = model_.info();
   std::unordered_set<uint64_t> seen;
   if (plan.seqs.empty() && plan.release.empty() && plan.publish.empty() && plan.evict.empty()) {
     return bad("an empty step");
