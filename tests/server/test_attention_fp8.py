@@ -10,7 +10,6 @@ processes (CPU workers run the emulation of the Hopper kernel's roundings, kjv-t
 - a bad --attention-dtype value stops the server and the worker at start with a message naming
   the choices.
 Run: /usr/bin/python3 test_attention_fp8.py --build BUILD_DIR."""
-import http.client
 import json
 
 from harness import KJV_PASSAGE as PROMPT, Server, check, check_bad_option_refused, run
@@ -21,13 +20,8 @@ def logprobs(*flags, workers=2):
     srv = Server(*flags, workers=workers)
     try:
         body = {"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
-        c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
-        c.request("POST", "/v1/completions", body=json.dumps(body),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        check(r.status == 200, f"HTTP {r.status}: {data[:300]!r}")
+        status, data, _ = srv.request("POST", "/v1/completions", body, timeout=120)
+        check(status == 200, f"HTTP {status}: {data[:300]!r}")
         log = srv.read_log()
     finally:
         srv.stop()

@@ -8,7 +8,6 @@ processes (CPU, kjv-tiny):
   the prefix cache (every key was rounded once, when it was computed);
 - a bad --kv-cache-dtype value stops the server at start with a message naming the choices.
 Run: /usr/bin/python3 test_kv_fp8.py --build BUILD_DIR."""
-import http.client
 import json
 import threading
 
@@ -20,13 +19,8 @@ def complete(srv, prompt, max_tokens=16, echo=False):
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     if echo:
         body.update(echo=True, logprobs=1)
-    c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=120)
-    c.request("POST", "/v1/completions", body=json.dumps(body),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    check(r.status == 200, f"HTTP {r.status}: {data[:300]!r}")
+    status, data, _ = srv.request("POST", "/v1/completions", body, timeout=120)
+    check(status == 200, f"HTTP {status}: {data[:300]!r}")
     return json.loads(data)
 
 
