@@ -33,6 +33,7 @@
 #include <cublas_v2.h>
 
 #include "kernels/attention_cuda.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/ops_cuda.h"
 
 namespace {
@@ -168,22 +169,39 @@ Row bench_prefill(int64_t s, int d, MaskKind mask, burst::kernels::AttnKernel ke
 // Decode of `seqs` sequences of s keys each, one token each, 32 query / kv_heads kv heads x 128
 // (8: GQA as LLaMA-3; 32: the LLaMA-2-7B preset, "decode_mha"): seqs == 1 is one sequence in
 // contiguous K/V; seqs > 1 is the server's batched step ("..._batched16"): every sequence's
-// K/V in shuffled 256-row pages of one pool, one launch with per-row K/V. GB/s counts the K and
-// V bytes read.
-Row bench_decode(int64_t s, int seqs, int kv_heads) {
+// K/V in shuffled 256-row pages of one pool, one launch with per-row K/V. fp8: K and V are the
+// FP8 KV cache's rows (kernels/kv_fp8.h; "..._fp8"), quantized from the same random values.
+// GB/s counts the K and V bytes read (FP8: each head's values and its scale).
+Row bench_decode(int64_t s, int seqs, int kv_heads, bool fp8 = false) {
   constexpr int kHeads = 32, kD = 128, kPage = 256;
   const int64_t row_elems = int64_t{kv_heads} * kD;
   const int64_t pages_per_seq = (s + kPage - 1) / kPage;
   const int64_t rows = seqs == 1 ? s : pages_per_seq * seqs * kPage;
-  Buffer q(int64_t{seqs} * kHeads * kD * 2), k(rows * row_elems * 2), v(rows * row_elems * 2),
+  const int64_t row_bytes =
+      fp8 ? burst::kernels::kv_fp8_row_bytes(kv_heads, kD) : row_elems * 2;
+  Buffer q(int64_t{seqs} * kHeads * kD * 2), k(rows * row_bytes), v(rows * row_bytes),
       o(int64_t{seqs} * kHeads * kD * 2), lse(int64_t{seqs} * kHeads * 4);
   fill(q.ptr, int64_t{seqs} * kHeads * kD, 4);
-  fill(k.ptr, rows * row_elems, 5);
-  fill(v.ptr, rows * row_elems, 6);
+  if (fp8) {
+    Buffer values(rows * row_elems * 2);
+    for (auto [dst, seed] : {std::pair<void*, uint32_t>{k.ptr, 5}, {v.ptr, 6}}) {
+      fill(values.ptr, rows * row_elems, seed);
+      CUDA_CHECK(burst::kernels::quantize_kv_cuda(values.ptr, DType::kBF16, rows, kv_heads, kD,
+                                                  nullptr, dst, nullptr));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    fill(k.ptr, rows * row_elems, 5);
+    fill(v.ptr, rows * row_elems, 6);
+  }
   AttnParams p = base_params(seqs, s, kHeads, kv_heads, kD, MaskKind::kNone);
   p.q = q.ptr;
   p.k = k.ptr;
   p.v = v.ptr;
+  if (fp8) {
+    p.kv_fp8 = true;
+    p.k_row_stride = p.v_row_stride = row_bytes;
+  }
   p.o = o.ptr;
   p.lse = static_cast<float*>(lse.ptr);
   std::unique_ptr<Buffer> meta;
@@ -220,9 +238,11 @@ Row bench_decode(int64_t s, int seqs, int kv_heads) {
         CUDA_CHECK(burst::kernels::attention_decode_cuda(p, ws.ptr, ws_bytes, nullptr));
       },
       &runs);
-  const double bytes = 2.0 * double(s) * row_elems * 2 * seqs;  // K and V, bf16
+  const double bytes =  // K and V
+      2.0 * double(s) * seqs * (fp8 ? kv_heads * (kD + 4.0) : row_elems * 2.0);
   const std::string op = kv_heads == kHeads ? "decode_mha" : "decode";
-  return {seqs == 1 ? op : op + "_batched" + std::to_string(seqs), "full", s, kHeads,
+  const std::string kind = fp8 ? "_fp8" : "";
+  return {(seqs == 1 ? op : op + "_batched" + std::to_string(seqs)) + kind, "full", s, kHeads,
           kv_heads, kD, runs, ms, 4.0 * s * kD * kHeads * seqs / (ms * 1e-3) / 1e12,
           bytes / (ms * 1e-3) / 1e9};
 }
@@ -417,6 +437,7 @@ struct Options {
   std::vector<int64_t> sizes = {4096, 16384, 65536};
   std::vector<int64_t> decode_sizes = {8192, 32768, 65536, 131072};
   std::vector<int64_t> head_dims = {128};
+  bool decode_attention_only = false;  // the copy and decode attention rows, nothing else
 };
 
 // 0, or the exit status of a usage error (said on stderr).
@@ -428,6 +449,8 @@ int parse_options(int argc, char** argv, Options* o) {
       o->sizes = parse_sizes(argv[++i]);
     } else if (!std::strcmp(argv[i], "--decode-sizes") && i + 1 < argc) {
       o->decode_sizes = parse_sizes(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--decode-attention-only")) {
+      o->decode_attention_only = true;
     } else if (!std::strcmp(argv[i], "--head-dims") && i + 1 < argc) {
       o->head_dims = parse_sizes(argv[++i]);
       for (int64_t d : o->head_dims) {
@@ -439,7 +462,8 @@ int parse_options(int argc, char** argv, Options* o) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out results.json] [--sizes 4096,16384,65536] "
-                   "[--head-dims 128,64] [--decode-sizes 8192,32768,65536,131072]\n",
+                   "[--head-dims 128,64] [--decode-sizes 8192,32768,65536,131072] "
+                   "[--decode-attention-only]\n",
                    argv[0]);
       return 2;
     }
@@ -473,11 +497,15 @@ void bench_prefills(const Options& o, std::vector<Row>* rows) {
 // The decode rows: the copy bandwidth, decode attention, the decode GEMMs and layer chains.
 void bench_decode_side(const Options& o, std::vector<Row>* rows) {
   rows->push_back(bench_copy());
-  for (int64_t s : o.decode_sizes) rows->push_back(bench_decode(s, 1, 8));
-  // The 7B preset's shape (no GQA) at the largest size; the server's batched step: 16
-  // sequences of 2K and of 8K keys in one launch.
-  if (!o.decode_sizes.empty()) rows->push_back(bench_decode(o.decode_sizes.back(), 1, 32));
-  for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows->push_back(bench_decode(s, 16, 8));
+  // Each shape with 16-bit K/V, then with the FP8 KV cache's rows.
+  for (bool fp8 : {false, true}) {
+    for (int64_t s : o.decode_sizes) rows->push_back(bench_decode(s, 1, 8, fp8));
+    // The 7B preset's shape (no GQA) at the largest size; the server's batched step: 16
+    // sequences of 2K and of 8K keys in one launch.
+    if (!o.decode_sizes.empty()) rows->push_back(bench_decode(o.decode_sizes.back(), 1, 32, fp8));
+    for (int64_t s : {int64_t{2048}, int64_t{8192}}) rows->push_back(bench_decode(s, 16, 8, fp8));
+  }
+  if (o.decode_attention_only) return;
   // The 7B's decode GEMMs (q/k/v/o 4096 x 4096, gate/up 11008 x 4096, down 4096 x 11008).
   // 4096 x 4096 (32 MB) stays in an H100's or H200's L2 between two timed launches, so its row
   // reads above what the memory gives.
@@ -565,7 +593,7 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
 
   std::vector<Row> rows;
-  bench_prefills(o, &rows);
+  if (!o.decode_attention_only) bench_prefills(o, &rows);
   bench_decode_side(o, &rows);
   print_rows(prop, rows);
   if (!o.out_path.empty() && !write_json(o.out_path, prop, rows)) return 1;

@@ -31,11 +31,34 @@
 // Scores are scaled into log2 units (scale * log2(e)) in fp32 after the mma; softmax and
 // accumulation in fp32.
 // FP8 KV rows (AttnParams::kv_fp8, the KV cache under --kv-cache-dtype fp8): the stages carry
-// the rows' e4m3 bytes (half the bytes of bf16) and each key's K and V scales; each stage is
-// then widened in shared memory into the 16-bit tile the mma reads (every e4m3 value is exact
-// in bf16 and fp16), one more barrier a stage. A key's K scale multiplies its column of S
-// after the mma, its V scale its column of P before P.V (the softmax sum takes P unscaled):
-// q.(s k) = s (q.k) and sum p (s v) = sum (p s) v, so the products stay exact.
+// the rows' e4m3 bytes (half the bytes of bf16) and each key's K and V scales, and the mma
+// fragments are made from those bytes in registers (every e4m3 value is exact in bf16 and
+// fp16), with no 16-bit copy of the tile in shared memory:
+// - K: ldmatrix reads the byte rows as 16-bit pairs, so a lane gets 4 consecutive values of
+//   one key, d0 + 4c .. d0 + 4c + 3 (c = lane % 4); widened, they are its B fragment of S for
+//   the k16 slice d0 if the slice's head_dim order is taken as 0 1 4 5 8 9 12 13 2 3 6 7 10 11
+//   14 15 (fragment k = 2c, 2c + 1, 2c + 8, 2c + 9). Q is stored in that order, so S is
+//   unchanged (a dot product does not depend on the order of its terms).
+// - V: a lane reads one 32-bit word (4 values of head_dim) from each of its 4 keys of P's A
+//   fragment (2c, 2c + 1, 2c + 8, 2c + 9 of the warp's 16) and transposes the 4 x 4 bytes by
+//   byte permutes: each word is then one head_dim value of those 4 keys, its B fragment of
+//   P.V. Lane group g's words are values 32m + 4g .. 32m + 4g + 3, so O's n8 atom 4m + j holds
+//   head_dim 32m + 4n + j in its column n; the combine writes O back in head_dim order.
+// - The byte rows' 16-byte chunks are XOR-swizzled by row so that both reads are free of bank
+//   conflicts at head_dim 128 (8 rows of one chunk for ldmatrix, 4 rows' 32-byte runs for V).
+// - The mma runs in fp16 whatever q's dtype: e4m3 widens to fp16 in one instruction a pair,
+//   to bf16 in four, and the kernel issues more instructions than the memory needs otherwise.
+//   Q is stored times 2^q_exp, which puts the CTA's largest |q| in [2^14, 2^15): bf16 values
+//   are exact in fp16 there (3 more mantissa bits), only values 2^-38 below the largest fall to
+//   fp16's subnormals; the softmax's scale is divided by it. P.V takes p times the key's V
+//   scale times 2^-v_exp, v_exp (per warp, only growing) the exponent of the largest V scale
+//   the warp has met, so the products lie in [0, 2); acc holds O times 2^-v_exp and is
+//   rescaled exactly when v_exp grows. A key's term is exact to 2^-25 of the largest V scale
+//   met (fp16's subnormal step), hi + lo as in the 16-bit path otherwise.
+// Without the 16-bit tile a CTA needs a third less shared memory, and a multiprocessor holds 3.
+// A key's K scale multiplies its column of S after the mma, its V scale its column of P before
+// P.V (the softmax sum takes P unscaled): q.(s k) = s (q.k) and sum p (s v) = sum (p s) v, so
+// the products stay exact.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -43,6 +66,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -95,37 +119,60 @@ template <int kD, bool kFp8>
 struct DecodeSmem {
   using Tl = DecodeTile<kD>;
   // Q, then the stages; the combine area aliases the stages once the key loop is done. FP8:
-  // Q, the stages of e4m3 bytes, the one 16-bit tile they are widened into, the stages' scales
-  // (K then V, one fp32 per key); the combine area aliases the byte stages and the tile.
+  // Q, the stages of e4m3 bytes, the stages' scales (K then V, one fp32 per key).
   static constexpr size_t kQBytes = Tl::kRows * kD * 2;
   static constexpr size_t kStageBytes = Tl::kStageElems * (kFp8 ? 1 : 2);
-  static constexpr size_t kTileBytes = kFp8 ? Tl::kStageElems * 2 : 0;
   static constexpr size_t kScaleBytes = kFp8 ? 2 * Tl::kBlockN * sizeof(float) : 0;
   static constexpr size_t kCombineBytes =
       (size_t(Tl::kWarps) * Tl::kRows * kD + 2 * Tl::kWarps * Tl::kRows) * sizeof(float);
-  static_assert(kCombineBytes <= Tl::kStages * kStageBytes + kTileBytes,
-                "the combine area fits the stages");
-  static constexpr size_t kBytes =
-      kQBytes + Tl::kStages * (kStageBytes + kScaleBytes) + kTileBytes;
+  static_assert(kCombineBytes <= Tl::kStages * kStageBytes, "the combine area fits the stages");
+  static constexpr size_t kBytes = kQBytes + Tl::kStages * (kStageBytes + kScaleBytes);
 };
 
-// 16 e4m3 values into 16 values of T (exact: e4m3 lies within bf16's and fp16's ranges).
-template <typename T>
-__device__ __forceinline__ void widen_fp8x16(const uint4 bytes, uint4& lo, uint4& hi) {
-  const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&bytes);
-  uint32_t out[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pairs[e], __NV_E4M3);
-    if constexpr (std::is_same_v<T, __half>) {
-      out[e] = uint32_t{raw.x} | (uint32_t{raw.y} << 16);
-    } else {
-      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(raw)));
-      out[e] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
+// Byte offset of (row, 16-byte chunk) in an FP8 stage's [kBlockN, kD] bytes. The XOR makes the
+// 8 rows an ldmatrix phase reads (one chunk each) and the 4 rows of a V word load (2 chunks
+// each) fall in different banks; at head_dim 64 two rows share a 128-byte bank line.
+template <int kD>
+__device__ __forceinline__ int swz8(int row, int chunk) {
+  const int x = kD == 128 ? (row & 7) : ((row >> 1) & 3);
+  return row * kD + ((chunk ^ x) << 4);
+}
+
+// Where logical position k of a k16 slice of S's contraction reads head_dim from (the order
+// the K bytes' ldmatrix gives, above): 2c + e -> 4c + e, 8 + 2c + e -> 4c + 2 + e.
+__device__ __forceinline__ int fp8_slice_source(int k) {
+  return k < 8 ? 4 * (k >> 1) + (k & 1) : 4 * ((k - 8) >> 1) + 2 + (k & 1);
+}
+
+// Four e4m3 values (the bytes of `four`, low first) as two fp16 pairs: bytes 0-1 in lo, 2-3 in
+// hi. Exact: every e4m3 value is an fp16 value. One instruction a pair from sm_89 on.
+__device__ __forceinline__ void widen_fp8x4(uint32_t four, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(four));
+#else
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(four & 0xffffu), __NV_E4M3);
+  const __half2_raw b =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(four >> 16), __NV_E4M3);
+  lo = uint32_t{a.x} | (uint32_t{a.y} << 16);
+  hi = uint32_t{b.x} | (uint32_t{b.y} << 16);
+#endif
+}
+
+// The power of two 2^e that puts x's magnitude in [2^(top - 1), 2^top), e clamped to
+// [-100, 100] (subnormal x: the clamp); 0 for 0 and for values that are not finite.
+__device__ __forceinline__ int exponent_to(float x, int top) {
+  if (!(x > 0.f && x <= FLT_MAX)) return 0;
+  const int e = ((__float_as_int(x) >> 23) & 0xff) - 126;  // x = f 2^e, f in [0.5, 1)
+  return max(-100, min(100, top - e));
+}
+
+// 2^n for n <= 127, exactly; 0 below the normal range (n < -126).
+__device__ __forceinline__ float pow2(int n) {
+  return n < -126 ? 0.f : __int_as_float((n + 127) << 23);
 }
 
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
@@ -181,25 +228,27 @@ __device__ __forceinline__ void split2(float p0, float p1, uint32_t& hi, uint32_
   lo = detail::pack2<T>(p0 - h0, p1 - h1);
 }
 
-// The most CTAs of this kernel a multiprocessor holds (registers are bounded for 2 by the
-// launch bounds; shared memory decides the rest).
-constexpr int kMinCtasPerSm = 2;
+// The CTAs of this kernel a multiprocessor should hold: the launch bounds keep the registers
+// within that; shared memory decides the rest (16-bit stages allow 2, FP8 ones 3).
+template <bool kFp8>
+constexpr int kMinCtasPerSm = kFp8 ? 3 : 2;
 
 template <typename T, int kD, bool kFp8>
-__global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
+__global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm<kFp8>)
     decode_split_kernel(const DecodeArgs<T> a) {
   using Tl = DecodeTile<kD>;
   using Sm = DecodeSmem<kD, kFp8>;
   constexpr int kRows = Tl::kRows, kBlockN = Tl::kBlockN, kOA = Tl::kOAtoms;
   constexpr int kStages = Tl::kStages;
   extern __shared__ uint4 smem_raw[];  // 16-byte aligned for cp.async and ldmatrix
-  T* s_q = reinterpret_cast<T*>(smem_raw);
+  using TM = std::conditional_t<kFp8, __half, T>;  // the mma's inputs
+  TM* s_q = reinterpret_cast<TM*>(smem_raw);
   char* s_stages = reinterpret_cast<char*>(smem_raw) + Sm::kQBytes;
-  // The tile the mma reads: stage buffer 0 (the others follow), or the one widened FP8 tile.
-  T* s_stage = reinterpret_cast<T*>(s_stages + (kFp8 ? kStages * Sm::kStageBytes : 0));
+  T* s_stage = reinterpret_cast<T*>(s_stages);  // 16-bit stage buffer 0 (the others follow)
   // FP8: each stage's K scales then V scales, one per key.
-  float* s_scale = reinterpret_cast<float*>(s_stages + kStages * Sm::kStageBytes + Sm::kTileBytes);
-  const int split = blockIdx.x, kvh = blockIdx.y;
+  float* s_scale = reinterpret_cast<float*>(s_stages + kStages * Sm::kStageBytes);
+  // The kv heads of one split are neighbours in the grid: they read the same K/V rows.
+  const int kvh = blockIdx.x, split = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // Per-row K/V: this CTA serves the `group` rows of query blockIdx.z (group <= kRows, checked
   // at launch) against that query's own keys.
@@ -219,15 +268,34 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   pdl_wait();
 
   // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r; rows past
-  // rows_total are zero (and masked below).
-  for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
+  // rows_total are zero (and masked below). FP8: each k16 slice in the K bytes' order, in fp16
+  // times 2^q_exp (above).
+  auto q_at = [&](int idx) -> float {
     const int r = idx / kD, d = idx % kD, rr = row0 + r;
-    T x = T(0.f);
-    if (rr < rows_total) {
-      const int i = rr / a.group, h = kvh * a.group + rr % a.group;
-      x = a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + d];
+    if (rr >= rows_total) return 0.f;
+    const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+    const int from = kFp8 ? (d & ~15) | fp8_slice_source(d & 15) : d;
+    return static_cast<float>(a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + from]);
+  };
+  int q_exp = 0;
+  if constexpr (kFp8) {
+    __shared__ float s_qmax[Tl::kWarps];
+    float amax = 0.f;
+    for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) amax = fmaxf(amax, fabsf(q_at(idx)));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     }
-    s_q[swz<kD>(r, d / 8) + d % 8] = x;
+    if (lane == 0) s_qmax[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < Tl::kWarps; ++w) amax = fmaxf(amax, s_qmax[w]);
+    q_exp = exponent_to(amax, 15);
+  }
+  const float q_mul = pow2(q_exp), scale_log2 = a.scale_log2 * pow2(-q_exp);
+  for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
+    const int r = idx / kD, d = idx % kD;
+    s_q[swz<kD>(r, d / 8) + d % 8] = static_cast<TM>(q_at(idx) * q_mul);
   }
 
   // K and V rows [t0, t0 + kBlockN) of the split into stage buffer `buf`; rows at or past ke
@@ -256,8 +324,8 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
         const bool ok = t0 + row < ke;
         const int64_t src = (ok ? base + row - run * Tl::kPageRun : 0) * a.k_row_stride +
                             int64_t{kvh} * kD + chunk8 * 16;
-        cp_async_16(sk + row * kD + chunk8 * 16, k8 + src, ok ? 16 : 0);
-        cp_async_16(sv + row * kD + chunk8 * 16, v8 + src, ok ? 16 : 0);
+        cp_async_16(sk + swz8<kD>(row, chunk8), k8 + src, ok ? 16 : 0);
+        cp_async_16(sv + swz8<kD>(row, chunk8), v8 + src, ok ? 16 : 0);
       }
     }
     // Thread tid copies the K (tid < kBlockN) or V scale of key tid % kBlockN.
@@ -297,25 +365,6 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
       load_stage16(stage, buf);
     }
   };
-  // FP8: stage buffer buf's bytes widened into the tile (the 16-bit stage layout, swizzled).
-  // Each warp widens the keys it alone reads (K and V rows [16 w, 16 w + 16) of the stage), so
-  // no barrier across warps follows.
-  auto widen_stage = [&](int buf) {
-    constexpr int kPerHalf = Tl::kWarpKeys * kChunks8;  // 16 values each
-    const char* raw = s_stages + buf * Sm::kStageBytes;
-    const int w0 = warp * Tl::kWarpKeys;
-#pragma unroll
-    for (int u = lane; u < 2 * kPerHalf; u += 32) {
-      const int half = u / kPerHalf;  // 0: K, 1: V
-      const int r = w0 + (u % kPerHalf) / kChunks8, c16 = u % kChunks8;
-      uint4 lo, hi;
-      widen_fp8x16<T>(
-          *reinterpret_cast<const uint4*>(raw + (half * kBlockN + r) * kD + c16 * 16), lo, hi);
-      T* tile = s_stage + half * kBlockN * kD;
-      *reinterpret_cast<uint4*>(tile + swz<kD>(r, 2 * c16)) = lo;
-      *reinterpret_cast<uint4*>(tile + swz<kD>(r, 2 * c16 + 1)) = hi;
-    }
-  };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_stages) load_stage(s, s);
@@ -339,7 +388,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   __syncthreads();
   uint32_t qa[Tl::kKSlices][4];
   {
-    const LdmBases<kD, T> q_ldm(s_q, lane & 15, lane >> 4, lane);
+    const LdmBases<kD, TM> q_ldm(s_q, lane & 15, lane >> 4, lane);
 #pragma unroll
     for (int ks = 0; ks < Tl::kKSlices; ++ks) ldmatrix_x4(qa[ks], q_ldm.at(ks, 0));
   }
@@ -352,6 +401,22 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
                               lane);
   const LdmBases<kD, T> v_ldm(s_stage + kBlockN * kD, wk + (lane & 7) + (((lane >> 3) & 1) << 3),
                               lane >> 4, lane);
+  // FP8 (offsets in a stage's bytes): K's ldmatrix matrices are keys 0-7 and 8-15 of this
+  // warp's 16, in k16 slices 2p then 2p + 1; lane l gives the row of key (l % 8) + 8 ((l / 8)
+  // % 2), chunk 2p + l / 16. V: this lane's 4 keys of P's A fragment, rows 2c + {0, 1, 8, 9},
+  // and its word within chunk 2m + g / 4 (g = lane / 4), 4 (g % 4) bytes in.
+  constexpr int kPairs8 = kD / 32;  // FP8 K: ldmatrix_x4 per stage; V: 32-value groups of d
+  int k8_off[kPairs8];
+#pragma unroll
+  for (int pp = 0; pp < kPairs8; ++pp) {
+    k8_off[pp] = swz8<kD>(wk + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * pp + (lane >> 4));
+  }
+  int v8_row[4];
+  {
+    const int keys[4] = {0, 1, 8, 9};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v8_row[e] = wk + (lane & 3) * 2 + keys[e];
+  }
 
   float acc[kOA][4];
 #pragma unroll
@@ -360,6 +425,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     for (int e = 0; e < 4; ++e) acc[na][e] = 0.f;
   }
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (before scale)
+  int v_exp = -126;  // FP8: acc holds O times 2^-v_exp
   float row_sum[2] = {0.f, 0.f};              // per thread until the end's quad reduction
 
   for (int it = 0; it < n_stages; ++it) {
@@ -369,25 +435,35 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
     __syncthreads();
     if (it + kStages - 1 < n_stages) load_stage(it + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
-    // The tile's offset from stage buffer 0 (FP8: the one tile, once every thread widened it).
-    uint32_t buf_bytes = (it % kStages) * Tl::kStageElems * sizeof(T);
-    if constexpr (kFp8) {
-      widen_stage(it % kStages);
-      __syncwarp();
-      buf_bytes = 0;
-    }
+    // This stage's offset from stage buffer 0.
+    const uint32_t buf_bytes = (it % kStages) * Sm::kStageBytes;
     // FP8: this stage's scales of this thread's keys (K then V), kl(na, e) = k_lane + na * 8 + e.
     const int k_lane = wk + (lane & 3) * 2;
     const float* k_scale = s_scale + (it % kStages) * 2 * kBlockN;
     const float* v_scale = k_scale + kBlockN;
 
     float s[2][4] = {};
+    if constexpr (kFp8) {
+      const uint32_t k_base = detail::smem_addr(s_stages) + buf_bytes;
 #pragma unroll
-    for (int ks = 0; ks < Tl::kKSlices; ++ks) {
-      uint32_t kf[4];
-      ldmatrix_x4(kf, k_ldm.at(ks, 0) + buf_bytes);
-      mma_16816<T>(s[0], qa[ks], kf[0], kf[1]);
-      mma_16816<T>(s[1], qa[ks], kf[2], kf[3]);
+      for (int pp = 0; pp < kPairs8; ++pp) {
+        uint32_t kb8[4];  // (key atom 0, slice 2pp), (1, 2pp), (0, 2pp + 1), (1, 2pp + 1)
+        ldmatrix_x4(kb8, k_base + k8_off[pp]);
+#pragma unroll
+        for (int mtx = 0; mtx < 4; ++mtx) {
+          uint32_t b0, b1;
+          widen_fp8x4(kb8[mtx], b0, b1);
+          mma_16816<TM>(s[mtx & 1], qa[2 * pp + (mtx >> 1)], b0, b1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < Tl::kKSlices; ++ks) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_ldm.at(ks, 0) + buf_bytes);
+        mma_16816<T>(s[0], qa[ks], kf[0], kf[1]);
+        mma_16816<T>(s[1], qa[ks], kf[2], kf[3]);
+      }
     }
     if constexpr (kFp8) {
 #pragma unroll
@@ -406,7 +482,35 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
         if (key >= ke || key > limit[e >> 1]) s[na][e] = -INFINITY;
       }
     }
+    // FP8: this stage's V scales of this thread's keys times 2^-v_exp, and the factor that
+    // moves acc to a grown v_exp (above).
+    float v_mul[2][2] = {{1.f, 1.f}, {1.f, 1.f}}, v_shift = 1.f;
+    if constexpr (kFp8) {
+      float vmax = 0.f;
+#pragma unroll
+      for (int na = 0; na < 2; ++na) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          v_mul[na][e] = v_scale[k_lane + na * 8 + e];
+          vmax = fmaxf(vmax, v_mul[na][e]);
+        }
+      }
+      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));  // the warp's 16 keys
+      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 2));
+      if (vmax > 0.f) {
+        const int grown = max(v_exp, -exponent_to(vmax, 0));  // vmax <= 2^grown
+        v_shift = pow2(v_exp - grown);
+        v_exp = grown;
+      }
+      const float inv = pow2(-v_exp);
+#pragma unroll
+      for (int na = 0; na < 2; ++na) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) v_mul[na][e] *= inv;
+      }
+    }
     uint32_t p_hi[4], p_lo[4];  // the A fragment of P (16 rows x this warp's 16 keys)
+    float corr[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = fmaxf(row_max[hf], fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]),
@@ -414,43 +518,74 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
       // The 4 threads of a quad hold the same row.
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // Nothing seen yet (max -inf): offset 0 keeps exp2(-inf - offset) = 0, never NaN.
-      const float offset = mx == -INFINITY ? 0.f : mx * a.scale_log2;
-      const float corr = exp2_approx(row_max[hf] * a.scale_log2 - offset);
+      // Nothing seen yet (max -inf): offset 0 keeps exp2(-inf - offset) = 0, never NaN, and
+      // the row's acc (0) needs no factor.
+      const float offset = mx == -INFINITY ? 0.f : mx * scale_log2;
+      corr[hf] = mx == -INFINITY ? 1.f : exp2_approx(row_max[hf] * scale_log2 - offset);
       row_max[hf] = mx;
       float p[2][2];
 #pragma unroll
       for (int na = 0; na < 2; ++na) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          p[na][e] = exp2_approx(fmaf(s[na][2 * hf + e], a.scale_log2, -offset));
+          p[na][e] = exp2_approx(fmaf(s[na][2 * hf + e], scale_log2, -offset));
         }
       }
-      row_sum[hf] = row_sum[hf] * corr + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
-      if constexpr (kFp8) {  // P.V takes p times each key's V scale
+      row_sum[hf] = row_sum[hf] * corr[hf] + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+      if constexpr (kFp8) {  // P.V takes p times each key's V scale (times 2^-v_exp)
 #pragma unroll
         for (int na = 0; na < 2; ++na) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) p[na][e] *= v_scale[k_lane + na * 8 + e];
+          for (int e = 0; e < 2; ++e) p[na][e] *= v_mul[na][e];
         }
+        corr[hf] *= v_shift;
       }
       // A fragment order: (rows g, keys 0-7), (rows g+8, keys 0-7), (g, 8-15), (g+8, 8-15).
-      split2<T>(p[0][0], p[0][1], p_hi[hf], p_lo[hf]);
-      split2<T>(p[1][0], p[1][1], p_hi[2 + hf], p_lo[2 + hf]);
+      split2<TM>(p[0][0], p[0][1], p_hi[hf], p_lo[hf]);
+      split2<TM>(p[1][0], p[1][1], p_hi[2 + hf], p_lo[2 + hf]);
+    }
+    // Rescale O unless no row's factor moved anywhere in the warp (most stages, once the
+    // maxima settle): a warp-uniform branch.
+    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
 #pragma unroll
       for (int na = 0; na < kOA; ++na) {
-        acc[na][2 * hf] *= corr;
-        acc[na][2 * hf + 1] *= corr;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[na][e] *= corr[e >> 1];
       }
     }
+    if constexpr (kFp8) {
+      const char* v_stage = s_stages + buf_bytes + kBlockN * kD;
 #pragma unroll
-    for (int dp = 0; dp < kOA / 2; ++dp) {
-      uint32_t vf[4];
-      ldmatrix_x4_trans(vf, v_ldm.at(dp, 0) + buf_bytes);
-      mma_16816<T>(acc[2 * dp], p_hi, vf[0], vf[1]);
-      mma_16816<T>(acc[2 * dp + 1], p_hi, vf[2], vf[3]);
-      mma_16816<T>(acc[2 * dp], p_lo, vf[0], vf[1]);
-      mma_16816<T>(acc[2 * dp + 1], p_lo, vf[2], vf[3]);
+      for (int m = 0; m < kPairs8; ++m) {
+        uint32_t w[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9; head_dim 32m + 4g + 0..3
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          w[e] = *reinterpret_cast<const uint32_t*>(
+              v_stage + swz8<kD>(v8_row[e], 2 * m + (lane >> 4)) + 4 * ((lane >> 2) & 3));
+        }
+        // Transposed: t[j] = head_dim 32m + 4g + j of the 4 keys, low byte first.
+        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t lo89 = __byte_perm(w[2], w[3], 0x5140), hi89 = __byte_perm(w[2], w[3], 0x7362);
+        const uint32_t t[4] = {__byte_perm(lo01, lo89, 0x5410), __byte_perm(lo01, lo89, 0x7632),
+                               __byte_perm(hi01, hi89, 0x5410), __byte_perm(hi01, hi89, 0x7632)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b0, b1;
+          widen_fp8x4(t[j], b0, b1);
+          mma_16816<TM>(acc[4 * m + j], p_hi, b0, b1);
+          mma_16816<TM>(acc[4 * m + j], p_lo, b0, b1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dp = 0; dp < kOA / 2; ++dp) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_ldm.at(dp, 0) + buf_bytes);
+        mma_16816<T>(acc[2 * dp], p_hi, vf[0], vf[1]);
+        mma_16816<T>(acc[2 * dp + 1], p_hi, vf[2], vf[3]);
+        mma_16816<T>(acc[2 * dp], p_lo, vf[0], vf[1]);
+        mma_16816<T>(acc[2 * dp + 1], p_lo, vf[2], vf[3]);
+      }
     }
   }
 
@@ -465,13 +600,21 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm)
   for (int hf = 0; hf < 2; ++hf) {
     const float sum = quad_sum(row_sum[hf]);
     const int r = (lane >> 2) + hf * 8;
-    float* dst = c_acc + (warp * kRows + r) * kD + (lane & 3) * 2;
+    float* dst = c_acc + (warp * kRows + r) * kD;
+    const float o_mul = pow2(v_exp);  // FP8: acc is O times 2^-v_exp
 #pragma unroll
     for (int na = 0; na < kOA; ++na) {
-      *reinterpret_cast<float2*>(dst + na * 8) = make_float2(acc[na][2 * hf], acc[na][2 * hf + 1]);
+      if constexpr (kFp8) {  // atom 4m + j, column n: head_dim 32m + 4n + j
+        const int d0 = 32 * (na >> 2) + 8 * (lane & 3) + (na & 3);
+        dst[d0] = acc[na][2 * hf] * o_mul;
+        dst[d0 + 4] = acc[na][2 * hf + 1] * o_mul;
+      } else {
+        *reinterpret_cast<float2*>(dst + na * 8 + (lane & 3) * 2) =
+            make_float2(acc[na][2 * hf], acc[na][2 * hf + 1]);
+      }
     }
     if ((lane & 3) == 0) {
-      c_m[warp * kRows + r] = row_max[hf] == -INFINITY ? -INFINITY : row_max[hf] * a.scale_log2;
+      c_m[warp * kRows + r] = row_max[hf] == -INFINITY ? -INFINITY : row_max[hf] * scale_log2;
       c_l[warp * kRows + r] = sum;
     }
   }
@@ -687,7 +830,7 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.row_kv_len = p.row_kv_len;
   a.row_page_offset = p.row_page_offset;
   a.scale_offset = kv_fp8_scale_offset(p.kv_heads, p.head_dim);
-  const dim3 grid(plan.splits, p.kv_heads, plan.row_chunks);
+  const dim3 grid(p.kv_heads, plan.splits, plan.row_chunks);
   // make_plan readied the kernel for this device (split_kernel_ctas).
   cudaError_t err = launch_chained<decode_split_kernel<T, kD, kFp8>>(
       grid, dim3(DecodeTile<kD>::kThreads), DecodeSmem<kD, kFp8>::kBytes, stream, a);
@@ -757,7 +900,7 @@ cudaError_t attention_decode_cuda(const AttnParams& p, void* workspace, size_t w
   cudaError_t err = make_plan(p, plan);
   if (err != cudaSuccess) return err;
   if (workspace_bytes < plan.workspace_bytes) return cudaErrorInvalidValue;
-  if (p.kv_heads > 65535 || plan.row_chunks > 65535 || int64_t{p.n_q} * p.heads > 0x7fffffff) {
+  if (plan.splits > 65535 || plan.row_chunks > 65535 || int64_t{p.n_q} * p.heads > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
   return p.dtype == DType::kBF16 ? dispatch<__nv_bfloat16>(p, plan, workspace, stream)

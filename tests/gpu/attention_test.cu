@@ -989,14 +989,21 @@ TEST_F(GpuAttention, DecodeBatchedPerRowEqualsOneLaunchEach) {
 // channels (a few channels 20x the rest, as LLaMA's K has). Against attention_cpu over the
 // same rows (fp32 on their values): within 2x the error a naive bf16 attention over those
 // values makes (P rounded to bf16 before P.V) plus 1e-5. And the FP8 cache's own error,
-// against attention over the unrounded K/V, is reported beside that of a bf16 cache.
+// against attention over the unrounded K/V, is reported beside that of a bf16 cache. One shape
+// has V rows whose magnitude grows 2^20-fold along the pool (the kernel's fp16 P.V rescales
+// its accumulator as the largest V scale grows), and fp16 q runs beside bf16.
 TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
   struct Shape {
     int heads, kv_heads, d;
+    DType dtype;          // of q (the mma's inputs)
+    bool growing_v = false;  // V row r times 2^(20 r / rows)
   };
-  for (const Shape s : {Shape{32, 8, 128}, Shape{8, 2, 64}, Shape{4, 4, 128}}) {
+  for (const Shape s : {Shape{32, 8, 128, DType::kBF16}, Shape{8, 2, 64, DType::kBF16},
+                        Shape{4, 4, 128, DType::kBF16}, Shape{12, 4, 128, DType::kF16},
+                        Shape{6, 2, 64, DType::kF16}, Shape{8, 2, 128, DType::kBF16, true}}) {
     SCOPED_TRACE("heads " + std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) +
-                 " head_dim " + std::to_string(s.d));
+                 " head_dim " + std::to_string(s.d) + (s.dtype == DType::kF16 ? " fp16" : "") +
+                 (s.growing_v ? " growing V" : ""));
     const int page = 256;
     const std::vector<int> lens = {1, 37, 300, 4097, 20001};
     const int n = static_cast<int>(lens.size());
@@ -1021,12 +1028,16 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
     meta.insert(meta.end(), offsets.begin(), offsets.end());
     const int64_t pool_rows = int64_t{pool_pages} * page;
     std::vector<float> q(size_t(n) * qw), k(size_t(pool_rows) * kvw), v(k.size());
-    for (auto& x : q) x = round_to(DType::kBF16, nd(rng));
+    for (auto& x : q) x = round_to(s.dtype, nd(rng));
     for (auto& x : k) x = nd(rng);
     for (auto& x : v) x = nd(rng);
     for (int64_t r = 0; r < pool_rows; ++r) {  // outlier channels 3 and 77 of every head
       for (int g = 0; g < s.kv_heads; ++g) {
         for (int c : {3, 77 % s.d}) k[size_t(r * kvw + g * s.d + c)] *= 20.f;
+      }
+      if (s.growing_v) {
+        const float f = std::exp2(20.f * float(r) / float(pool_rows));
+        for (int64_t c = 0; c < kvw; ++c) v[size_t(r * kvw + c)] *= f;
       }
     }
     std::vector<uint8_t> kp(size_t(pool_rows * row_bytes)), vp(kp.size());
@@ -1034,7 +1045,7 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
     quantize_kv_cpu(v.data(), pool_rows, s.kv_heads, s.d, nullptr, vp.data());
     DevBuf dq, dk, dv, dmeta, dout, dws;
     const size_t o_bytes = size_t(n) * qw * 4, lse_bytes = size_t(n) * s.heads * 4;
-    upload(dq, encode(DType::kBF16, q));
+    upload(dq, encode(s.dtype, q));
     upload(dk, kp);
     upload(dv, vp);
     CUDA_ASSERT(cudaMalloc(&dmeta.ptr, meta.size() * 4));
@@ -1053,7 +1064,7 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
       p.kv_fp8 = true;
       p.scale = 1.f / std::sqrt(float(s.d));
       p.mask = MaskKind::kNone;
-      p.dtype = DType::kBF16;
+      p.dtype = s.dtype;
       p.o_dtype = DType::kF32;
       p.k = dk.ptr;
       p.v = dv.ptr;
@@ -1116,7 +1127,7 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
       in.p.scale = 1.f / std::sqrt(float(s.d));
       in.p.mask = MaskKind::kNone;
       Outputs ref, naive;
-      references(in, DType::kBF16, DType::kF32, ref, naive);
+      references(in, s.dtype, DType::kF32, ref, naive);
       Inputs exact = in, bf16 = in;
       exact.k = ke;
       exact.v = ve;
@@ -1124,8 +1135,8 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
       for (float x : ke) bf16.k.push_back(round_to(DType::kBF16, x));
       for (float x : ve) bf16.v.push_back(round_to(DType::kBF16, x));
       Outputs ref_exact, ref_bf16, unused;
-      references(exact, DType::kBF16, DType::kF32, ref_exact, unused);
-      references(bf16, DType::kBF16, DType::kF32, ref_bf16, unused);
+      references(exact, s.dtype, DType::kF32, ref_exact, unused);
+      references(bf16, s.dtype, DType::kF32, ref_bf16, unused);
       for (int h = 0; h < s.heads; ++h) {
         for (int launch = 0; launch < 2; ++launch) {
           const double g = got[size_t(launch * (o_bytes + lse_bytes) / 4 + o_bytes / 4 + h * n + b)];
@@ -1150,10 +1161,11 @@ TEST_F(GpuAttention, DecodeReadsFp8RowsAsTheirValues) {
     EXPECT_LE(err_ours, 2 * err_naive + 1e-5)
         << "fp8 decode max error " << err_ours << ", naive bf16 " << err_naive;
     EXPECT_LE(lse_ours, 2 * lse_naive + 1e-4) << "lse " << lse_ours << ", naive " << lse_naive;
-    std::printf("fp8 KV decode, heads %d/%d head_dim %d: max error vs the CPU kernel %.3g "
-                "(naive bf16 %.3g); output RMSE vs unrounded K/V: fp8 cache %.3g, bf16 cache "
+    std::printf("fp8 KV decode, heads %d/%d head_dim %d%s: max error vs the CPU kernel %.3g "
+                "(naive %s %.3g); output RMSE vs unrounded K/V: fp8 cache %.3g, bf16 cache "
                 "%.3g\n",
-                s.heads, s.kv_heads, s.d, err_ours, err_naive, std::sqrt(rmse_fp8 / count),
+                s.heads, s.kv_heads, s.d, s.growing_v ? " growing V" : "", err_ours,
+                s.dtype == DType::kF16 ? "fp16" : "bf16", err_naive, std::sqrt(rmse_fp8 / count),
                 std::sqrt(rmse_bf16 / count));
   }
 }
