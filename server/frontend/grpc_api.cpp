@@ -1,5 +1,6 @@
 #include "frontend/grpc_api.h"
 
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/unknown_field_set.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -129,9 +131,44 @@ RawValue raw_scalar(const gp::Message& m, const gp::FieldDescriptor* f, int inde
   }
 }
 
-// A set field as a RawValue: a map is an object (keys as text), a repeated field an array.
+// A google.protobuf.Value as the JSON value it stands for. Numbers are doubles there (JSON has
+// one number type): a whole one within int64 reads as an integer, as HTTP's JSON gives it.
+RawValue raw_json(const gp::Value& v) {
+  switch (v.kind_case()) {
+    case gp::Value::kBoolValue: return RawValue::boolean(v.bool_value());
+    case gp::Value::kNumberValue: {
+      const double d = v.number_value();
+      const bool whole = std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18;
+      return whole ? RawValue::integer(static_cast<int64_t>(d)) : RawValue::number(d);
+    }
+    case gp::Value::kStringValue: return RawValue::string(v.string_value());
+    case gp::Value::kListValue: {
+      std::vector<RawValue> items;
+      for (const gp::Value& x : v.list_value().values()) items.push_back(raw_json(x));
+      return RawValue::array(std::move(items));
+    }
+    case gp::Value::kStructValue: {
+      std::vector<std::pair<std::string, RawValue>> fields;
+      // A Struct's fields are a map (no order): sorted by key, so that a template sees them
+      // the same way every time.
+      for (const auto& [key, x] : v.struct_value().fields()) fields.emplace_back(key, raw_json(x));
+      std::sort(fields.begin(), fields.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      return RawValue::object(std::move(fields));
+    }
+    default: return {};  // null_value, or no kind set
+  }
+}
+
+// A set field as a RawValue: a map is an object (keys as text), a repeated field an array, a
+// google.protobuf.Struct the JSON object it holds.
 RawValue raw_field(const gp::Message& m, const gp::FieldDescriptor* f) {
   const gp::Reflection* r = m.GetReflection();
+  if (f->message_type() == gp::Struct::descriptor()) {
+    gp::Value v;
+    *v.mutable_struct_value() = static_cast<const gp::Struct&>(r->GetMessage(m, f));
+    return raw_json(v);
+  }
   if (f->is_map()) {
     std::vector<std::pair<std::string, RawValue>> fields;
     for (int i = 0; i < r->FieldSize(m, f); ++i) {
@@ -468,10 +505,11 @@ class GrpcApi::Service final : public pb::Burst::Service {
     if (auto e = scheduler_.check_prompt_text(text_bytes)) {
       return grpc::Status(grpc_code(e->code), e->message);
     }
-    // The options first: add_generation_prompt shapes the prompt.
+    // The options first: add_generation_prompt and chat_template_kwargs shape the prompt.
     ParsedOptions o;
     if (grpc::Status st = parse(*req, kGrpcChat, o); !st.ok()) return st;
-    auto ids = apply_chat_template(tokenizer_, roles, contents, o.add_generation_prompt);
+    auto ids = apply_chat_template(tokenizer_, roles, contents, o.add_generation_prompt,
+                                   chat_template_variables(o));
     if (!ids.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ids.message());
     o.request.id = log->id;
     o.request.prompt = ids.take();

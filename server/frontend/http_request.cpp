@@ -278,33 +278,6 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
   return p;
 }
 
-namespace {
-
-// A request's JSON value as a chat template variable.
-jinja::Value template_value(const RawValue& v) {
-  switch (v.kind) {
-    case RawValue::Kind::kNull: return jinja::Value::none();
-    case RawValue::Kind::kBool: return jinja::Value(v.b);
-    case RawValue::Kind::kInt:
-      return v.wide ? jinja::Value(static_cast<double>(static_cast<uint64_t>(v.i)))
-                    : jinja::Value(v.i);
-    case RawValue::Kind::kNumber: return jinja::Value(v.d);
-    case RawValue::Kind::kString: return jinja::Value(v.s);
-    case RawValue::Kind::kArray: {
-      jinja::List items;
-      for (const RawValue& x : v.items) items.push_back(template_value(x));
-      return jinja::Value(std::move(items));
-    }
-    case RawValue::Kind::kObject: {
-      jinja::Dict fields;
-      for (const auto& [key, x] : v.fields) fields.emplace_back(key, template_value(x));
-      return jinja::Value(std::move(fields));
-    }
-  }
-  return jinja::Value::none();
-}
-
-}  // namespace
 
 // Chat: the messages (string or text-part contents) through the chat template: one prompt
 // (add_generation_prompt: the template ends it with the assistant's header; the
@@ -339,11 +312,8 @@ Prompts chat_prompts(const json& body, const Tokenizer& tok, const CheckText& ch
     contents.push_back(std::move(text));
   }
   check(text_bytes, "messages");
-  jinja::Dict variables;
-  for (const auto& [key, value] : options.chat_template_kwargs) {
-    variables.emplace_back(key, template_value(value));
-  }
-  auto ids = apply_chat_template(tok, roles, contents, options.add_generation_prompt, variables);
+  auto ids = apply_chat_template(tok, roles, contents, options.add_generation_prompt,
+                                chat_template_variables(options));
   if (!ids.ok()) throw HttpError{400, ids.message(), "", "messages"};
   out.ids[0] = ids.take();
   return out;

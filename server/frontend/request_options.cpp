@@ -185,7 +185,7 @@ const std::vector<OptionSpec> kOptions = {
      }},
     // Chat (vLLM's): more variables for the chat template (enable_thinking, ...); the
     // conversation is `messages`' alone.
-    {"chat_template_kwargs", kChat, T::kObject, L{.max_count = 64},
+    {"chat_template_kwargs", kChat | kGrpcChat, T::kObject, L{.max_count = 64},
      [](const OptionValue& v, ParsedOptions& o) {
        for (const auto& [key, value] : v.fields) {
          if (key == "messages") {
@@ -398,6 +398,42 @@ std::optional<OptionError> parse_options(const RawOptions& raw, Endpoint endpoin
     if (!why.empty()) return OptionError{spec.name, std::move(why)};
   }
   return std::nullopt;
+}
+
+namespace {
+
+// A request's JSON value as a chat template variable.
+jinja::Value template_value(const RawValue& v) {
+  switch (v.kind) {
+    case RawValue::Kind::kNull: return jinja::Value::none();
+    case RawValue::Kind::kBool: return jinja::Value(v.b);
+    case RawValue::Kind::kInt:
+      return v.wide ? jinja::Value(static_cast<double>(static_cast<uint64_t>(v.i)))
+                    : jinja::Value(v.i);
+    case RawValue::Kind::kNumber: return jinja::Value(v.d);
+    case RawValue::Kind::kString: return jinja::Value(v.s);
+    case RawValue::Kind::kArray: {
+      jinja::List items;
+      for (const RawValue& x : v.items) items.push_back(template_value(x));
+      return jinja::Value(std::move(items));
+    }
+    case RawValue::Kind::kObject: {
+      jinja::Dict fields;
+      for (const auto& [key, x] : v.fields) fields.emplace_back(key, template_value(x));
+      return jinja::Value(std::move(fields));
+    }
+  }
+  return jinja::Value::none();
+}
+
+}  // namespace
+
+jinja::Dict chat_template_variables(const ParsedOptions& o) {
+  jinja::Dict variables;
+  for (const auto& [key, value] : o.chat_template_kwargs) {
+    variables.emplace_back(key, template_value(value));
+  }
+  return variables;
 }
 
 }  // namespace burst::server

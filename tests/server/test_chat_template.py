@@ -6,14 +6,15 @@ naming the problem and the server keeps serving; --chat-template FILE (Zephyr's 
 text holds </s>) takes the place of the model's, its </s> text becoming the EOS id; without
 either, LLaMA-2's compiled-in template; a --chat-template that does not parse stops the start
 with the file and the line; vLLM's chat_template_kwargs become the template's variables (a
-Qwen3-style enable_thinking, through a template written with a macro), and anything but an
-object is a 400 naming the parameter. Run: /usr/bin/python3 test_chat_template.py --build B"""
+Qwen3-style enable_thinking, through a template written with a macro; over HTTP and over gRPC,
+where they are a google.protobuf.Struct), and anything but an object is a 400 naming the
+parameter. Run: /usr/bin/python3 test_chat_template.py --build B"""
 import json
 import os
 import shutil
 import tempfile
 
-from harness import HAVE_KJV, KJV, ROOT, Server, check, run
+from harness import HAVE_KJV, KJV, ROOT, Server, check, compile_protos, run
 
 TMP = tempfile.mkdtemp(prefix="burst-chat-template-")
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "chat_templates")
@@ -131,6 +132,39 @@ def test_chat_template_kwargs():
         st, r = srv.json("POST", "/v1/completions",
                          {"prompt": "x", "max_tokens": 1, "chat_template_kwargs": {}})
         check(st == 400 and r["error"]["param"] == "chat_template_kwargs", f"{st} {r}")
+        grpc_chat_template_kwargs(srv, base)
+
+
+def grpc_chat_template_kwargs(srv, base):
+    """gRPC's ChatRequest.chat_template_kwargs (a google.protobuf.Struct) gives the template the
+    same variables as HTTP's JSON, and the same refusal for `messages`."""
+    import grpc
+    from google.protobuf import struct_pb2
+    compile_protos("burst/v1/burst.proto")
+    from burst.v1 import burst_pb2, burst_pb2_grpc
+    stub = burst_pb2_grpc.BurstStub(grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}"))
+    msgs = [burst_pb2.ChatMessage(role="user", content="Who begat Enos?")]
+    thinking_off = base + "<think>\n\n</think>\n\n"
+    for kwargs, text in [(None, base), ({"enable_thinking": False}, thinking_off),
+                         ({"enable_thinking": True}, base),
+                         ({"persona": {"name": "Moses"}, "unused": [1, None]}, base + "Moses:")]:
+        req = burst_pb2.ChatRequest(messages=msgs, max_tokens=1)
+        if kwargs is not None:
+            s = struct_pb2.Struct()
+            s.update(kwargs)
+            req.chat_template_kwargs.CopyFrom(s)
+        events = list(stub.Chat(req, timeout=60))
+        got = events[0].started.prompt_tokens
+        check(got == count(srv, text), f"gRPC {kwargs}: {got} prompt tokens, the text has "
+              f"{count(srv, text)}")
+    bad = burst_pb2.ChatRequest(messages=msgs, max_tokens=1)
+    bad.chat_template_kwargs.update({"messages": []})
+    try:
+        list(stub.Chat(bad, timeout=60))
+        check(False, "gRPC chat_template_kwargs with 'messages' was accepted")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "must not set 'messages'" in
+              e.details(), f"gRPC 'messages' in chat_template_kwargs: {e.code()} {e.details()}")
 
 
 def model_with_template_dir():

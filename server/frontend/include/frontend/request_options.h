@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/jinja.h"
 #include "frontend/scheduler.h"
 
 namespace burst::server {
@@ -130,6 +131,10 @@ std::optional<OptionError> parse_options(const RawOptions& raw, Endpoint endpoin
 // After the API set its default max_tokens (one not given depends on the prompt): min_tokens,
 // as asked, must not exceed the request's max_tokens. Both APIs call it before submitting.
 std::optional<OptionError> check_min_tokens(const ParsedOptions& o);
+
+// The chat template's variables of a request's chat_template_kwargs (HTTP's JSON values and
+// gRPC's google.protobuf.Struct alike), for apply_chat_template.
+jinja::Dict chat_template_variables(const ParsedOptions& o);
 
 // How many stop token ids a request may give.
 constexpr size_t kMaxStopTokenIds = 64;
