@@ -3,6 +3,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "kernels/ops_cuda.h"
 #include "kernels/cuda_dispatch.cuh"
 #include "kernels/kv_fp8.h"
@@ -12,39 +15,75 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// One warp per (row, kv head): max |x| over the head's values by shuffles, then each lane
-// rounds its values (e4m3, ties to even, saturating) and stores the bytes; lane 0 the scale.
-// The warp of head 0 also zeroes the row's padding.
+// Four consecutive values of a float, bf16 or fp16 tensor as fp32 (exact); p aligned to 4
+// elements.
 template <typename T>
+__device__ __forceinline__ float4 load4_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const T* v = reinterpret_cast<const T*>(&raw);
+    return make_float4(load_f32(v), load_f32(v + 1), load_f32(v + 2), load_f32(v + 3));
+  }
+}
+
+// One warp per (row, kv head), the warps striding over them: max |x| over the head's values by
+// shuffles, then each lane rounds its values (e4m3, ties to even, saturating) and stores the
+// bytes; lane 0 the scale. The warp of head 0 also zeroes the row's padding. kVec4: head_dim is
+// a multiple of 4 and src aligned to 4 elements, so a lane reads 4 values and writes 4 bytes at
+// a time. (One value a lane and a block for every 8 items: 207 ms of a 7B 128K prefill on an
+// H200, against 174 ms.)
+template <typename T, bool kVec4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     quantize_kv_kernel(const T* src, int64_t rows, int kv_heads, int head_dim,
                        const int32_t* dst_rows, uint8_t* dst) {
   pdl_begin();
-  const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (item >= rows * kv_heads) return;
-  const int64_t i = item / kv_heads;
-  const int g = static_cast<int>(item % kv_heads);
-  const int64_t to = dst_rows ? dst_rows[i] : i;
-  if (to < 0) return;
-  const T* x = src + i * kv_heads * head_dim + int64_t{g} * head_dim;
-  float amax = 0.f;
-  for (int c = lane; c < head_dim; c += 32) amax = fmaxf(amax, fabsf(load_f32(x + c)));
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  }
-  const float inverse = kv_fp8_inverse(amax);
+  const int64_t items = rows * kv_heads;
   const int64_t row_bytes = kv_fp8_row_bytes(kv_heads, head_dim);
   const int64_t scales = kv_fp8_scale_offset(kv_heads, head_dim);
-  uint8_t* row = dst + to * row_bytes;
-  for (int c = lane; c < head_dim; c += 32) {
-    row[int64_t{g} * head_dim + c] =
-        __nv_cvt_float_to_fp8(load_f32(x + c) * inverse, __NV_SATFINITE, __NV_E4M3);
-  }
-  if (lane == 0) *reinterpret_cast<float*>(row + scales + 4 * g) = kv_fp8_scale(amax);
-  if (g == 0) {
-    for (int64_t b = scales + 4 * kv_heads + lane; b < row_bytes; b += 32) row[b] = 0;
+  for (int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; item < items;
+       item += int64_t{gridDim.x} * kWarpsPerBlock) {
+    const int64_t i = item / kv_heads;
+    const int g = static_cast<int>(item % kv_heads);
+    const int64_t to = dst_rows ? dst_rows[i] : i;
+    if (to < 0) continue;  // the same for every lane of the warp
+    const T* x = src + i * kv_heads * head_dim + int64_t{g} * head_dim;
+    uint8_t* row = dst + to * row_bytes;
+    float amax = 0.f;
+    if constexpr (kVec4) {
+      for (int c = 4 * lane; c < head_dim; c += 128) {
+        const float4 v = load4_f32(x + c);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      }
+    } else {
+      for (int c = lane; c < head_dim; c += 32) amax = fmaxf(amax, fabsf(load_f32(x + c)));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    }
+    const float inverse = kv_fp8_inverse(amax);
+    if constexpr (kVec4) {
+      for (int c = 4 * lane; c < head_dim; c += 128) {
+        const float4 v = load4_f32(x + c);  // again: from L1, this warp read it just now
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * inverse, v.y * inverse),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * inverse, v.w * inverse),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        *reinterpret_cast<uint32_t*>(row + int64_t{g} * head_dim + c) = lo | (hi << 16);
+      }
+    } else {
+      for (int c = lane; c < head_dim; c += 32) {
+        row[int64_t{g} * head_dim + c] =
+            __nv_cvt_float_to_fp8(load_f32(x + c) * inverse, __NV_SATFINITE, __NV_E4M3);
+      }
+    }
+    if (lane == 0) *reinterpret_cast<float*>(row + scales + 4 * g) = kv_fp8_scale(amax);
+    if (g == 0) {
+      for (int64_t b = scales + 4 * kv_heads + lane; b < row_bytes; b += 32) row[b] = 0;
+    }
   }
 }
 
@@ -94,14 +133,20 @@ cudaError_t quantize_kv_cuda(const void* src, DType dtype, int64_t rows, int kv_
   if (!src || !dst || kv_fp8_scale_offset(kv_heads, head_dim) % 4 != 0) {
     return cudaErrorInvalidValue;  // the fp32 scales are stored as words
   }
-  const int64_t blocks = (rows * kv_heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  // A few waves of blocks; each warp strides over (row, head) items.
+  const int64_t blocks = std::clamp<int64_t>(
+      (rows * kv_heads + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, int64_t{1} << 12);
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return launch_chained<quantize_kv_kernel<T>>(
-        dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0, stream,
-        static_cast<const T*>(src), rows, kv_heads, head_dim, dst_rows,
-        static_cast<uint8_t*>(dst));
+    const bool vec4 =
+        head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % (4 * sizeof(T)) == 0;
+    const dim3 grid(static_cast<unsigned>(blocks)), block(kWarpsPerBlock * 32);
+    const auto* in = static_cast<const T*>(src);
+    auto* out = static_cast<uint8_t*>(dst);
+    return vec4 ? launch_chained<quantize_kv_kernel<T, true>>(grid, block, 0, stream, in, rows,
+                                                              kv_heads, head_dim, dst_rows, out)
+                : launch_chained<quantize_kv_kernel<T, false>>(grid, block, 0, stream, in, rows,
+                                                               kv_heads, head_dim, dst_rows, out);
   });
 }
 

@@ -294,7 +294,9 @@ TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
   struct Shape {
     int kv_heads, head_dim;
   };
-  for (const Shape s : {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}}) {
+  // head_dim 6: the one-value-a-lane quantizer (4 a lane needs a multiple of 4); the GPU
+  // dequantizer takes multiples of 8 only, so that shape checks the bytes alone.
+  for (const Shape s : {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}, Shape{2, 6}}) {
     SCOPED_TRACE(std::to_string(s.kv_heads) + " heads x " + std::to_string(s.head_dim));
     const int64_t rows = 301, width = int64_t{s.kv_heads} * s.head_dim;
     const int64_t row_bytes = kernels::kv_fp8_row_bytes(s.kv_heads, s.head_dim);
@@ -325,6 +327,7 @@ TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
     size_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
     EXPECT_EQ(differ, 0u) << "bytes differ from quantize_kv_cpu";
+    if (s.head_dim % 8 != 0) continue;
 
     std::vector<float> values(size_t(rows * width));
     kernels::dequantize_kv_cpu(want.data(), rows, s.kv_heads, s.head_dim, values.data());
