@@ -131,6 +131,8 @@ RawValue raw_scalar(const gp::Message& m, const gp::FieldDescriptor* f, int inde
   }
 }
 
+RawValue raw_struct(const gp::Struct& s);
+
 // A google.protobuf.Value as the JSON value it stands for. Numbers are doubles there (JSON has
 // one number type): a whole one within int64 reads as an integer, as HTTP's JSON gives it.
 RawValue raw_json(const gp::Value& v) {
@@ -147,17 +149,19 @@ RawValue raw_json(const gp::Value& v) {
       for (const gp::Value& x : v.list_value().values()) items.push_back(raw_json(x));
       return RawValue::array(std::move(items));
     }
-    case gp::Value::kStructValue: {
-      std::vector<std::pair<std::string, RawValue>> fields;
-      // A Struct's fields are a map (no order): sorted by key, so that a template sees them
-      // the same way every time.
-      for (const auto& [key, x] : v.struct_value().fields()) fields.emplace_back(key, raw_json(x));
-      std::sort(fields.begin(), fields.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      return RawValue::object(std::move(fields));
-    }
+    case gp::Value::kStructValue: return raw_struct(v.struct_value());
     default: return {};  // null_value, or no kind set
   }
+}
+
+// A google.protobuf.Struct as the JSON object it holds. Its fields are a map (no order): sorted
+// by key, so that a template sees them the same way every time.
+RawValue raw_struct(const gp::Struct& s) {
+  std::vector<std::pair<std::string, RawValue>> fields;
+  for (const auto& [key, x] : s.fields()) fields.emplace_back(key, raw_json(x));
+  std::sort(fields.begin(), fields.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return RawValue::object(std::move(fields));
 }
 
 // A set field as a RawValue: a map is an object (keys as text), a repeated field an array, a
@@ -165,9 +169,7 @@ RawValue raw_json(const gp::Value& v) {
 RawValue raw_field(const gp::Message& m, const gp::FieldDescriptor* f) {
   const gp::Reflection* r = m.GetReflection();
   if (f->message_type() == gp::Struct::descriptor()) {
-    gp::Value v;
-    *v.mutable_struct_value() = static_cast<const gp::Struct&>(r->GetMessage(m, f));
-    return raw_json(v);
+    return raw_struct(static_cast<const gp::Struct&>(r->GetMessage(m, f)));
   }
   if (f->is_map()) {
     std::vector<std::pair<std::string, RawValue>> fields;
