@@ -19,7 +19,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // FP8 attention (AttnParams::qkv_fp8), as kernels/cuda/attention_fp8.cu quantizes.
 constexpr int kFp8QGroup = 64, kFp8QTile = 128, kFp8KBlock = 128;
 constexpr float kFp8MinAmax = 1e-6f;
-constexpr float kFp8PScale = 256.f;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 }  // namespace
 
 void set_packed_strides(AttnParams& p) {
@@ -151,10 +151,10 @@ void finish_row(const AttnParams& p, int64_t visible, float m, float l, float* a
 }
 
 // Row i of head h: its keys in tiles with an online softmax, then o and lse (or their merge).
-// round_p: P is rounded to e4m3 (x 2^8) before P.V, as FP8 attention does (the sum keeps P
-// unrounded, as the kernels do).
+// fp8_p: P as FP8 attention makes it (kernels/attention.h: kFp8PCodeRound), e4m3 codes against
+// a running max in log2 units on the codes' lattice, and the sum of the codes' values.
 void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h, int i,
-                   bool round_p) {
+                   bool fp8_p) {
   const auto* q = static_cast<const float*>(p.q);
   auto* o = static_cast<float*>(p.o);
   const int group = p.heads / p.kv_heads;
@@ -173,34 +173,50 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
   }
   std::vector<float> acc(d, 0.f), s(kKeyTile);
   std::vector<float> buf(p.kv_fp8 ? static_cast<size_t>(kDots) * d : 0);  // FP8 rows read
+  // m: the running max, natural-log units (fp8_p: log2 units, on the lattice); l: the sum.
   float m = kNegInf, l = 0.f;
   for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
     const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
     const float tile_max = tile_scores(p, k, pages, qi, g, j0, jn, s.data(), buf.data());
-    // Online softmax: rescale what was accumulated under the old max.
-    const float m_new = std::max(m, tile_max);
-    const float corr = std::exp(m - m_new);  // m = -inf on the first tile: corr = 0
+    // Online softmax: rescale what was accumulated under the old max (m = -inf on the first
+    // tile: corr = 0).
+    float m_new = 0.f, corr = 0.f, shift = 0.f;
+    if (fp8_p) {
+      const float lattice = fp8_p_lattice(std::max(m, tile_max * kLog2e));
+      m_new = fp8_p_offset(lattice);
+      corr = std::exp2(m - m_new);
+      shift = fp8_p_code_shift(lattice);
+    } else {
+      m_new = std::max(m, tile_max);
+      corr = std::exp(m - m_new);
+    }
     l *= corr;
     for (int c = 0; c < d; ++c) acc[c] *= corr;
     for (int64_t t = 0; t < jn; ++t) {
-      const float pt = std::exp(s[t] - m_new);
+      float pt = 0.f;
+      if (fp8_p) {
+        // The code, clamped below at 0 (masked and far-below scores); never above 120.
+        const float code = std::max(std::nearbyint(std::fma(8.f * kLog2e, s[t], shift)), 0.f);
+        pt = fp8_e4m3_to_float(static_cast<uint8_t>(code)) / std::exp2(kFp8PBias);
+      } else {
+        pt = std::exp(s[t] - m_new);
+      }
       l += pt;
-      const float pv =
-          round_p ? fp8_e4m3_to_float(fp8_e4m3_from_float(pt * kFp8PScale)) / kFp8PScale : pt;
       const float* vj = v.row(kv_row(pages, p.page_size, j0 + t), g, buf.data());
-      for (int c = 0; c < d; ++c) acc[c] += pv * vj[c];
+      for (int c = 0; c < d; ++c) acc[c] += pt * vj[c];
     }
     m = m_new;
   }
-  finish_row(p, visible, m, l, acc.data(), oi, p.lse + h * p.lse_head_stride + i);
+  finish_row(p, visible, fp8_p ? m * kLn2 : m, l, acc.data(), oi,
+             p.lse + h * p.lse_head_stride + i);
 }
 
-void attention_rows(const AttnParams& p, bool round_p) {
+void attention_rows(const AttnParams& p, bool fp8_p) {
   const KvRows k{p.k, p.k_row_stride, p.k_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
   const KvRows v{p.v, p.v_row_stride, p.v_head_stride, p.kv_fp8, p.kv_heads, p.head_dim};
 #pragma omp parallel for collapse(2) schedule(static)
   for (int h = 0; h < p.heads; ++h) {
-    for (int i = 0; i < p.n_q; ++i) attention_row(p, k, v, h, i, round_p);
+    for (int i = 0; i < p.n_q; ++i) attention_row(p, k, v, h, i, fp8_p);
   }
 }
 

@@ -8,8 +8,11 @@
 // m64n128k16 wgmmas with both operands in shared memory, then O += P.V with P (the softmax of
 // S, rounded to the input dtype) straight from registers: the S accumulator fragment of a wgmma
 // is the A-operand fragment of the next.
-// Within a warpgroup, the P.V of block i - 1 runs on the tensor cores while the softmax of
-// block i runs on the other units.
+// The code issues the P.V of block i - 1 before the softmax of block i and waits for it after,
+// but ptxas moves that wait to the top of its basic block, ahead of the softmax (the SASS shows
+// it): a warpgroup's softmax overlaps the other warpgroup's MMAs, not its own. Moving the wait
+// past a block boundary (after the next block's full-barrier wait) restored the overlap and
+// ran slower (H200: bf16 -12 to -17 %, fp8 -2 to -14 %; the second P buffer it needs spilled).
 // Loads are TMA (cp.async.bulk.tensor) issued by one thread of the producer warpgroup into a
 // ring of K+V tiles (3 stages at head_dim 128, 6 at 64) in the 128-byte-swizzled layout wgmma
 // reads; mbarriers say when a stage is full (TMA bytes arrived) and empty (all consumer warps
@@ -43,7 +46,6 @@ constexpr int kBlockN = 128;  // keys per pipeline stage
 constexpr int kRowBytes = 128;
 constexpr int kHalfBytes = kBlockN * kRowBytes;  // a half of a K or V tile
 constexpr int kQBoxRows = 64;                    // Q arrives in boxes of one warpgroup's rows
-constexpr float kPBias = 8.f;  // fp8: P is stored x 2^8 (softmax_fp8)
 
 // The shape of the kernel for one head_dim (64 or 128) and number of consumer warpgroups (2 or
 // 3, each owning 64 query rows); everything else derives from it.
@@ -63,7 +65,10 @@ struct Sm90Tile {
   static constexpr int kConsumerRegs = kWG == 2 ? 240 : 160;
   // With 160 registers there is room for one P fragment only (O 32 + S 64 + P 32 at head_dim
   // 64): the softmax leaves exp2 values in S and they become P once the last P.V is done.
-  static constexpr bool kTwoP = kWG == 2;
+  // fp8 keeps one: its softmax leaves P's codes in S (softmax_fp8), and O's wgmma also sums
+  // P's rows (4 more accumulators), which with a second P buffer left ptxas too few registers
+  // (it serialised the wgmmas).
+  static constexpr bool kTwoP = kWG == 2 && !kFp8;
   // 128-byte column halves a row of Q, K or V spans (fp8: one at head_dim 128).
   static constexpr int kHalves = kD * kElemBytes / 128;
   static constexpr int kTileBytes = kHalves * kHalfBytes;
@@ -74,7 +79,10 @@ struct Sm90Tile {
   static constexpr int kStages = kFp8 ? 5 : kD == 64 ? 6 : 3;
   // P as the A operand of P.V: 32 registers of two 16-bit values, or 16 of four e4m3.
   static constexpr int kPRegs = kFp8 ? 16 : 32;
-  static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+  // K, then V (fp8: V^T, then 8 rows of e4m3 ones: the wgmma that adds P.V^T also sums P's
+  // rows into its columns 128..135; wgmma_rs_fp8).
+  static constexpr int kOnesBytes = kFp8 ? 1024 : 0;
+  static constexpr int kStageBytes = 2 * kTileBytes + kOnesBytes;
   // Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
   // rows = 1024 bytes and is applied to absolute shared-memory addresses), then the mbarriers.
   static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages);
@@ -83,7 +91,7 @@ struct Sm90Tile {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   static_assert(!kFp8 || (kD == 128 && kWG == 2), "fp8 at head_dim 128, two warpgroups");
   static_assert(kWG == 2 || (kWG == 3 && kD == 64), "3 warpgroups fit 160 registers at 64 only");
-  static_assert(kTwoP == (kConsumerRegs >= 240), "two P fragments need 240 registers");
+  static_assert(!kTwoP || kConsumerRegs >= 240, "two P fragments need 240 registers");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "registers");
   static_assert(kQHalfBytes % 1024 == 0, "Q halves keep the swizzle's 1024-byte alignment");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory limit");
@@ -156,11 +164,12 @@ __device__ __forceinline__ void wgmma_wait() {
 #define BURST_R32                                                                              \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define BURST_R64                                                                              \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
-  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define BURST_R64_BODY                                                                       \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63"
+#define BURST_R64 "{" BURST_R64_BODY "}"
 
 // d[64] = A.B (+ d[64] if accumulate) for a 64 x 128 x 16 slice: A (64 x 16) and B (128 x 16)
 // K-major in shared memory. accumulate = 0 ignores d's old contents (no zeroing needed).
@@ -220,15 +229,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
   }
 }
 
-// d[64] += P.V^T-slice for e4m3: A (64 x 32 keys) in registers, four e4m3 a register (the
-// k32 A fragment: rows lane / 4 (+ 8 in registers 1 and 3), keys 4 (lane % 4) + byte, + 16 in
-// registers 2 and 3), B (head_dim 128 rows x 32 keys) K-major in shared memory: the V tile
-// arrives transposed, since fp8 wgmma reads no MN-major operand.
-__device__ __forceinline__ void wgmma_rs_fp8(float (&d)[64], const uint32_t (&a)[4],
-                                             uint64_t desc_b) {
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " BURST_R64
-               ", {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
-               : BURST_D64
+// [d, sum][64 + 4] += P.[V^T; ones]-slice for e4m3, m64n136k32: A (64 x 32 keys) in registers,
+// four e4m3 a register (the k32 A fragment: rows lane / 4 (+ 8 in registers 1 and 3), keys
+// 4 (lane % 4) + byte, + 16 in registers 2 and 3); B (head_dim 128 rows, then 8 rows of ones, x
+// 32 keys) K-major in shared memory: the V tile arrives transposed, since fp8 wgmma reads no
+// MN-major operand. Columns 128..135 (sum) are P's row sums.
+__device__ __forceinline__ void wgmma_rs_fp8(float (&d)[64], float (&sum)[4],
+                                             const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {" BURST_R64_BODY
+               ", %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, 1, 1, 1;\n"
+               : BURST_D64, "+f"(sum[0]), "+f"(sum[1]), "+f"(sum[2]), "+f"(sum[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
@@ -237,6 +247,7 @@ __device__ __forceinline__ void wgmma_rs_fp8(float (&d)[64], const uint32_t (&a)
 #undef BURST_D64
 #undef BURST_R32
 #undef BURST_R64
+#undef BURST_R64_BODY
 
 // mbarriers (PTX "mbarrier"): a phase completes when `count` arrivals and the expected TMA
 // bytes have come; waiters name the parity of the phase they wait for.
@@ -467,6 +478,18 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // alone cost 1-3 % and no warpgroup idles (docs/benchmarks.md, 2026-11-27 session 19).
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int wg = kWG == 3 ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
+  if constexpr (kFp8) {
+    // Each stage's ones rows (e4m3 1.0 = 0x38; TMA never writes them), written once, then made
+    // visible to the async proxy that wgmma reads shared memory through (the __syncthreads
+    // below orders the threads).
+    for (int w = tid; w < kStages * Tl::kOnesBytes / 4; w += blockDim.x) {
+      const int st = w / (Tl::kOnesBytes / 4), at = w % (Tl::kOnesBytes / 4);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(v_tile(st) + kTileBytes + 4 * at),
+                   "r"(0x38383838u)
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
   if (tid == 0) {
     mbar_init(bar_q, 1);
     mbar_init(bar_q_empty, kConsumerThreads / 32);  // one arrival per consumer warp
@@ -524,6 +547,19 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // 8j + 2 * (lane % 4) + e % 2 of this thread's rows.
   float o[kOAcc];
   float row_max[2], row_sum[2];  // max in raw score units
+  // fp8: a block's P row sums, by the tensor cores as O's columns 128..135 (wgmma_rs_fp8):
+  // columns 2 (lane % 4) + {0, 1} of rows hf = 0 (elements 0, 1) and hf = 1 (2, 3), all equal.
+  // They are added into row_sum (fp32) block by block and zeroed: summed over many blocks in the
+  // accumulator they drifted low (fp8 wgmma adds with fewer bits than fp32; measured: the LSE's
+  // error doubled while O's, whose terms have both signs, did not move).
+  float osum[4];
+  // row_sum += osum (the block whose P.V is done), then x factor; osum = 0 for the next block.
+  auto fold_sums = [&](const float(&factor)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) row_sum[hf] = (row_sum[hf] + osum[2 * hf]) * factor[hf];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) osum[e] = 0.f;
+  };
 
   // Block i of a tile is key block top - 1 - i.
   auto key_block = [&](int i) { return top - 1 - i; };
@@ -561,7 +597,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
           if (i == before_q) load_q();
           const int st = stage_of(i), row = key_block(i) * kBlockN;
           if (done + i >= kStages) mbar_wait(bar_empty(st), (fill_of(i) - 1) & 1);
-          mbar_expect_tx(bar_full(st), kStageBytes);
+          mbar_expect_tx(bar_full(st), 2 * kTileBytes);  // K and V (not the ones rows)
           tma_load_tile<Tl::kHalves>(k_tile(st), &k_map, bar_full(st), g, row);
           if constexpr (kFp8) {
             // V^T [kv_heads][128][keys]: the box of keys [row, row + 128), all 128 columns.
@@ -609,7 +645,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     for (int kk = 0; kk < kPvSlices; ++kk) {
       const uint32_t pf[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       if constexpr (kFp8) {
-        wgmma_rs_fp8(o, pf, dv[kk]);
+        wgmma_rs_fp8(o, osum, pf, dv[kk]);
       } else {
         wgmma_rs<T, kD>(o, pf, dv[kk]);
       }
@@ -632,6 +668,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     desc_fence(dq);
     desc_fence(dk);
     reg_fence(o);
+    if constexpr (kFp8) reg_fence(osum);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kSSlices; ++ks) wgmma_ss<T>(s, dq[ks], dk[ks], ks > 0);
@@ -646,18 +683,26 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   auto load_k_scale = [&](int i) {
     if constexpr (kFp8) k_scale = __ldg(a.k_scale + int64_t{g} * a.k_blocks + key_block(i));
   };
-  // The fp8 softmax of a masked block in s. The block's scores in log2 units are s x c, and
-  // row_max is kept in those units (not raw, as in the 16-bit kernel: each key block has its
-  // own scale). P is stored x 2^kPBias: exp2 values of [2^-kPBias, 1] would otherwise fall in
-  // e4m3's subnormals (below 2^-6) and lose their bits; x 256 they stay below 448 and normal
-  // down to 2^-14. The sum and O carry the same factor, so O / sum is unchanged; the LSE
-  // takes it out (row_lse). Packing: registers 2 j2 + hf of p hold row hf's columns of
-  // accumulator groups 2 j2 and 2 j2 + 1 (8 values, keys 16 j2 + {2t, 2t+1, 8+2t, 9+2t} of
-  // that group pair, t = lane % 4), low byte first; the A fragment reads them as keys
-  // 16 j2 + 4t + {0, 1, 2, 3} (+ 16 for the second register pair of a slice): vt_key
-  // in attention_fp8.cu writes V^T's keys in that order.
-  auto softmax_fp8 = [&](uint32_t(&p)[kPRegs]) {
+  // The fp8 softmax of a masked block in s: P as e4m3 codes made by FFMAs, without exp2
+  // (kernels/attention.h: kFp8PCodeRound). The block's scores in log2 units are s x c; row_max
+  // is kept in those units (each key block has its own scale), on the lattice
+  // fp8_p_offset(m) = (m - kFp8PCodeRound) / 8 at or above the row's max. A code is
+  // round(8 s c + K) with K = fp8_p_code_shift(m) an integer (the lattice makes it one): one FFMA
+  // whose result, plus 1.5 x 2^23 (kMagic), holds the code in its low bits; an FMNMX clamps the
+  // codes below 0 (values below 2^-14: masked -inf, any score far below the max) to 0. Codes
+  // never exceed 120 (2^8: P x 2^kFp8PBias). They stay in s as float bits until the P.V that
+  // reads p is done; pack_s then takes their low bytes. P's row sums are of the codes' values,
+  // summed by the tensor cores as O's columns 128..135 (osum) a block at a time, then in fp32
+  // (fold_sums), so that O's numerator and denominator weigh each key alike. Why: the exp2 of the 16-bit kernel (MUFU, 16 a cycle an
+  // SM) took as long as the block's fp8 MMAs; this softmax is FMA and ALU work only.
+  // Packing: registers 2 j2 + hf of p hold row hf's columns of accumulator groups 2 j2 and
+  // 2 j2 + 1 (8 values, keys 16 j2 + {2t, 2t+1, 8+2t, 9+2t} of that group pair, t = lane % 4),
+  // low byte first; the A fragment reads them as keys 16 j2 + 4t + {0, 1, 2, 3} (+ 16 for the
+  // second register pair of a slice): vt_key in attention_fp8.cu writes V^T's keys in that order.
+  auto softmax_fp8 = [&] {
+    constexpr float kMagic = 12582912.f;  // 1.5 x 2^23
     const float c = a.scale_log2 * q_scale * k_scale;  // > 0: scales are never 0
+    const float c8 = 8.f * c;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = kNegInf;
@@ -666,28 +711,19 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float new_max = fmaxf(row_max[hf], mx * c);
-      // Only masked keys so far: offset 0 keeps exp2(-inf - offset) = 0 (no -inf + inf).
-      const float offset = new_max == kNegInf ? 0.f : new_max;
+      // Only masked keys so far: m = 0, every score is -inf and its code 0; row_max stays -inf.
+      const float m = new_max == kNegInf ? 0.f : fp8_p_lattice(new_max);
+      const float offset = fp8_p_offset(m);
       corr[hf] = exp2_approx(row_max[hf] - offset);
-      row_max[hf] = new_max;
-      const float bias = kPBias - offset;
-      float sum = 0.f;
+      row_max[hf] = new_max == kNegInf ? kNegInf : offset;
+      const float k = kMagic + fp8_p_code_shift(m);
 #pragma unroll
-      for (int j2 = 0; j2 < 8; ++j2) {
-        uint32_t packed = 0;
+      for (int j = 0; j < 16; ++j) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int e = 4 * (2 * j2 + half) + 2 * hf;
-          const float p0 = exp2_approx(fmaf(s[e], c, bias));
-          const float p1 = exp2_approx(fmaf(s[e + 1], c, bias));
-          sum += p0 + p1;
-          const uint32_t two = __nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE,
-                                                        __NV_E4M3);
-          packed |= two << (16 * half);
+        for (int e = 4 * j + 2 * hf; e < 4 * j + 2 * hf + 2; ++e) {
+          s[e] = fmaxf(fmaf(s[e], c8, k), kMagic);
         }
-        p[2 * j2 + hf] = packed;
       }
-      row_sum[hf] = row_sum[hf] * corr[hf] + sum;
     }
   };
   auto softmax_16 = [&](uint32_t(&p)[kPRegs]) {
@@ -735,20 +771,36 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       }
     }
     if constexpr (kFp8) {
-      softmax_fp8(p);
+      softmax_fp8();
     } else {
       softmax_16(p);
     }
   };
 
-  // One P buffer: P rounded from the exp2 values the softmax left in s.
+  // One P buffer: P rounded from the exp2 values the softmax left in s (fp8: the codes'
+  // low bytes, four a register in the order softmax_fp8 describes).
   auto pack_s = [&](uint32_t(&p)[kPRegs]) {
-    static_assert(kFp8 || kPRegs == 32, "16-bit P: two values a register");
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int j = 0; j < (kFp8 ? 0 : 16); ++j) {
+      for (int j2 = 0; j2 < 8; ++j2) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        p[2 * j + hf] = pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
+        for (int hf = 0; hf < 2; ++hf) {
+          const int e0 = 4 * (2 * j2) + 2 * hf, e1 = e0 + 4;
+          const uint32_t lo =
+              __byte_perm(__float_as_uint(s[e0]), __float_as_uint(s[e0 + 1]), 0x0040);
+          const uint32_t hi =
+              __byte_perm(__float_as_uint(s[e1]), __float_as_uint(s[e1 + 1]), 0x4000);
+          p[2 * j2 + hf] = __byte_perm(lo, hi, 0x7610);
+        }
+      }
+    } else {
+      static_assert(kPRegs == 32, "16-bit P: two values a register");
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          p[2 * j + hf] = pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
+        }
       }
     }
   };
@@ -797,8 +849,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // p_prev's registers or touching o earlier.
     reg_fence(p_prev);
     reg_fence(o);
+    if constexpr (kFp8) reg_fence(osum);
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e >> 1) & 1];
+    if constexpr (kFp8) fold_sums(corr);
     release(i - 1);
     if constexpr (!Tl::kTwoP) pack_s(p_next);
   };
@@ -806,6 +860,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   auto last_pv = [&](uint32_t(&p)[kPRegs]) {
     pv_descs(n_blocks - 1);
     reg_fence(o);
+    if constexpr (kFp8) reg_fence(osum);
     wgmma_fence();
     turn_wait();
     issue_pv(p);
@@ -813,6 +868,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     wgmma_wait<0>();
     reg_fence(p);
     reg_fence(o);
+    if constexpr (kFp8) reg_fence(osum);
   };
   static_assert(!kPingPong || kWG == 2, "turns between two warpgroups");
   if (wg == 1) turn_pass();  // warpgroup 0 goes first
@@ -828,6 +884,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) osum[e] = 0.f;
     row_max[0] = row_max[1] = kNegInf;
     row_sum[0] = row_sum[1] = 0.f;
     // All of this warpgroup's rows lie before row 0 (the short first block of a head; three
@@ -882,6 +940,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 
     if (idle) continue;
     if constexpr (kFp8) {
+      // The last block's sums. Each of the row's 4 threads holds the whole sum; the epilogues
+      // quad-sum row_sum, which a quarter of it each makes exact.
+      fold_sums({0.25f, 0.25f});
       // O's column d times V's scale for it (the P.V above used V's e4m3 values).
       const float* const vs = a.v_scale + int64_t{g} * kD + 2 * (lane & 3);
 #pragma unroll
@@ -904,9 +965,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // max term is exp2(0)); sum == 0 means it saw none: O = 0, LSE = -inf.
     OutT* o_base = a.o + int64_t{h} * a.o_head_stride;
     // The natural-log LSE of row hf whose quad-summed softmax sum is sum (> 0).
-    // (fp8: row_max in log2 units, and the sum carries P's 2^kPBias.)
+    // (fp8: row_max in log2 units, and the sum carries P's 2^kFp8PBias.)
     auto row_lse = [&](int hf, float sum) {
-      return kFp8 ? (row_max[hf] - kPBias) * kLn2 + logf(sum) : row_max[hf] * a.scale + logf(sum);
+      return kFp8 ? (row_max[hf] - kFp8PBias) * kLn2 + logf(sum)
+                  : row_max[hf] * a.scale + logf(sum);
     };
     if (w.part >= 0) {
       // A piece of a split tile (TileOrder): its rows, normalised, and their LSE into the

@@ -16,6 +16,7 @@
 // nothing and produces no NaN.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -100,6 +101,35 @@ struct AttnParams {
 __host__ __device__
 #endif
 inline bool fp8_rotation_negates(uint32_t c) { return (((c + 1) * 0x9E3779B9u) >> 31) != 0; }
+
+// FP8 attention's P (AttnParams::qkv_fp8) as e4m3 codes made without exp2: the Hopper kernel
+// makes them this way (attention_sm90.cu, softmax_fp8 says how) and attention_cpu emulates it.
+// P is stored x 2^kFp8PBias (its values of [2^-8, 1] stay normal e4m3 numbers). An e4m3 code b
+// stands for about 2^(b / 8 - 7) (linear between powers of two), so the code of a score
+// s (log2 units) against a running max on the lattice (m - kFp8PCodeRound) / 8 is
+// round(8 s + fp8_p_code_shift(m)), clamped to [0, 120]; kFp8PCodeRound centres the error
+// to a mean of +0.03 % (each value within -7.9 % / +6.5 % of 2^x, rms 3.1 %; exp2 rounded to
+// e4m3 is within +-6.25 %, rms 2.7 %). It and the lattice are exact in binary.
+inline constexpr float kFp8PBias = 8.f;
+inline constexpr float kFp8PCodeRound = 0.453125f;  // 29 / 64
+// The lattice index m of a running max (log2 units): the least (m - kFp8PCodeRound) / 8 at or
+// above it. Exact on the lattice: a max already on it maps to itself.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline float fp8_p_lattice(float max_log2) {
+  return std::ceil(std::fma(8.f, max_log2, kFp8PCodeRound));
+}
+// The running max the lattice index m stands for (log2 units).
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline float fp8_p_offset(float m) { return (m - kFp8PCodeRound) * 0.125f; }
+// The integer added to 8 s to make a code, for lattice index m: 8 (kFp8PBias + 7) - m.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline float fp8_p_code_shift(float m) { return 8.f * kFp8PBias + 56.f - m; }
 
 // The physical row of logical key j under the page table `pages` (null: row j).
 inline int64_t kv_row(const int32_t* pages, int32_t page_size, int64_t j) {
