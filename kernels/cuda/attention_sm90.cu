@@ -12,7 +12,7 @@
 // but ptxas moves that wait to the top of its basic block, ahead of the softmax (the SASS shows
 // it): a warpgroup's softmax overlaps the other warpgroup's MMAs, not its own. Moving the wait
 // past a block boundary (after the next block's full-barrier wait) restored the overlap and
-// ran slower (H200: bf16 -12 to -17 %, fp8 -2 to -14 %; the second P buffer it needs spilled).
+// ran slower (H200: bf16 0.82-0.86x, fp8 0.86-1.00x; the second P buffer it needs spilled).
 // Loads are TMA (cp.async.bulk.tensor) issued by one thread of the producer warpgroup into a
 // ring of K+V tiles (3 stages at head_dim 128, 6 at 64) in the 128-byte-swizzled layout wgmma
 // reads; mbarriers say when a stage is full (TMA bytes arrived) and empty (all consumer warps
