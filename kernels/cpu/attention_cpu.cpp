@@ -195,8 +195,10 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
     for (int64_t t = 0; t < jn; ++t) {
       float pt = 0.f;
       if (fp8_p) {
-        // The code, clamped below at 0 (masked and far-below scores); never above 120.
-        const float code = std::max(std::nearbyint(std::fma(8.f * kLog2e, s[t], shift)), 0.f);
+        // The code, clamped below at 0 (far-below scores; NaN too); never above 120 by the
+        // lattice, kept below e4m3's NaN code all the same.
+        const float code =
+            std::fmin(std::fmax(std::nearbyint(std::fma(8.f * kLog2e, s[t], shift)), 0.f), 126.f);
         pt = fp8_e4m3_to_float(static_cast<uint8_t>(code)) / std::exp2(kFp8PBias);
       } else {
         pt = std::exp(s[t] - m_new);
