@@ -19,7 +19,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // FP8 attention (AttnParams::qkv_fp8), as kernels/cuda/attention_fp8.cu quantizes.
 constexpr int kFp8QGroup = 64, kFp8QTile = 128, kFp8KBlock = 128;
 constexpr float kFp8MinAmax = 1e-6f;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 }  // namespace
 
 void set_packed_strides(AttnParams& p) {

@@ -18,9 +18,6 @@
 
 namespace burst::kernels::detail {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;  // 1 / kLog2e: log2 units back to natural log
-
 // What a prefill kernel reads; built once by the launcher from AttnParams.
 template <typename T, typename OutT>
 struct KernelArgs {

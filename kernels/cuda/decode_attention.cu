@@ -83,8 +83,6 @@ using detail::cp_async_16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::exp2_approx;
-using detail::kLn2;
-using detail::kLog2e;
 using detail::LdmBases;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;

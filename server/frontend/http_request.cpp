@@ -278,7 +278,6 @@ CommonParams parse_common(const json& body, const std::string& model_name, bool 
   return p;
 }
 
-
 // Chat: the messages (string or text-part contents) through the chat template: one prompt
 // (add_generation_prompt: the template ends it with the assistant's header; the
 // chat_template_kwargs are more of its variables).

@@ -102,6 +102,10 @@ __host__ __device__
 #endif
 inline bool fp8_rotation_negates(uint32_t c) { return (((c + 1) * 0x9E3779B9u) >> 31) != 0; }
 
+// log2(e), and its inverse: natural-log units to log2 units and back (the kernels' exp2).
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
 // FP8 attention's P (AttnParams::qkv_fp8) as e4m3 codes made without exp2: the Hopper kernel
 // makes them this way (attention_sm90.cu, softmax_fp8 says how) and attention_cpu emulates it.
 // P is stored x 2^kFp8PBias (its values of [2^-8, 1] stay normal e4m3 numbers). An e4m3 code b
