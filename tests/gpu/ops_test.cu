@@ -70,6 +70,15 @@ void download(const DevBuf& d, DType t, size_t n, std::vector<float>& out) {
   out = decode(t, b);
 }
 
+std::vector<uint8_t> download_bytes(const DevBuf& d, size_t bytes) {
+  std::vector<uint8_t> b(bytes);
+  if (cudaMemcpy(b.data(), d.ptr, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    ADD_FAILURE() << "cudaMemcpy of " << bytes << " bytes failed";
+    b.clear();
+  }
+  return b;
+}
+
 // The per-element rule of the file comment; reports the first few offenders.
 void expect_rounded_right(const std::vector<float>& ours, const std::vector<float>& ref,
                           DType t, const std::string& what) {
@@ -146,7 +155,9 @@ TEST_F(GpuOps, RopeRotateHalf) {
   for (DType t : kDtypes) {
     for (int64_t rows : {1, 37, 769}) {
       for (int64_t heads : {1, 3, 32}) {
-        for (int64_t head_dim : {64, 128}) {
+        // head_dim 8: halves of 4 values, the scalar kernel for 16-bit types (the row-wise
+        // vectorised one needs whole 16-byte chunks of a half); 64 and 128: the vectorised one.
+        for (int64_t head_dim : {8, 64, 128}) {
           // Rows of a fused [q | k | v] projection: q's heads use the first third of each row.
           const int64_t row_stride = 3 * heads * head_dim;
           const std::string what = std::string("rope ") + name(t) + " rows=" +
@@ -330,6 +341,63 @@ TEST_F(GpuOps, SiluMul) {
   }
 }
 
+// silu_mul, add and convert take 16-byte chunks where every pointer is 16-byte aligned and one
+// value a thread otherwise: the same operands one element off alignment (the scalar path) must
+// give the same bits as aligned (the chunks, plus the scalar tail of an odd n).
+TEST_F(GpuOps, ElementwiseChunksEqualOneValueAtATime) {
+  std::mt19937 rng(5);
+  for (DType t : kDtypes) {
+    const size_t es = testing::dtype_bytes(t);
+    for (int64_t n : {1, 13, 4099, (1 << 18) + 5}) {
+      const auto a = random_values(size_t(n), -12.f, 12.f, t, rng);
+      const auto b = random_values(size_t(n), -2.f, 2.f, t, rng);
+      // Each buffer holds the operand at offset 0 (aligned) and at one element (not aligned).
+      auto twice = [&](DevBuf& d, const std::vector<float>& x) {
+        std::vector<uint8_t> bytes = encode(t, x);
+        CUDA_ASSERT(cudaMalloc(&d.ptr, (2 * n + 1) * es));
+        CUDA_ASSERT(cudaMemcpy(d.ptr, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+        CUDA_ASSERT(cudaMemcpy(static_cast<char*>(d.ptr) + (n + 1) * es, bytes.data(),
+                               bytes.size(), cudaMemcpyHostToDevice));
+      };
+      DevBuf da, db, dout, dx, dconv;
+      twice(da, a);
+      twice(db, b);
+      twice(dx, a);
+      CUDA_ASSERT(cudaMalloc(&dout.ptr, (2 * n + 1) * es));
+      const DType to = t == DType::kF32 ? DType::kBF16 : DType::kF32;  // narrower and wider
+      const size_t ts = testing::dtype_bytes(to);
+      CUDA_ASSERT(cudaMalloc(&dconv.ptr, (2 * n + 1) * ts));
+      for (size_t off : {size_t{0}, size_t(n + 1)}) {
+        auto at = [&](DevBuf& d, size_t bytes) { return static_cast<char*>(d.ptr) + off * bytes; };
+        CUDA_ASSERT(silu_mul_cuda(at(da, es), at(db, es), at(dout, es), n, t, nullptr));
+        CUDA_ASSERT(add_cuda(at(dx, es), at(db, es), n, t, nullptr));
+        CUDA_ASSERT(convert_cuda(at(da, es), t, at(dconv, ts), to, n, nullptr));
+      }
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      auto halves_equal = [&](const DevBuf& d, DType dt, const char* what) {
+        const size_t bytes = n * testing::dtype_bytes(dt);
+        std::vector<uint8_t> all = download_bytes(d, (2 * n + 1) * testing::dtype_bytes(dt));
+        const std::vector<uint8_t> aligned(all.begin(), all.begin() + bytes);
+        const std::vector<uint8_t> odd(all.begin() + (n + 1) * testing::dtype_bytes(dt),
+                                       all.begin() + (n + 1) * testing::dtype_bytes(dt) + bytes);
+        EXPECT_EQ(aligned, odd) << what << " " << name(t) << " n=" << n;
+        return decode(dt, aligned);
+      };
+      const auto silu = halves_equal(dout, t, "silu_mul");
+      const auto sum = halves_equal(dx, t, "add");
+      const auto conv = halves_equal(dconv, to, "convert");
+      // Not vacuous: the outputs are the operation's, element by element.
+      std::vector<float> ref(n);
+      silu_mul_cpu(a.data(), b.data(), ref.data(), n);
+      expect_rounded_right(silu, ref, t, std::string("silu_mul ") + name(t));
+      for (int64_t i = 0; i < n; ++i) ref[i] = a[i] + b[i];
+      expect_rounded_right(sum, ref, t, std::string("add ") + name(t));
+      expect_rounded_right(conv, a, to, std::string("convert ") + name(t));
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_F(GpuOps, EmbeddingIsExact) {
   std::mt19937 rng(4);
   const int64_t vocab = 1000;
@@ -417,15 +485,6 @@ TEST_F(GpuOps, GemvMatchesDoubleProductWithinAccumulationBound) {
       }
     }
   }
-}
-
-std::vector<uint8_t> download_bytes(const DevBuf& d, size_t bytes) {
-  std::vector<uint8_t> b(bytes);
-  if (cudaMemcpy(b.data(), d.ptr, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    ADD_FAILURE() << "cudaMemcpy of " << bytes << " bytes failed";
-    b.clear();
-  }
-  return b;
 }
 
 // Three products of one x (a layer's q, k, v shaped: n[s] x k random weights) with two output

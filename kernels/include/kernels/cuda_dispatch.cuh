@@ -85,11 +85,20 @@ __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f 
 // ~1e5 rad) exactly. One function for ops.cu's rope kernel and gemv.cu's rotating store, its
 // roundings spelled out, so the compiler cannot contract them differently in the two places:
 // x = a c - round(b s) and y = a s + round(b c), each one fma.
-__device__ __forceinline__ float2 rope_rotate(float a, float b, int64_t pos, float f) {
+// rope_sin_cos is the angle's (sin, cos), which the prefill kernel computes once a row and
+// frequency for all of the row's heads; rope_apply the rotation by it.
+__device__ __forceinline__ float2 rope_sin_cos(int64_t pos, float f) {
   const float ang = __fmul_rn(static_cast<float>(pos), f);
   float s, c;
   sincosf(ang, &s, &c);
-  return make_float2(__fmaf_rn(a, c, -__fmul_rn(b, s)), __fmaf_rn(a, s, __fmul_rn(b, c)));
+  return make_float2(s, c);
+}
+__device__ __forceinline__ float2 rope_apply(float a, float b, float2 sc) {
+  return make_float2(__fmaf_rn(a, sc.y, -__fmul_rn(b, sc.x)),
+                     __fmaf_rn(a, sc.x, __fmul_rn(b, sc.y)));
+}
+__device__ __forceinline__ float2 rope_rotate(float a, float b, int64_t pos, float f) {
+  return rope_apply(a, b, rope_sin_cos(pos, f));
 }
 
 // Programmatic dependent launch (PDL, sm_90+). A decode step is a chain of ~20 small kernels a
