@@ -7,10 +7,11 @@
 //   groups are counted from the first tile's start, q_pad rows before row 0, as the kernel
 //   cuts its tiles from the end of the rows). K: one scale per KV head and 128 keys (a
 //   pipeline stage). Both fold into the score's scale, one multiply a block.
-// - Before quantizing, each 128-value row of Q and of K is multiplied by the same orthogonal
-//   matrix H = Hadamard x diag(random signs) / sqrt(128) (a fast Walsh-Hadamard transform in
-//   registers): (qH).(kH) = q.k, but an outlier channel, which would set the scale of its
-//   whole block, is spread over all 128 (Fp8AttnOptions::hadamard; on by default).
+// - Before quantizing, each row of Q and of K (head_dim 128 or 64 values) is multiplied by the
+//   same orthogonal matrix H = Hadamard x diag(random signs) / sqrt(head_dim) (a fast
+//   Walsh-Hadamard transform in registers): (qH).(kH) = q.k, but an outlier channel, which would
+//   set the scale of its whole block, is spread over the whole row (Fp8AttnOptions::hadamard;
+//   on by default).
 // - V: one scale per KV head and column (O's column d is (P.v8)[d] x scale[d], applied in the
 //   epilogue), so an outlier channel of V costs only its own column. The scale is the column's
 //   max |v| over all keys of the launch (a first pass), and V is written transposed, since
@@ -28,7 +29,6 @@
 namespace burst::kernels {
 namespace {
 
-constexpr int kD = 128;             // head_dim of the fp8 kernel
 constexpr int kQGroupRows = 64;     // query rows a scale
 constexpr int kKBlockRows = 128;    // keys a scale (kBlockN of the kernel)
 constexpr float kE4m3Max = 448.f;
@@ -59,13 +59,14 @@ Layout layout_of(const AttnParams& p) {
     at += align_up(bytes);
     return here;
   };
-  l.q8 = take(size_t(p.n_q) * p.heads * kD);
-  l.k8 = take(size_t(p.n_kv) * p.kv_heads * kD);
-  l.vt8 = take(size_t(p.kv_heads) * kD * l.vt_keys);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  l.q8 = take(size_t(p.n_q) * p.heads * d);
+  l.k8 = take(size_t(p.n_kv) * p.kv_heads * d);
+  l.vt8 = take(size_t(p.kv_heads) * d * l.vt_keys);
   l.q_scale = take(sizeof(float) * p.heads * l.q_groups);
   l.k_scale = take(sizeof(float) * p.kv_heads * l.k_blocks);
-  l.v_amax = take(sizeof(float) * p.kv_heads * kD);
-  l.v_scale = take(sizeof(float) * p.kv_heads * kD);
+  l.v_amax = take(sizeof(float) * p.kv_heads * d);
+  l.v_scale = take(sizeof(float) * p.kv_heads * d);
   l.end = at;
   return l;
 }
@@ -80,74 +81,105 @@ __device__ __forceinline__ float bits_to_float(uint16_t bits) {
   }
 }
 
-// Four consecutive values of a row (8 bytes, aligned: strides are multiples of 8 elements).
-template <typename T>
-__device__ __forceinline__ void load4(const T* src, float (&x)[4]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(src);
-  x[0] = bits_to_float<T>(raw.x & 0xFFFFu);
-  x[1] = bits_to_float<T>(raw.x >> 16);
-  x[2] = bits_to_float<T>(raw.y & 0xFFFFu);
-  x[3] = bits_to_float<T>(raw.y >> 16);
-}
-
-__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-
-// x (a row's values 4 lane .. 4 lane + 3, over the warp's 32 lanes) times H: random signs,
-// then the Walsh-Hadamard butterflies (strides 1 and 2 within the lane, 4 .. 64 across lanes),
-// then 1 / sqrt(128). The signs are a fixed function of the column, the same for q and k.
-__device__ __forceinline__ void hadamard128(float (&x)[4], int lane) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (fp8_rotation_negates(4 * lane + i)) x[i] = -x[i];
+// kN = 2 or 4 consecutive values of a row (4 or 8 bytes, aligned: strides are multiples of 8
+// elements).
+template <typename T, int kN>
+__device__ __forceinline__ void load_n(const T* src, float (&x)[kN]) {
+  static_assert(kN == 2 || kN == 4, "2 or 4 values");
+  uint32_t w[kN / 2];
+  if constexpr (kN == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    w[0] = raw.x;
+    w[1] = raw.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
   }
-  float a = x[0] + x[1], b = x[0] - x[1], c = x[2] + x[3], d = x[2] - x[3];
-  x[0] = a + c;
-  x[1] = b + d;
-  x[2] = a - c;
-  x[3] = b - d;
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    x[2 * i] = bits_to_float<T>(w[i] & 0xFFFFu);
+    x[2 * i + 1] = bits_to_float<T>(w[i] >> 16);
+  }
+}
+
+__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  return e4m3x2(a, b) | (e4m3x2(c, d) << 16);
+}
+
+// kN values of a row a lane (kD = 32 kN: head_dim 128 or 64), x k, as e4m3 stored at dst.
+template <int kN>
+__device__ __forceinline__ void store_e4m3(uint8_t* dst, const float (&x)[kN], float k) {
+  if constexpr (kN == 4) {
+    *reinterpret_cast<uint32_t*>(dst) = e4m3x4(x[0] * k, x[1] * k, x[2] * k, x[3] * k);
+  } else {
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(e4m3x2(x[0] * k, x[1] * k));
+  }
+}
+
+// x (a row's values kN lane .. kN lane + kN - 1, over the warp's 32 lanes: head_dim 32 kN)
+// times H: random signs, then the Walsh-Hadamard butterflies (strides below kN within the
+// lane, kN .. 16 kN across lanes), then 1 / sqrt(32 kN). The signs are a fixed function of the
+// column, the same for q and k.
+template <int kN>
+__device__ __forceinline__ void hadamard(float (&x)[kN], int lane) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    if (fp8_rotation_negates(kN * lane + i)) x[i] = -x[i];
+  }
+#pragma unroll
+  for (int m = 1; m < kN; m <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      if ((i & m) == 0) {
+        const float a = x[i], b = x[i + m];
+        x[i] = a + b;
+        x[i + m] = a - b;
+      }
+    }
+  }
 #pragma unroll
   for (int m = 1; m < 32; m <<= 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kN; ++i) {
       const float other = __shfl_xor_sync(0xffffffffu, x[i], m);
       x[i] = (lane & m) ? other - x[i] : x[i] + other;
     }
   }
-  constexpr float kNorm = 0.08838834764831845f;  // 1 / sqrt(128)
+  // 1 / sqrt(head_dim) rounded to fp32, as the CPU emulation's 1 / std::sqrt(d).
+  constexpr float norm = kN == 4 ? 0.08838834764831845f : 0.125f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) x[i] *= kNorm;
+  for (int i = 0; i < kN; ++i) x[i] *= norm;
 }
 
 // Rows [first, first + group_rows) of head blockIdx.y (rows outside [0, rows) read as zero and
-// are not written) into out [rows][heads][128] e4m3, with one scale for the group:
-// scale[head * gridDim.x + blockIdx.x]. Each warp holds 16 rows in registers.
-template <typename T, int kWarps>
+// are not written) into out [rows][heads][kD] e4m3, with one scale for the group:
+// scale[head * gridDim.x + blockIdx.x]. Each warp holds 16 rows in registers, kD / 32 values of
+// each a lane.
+template <typename T, int kWarps, int kD>
 __global__ void __launch_bounds__(kWarps * 32)
     quantize_rows_kernel(const T* __restrict__ x, int64_t row_stride, int64_t head_stride,
-                         int rows, int pad, int heads, int hadamard, uint8_t* __restrict__ out,
+                         int rows, int pad, int heads, int hadamard_on, uint8_t* __restrict__ out,
                          float* __restrict__ scale) {
-  constexpr int kGroupRows = kWarps * kRowsPerWarp;
+  constexpr int kGroupRows = kWarps * kRowsPerWarp, kN = kD / 32;
   __shared__ float warp_max[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = blockIdx.y;
   const int first = blockIdx.x * kGroupRows - pad + warp * kRowsPerWarp;
-  float v[kRowsPerWarp][4];
+  float v[kRowsPerWarp][kN];
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = first + i;
     if (row >= 0 && row < rows) {
-      load4(x + int64_t{row} * row_stride + int64_t{h} * head_stride + 4 * lane, v[i]);
+      load_n<T, kN>(x + int64_t{row} * row_stride + int64_t{h} * head_stride + kN * lane, v[i]);
     } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) v[i][e] = 0.f;
+      for (int e = 0; e < kN; ++e) v[i][e] = 0.f;
     }
-    if (hadamard) hadamard128(v[i], lane);
+    if (hadamard_on) hadamard<kN>(v[i], lane);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[i][e]));
+    for (int e = 0; e < kN; ++e) amax = fmaxf(amax, fabsf(v[i][e]));
   }
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
@@ -162,32 +194,33 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = first + i;
     if (row < 0 || row >= rows) continue;
-    *reinterpret_cast<uint32_t*>(out + (int64_t{row} * heads + h) * kD + 4 * lane) =
-        e4m3x4(v[i][0] * inv, v[i][1] * inv, v[i][2] * inv, v[i][3] * inv);
+    store_e4m3<kN>(out + (int64_t{row} * heads + h) * kD + kN * lane, v[i], inv);
   }
 }
 
 // Column maxima of |v| for kv head blockIdx.y over keys [blockIdx.x * 256, + 256): atomicMax
-// on the bits of non-negative floats (which order as their bits do) into amax[g][128], zeroed
+// on the bits of non-negative floats (which order as their bits do) into amax[g][kD], zeroed
 // before.
-template <typename T>
+template <typename T, int kD>
 __global__ void __launch_bounds__(128)
     v_amax_kernel(const T* __restrict__ v, int64_t row_stride, int64_t head_stride, int n_kv,
                   float* __restrict__ amax) {
+  constexpr int kN = kD / 32;
   __shared__ float part[4][kD];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = blockIdx.y;
-  float m[4] = {0.f, 0.f, 0.f, 0.f};
+  float m[kN] = {};
   const int end = min(n_kv, (blockIdx.x + 1) * 256);
   for (int row = blockIdx.x * 256 + warp; row < end; row += 4) {
-    float x[4];
-    load4(v + int64_t{row} * row_stride + int64_t{g} * head_stride + 4 * lane, x);
+    float x[kN];
+    load_n<T, kN>(v + int64_t{row} * row_stride + int64_t{g} * head_stride + kN * lane, x);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) m[e] = fmaxf(m[e], fabsf(x[e]));
+    for (int e = 0; e < kN; ++e) m[e] = fmaxf(m[e], fabsf(x[e]));
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) part[warp][4 * lane + e] = m[e];
+  for (int e = 0; e < kN; ++e) part[warp][kN * lane + e] = m[e];
   __syncthreads();  // the four warps' column maxima are in shared memory
   const int d = threadIdx.x;
+  if (d >= kD) return;
   const float col = fmaxf(fmaxf(part[0][d], part[1][d]), fmaxf(part[2][d], part[3][d]));
   atomicMax(reinterpret_cast<unsigned*>(amax) + g * kD + d, __float_as_uint(col));
 }
@@ -203,7 +236,7 @@ __device__ __forceinline__ int vt_key(int q) {
 // V^T of keys [blockIdx.x * 128, + 128) of kv head blockIdx.y: vt8[g][d][position] = v[key][g][d]
 // / v_scale[g][d] in e4m3, keys at their vt_key positions, keys past n_kv zero. Block (0, g)
 // writes v_scale[g].
-template <typename T>
+template <typename T, int kD>
 __global__ void __launch_bounds__(256)
     vt_kernel(const T* __restrict__ v, int64_t row_stride, int64_t head_stride, int n_kv,
               int64_t vt_keys, const float* __restrict__ amax, uint8_t* __restrict__ vt8,
@@ -237,17 +270,17 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <typename T>
+template <typename T, int kD>
 cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool hadamard,
                      cudaStream_t stream) {
   const T* q = static_cast<const T*>(p.q);
-  quantize_rows_kernel<T, kQGroupRows / kRowsPerWarp>
+  quantize_rows_kernel<T, kQGroupRows / kRowsPerWarp, kD>
       <<<dim3(l.q_groups, p.heads), kQGroupRows / kRowsPerWarp * 32, 0, stream>>>(
           q, p.q_row_stride, p.q_head_stride, p.n_q, l.q_pad, p.heads, hadamard ? 1 : 0,
           ws + l.q8, reinterpret_cast<float*>(ws + l.q_scale));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.n_kv == 0) return err;
-  quantize_rows_kernel<T, kKBlockRows / kRowsPerWarp>
+  quantize_rows_kernel<T, kKBlockRows / kRowsPerWarp, kD>
       <<<dim3(l.k_blocks, p.kv_heads), kKBlockRows / kRowsPerWarp * 32, 0, stream>>>(
           static_cast<const T*>(p.k), p.k_row_stride, p.k_head_stride, p.n_kv, 0, p.kv_heads,
           hadamard ? 1 : 0, ws + l.k8, reinterpret_cast<float*>(ws + l.k_scale));
@@ -256,19 +289,20 @@ cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool had
   err = cudaMemsetAsync(amax, 0, sizeof(float) * p.kv_heads * kD, stream);
   if (err != cudaSuccess) return err;
   const T* v = static_cast<const T*>(p.v);
-  v_amax_kernel<T><<<dim3((p.n_kv + 255) / 256, p.kv_heads), 128, 0, stream>>>(
+  v_amax_kernel<T, kD><<<dim3((p.n_kv + 255) / 256, p.kv_heads), 128, 0, stream>>>(
       v, p.v_row_stride, p.v_head_stride, p.n_kv, amax);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  vt_kernel<T><<<dim3(static_cast<unsigned>(l.vt_keys / kVtKeys), p.kv_heads), 256, 0, stream>>>(
-      v, p.v_row_stride, p.v_head_stride, p.n_kv, l.vt_keys, amax, ws + l.vt8,
-      reinterpret_cast<float*>(ws + l.v_scale));
+  const dim3 vt_grid(static_cast<unsigned>(l.vt_keys / kVtKeys), p.kv_heads);
+  vt_kernel<T, kD><<<vt_grid, 256, 0, stream>>>(v, p.v_row_stride, p.v_head_stride, p.n_kv,
+                                                 l.vt_keys, amax, ws + l.vt8,
+                                                 reinterpret_cast<float*>(ws + l.v_scale));
   return cudaGetLastError();
 }
 
 }  // namespace
 
 bool attention_fp8_supported(const AttnParams& p) {
-  return p.head_dim == kD && attention_sm90_supported(p);
+  return (p.head_dim == 128 || p.head_dim == 64) && attention_sm90_supported(p);
 }
 
 size_t attention_fp8_workspace_bytes(const AttnParams& p) {
@@ -279,7 +313,8 @@ size_t attention_fp8_workspace_bytes(const AttnParams& p) {
 cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, const Fp8AttnOptions& options) {
   if (!detail::prefill_params_ok(p) || p.row_kv_len) return cudaErrorInvalidValue;
-  if (p.head_dim != kD) return cudaErrorInvalidValue;
+  if (p.head_dim != 128 && p.head_dim != 64) return cudaErrorInvalidValue;
+  if (options.pingpong && p.head_dim != 128) return cudaErrorInvalidValue;  // measured at 128 only
   if (p.merge_into_o && output_dtype(p) != DType::kF32) return cudaErrorInvalidValue;
   if (!attention_sm90_supported(p)) return cudaErrorInvalidDeviceFunction;
   const Layout l = layout_of(p);
@@ -289,9 +324,12 @@ cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t work
   }
   if (p.n_q == 0) return cudaSuccess;
   auto* ws = static_cast<uint8_t*>(workspace);
-  const cudaError_t err = p.dtype == DType::kBF16
-                              ? quantize<__nv_bfloat16>(p, l, ws, options.hadamard, stream)
-                              : quantize<__half>(p, l, ws, options.hadamard, stream);
+  const bool bf16 = p.dtype == DType::kBF16, h = options.hadamard;
+  const cudaError_t err =
+      p.head_dim == 128 ? (bf16 ? quantize<__nv_bfloat16, 128>(p, l, ws, h, stream)
+                                : quantize<__half, 128>(p, l, ws, h, stream))
+                        : (bf16 ? quantize<__nv_bfloat16, 64>(p, l, ws, h, stream)
+                                : quantize<__half, 64>(p, l, ws, h, stream));
   if (err != cudaSuccess) return err;
   detail::Fp8Operands f{};
   f.q8 = ws + l.q8;

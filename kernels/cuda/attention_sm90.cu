@@ -49,8 +49,9 @@ constexpr int kQBoxRows = 64;                    // Q arrives in boxes of one wa
 
 // The shape of the kernel for one head_dim (64 or 128) and number of consumer warpgroups (2 or
 // 3, each owning 64 query rows); everything else derives from it.
-// kElemBytes: 2 for bf16 / f16 operands, 1 for e4m3 (attention_sm90_fp8: head_dim 128 only,
-// where a row of Q or K is one 128-byte swizzle row and V arrives transposed, see there).
+// kElemBytes: 2 for bf16 / f16 operands, 1 for e4m3 (attention_sm90_fp8: a row of Q or K is one
+// 128-byte swizzle row at head_dim 128, one 64-byte row with the 64-byte swizzle at head_dim 64,
+// and V arrives transposed, see there).
 template <int kHeadDim, int kWarpgroups, int kElemBytes = 2>
 struct Sm90Tile {
   static constexpr int kD = kHeadDim;
@@ -69,18 +70,22 @@ struct Sm90Tile {
   // P's rows (4 more accumulators), which with a second P buffer left ptxas too few registers
   // (it serialised the wgmmas).
   static constexpr bool kTwoP = kWG == 2 && !kFp8;
-  // 128-byte column halves a row of Q, K or V spans (fp8: one at head_dim 128).
-  static constexpr int kHalves = kD * kElemBytes / 128;
-  static constexpr int kTileBytes = kHalves * kHalfBytes;
-  static constexpr int kQHalfBytes = kBlockM * kRowBytes;
+  // The bytes of a row of a Q or K column half, which is also the swizzle's width: 128, or 64
+  // for fp8 at head_dim 64 (wgmma and TMA then use the 64-byte swizzle).
+  static constexpr int kQKRowBytes = kD * kElemBytes >= kRowBytes ? kRowBytes : kD * kElemBytes;
+  // Column halves a row of Q, K or V spans (fp8: one).
+  static constexpr int kHalves = kD * kElemBytes / kQKRowBytes;
+  static constexpr int kTileBytes = kHalves * kBlockN * kQKRowBytes;
+  static constexpr int kQHalfBytes = kBlockM * kQKRowBytes;
   static constexpr int kQBytes = kHalves * kQHalfBytes;
   // K+V tiles in flight: head_dim 64 tiles are half the size, so twice as many fit.
-  // fp8 tiles are half the bytes of bf16 ones at head_dim 128: 5 stages fit where 3 did.
-  static constexpr int kStages = kFp8 ? 5 : kD == 64 ? 6 : 3;
+  // fp8 tiles are half the bytes of bf16 ones at head_dim 128: 5 stages fit where 3 did; at
+  // head_dim 64 a quarter, and a block's MMAs take half the time: 8.
+  static constexpr int kStages = kFp8 ? (kD == 64 ? 8 : 5) : kD == 64 ? 6 : 3;
   // P as the A operand of P.V: 32 registers of two 16-bit values, or 16 of four e4m3.
   static constexpr int kPRegs = kFp8 ? 16 : 32;
   // K, then V (fp8: V^T, then 8 rows of e4m3 ones: the wgmma that adds P.V^T also sums P's
-  // rows into its columns 128..135; wgmma_rs_fp8).
+  // rows into its columns kD..kD + 7; wgmma_rs_fp8).
   static constexpr int kOnesBytes = kFp8 ? 1024 : 0;
   static constexpr int kStageBytes = 2 * kTileBytes + kOnesBytes;
   // Q, the stages, 1024 bytes of slack to align the tiles to 1024 (the swizzle repeats every 8
@@ -89,7 +94,8 @@ struct Sm90Tile {
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
-  static_assert(!kFp8 || (kD == 128 && kWG == 2), "fp8 at head_dim 128, two warpgroups");
+  static_assert(!kFp8 || kWG == 2, "fp8 with two warpgroups");
+  static_assert(!kFp8 || kTileBytes == kD * kBlockN, "fp8: the V^T tile is the K tile's size");
   static_assert(kWG == 2 || (kWG == 3 && kD == 64), "3 warpgroups fit 160 registers at 64 only");
   static_assert(!kTwoP || kConsumerRegs >= 240, "two P fragments need 240 registers");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "registers");
@@ -104,16 +110,23 @@ struct Sm90Tile {
 
 #ifdef BURST_SM90_KERNEL
 
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix
-// Descriptor"): start address, leading and stride byte offsets (all >> 4), swizzle mode 1.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor of a swizzled operand (PTX ISA, "Matrix Descriptor"): start
+// address, leading and stride byte offsets (all >> 4), swizzle mode 1 (128 bytes) or 2 (64).
+__device__ __forceinline__ uint64_t sw_desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
+                                            uint32_t mode) {
   return uint64_t{(addr & 0x3FFFFu) >> 4} | (uint64_t{lbo >> 4} << 16) |
-         (uint64_t{sbo >> 4} << 32) | (uint64_t{1} << 62);
+         (uint64_t{sbo >> 4} << 32) | (uint64_t{mode} << 62);
 }
-// K-major (rows of 128 bytes, the reduction dimension contiguous): 8-row groups are 1024
-// bytes apart; the leading offset is unused with a swizzle (PTX: "assumed 1").
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return sw_desc(addr, lbo, sbo, 1);
+}
+// K-major (rows of kSwizzle = 128 or 64 bytes, the swizzle's width, the reduction dimension
+// contiguous): 8-row groups are 8 rows apart; the leading offset is unused with a swizzle (PTX:
+// "assumed 1").
+template <int kSwizzle = 128>
 __device__ __forceinline__ uint64_t k_major_desc(uint32_t addr) {
-  return sw128_desc(addr, 16, 1024);
+  static_assert(kSwizzle == 128 || kSwizzle == 64, "the 128- or 64-byte swizzle");
+  return sw_desc(addr, 16, 8 * kSwizzle, kSwizzle == 128 ? 1 : 2);
 }
 // MN-major (V as the B operand of P.V: the output dimension d contiguous): the two 64-column
 // halves are kHalfBytes apart (leading offset), 8-key groups 1024 bytes apart (stride offset).
@@ -161,9 +174,10 @@ __device__ __forceinline__ void wgmma_wait() {
   BURST_D8(0), BURST_D8(8), BURST_D8(16), BURST_D8(24), BURST_D8(32), BURST_D8(40), \
       BURST_D8(48), BURST_D8(56)
 #define BURST_D32 BURST_D8(0), BURST_D8(8), BURST_D8(16), BURST_D8(24)
-#define BURST_R32                                                                              \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define BURST_R32_BODY                                                                       \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define BURST_R32 "{" BURST_R32_BODY "}"
 #define BURST_R64_BODY                                                                       \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
@@ -229,23 +243,33 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
   }
 }
 
-// [d, sum][64 + 4] += P.[V^T; ones]-slice for e4m3, m64n136k32: A (64 x 32 keys) in registers,
-// four e4m3 a register (the k32 A fragment: rows lane / 4 (+ 8 in registers 1 and 3), keys
-// 4 (lane % 4) + byte, + 16 in registers 2 and 3); B (head_dim 128 rows, then 8 rows of ones, x
-// 32 keys) K-major in shared memory: the V tile arrives transposed, since fp8 wgmma reads no
-// MN-major operand. Columns 128..135 (sum) are P's row sums.
-__device__ __forceinline__ void wgmma_rs_fp8(float (&d)[64], float (&sum)[4],
+// [d, sum][kD / 2 + 4] += P.[V^T; ones]-slice for e4m3, m64n(kD + 8)k32: A (64 x 32 keys) in
+// registers, four e4m3 a register (the k32 A fragment: rows lane / 4 (+ 8 in registers 1 and
+// 3), keys 4 (lane % 4) + byte, + 16 in registers 2 and 3); B (head_dim rows, then 8 rows of
+// ones, x 32 keys) K-major in shared memory: the V tile arrives transposed, since fp8 wgmma reads
+// no MN-major operand. Columns kD..kD + 7 (sum) are P's row sums.
+template <int kD>
+__device__ __forceinline__ void wgmma_rs_fp8(float (&d)[kD / 2], float (&sum)[4],
                                              const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile("wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {" BURST_R64_BODY
-               ", %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, 1, 1, 1;\n"
-               : BURST_D64, "+f"(sum[0]), "+f"(sum[1]), "+f"(sum[2]), "+f"(sum[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  static_assert(kD == 64 || kD == 128, "n72 or n136");
+  if constexpr (kD == 128) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {" BURST_R64_BODY
+                 ", %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, 1, 1, 1;\n"
+                 : BURST_D64, "+f"(sum[0]), "+f"(sum[1]), "+f"(sum[2]), "+f"(sum[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {" BURST_R32_BODY
+                 ", %32, %33, %34, %35}, {%36, %37, %38, %39}, %40, 1, 1, 1;\n"
+                 : BURST_D32, "+f"(sum[0]), "+f"(sum[1]), "+f"(sum[2]), "+f"(sum[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
 }
 
 #undef BURST_D8
 #undef BURST_D32
 #undef BURST_D64
 #undef BURST_R32
+#undef BURST_R32_BODY
 #undef BURST_R64
 #undef BURST_R64_BODY
 
@@ -456,6 +480,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   constexpr int kTileBytes = Tl::kTileBytes, kStages = Tl::kStages, kStageBytes = Tl::kStageBytes;
   constexpr int kBlockM = Tl::kBlockM, kConsumerThreads = Tl::kConsumerThreads;
   constexpr int kQBytes = Tl::kQBytes, kQHalfBytes = Tl::kQHalfBytes;
+  constexpr int kQKRowBytes = Tl::kQKRowBytes;  // 128, or 64 for fp8 at head_dim 64
   constexpr int kOAcc = kD / 2;  // fp32 O accumulators per thread (m64 x kD wgmma)
   constexpr float kNegInf = -INFINITY;
   extern __shared__ uint8_t smem_raw[];
@@ -547,7 +572,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // 8j + 2 * (lane % 4) + e % 2 of this thread's rows.
   float o[kOAcc];
   float row_max[2], row_sum[2];  // max in raw score units
-  // fp8: a block's P row sums, by the tensor cores as O's columns 128..135 (wgmma_rs_fp8):
+  // fp8: a block's P row sums, by the tensor cores as O's columns kD..kD + 7 (wgmma_rs_fp8):
   // columns 2 (lane % 4) + {0, 1} of rows hf = 0 (elements 0, 1) and hf = 1 (2, 3), all equal.
   // They are added into row_sum (fp32) block by block and zeroed: summed over many blocks in the
   // accumulator they drifted low (fp8 wgmma adds with fewer bits than fp32; measured: the LSE's
@@ -581,8 +606,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         for (int half = 0; half < Tl::kHalves; ++half) {
 #pragma unroll
           for (int r = 0; r < kBlockM; r += kQBoxRows) {
-            tma_load_box(q_addr0 + half * kQHalfBytes + r * kRowBytes, &q_map, bar_q, half * 64,
-                         h, m0 + r);
+            tma_load_box(q_addr0 + half * kQHalfBytes + r * kQKRowBytes, &q_map, bar_q,
+                         half * 64, h, m0 + r);
           }
         }
         ++q_loads;
@@ -614,7 +639,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   }
   regs_inc<Tl::kConsumerRegs>();
   // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
-  const uint32_t q_addr = q_addr0 + wg * 64 * kRowBytes;
+  const uint32_t q_addr = q_addr0 + wg * 64 * kQKRowBytes;
   // P of a block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0, 1} of
   // row hf. With two buffers (Tl::kTwoP), used alternately, the P.V of block i - 1 reads one on
   // the tensor cores while the softmax of block i writes the other (with a single buffer and a
@@ -645,7 +670,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     for (int kk = 0; kk < kPvSlices; ++kk) {
       const uint32_t pf[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       if constexpr (kFp8) {
-        wgmma_rs_fp8(o, osum, pf, dv[kk]);
+        wgmma_rs_fp8<kD>(o, osum, pf, dv[kk]);
       } else {
         wgmma_rs<T, kD>(o, pf, dv[kk]);
       }
@@ -662,8 +687,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kSSlices; ++ks) {
       const uint32_t off = (ks & 3) * 32;
-      dq[ks] = k_major_desc(q_addr + (ks >> 2) * kQHalfBytes + off);
-      dk[ks] = k_major_desc(k_tile(stage_of(i)) + (ks >> 2) * kHalfBytes + off);
+      dq[ks] = k_major_desc<kQKRowBytes>(q_addr + (ks >> 2) * kQHalfBytes + off);
+      dk[ks] = k_major_desc<kQKRowBytes>(k_tile(stage_of(i)) + (ks >> 2) * kHalfBytes + off);
     }
     desc_fence(dq);
     desc_fence(dk);
@@ -692,9 +717,10 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // codes below 0 (values below 2^-14: masked -inf, any score far below the max) to 0. Codes
   // never exceed 120 (2^8: P x 2^kFp8PBias). They stay in s as float bits until the P.V that
   // reads p is done; pack_s then takes their low bytes. P's row sums are of the codes' values,
-  // summed by the tensor cores as O's columns 128..135 (osum) a block at a time, then in fp32
-  // (fold_sums), so that O's numerator and denominator weigh each key alike. Why: the exp2 of the 16-bit kernel (MUFU, 16 a cycle an
-  // SM) took as long as the block's fp8 MMAs; this softmax is FMA and ALU work only.
+  // summed by the tensor cores as O's columns kD..kD + 7 (osum) a block at a time, then in
+  // fp32 (fold_sums), so that O's numerator and denominator weigh each key alike. Why: the exp2
+  // of the 16-bit kernel (MUFU, 16 a cycle an SM) took as long as the block's fp8 MMAs; this
+  // softmax is FMA and ALU work only.
   // Packing: registers 2 j2 + hf of p hold row hf's columns of accumulator groups 2 j2 and
   // 2 j2 + 1 (8 values, keys 16 j2 + {2t, 2t+1, 8+2t, 9+2t} of that group pair, t = lane % 4),
   // low byte first; the A fragment reads them as keys 16 j2 + 4t + {0, 1, 2, 3} (+ 16 for the
@@ -1131,36 +1157,40 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // The TMA map of a 3-d tensor (dims innermost first, strides of the outer two in bytes) read
-// in boxes of `box` with the 128-byte swizzle (the box's inner extent is 128 bytes). False if
-// the driver refuses it.
+// in boxes of `box` with the 128-byte swizzle (the box's inner extent is 128 bytes), or the
+// 64-byte one where swizzle_bytes is 64 (an inner extent of 64 bytes). False if the driver
+// refuses it.
 bool encode_3d(CUtensorMap& map, CUtensorMapDataType type, const void* ptr,
                const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
-               const cuuint32_t (&box)[3]) {
+               const cuuint32_t (&box)[3], int swizzle_bytes = kRowBytes) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr || dims[2] == 0) return false;
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(&map, type, 3, const_cast<void*>(ptr), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The TMA map of a [rows][heads][d] tensor (strides in elements) of 16-bit values (dtype) or
-// e4m3 bytes (DType::kFP8E4M3), read in boxes of [box_rows][1 head][128 bytes].
+// e4m3 bytes (DType::kFP8E4M3), read in boxes of [box_rows][1 head][box_bytes] (128 bytes, or
+// 64 with the 64-byte swizzle).
 bool encode_map(CUtensorMap& map, DType dtype, const void* ptr, int64_t rows, int heads, int d,
-                int64_t row_stride, int64_t head_stride, int box_rows) {
+                int64_t row_stride, int64_t head_stride, int box_rows,
+                int box_bytes = kRowBytes) {
   if (rows <= 0) return false;
   const int bytes = dtype == DType::kFP8E4M3 ? 1 : 2;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * bytes,
                                  static_cast<cuuint64_t>(row_stride) * bytes};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kRowBytes / bytes), 1,
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_bytes / bytes), 1,
                              static_cast<cuuint32_t>(box_rows)};
   const CUtensorMapDataType type = dtype == DType::kBF16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                    : dtype == DType::kF16  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                            : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  return encode_3d(map, type, ptr, dims, strides, box);
+  return encode_3d(map, type, ptr, dims, strides, box, box_bytes);
 }
 
 // How a launch of query blocks of block_m rows runs: its tile order and CTA count.
@@ -1276,14 +1306,14 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
                  : launch<__half, __half, kD, kWG>(p, plan, stream);
 }
 
-// The e4m3 launch (attention_sm90_fp8): Q and K as [rows][heads][128] bytes, V as V^T, one
-// [128 keys][128 columns] box a stage.
-template <typename OutT, bool kPingPong>
+// The e4m3 launch (attention_sm90_fp8): Q and K as [rows][heads][kD] bytes (rows of 128 or
+// 64 bytes, swizzled as wide), V as V^T, one [128 keys][kD columns] box a stage.
+template <typename OutT, bool kPingPong, int kD>
 cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& plan,
                        cudaStream_t stream) {
   using T = __nv_fp8_e4m3;
-  using Tl = Sm90Tile<128, 2, 1>;
-  constexpr int kD = 128;
+  using Tl = Sm90Tile<kD, 2, 1>;
+  constexpr int kQK = Tl::kQKRowBytes;
   KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
   a.q = static_cast<const T*>(f.q8);
   a.k = static_cast<const T*>(f.k8);
@@ -1296,7 +1326,7 @@ cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& pl
   a.q_pad = f.q_pad;
   CUtensorMap q_map{}, k_map{}, v_map{};
   if (!encode_map(q_map, DType::kFP8E4M3, f.q8, p.n_q, p.heads, kD, int64_t{p.heads} * kD, kD,
-                  kQBoxRows)) {
+                  kQBoxRows, kQK)) {
     return cudaErrorInvalidValue;
   }
   if (p.n_kv > 0) {
@@ -1306,7 +1336,7 @@ cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& pl
                                       static_cast<cuuint64_t>(f.vt_keys) * kD};
     const cuuint32_t vt_box[3] = {kBlockN, kD, 1};
     if (!encode_map(k_map, DType::kFP8E4M3, f.k8, p.n_kv, p.kv_heads, kD,
-                    int64_t{p.kv_heads} * kD, kD, kBlockN) ||
+                    int64_t{p.kv_heads} * kD, kD, kBlockN, kQK) ||
         !encode_3d(v_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, f.vt8, vt_dims, vt_strides, vt_box)) {
       return cudaErrorInvalidValue;
     }
@@ -1371,20 +1401,25 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
   return three ? dispatch<64, 3>(p, plan, stream) : dispatch<64, 2>(p, plan, stream);
 }
 
+// fp8 at head_dim kD: ping-pong (an option for measuring, at head_dim 128 only), the output type.
+template <int kD, bool kPingPong>
+cudaError_t dispatch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& plan,
+                         cudaStream_t stream) {
+  return output_dtype(p) == DType::kF32 ? launch_fp8<float, kPingPong, kD>(p, f, plan, stream)
+         : p.dtype == DType::kBF16 ? launch_fp8<__nv_bfloat16, kPingPong, kD>(p, f, plan, stream)
+                                   : launch_fp8<__half, kPingPong, kD>(p, f, plan, stream);
+}
+
 cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaStream_t stream) {
-  if (p.head_dim != 128) return cudaErrorInvalidValue;
+  if (p.head_dim != 128 && p.head_dim != 64) return cudaErrorInvalidValue;
+  if (f.pingpong && p.head_dim != 128) return cudaErrorInvalidValue;
   Plan plan;
   bool three = false;
   const cudaError_t err = choose_here(p, 128, plan, three);
   if (err != cudaSuccess) return err;
-  if (f.pingpong) {
-    return output_dtype(p) == DType::kF32 ? launch_fp8<float, true>(p, f, plan, stream)
-           : p.dtype == DType::kBF16      ? launch_fp8<__nv_bfloat16, true>(p, f, plan, stream)
-                                          : launch_fp8<__half, true>(p, f, plan, stream);
-  }
-  return output_dtype(p) == DType::kF32 ? launch_fp8<float, false>(p, f, plan, stream)
-         : p.dtype == DType::kBF16      ? launch_fp8<__nv_bfloat16, false>(p, f, plan, stream)
-                                        : launch_fp8<__half, false>(p, f, plan, stream);
+  if (p.head_dim == 64) return dispatch_fp8<64, false>(p, f, plan, stream);
+  return f.pingpong ? dispatch_fp8<128, true>(p, f, plan, stream)
+                    : dispatch_fp8<128, false>(p, f, plan, stream);
 }
 
 int attention_sm90_split_parts(const AttnParams& p, int rows) {

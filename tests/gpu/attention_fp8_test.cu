@@ -31,7 +31,8 @@ namespace burst::kernels {
 namespace {
 
 namespace ref = testing::fp8_attention;
-constexpr int kD = 128;
+constexpr int kD = 128;    // LLaMA's head_dim
+constexpr int kD64 = 64;   // the other head_dim the kernel runs
 using testing::decode;
 using testing::DevBuf;
 using testing::encode;
@@ -85,11 +86,11 @@ AttnParams params_of(const ref::Shape& c, DType o_dtype, Device& dev) {
   p.n_kv = c.n_kv;
   p.heads = c.heads;
   p.kv_heads = c.kv_heads;
-  p.head_dim = kD;
+  p.head_dim = c.head_dim;
   p.q_start = c.q_start;
   p.kv_start = c.kv_start;
   p.mask = c.mask;
-  p.scale = 1.f / std::sqrt(float(kD));
+  p.scale = 1.f / std::sqrt(float(c.head_dim));
   p.dtype = DType::kBF16;
   p.o_dtype = o_dtype;
   set_packed_strides(p);
@@ -106,7 +107,7 @@ void to_device(const ref::Shape& c, const ref::Inputs& in, DType o_dtype, Device
   upload(dev.q, encode(DType::kBF16, in.q));
   upload(dev.k, encode(DType::kBF16, in.k));
   upload(dev.v, encode(DType::kBF16, in.v));
-  const size_t o_bytes = size_t(c.n_q) * c.heads * kD * testing::dtype_bytes(o_dtype);
+  const size_t o_bytes = size_t(c.n_q) * c.heads * c.head_dim * testing::dtype_bytes(o_dtype);
   ASSERT_EQ(cudaMalloc(&dev.o.ptr, o_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dev.lse.ptr, sizeof(float) * c.heads * c.n_q + 16), cudaSuccess);
   CUDA_ASSERT(cudaMemset(dev.o.ptr, 0x7f, o_bytes));
@@ -114,7 +115,7 @@ void to_device(const ref::Shape& c, const ref::Inputs& in, DType o_dtype, Device
 
 void fetch(const ref::Shape& c, DType o_dtype, const Device& dev, ref::Result& out) {
   CUDA_ASSERT(cudaDeviceSynchronize());
-  std::vector<uint8_t> o(size_t(c.n_q) * c.heads * kD * testing::dtype_bytes(o_dtype));
+  std::vector<uint8_t> o(size_t(c.n_q) * c.heads * c.head_dim * testing::dtype_bytes(o_dtype));
   out.lse.resize(size_t(c.heads) * c.n_q);
   CUDA_ASSERT(cudaMemcpy(o.data(), dev.o.ptr, o.size(), cudaMemcpyDeviceToHost));
   CUDA_ASSERT(cudaMemcpy(out.lse.data(), dev.lse.ptr, sizeof(float) * out.lse.size(),
@@ -207,36 +208,50 @@ TEST_F(GpuAttentionFp8, OutlierChannelsBeatPerTensorFp8) {
 
 // merge_into_o: the keys in two launches, the second merging into the first's fp32 (O, LSE),
 // equal one launch over all keys within the rule.
+// Head_dim 64: rows of 64 bytes (the 64-byte swizzle), P.V with 72 columns (64 + the sums).
+TEST_F(GpuAttentionFp8, HeadDim64) {
+  check_case({"d64 causal gqa", {1000, 1000, 8, 2, kD64, MaskKind::kCausal}}, 61);
+  check_case({"d64 full odd", {333, 1537, 4, 4, kD64, MaskKind::kNone}}, 62);
+  check_case({"d64 full fp32 out", {257, 389, 6, 3, kD64, MaskKind::kNone}, false, DType::kF32},
+             63);
+  check_case({"d64 chunk after prefix", {700, 1900, 8, 8, kD64, MaskKind::kCausal, 1200, 0}}, 64);
+  check_case({"d64 masked rows", {517, 900, 4, 2, kD64, MaskKind::kCausal, 0, 150}}, 65);
+  check_case({"d64 outliers causal", {1024, 1024, 8, 2, kD64, MaskKind::kCausal}, true}, 66);
+}
+
 TEST_F(GpuAttentionFp8, MergeIntoOEqualsOneLaunch) {
-  const ref::Shape whole{600, 1400, 8, 2, kD, MaskKind::kCausal, 800, 0};
-  const ref::Inputs in = ref::draw_inputs(whole, false, 41, to_bf16);
-  const ref::Result truth = ref::attend(whole, in, false);
-  const ref::Result naive = ref::naive_fp8(whole, in);
-  Device dev;
-  to_device(whole, in, DType::kF32, dev);
-  if (HasFatalFailure()) return;
-  AttnParams first = params_of(whole, DType::kF32, dev);
-  const int split = 650;  // keys [0, 650) then [650, 1400)
-  first.n_kv = split;
-  AttnParams second = first;
-  second.n_kv = whole.n_kv - split;
-  second.kv_start = split;
-  second.k = static_cast<const uint16_t*>(dev.k.ptr) + int64_t{split} * second.k_row_stride;
-  second.v = static_cast<const uint16_t*>(dev.v.ptr) + int64_t{split} * second.v_row_stride;
-  second.merge_into_o = true;
-  const size_t ws = std::max(attention_fp8_workspace_bytes(first),
-                             attention_fp8_workspace_bytes(second));
-  ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
-  CUDA_ASSERT(attention_fp8_cuda(first, dev.ws.ptr, ws, nullptr));
-  CUDA_ASSERT(attention_fp8_cuda(second, dev.ws.ptr, ws, nullptr));
-  ref::Result got;
-  fetch(whole, DType::kF32, dev, got);
-  const ref::Errors e = ref::errors(whole, got, truth), en = ref::errors(whole, naive, truth);
-  expect_sound(e, "merged");
-  std::printf("[fp8 attention] merge into O: O RMSE %.3e, naive %.3e; LSE RMSE %.3e, naive "
-              "%.3e\n", e.o_rmse, en.o_rmse, e.lse_rmse, en.lse_rmse);
-  EXPECT_LE(e.o_rmse, 2 * en.o_rmse + 1e-6);
-  EXPECT_LE(e.lse_rmse, 2 * en.lse_rmse + 1e-6);
+  for (int d : {kD, kD64}) {
+    SCOPED_TRACE(d);
+    const ref::Shape whole{600, 1400, 8, 2, d, MaskKind::kCausal, 800, 0};
+    const ref::Inputs in = ref::draw_inputs(whole, false, 41, to_bf16);
+    const ref::Result truth = ref::attend(whole, in, false);
+    const ref::Result naive = ref::naive_fp8(whole, in);
+    Device dev;
+    to_device(whole, in, DType::kF32, dev);
+    if (HasFatalFailure()) return;
+    AttnParams first = params_of(whole, DType::kF32, dev);
+    const int split = 650;  // keys [0, 650) then [650, 1400)
+    first.n_kv = split;
+    AttnParams second = first;
+    second.n_kv = whole.n_kv - split;
+    second.kv_start = split;
+    second.k = static_cast<const uint16_t*>(dev.k.ptr) + int64_t{split} * second.k_row_stride;
+    second.v = static_cast<const uint16_t*>(dev.v.ptr) + int64_t{split} * second.v_row_stride;
+    second.merge_into_o = true;
+    const size_t ws = std::max(attention_fp8_workspace_bytes(first),
+                               attention_fp8_workspace_bytes(second));
+    ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
+    CUDA_ASSERT(attention_fp8_cuda(first, dev.ws.ptr, ws, nullptr));
+    CUDA_ASSERT(attention_fp8_cuda(second, dev.ws.ptr, ws, nullptr));
+    ref::Result got;
+    fetch(whole, DType::kF32, dev, got);
+    const ref::Errors e = ref::errors(whole, got, truth), en = ref::errors(whole, naive, truth);
+    expect_sound(e, "merged");
+    std::printf("[fp8 attention] merge into O, head_dim %d: O RMSE %.3e, naive %.3e; LSE RMSE "
+                "%.3e, naive %.3e\n", d, e.o_rmse, en.o_rmse, e.lse_rmse, en.lse_rmse);
+    EXPECT_LE(e.o_rmse, 2 * en.o_rmse + 1e-6);
+    EXPECT_LE(e.lse_rmse, 2 * en.lse_rmse + 1e-6);
+  }
 }
 
 TEST_F(GpuAttentionFp8, RefusesWhatItCannotRun) {
@@ -250,10 +265,22 @@ TEST_F(GpuAttentionFp8, RefusesWhatItCannotRun) {
   ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
   EXPECT_EQ(attention_fp8_cuda(p, dev.ws.ptr, ws - 1, nullptr), cudaErrorInvalidValue)
       << "a workspace one byte short";
-  AttnParams d64 = p;
-  d64.head_dim = 64;
-  EXPECT_EQ(attention_fp8_cuda(d64, dev.ws.ptr, ws, nullptr), cudaErrorInvalidValue)
-      << "head_dim 64";
+  AttnParams d96 = p;
+  d96.head_dim = 96;
+  d96.q_row_stride = d96.o_row_stride = 2 * 96;
+  d96.k_row_stride = d96.v_row_stride = 2 * 96;
+  d96.q_head_stride = d96.k_head_stride = d96.v_head_stride = d96.o_head_stride = 96;
+  EXPECT_FALSE(attention_fp8_supported(d96));
+  EXPECT_EQ(attention_fp8_cuda(d96, dev.ws.ptr, ws, nullptr), cudaErrorInvalidValue)
+      << "head_dim 96";
+  AttnParams pp64 = p;
+  pp64.head_dim = 64;
+  pp64.q_row_stride = pp64.o_row_stride = pp64.k_row_stride = pp64.v_row_stride = 2 * 64;
+  pp64.q_head_stride = pp64.k_head_stride = pp64.v_head_stride = pp64.o_head_stride = 64;
+  Fp8AttnOptions pingpong;
+  pingpong.pingpong = true;
+  EXPECT_EQ(attention_fp8_cuda(pp64, dev.ws.ptr, ws, nullptr, pingpong), cudaErrorInvalidValue)
+      << "ping-pong at head_dim 64 (an option measured at 128 only)";
   AttnParams merge_bf16 = p;
   merge_bf16.merge_into_o = true;
   EXPECT_EQ(attention_fp8_cuda(merge_bf16, dev.ws.ptr, ws, nullptr), cudaErrorInvalidValue)
