@@ -314,7 +314,7 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       : "memory");
 }
 // A whole [128][kD] K or V tile: its kHalves 128-byte column halves (64 16-bit columns each;
-// an fp8 row at head_dim 128 is one).
+// an fp8 row is one, of 128 or 64 bytes).
 template <int kHalves>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                               int head, int row) {

@@ -143,7 +143,8 @@ std::vector<Field> engine_fields(ServerConfig* c) {
       {"attention_dtype", K::kString, &c->attention_dtype, "D",
        "prefill attention's products: auto (default; bf16 is the same: the compute dtype) or "
        "fp8 (q, k, v and P in e4m3 with block scales and a Hadamard rotation of q and k: the "
-       "Hopper FP8 kernel, head_dim 128; CPU workers emulate it). Accuracy and speed: README"},
+       "Hopper FP8 kernel, head_dim 128 or 64; CPU workers emulate it). Accuracy and speed: "
+       "README"},
       {"warmup_tokens", K::kInt64, &c->warmup_tokens, "N",
        "before the workers serve (at start and after a restart), one request of N tokens runs "
        "through them, so that the first request is as fast as the next (-1, the default: the "

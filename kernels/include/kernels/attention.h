@@ -88,7 +88,7 @@ struct AttnParams {
   // kernel cuts its 128-row tiles), per 128 keys and kv head, and per V column and kv head; Q
   // and K are first rotated by the same orthogonal Hadamard matrix (a power-of-two head_dim);
   // P is rounded to e4m3 (x 2^8) before P.V. The CUDA prefill runs it through
-  // attention_fp8_cuda (Hopper, head_dim 128; kernels/cuda/attention_fp8.cu says why each
+  // attention_fp8_cuda (Hopper, head_dim 128 or 64; kernels/cuda/attention_fp8.cu says why each
   // choice); attention_cpu emulates the same roundings (the reference, and CPU workers).
   // Decode launches (n_q small, memory-bound) ignore it.
   bool qkv_fp8 = false;

@@ -86,13 +86,13 @@ bool attention_merges_into_o(const AttnParams& p);
 cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream,
                            AttnKernel kernel = AttnKernel::kAuto);
 
-// FP8 prefill on Hopper (compute capability 9.0, head_dim 128): attention_cuda's contract
+// FP8 prefill on Hopper (compute capability 9.0, head_dim 128 or 64): attention_cuda's contract
 // (bf16 or f16 q/k/v, any mask, o in that dtype or fp32, merge_into_o), computed by the
 // Hopper kernel over e4m3 copies of q, k and v written into `workspace` first (kernels/cuda/
 // attention_fp8.cu says how: a scale per 64 query rows and per 128 keys and head, a scale per
 // V column, Q and K rotated by a Hadamard transform), with P rounded to e4m3 for P.V and fp32
 // accumulation. The workspace (256-byte aligned) must hold attention_fp8_workspace_bytes(p):
-// about n_q x heads x 128 + 2 x n_kv x kv_heads x 128 bytes. Not paged, not kv_fp8 rows.
+// about (n_q x heads + 2 x n_kv x kv_heads) x head_dim bytes. Not paged, not kv_fp8 rows.
 // cudaErrorInvalidDeviceFunction off Hopper.
 struct Fp8AttnOptions {
   bool hadamard = true;  // rotate Q and K (incoherent processing); false: quantize as they are
