@@ -126,7 +126,8 @@ __global__ void mma_peak_kernel(float* sink, int iters, int ldsm) {
 // timed whole: the
 // quantization of q, k and v into the workspace and the e4m3 kernel. The workspace grows on
 // demand (cudaMalloc, outside the timed launches after the warm-up).
-int fp8_attention(const AttnParams& p, bool hadamard, bool pingpong, cudaStream_t stream) {
+int fp8_attention(const AttnParams& p, bool hadamard, bool pingpong, int rows,
+                  cudaStream_t stream) {
   static void* ws = nullptr;
   static size_t ws_bytes = 0;
   const size_t need = burst::kernels::attention_fp8_workspace_bytes(p);
@@ -144,6 +145,7 @@ int fp8_attention(const AttnParams& p, bool hadamard, bool pingpong, cudaStream_
   burst::kernels::Fp8AttnOptions options;
   options.hadamard = hadamard;
   options.pingpong = pingpong;
+  options.rows = rows;
   const cudaError_t err = burst::kernels::attention_fp8_cuda(p, ws, ws_bytes, stream, options);
   if (err != cudaSuccess) g_error = cudaGetErrorString(err);
   return err;
@@ -188,14 +190,16 @@ int burst_mma_peak(int ldsm, int ctas_per_sm, int warps, double target_flops, do
 const char* burst_attn_last_error() { return g_error.c_str(); }
 
 // kernel: 0 what the engine runs (kAuto), 1 the mma.sync kernel (an A100's), 2 Hopper with
-// 128-row tiles, 3 Hopper with 192-row tiles (head_dim 64). causal: 0 no mask, 1 queries and
+// 128-row tiles, 3 Hopper with 192-row tiles (head_dim 64); FP8 (attention_fp8_cuda): 4, 5
+// without the Hadamard rotation, 6 with ping-pong, 7 with 128-row tiles, 8 with 192 (head_dim
+// 64). causal: 0 no mask, 1 queries and
 // keys both from position 0, 2 the queries the last n_q positions of the keys (a chunk of
 // prefill after a prefix).
 int burst_attention(const void* q, const void* k, const void* v, void* o, float* lse, int n_q,
                     int n_kv, int heads, int kv_heads, int head_dim, int causal, int dtype,
                     const int64_t* strides9, int kernel, void* stream) {
-  if (!strides9 || kernel < 0 || kernel > 6) {
-    g_error = "strides9 must hold 9 strides; kernel 0-6";
+  if (!strides9 || kernel < 0 || kernel > 8) {
+    g_error = "strides9 must hold 9 strides; kernel 0-8";
     return cudaErrorInvalidValue;
   }
   Strides s;
@@ -205,7 +209,8 @@ int burst_attention(const void* q, const void* k, const void* v, void* o, float*
     return cudaErrorInvalidValue;
   }
   if (kernel >= 4) {
-    return fp8_attention(p, kernel != 5, kernel == 6, static_cast<cudaStream_t>(stream));
+    const int rows = kernel == 7 ? 128 : kernel == 8 ? 192 : 0;
+    return fp8_attention(p, kernel != 5, kernel == 6, rows, static_cast<cudaStream_t>(stream));
   }
   constexpr AttnKernel kKernels[] = {AttnKernel::kAuto, AttnKernel::kSm80,
                                      AttnKernel::kSm90Rows128, AttnKernel::kSm90Rows192};

@@ -40,8 +40,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # fp8: FP8 attention (kernels/attention_cuda.h: attention_fp8_cuda, quantization included);
-# fp8nh: the same without the Hadamard rotation of q and k; fp8pp: with ping-pong turns.
-KERNELS = {"auto": 0, "sm80": 1, "r128": 2, "r192": 3, "fp8": 4, "fp8nh": 5, "fp8pp": 6}
+# fp8nh: the same without the Hadamard rotation of q and k; fp8pp: with ping-pong turns;
+# fp8r128 / fp8r192: with 128- / 192-row tiles (two or three consumer warpgroups; 192 at head_dim
+# 64 only).
+KERNELS = {"auto": 0, "sm80": 1, "r128": 2, "r192": 3, "fp8": 4, "fp8nh": 5, "fp8pp": 6,
+           "fp8r128": 7, "fp8r192": 8}
 SLEEP_CYCLES = 2_000_000  # ~1 ms at Hopper clocks: the queue stays ahead of the host
 
 
@@ -277,7 +280,7 @@ def main():
     ap.add_argument("--sizes", default="4096,16384,65536")
     ap.add_argument("--head-dims", default="128,64")
     ap.add_argument("--masks", default="full,causal")
-    ap.add_argument("--kernels", default="auto", help="of auto, sm80, r128, r192, fp8, fp8nh, fp8pp")
+    ap.add_argument("--kernels", default="auto", help="of " + ", ".join(KERNELS))
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--o-f32", action="store_true",
                     help="ours write O in fp32 (the ring's steps); the baselines bf16")

@@ -143,9 +143,10 @@ struct Fp8Operands {
   int32_t q_groups, k_blocks, q_pad;
   int64_t vt_keys;
   bool pingpong;  // Fp8AttnOptions::pingpong
+  int rows;       // Fp8AttnOptions::rows
 };
-// The Hopper kernel over e4m3 operands (head_dim 128, 128-row tiles): p's shape, mask, o, lse
-// and merge_into_o as attention_sm90, its q/k/v pointers unused.
+// The Hopper kernel over e4m3 operands (head_dim 128 or 64; 128-row tiles, or 192 at 64): p's
+// shape, mask, o, lse and merge_into_o as attention_sm90, its q/k/v pointers unused.
 cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaStream_t stream);
 // The most key ranges attention_sm90(p, ..., rows) cuts a tile of its last round into (its
 // split tail); 1 where it cuts none.

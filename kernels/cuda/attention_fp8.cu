@@ -326,6 +326,9 @@ cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t work
   if (!detail::prefill_params_ok(p) || p.row_kv_len) return cudaErrorInvalidValue;
   if (p.head_dim != 128 && p.head_dim != 64) return cudaErrorInvalidValue;
   if (options.pingpong && p.head_dim != 128) return cudaErrorInvalidValue;  // measured at 128 only
+  if (options.rows != 0 && options.rows != 128 && !(options.rows == 192 && p.head_dim == 64)) {
+    return cudaErrorInvalidValue;
+  }
   if (p.merge_into_o && output_dtype(p) != DType::kF32) return cudaErrorInvalidValue;
   if (!attention_sm90_supported(p)) return cudaErrorInvalidDeviceFunction;
   const Layout l = layout_of(p);
@@ -354,6 +357,7 @@ cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t work
   f.q_pad = l.q_pad;
   f.vt_keys = l.vt_keys;
   f.pingpong = options.pingpong;
+  f.rows = options.rows;
   return detail::attention_sm90_fp8(p, f, stream);
 }
 

@@ -94,7 +94,6 @@ struct Sm90Tile {
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024 + kBarrierBytes;
 
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
-  static_assert(!kFp8 || kWG == 2, "fp8 with two warpgroups");
   static_assert(!kFp8 || kTileBytes == kD * kBlockN, "fp8: the V^T tile is the K tile's size");
   static_assert(kWG == 2 || (kWG == 3 && kD == 64), "3 warpgroups fit 160 registers at 64 only");
   static_assert(!kTwoP || kConsumerRegs >= 240, "two P fragments need 240 registers");
@@ -906,7 +905,11 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       set_tile(w);
     }
     if constexpr (kFp8) {
-      q_scale = __ldg(a.q_scale + int64_t{h} * a.q_groups + (m0 + a.q_pad) / 64 + wg);
+      // The warpgroup's 64-row group of the quantizer's layout (counted from the start of its
+      // 128-row tiles, q_pad rows before row 0; a 192-row tile starts on the same 64-row
+      // boundaries). A warpgroup with no rows (idle) may lie before the first group: it reads
+      // the first, and uses nothing.
+      q_scale = __ldg(a.q_scale + int64_t{h} * a.q_groups + max(0, (m0 + a.q_pad) / 64 + wg));
     }
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
@@ -1308,11 +1311,11 @@ cudaError_t dispatch(const AttnParams& p, const Plan& plan, cudaStream_t stream)
 
 // The e4m3 launch (attention_sm90_fp8): Q and K as [rows][heads][kD] bytes (rows of 128 or
 // 64 bytes, swizzled as wide), V as V^T, one [128 keys][kD columns] box a stage.
-template <typename OutT, bool kPingPong, int kD>
+template <typename OutT, bool kPingPong, int kD, int kWG>
 cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& plan,
                        cudaStream_t stream) {
   using T = __nv_fp8_e4m3;
-  using Tl = Sm90Tile<kD, 2, 1>;
+  using Tl = Sm90Tile<kD, kWG, 1>;
   constexpr int kQK = Tl::kQKRowBytes;
   KernelArgs<T, OutT> a = make_kernel_args<T, OutT>(p);
   a.q = static_cast<const T*>(f.q8);
@@ -1341,7 +1344,7 @@ cudaError_t launch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& pl
       return cudaErrorInvalidValue;
     }
   }
-  auto* kernel = attention_sm90_kernel<T, OutT, kD, 2, kPingPong>;
+  auto* kernel = attention_sm90_kernel<T, OutT, kD, kWG, kPingPong>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tl::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -1401,13 +1404,16 @@ cudaError_t attention_sm90(const AttnParams& p, cudaStream_t stream, int rows) {
   return three ? dispatch<64, 3>(p, plan, stream) : dispatch<64, 2>(p, plan, stream);
 }
 
-// fp8 at head_dim kD: ping-pong (an option for measuring, at head_dim 128 only), the output type.
-template <int kD, bool kPingPong>
+// fp8 at head_dim kD with kWG consumer warpgroups: ping-pong (an option for measuring, at
+// head_dim 128 only), the output type.
+template <int kD, int kWG, bool kPingPong>
 cudaError_t dispatch_fp8(const AttnParams& p, const Fp8Operands& f, const Plan& plan,
                          cudaStream_t stream) {
-  return output_dtype(p) == DType::kF32 ? launch_fp8<float, kPingPong, kD>(p, f, plan, stream)
-         : p.dtype == DType::kBF16 ? launch_fp8<__nv_bfloat16, kPingPong, kD>(p, f, plan, stream)
-                                   : launch_fp8<__half, kPingPong, kD>(p, f, plan, stream);
+  if (output_dtype(p) == DType::kF32) {
+    return launch_fp8<float, kPingPong, kD, kWG>(p, f, plan, stream);
+  }
+  return p.dtype == DType::kBF16 ? launch_fp8<__nv_bfloat16, kPingPong, kD, kWG>(p, f, plan, stream)
+                                 : launch_fp8<__half, kPingPong, kD, kWG>(p, f, plan, stream);
 }
 
 cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaStream_t stream) {
@@ -1415,11 +1421,15 @@ cudaError_t attention_sm90_fp8(const AttnParams& p, const Fp8Operands& f, cudaSt
   if (f.pingpong && p.head_dim != 128) return cudaErrorInvalidValue;
   Plan plan;
   bool three = false;
-  const cudaError_t err = choose_here(p, 128, plan, three);
+  // head_dim 64 chooses its tile rows as the bf16 kernel does (choose()); 128 has 128.
+  const cudaError_t err = choose_here(p, p.head_dim == 64 ? f.rows : 128, plan, three);
   if (err != cudaSuccess) return err;
-  if (p.head_dim == 64) return dispatch_fp8<64, false>(p, f, plan, stream);
-  return f.pingpong ? dispatch_fp8<128, true>(p, f, plan, stream)
-                    : dispatch_fp8<128, false>(p, f, plan, stream);
+  if (p.head_dim == 64) {
+    return three ? dispatch_fp8<64, 3, false>(p, f, plan, stream)
+                 : dispatch_fp8<64, 2, false>(p, f, plan, stream);
+  }
+  return f.pingpong ? dispatch_fp8<128, 2, true>(p, f, plan, stream)
+                    : dispatch_fp8<128, 2, false>(p, f, plan, stream);
 }
 
 int attention_sm90_split_parts(const AttnParams& p, int rows) {

@@ -58,6 +58,7 @@ struct Case {
   ref::Shape shape;
   bool outliers = false;
   DType o_dtype = DType::kBF16;
+  int rows = 0;  // Fp8AttnOptions::rows: the tile's query rows (0: chosen)
 };
 
 float to_bf16(float x) { return round_to(DType::kBF16, x); }
@@ -139,6 +140,7 @@ void launch(const Case& c, const ref::Inputs& in, Run run, ref::Result& out) {
     ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
     Fp8AttnOptions opt;
     opt.hadamard = run == Run::kFp8;
+    opt.rows = c.rows;
     CUDA_ASSERT(attention_fp8_cuda(p, dev.ws.ptr, ws, nullptr, opt));
   }
   fetch(c.shape, c.o_dtype, dev, out);
@@ -208,15 +210,26 @@ TEST_F(GpuAttentionFp8, OutlierChannelsBeatPerTensorFp8) {
 
 // merge_into_o: the keys in two launches, the second merging into the first's fp32 (O, LSE),
 // equal one launch over all keys within the rule.
-// Head_dim 64: rows of 64 bytes (the 64-byte swizzle), P.V with 72 columns (64 + the sums).
+// Head_dim 64: rows of 64 bytes (the 64-byte swizzle), P.V with 72 columns (64 + the sums);
+// tiles of 128 rows (two consumer warpgroups) and of 192 (three; a tile's first warpgroups
+// idle where it starts before row 0).
 TEST_F(GpuAttentionFp8, HeadDim64) {
-  check_case({"d64 causal gqa", {1000, 1000, 8, 2, kD64, MaskKind::kCausal}}, 61);
-  check_case({"d64 full odd", {333, 1537, 4, 4, kD64, MaskKind::kNone}}, 62);
-  check_case({"d64 full fp32 out", {257, 389, 6, 3, kD64, MaskKind::kNone}, false, DType::kF32},
-             63);
-  check_case({"d64 chunk after prefix", {700, 1900, 8, 8, kD64, MaskKind::kCausal, 1200, 0}}, 64);
-  check_case({"d64 masked rows", {517, 900, 4, 2, kD64, MaskKind::kCausal, 0, 150}}, 65);
-  check_case({"d64 outliers causal", {1024, 1024, 8, 2, kD64, MaskKind::kCausal}, true}, 66);
+  for (int rows : {128, 192}) {
+    const std::string r = " rows " + std::to_string(rows);
+    const DType bf16 = DType::kBF16, f32 = DType::kF32;
+    check_case({"d64 causal gqa" + r, {1000, 1000, 8, 2, kD64, MaskKind::kCausal}, false, bf16,
+                rows}, 61);
+    check_case({"d64 full odd" + r, {333, 1537, 4, 4, kD64, MaskKind::kNone}, false, bf16, rows},
+               62);
+    check_case({"d64 full fp32 out" + r, {257, 389, 6, 3, kD64, MaskKind::kNone}, false, f32,
+                rows}, 63);
+    check_case({"d64 chunk after prefix" + r,
+                {700, 1900, 8, 8, kD64, MaskKind::kCausal, 1200, 0}, false, bf16, rows}, 64);
+    check_case({"d64 masked rows" + r, {517, 900, 4, 2, kD64, MaskKind::kCausal, 0, 150}, false,
+                bf16, rows}, 65);
+    check_case({"d64 outliers causal" + r, {1024, 1024, 8, 2, kD64, MaskKind::kCausal}, true,
+                bf16, rows}, 66);
+  }
 }
 
 TEST_F(GpuAttentionFp8, MergeIntoOEqualsOneLaunch) {
@@ -281,6 +294,13 @@ TEST_F(GpuAttentionFp8, RefusesWhatItCannotRun) {
   pingpong.pingpong = true;
   EXPECT_EQ(attention_fp8_cuda(pp64, dev.ws.ptr, ws, nullptr, pingpong), cudaErrorInvalidValue)
       << "ping-pong at head_dim 64 (an option measured at 128 only)";
+  Fp8AttnOptions rows192, rows100;
+  rows192.rows = 192;
+  rows100.rows = 100;
+  EXPECT_EQ(attention_fp8_cuda(p, dev.ws.ptr, ws, nullptr, rows192), cudaErrorInvalidValue)
+      << "192-row tiles at head_dim 128";
+  EXPECT_EQ(attention_fp8_cuda(pp64, dev.ws.ptr, ws, nullptr, rows100), cudaErrorInvalidValue)
+      << "100-row tiles";
   AttnParams merge_bf16 = p;
   merge_bf16.merge_into_o = true;
   EXPECT_EQ(attention_fp8_cuda(merge_bf16, dev.ws.ptr, ws, nullptr), cudaErrorInvalidValue)

@@ -100,6 +100,9 @@ struct Fp8AttnOptions {
   // other's MMAs); false: each issues as soon as its data is in. Off: on an H200 it gained 5 %
   // at 4K tokens and lost 13-14 % at 64K (docs/benchmarks.md).
   bool pingpong = false;
+  // Query rows a tile: 0 (chosen as for bf16: 192, three consumer warpgroups, at head_dim 64
+  // where that fills the GPU as well), 128, or 192 (head_dim 64 only).
+  int rows = 0;
 };
 bool attention_fp8_supported(const AttnParams& p);
 size_t attention_fp8_workspace_bytes(const AttnParams& p);
