@@ -294,9 +294,9 @@ TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
   struct Shape {
     int kv_heads, head_dim;
   };
-  // head_dim <= 128: four items a warp, one 4-value load a lane each; 256: 4 values a lane, a
-  // warp's items one at a time; 6: the one-value-a-lane quantizer (4 a lane needs a multiple of
-  // 4); the GPU dequantizer takes multiples of 8 only, so that shape checks the bytes alone.
+  // head_dim 32-256: 4 values a lane (a lane idle, or looping over a head of 256); 6: the
+  // one-value-a-lane quantizer (4 a lane needs a multiple of 4); the GPU dequantizer takes
+  // multiples of 8 only, so that shape checks the bytes alone.
   for (const Shape s :
        {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}, Shape{3, 32}, Shape{2, 256}, Shape{2, 6}}) {
     SCOPED_TRACE(std::to_string(s.kv_heads) + " heads x " + std::to_string(s.head_dim));
