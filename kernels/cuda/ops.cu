@@ -251,19 +251,26 @@ __device__ __forceinline__ void store_n(T* p, const float (&f)[kCount]) {
   }
 }
 
-template <typename T>
-__global__ void silu_mul_kernel(const T* gate, const T* up, T* out, int64_t n, bool vec) {
+// out = op(a, b) element by element (out may be a): SwiGLU's product and the residual add.
+template <typename T, typename Op>
+__global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, bool vec, Op op) {
   pdl_begin();  // launched chained (cuda_dispatch.cuh)
   for_each_chunk<kPerChunk<T>>(n, vec, [&](int64_t i, auto count) {
     constexpr int c = decltype(count)::value;
-    float g[c], u[c];
-    load_n<c>(gate + i, g);
-    load_n<c>(up + i, u);
+    float x[c], y[c];
+    load_n<c>(a + i, x);
+    load_n<c>(b + i, y);
 #pragma unroll
-    for (int j = 0; j < c; ++j) g[j] = silu_times(g[j], u[j]);
-    store_n<c>(out + i, g);
+    for (int j = 0; j < c; ++j) x[j] = op(x[j], y[j]);
+    store_n<c>(out + i, x);
   });
 }
+struct SiluTimes {
+  __device__ float operator()(float gate, float up) const { return silu_times(gate, up); }
+};
+struct Plus {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
 
 template <typename T>
 __global__ void embedding_kernel(const T* table, const int32_t* ids, const int32_t* drawn,
@@ -288,20 +295,6 @@ __global__ void convert_kernel(const Src* __restrict__ src, Dst* __restrict__ ds
     float f[c];
     load_n<c>(src + i, f);
     store_n<c>(dst + i, f);
-  });
-}
-
-template <typename T>
-__global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t n, bool vec) {
-  pdl_begin();  // launched chained (cuda_dispatch.cuh)
-  for_each_chunk<kPerChunk<T>>(n, vec, [&](int64_t i, auto count) {
-    constexpr int c = decltype(count)::value;
-    float a[c], b[c];
-    load_n<c>(x + i, a);
-    load_n<c>(y + i, b);
-#pragma unroll
-    for (int j = 0; j < c; ++j) a[j] += b[j];
-    store_n<c>(x + i, a);
   });
 }
 
@@ -474,9 +467,10 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const bool vec = aligned16(gate) && aligned16(up) && aligned16(out);
-    return launch_chained<silu_mul_kernel<T>>(
+    return launch_chained<binary_kernel<T, SiluTimes>>(
         dim3(grid_for(vec ? n / kPerChunk<T> : n)), dim3(kThreads), 0, stream,
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n, vec);
+        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n, vec,
+        SiluTimes{});
   });
 }
 
@@ -518,9 +512,9 @@ cudaError_t add_cuda(void* x, const void* y, int64_t n, DType dtype, cudaStream_
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const bool vec = aligned16(x) && aligned16(y);
-    return launch_chained<add_kernel<T>>(dim3(grid_for(vec ? n / kPerChunk<T> : n)),
-                                         dim3(kThreads), 0, stream, static_cast<T*>(x),
-                                         static_cast<const T*>(y), n, vec);
+    return launch_chained<binary_kernel<T, Plus>>(
+        dim3(grid_for(vec ? n / kPerChunk<T> : n)), dim3(kThreads), 0, stream,
+        static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(x), n, vec, Plus{});
   });
 }
 
