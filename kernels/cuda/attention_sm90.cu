@@ -637,7 +637,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     return;
   }
   regs_inc<Tl::kConsumerRegs>();
-  // Q rows of this warpgroup: 64 rows = 8 groups of 8 at 1024 bytes.
+  // Q rows of this warpgroup: 64 rows = 8 groups of 8 rows (1024 bytes, or 512 with 64-byte
+  // rows).
   const uint32_t q_addr = q_addr0 + wg * 64 * kQKRowBytes;
   // P of a block, rounded to T: element 2j + hf packs columns 8j + 2 * (lane % 4) + {0, 1} of
   // row hf. With two buffers (Tl::kTwoP), used alternately, the P.V of block i - 1 reads one on
