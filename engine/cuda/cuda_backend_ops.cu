@@ -388,10 +388,11 @@ std::string CudaBackend::attention_fp8_refusal(int head_dim) const {
   kernels::AttnParams p;
   p.head_dim = head_dim;
   if (kernels::attention_fp8_supported(p)) return {};
-  const bool shape_ok = head_dim == 128 || head_dim == 64;
   return "fp8 attention runs on Hopper GPUs (compute capability 9.0) at head_dim 128 or 64; "
          "this is " +
-         std::string(shape_ok ? "another GPU" : "head_dim " + std::to_string(head_dim)) +
+         std::string(kernels::attention_fp8_head_dim(head_dim)
+                         ? "another GPU"
+                         : "head_dim " + std::to_string(head_dim)) +
          " (use --attention-dtype auto)";
 }
 

@@ -173,6 +173,7 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
   std::vector<float> acc(d, 0.f), s(kKeyTile);
   std::vector<float> buf(p.kv_fp8 ? static_cast<size_t>(kDots) * d : 0);  // FP8 rows read
   // m: the running max, natural-log units (fp8_p: log2 units, on the lattice); l: the sum.
+  const float unbias = std::exp2(-kFp8PBias);  // a P code's value is P x 2^kFp8PBias (exact)
   float m = kNegInf, l = 0.f;
   for (int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
     const int64_t jn = std::min<int64_t>(kKeyTile, visible - j0);
@@ -198,7 +199,7 @@ void attention_row(const AttnParams& p, const KvRows& k, const KvRows& v, int h,
         // lattice, kept below e4m3's NaN code all the same.
         const float code =
             std::fmin(std::fmax(std::nearbyint(std::fma(8.f * kLog2e, s[t], shift)), 0.f), 126.f);
-        pt = fp8_e4m3_to_float(static_cast<uint8_t>(code)) / std::exp2(kFp8PBias);
+        pt = fp8_e4m3_to_float(static_cast<uint8_t>(code)) * unbias;
       } else {
         pt = std::exp(s[t] - m_new);
       }

@@ -324,8 +324,10 @@ cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool had
 
 }  // namespace
 
+bool attention_fp8_head_dim(int head_dim) { return head_dim == 128 || head_dim == 64; }
+
 bool attention_fp8_supported(const AttnParams& p) {
-  return (p.head_dim == 128 || p.head_dim == 64) && attention_sm90_supported(p);
+  return attention_fp8_head_dim(p.head_dim) && attention_sm90_supported(p);
 }
 
 size_t attention_fp8_workspace_bytes(const AttnParams& p) {
@@ -336,7 +338,7 @@ size_t attention_fp8_workspace_bytes(const AttnParams& p) {
 cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, const Fp8AttnOptions& options) {
   if (!detail::prefill_params_ok(p) || p.row_kv_len) return cudaErrorInvalidValue;
-  if (p.head_dim != 128 && p.head_dim != 64) return cudaErrorInvalidValue;
+  if (!attention_fp8_head_dim(p.head_dim)) return cudaErrorInvalidValue;
   if (options.pingpong && p.head_dim != 128) return cudaErrorInvalidValue;  // measured at 128 only
   if (options.rows != 0 && options.rows != 128 && !(options.rows == 192 && p.head_dim == 64)) {
     return cudaErrorInvalidValue;

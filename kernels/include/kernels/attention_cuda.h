@@ -104,6 +104,9 @@ struct Fp8AttnOptions {
   // where that fills the GPU as well), 128, or 192 (head_dim 64 only).
   int rows = 0;
 };
+// The head_dims the FP8 kernel runs (128 and 64), whatever the device.
+bool attention_fp8_head_dim(int head_dim);
+// That, on a device that runs it (Hopper).
 bool attention_fp8_supported(const AttnParams& p);
 size_t attention_fp8_workspace_bytes(const AttnParams& p);
 cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
