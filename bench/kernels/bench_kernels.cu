@@ -494,9 +494,42 @@ void bench_prefills(const Options& o, std::vector<Row>* rows) {
   }
 }
 
+// The FP8 KV cache's quantizer on a 7B layer's K at s tokens (32 heads x 128, bf16) into
+// shuffled pool rows, as the prefill writes it. aligned: the 16-values-a-lane kernel; not:
+// the same values 8 bytes past a 16-byte boundary, which take the one-warp-an-item kernel.
+// GB/s counts the bf16 read and the FP8 rows written.
+Row bench_kv_quantize(int64_t s, bool aligned) {
+  constexpr int kKvHeads = 32, kD = 128;
+  const int64_t elems = s * kKvHeads * kD;
+  const int64_t row_bytes = burst::kernels::kv_fp8_row_bytes(kKvHeads, kD);
+  Buffer values(elems * 2 + 16), pool(s * row_bytes), table(s * 4);
+  fill(values.ptr, elems + 8, 7);
+  std::vector<int32_t> rows(static_cast<size_t>(s));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
+  uint32_t h = 4321;
+  for (size_t i = rows.size(); i > 1; --i) {
+    h = h * 1664525u + 1013904223u;
+    std::swap(rows[i - 1], rows[h % i]);
+  }
+  CUDA_CHECK(cudaMemcpy(table.ptr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+  const void* src = static_cast<const char*>(values.ptr) + (aligned ? 0 : 8);
+  int runs = 0;
+  const double ms = median_ms(
+      [&] {
+        CUDA_CHECK(burst::kernels::quantize_kv_cuda(src, DType::kBF16, s, kKvHeads, kD,
+                                                    static_cast<const int32_t*>(table.ptr),
+                                                    pool.ptr, nullptr));
+      },
+      &runs);
+  const double bytes = double(elems) * 2 + double(s) * double(row_bytes);
+  return {aligned ? "kv_quantize" : "kv_quantize_warp", "-", s, kKvHeads, kKvHeads, kD, runs,
+          ms, 0.0, bytes / (ms * 1e-3) / 1e9};
+}
+
 // The decode rows: the copy bandwidth, decode attention, the decode GEMMs and layer chains.
 void bench_decode_side(const Options& o, std::vector<Row>* rows) {
   rows->push_back(bench_copy());
+  for (bool aligned : {true, false}) rows->push_back(bench_kv_quantize(131072, aligned));
   // Each shape with 16-bit K/V, then with the FP8 KV cache's rows.
   for (bool fp8 : {false, true}) {
     for (int64_t s : o.decode_sizes) rows->push_back(bench_decode(s, 1, 8, fp8));
@@ -546,6 +579,7 @@ void print_rows(const cudaDeviceProp& prop, const std::vector<Row>& rows) {
   }
   for (const Row& r : rows) {
     if ((r.op.rfind("decode", 0) == 0 || r.op.rfind("gemv", 0) == 0 ||
+         r.op.rfind("kv_quantize", 0) == 0 ||
          r.op.rfind("gemm", 0) == 0 || r.op.rfind("layers", 0) == 0) &&
         copy_gbps > 0) {
       std::printf("%s %s S=%lld: %.0f GB/s = %.1f%% of copy (%.0f GB/s)\n", r.op.c_str(),

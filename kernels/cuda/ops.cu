@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda_chunks.cuh"
 #include "kernels/cuda_dispatch.cuh"
 #include "kernels/ops_cuda.h"
 #include "kernels/random.h"
@@ -61,16 +62,6 @@ __global__ void __launch_bounds__(kNormThreads)
 // (burst-bench-kernels "layers_fused") went from 82.5-83.7 % to 85.5-86.9 % of copy on an H100.
 // Same formula and rounding per element; the sum of squares is added in another order.
 constexpr int kNormVecChunks = 4;  // dim <= 8192 (16-bit) or 4096 (fp32) at 256 threads
-
-template <typename T>
-constexpr int kPerChunk = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
-
-template <typename T>
-__device__ __forceinline__ void unpack_chunk(const uint4& v, float (&f)[kPerChunk<T>]) {
-  const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-  for (int j = 0; j < kPerChunk<T>; ++j) f[j] = load_f32(e + j);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
@@ -213,42 +204,6 @@ __device__ __forceinline__ void for_each_chunk(int64_t n, bool vec, Op op) {
     op(i, std::integral_constant<int, kPer>{});
   }
   for (int64_t i = whole + tid; i < n; i += stride) op(i, std::integral_constant<int, 1>{});
-}
-
-// kCount values from p widened to fp32, and their rounded store: one value, or whole 16-byte
-// chunks of T (8 values of bf16 / f16, 4 of float a chunk).
-template <int kCount, typename T>
-__device__ __forceinline__ void load_n(const T* p, float (&f)[kCount]) {
-  if constexpr (kCount == 1) {
-    f[0] = load_f32(p);
-  } else {
-    constexpr int kPer = kPerChunk<T>;
-    static_assert(kCount % kPer == 0, "whole 16-byte chunks");
-#pragma unroll
-    for (int c = 0; c < kCount / kPer; ++c) {
-      const uint4 v = reinterpret_cast<const uint4*>(p)[c];
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) f[c * kPer + j] = load_f32(e + j);
-    }
-  }
-}
-template <int kCount, typename T>
-__device__ __forceinline__ void store_n(T* p, const float (&f)[kCount]) {
-  if constexpr (kCount == 1) {
-    store_f32(p, f[0]);
-  } else {
-    constexpr int kPer = kPerChunk<T>;
-    static_assert(kCount % kPer == 0, "whole 16-byte chunks");
-#pragma unroll
-    for (int c = 0; c < kCount / kPer; ++c) {
-      uint4 v;
-      T* e = reinterpret_cast<T*>(&v);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) store_f32(e + j, f[c * kPer + j]);
-      reinterpret_cast<uint4*>(p)[c] = v;
-    }
-  }
 }
 
 // out = op(a, b) element by element (out may be a): SwiGLU's product and the residual add.

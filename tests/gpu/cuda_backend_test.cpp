@@ -288,14 +288,15 @@ TEST_F(CudaBackendTest, CopyConvertAndFillRandomMatchCpu) {
 constexpr int64_t kRows[] = {1, 7, 37, 127, 769};
 
 // FP8 KV rows: the CUDA backend's quantize_kv writes the CPU reference's bytes (scattered,
-// a skipped row untouched, padding zeroed) from bf16 values with outlier channels and an
-// all-zero head, and dequantize_kv gives the CPU values rounded once to bf16.
+// a skipped row untouched, padding zeroed) from bf16 and fp32 values with outlier channels and
+// an all-zero head, and dequantize_kv gives the CPU values rounded once to bf16.
 TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
   struct Shape {
     int kv_heads, head_dim;
   };
-  // head_dim 32-256: 4 values a lane (a lane idle, or looping over a head of 256); 6: the
-  // one-value-a-lane quantizer (4 a lane needs a multiple of 4); the GPU dequantizer takes
+  // head_dim 64 and 128 aligned: 16 values a lane (301 x 1 x 128 ends in a part warp);
+  // otherwise one warp an item: 32-256 4 values a lane (a lane idle, or looping over a head of
+  // 256), 6 one value a lane (4 a lane needs a multiple of 4). The GPU dequantizer takes
   // multiples of 8 only, so that shape checks the bytes alone.
   for (const Shape s :
        {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}, Shape{3, 32}, Shape{2, 256}, Shape{2, 6}}) {
@@ -310,32 +311,46 @@ TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
     std::vector<uint8_t> want(size_t(rows * row_bytes), 0x5a);
     kernels::quantize_kv_cpu(x.data(), rows, s.kv_heads, s.head_dim, dst.data(), want.data());
 
-    Tensor src = gpu({rows, width}, x);
     auto pool = gpu_->alloc({rows, row_bytes}, DType::kFP8E4M3);
     ASSERT_TRUE(pool.ok()) << pool.message();
-    ASSERT_EQ(cudaMemset(pool.value().data, 0x5a, size_t(rows * row_bytes)), cudaSuccess);
     auto table = gpu_->alloc({rows}, DType::kI32);
     ASSERT_TRUE(table.ok());
     ASSERT_TRUE(gpu_->upload(dst.data(), DType::kI32, table.value()).ok());
     std::vector<float> rows_back;
     ASSERT_TRUE(gpu_->download(table.value(), rows_back).ok());
     EXPECT_EQ(rows_back, std::vector<float>(dst.begin(), dst.end())) << "i32 round trip";
-    Status st = gpu_->quantize_kv(src, s.kv_heads, table.value().as<int32_t>(), pool.value());
-    ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_TRUE(gpu_->synchronize().ok());
-    std::vector<uint8_t> got(want.size());
-    ASSERT_EQ(cudaMemcpy(got.data(), pool.value().data, got.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    size_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-    EXPECT_EQ(differ, 0u) << "bytes differ from quantize_kv_cpu";
+    // The same bytes from bf16 and fp32 values (16 values a lane at head_dim 64 and 128), and
+    // from bf16 values one element past a 16-byte boundary (the one-warp-an-item kernel).
+    std::vector<float> shifted(x.size() + 1, 0.f);
+    std::copy(x.begin(), x.end(), shifted.begin() + 1);
+    Tensor padded = gpu({int64_t(shifted.size())}, shifted);
+    Tensor unaligned = padded;
+    unaligned.data = static_cast<char*>(padded.data) + 2;  // one bf16 in
+    unaligned.shape = {rows, width};
+    const std::pair<const char*, Tensor> sources[] = {
+        {"bf16", gpu({rows, width}, x)},
+        {"fp32", gpu({rows, width}, x, DType::kF32)},
+        {"bf16 one element past 16 bytes", unaligned}};
+    for (const auto& [name, src] : sources) {
+      SCOPED_TRACE(name);
+      ASSERT_EQ(cudaMemset(pool.value().data, 0x5a, size_t(rows * row_bytes)), cudaSuccess);
+      Status st = gpu_->quantize_kv(src, s.kv_heads, table.value().as<int32_t>(), pool.value());
+      ASSERT_TRUE(st.ok()) << st.message();
+      ASSERT_TRUE(gpu_->synchronize().ok());
+      std::vector<uint8_t> got(want.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), pool.value().data, got.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0u) << "bytes differ from quantize_kv_cpu";
+    }
     if (s.head_dim % 8 != 0) continue;
 
     std::vector<float> values(size_t(rows * width));
     kernels::dequantize_kv_cpu(want.data(), rows, s.kv_heads, s.head_dim, values.data());
     auto back = gpu_->alloc({rows, width}, DType::kBF16);
     ASSERT_TRUE(back.ok());
-    st = gpu_->dequantize_kv(pool.value(), s.kv_heads, back.value());
+    Status st = gpu_->dequantize_kv(pool.value(), s.kv_heads, back.value());
     ASSERT_TRUE(st.ok()) << st.message();
     const std::vector<float> dq = fetch(*gpu_, back.value());
     size_t off = 0;
