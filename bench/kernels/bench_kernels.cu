@@ -526,10 +526,33 @@ Row bench_kv_quantize(int64_t s, bool aligned) {
           ms, 0.0, bytes / (ms * 1e-3) / 1e9};
 }
 
+// Its inverse on the same shape: FP8 rows back to bf16 (what the ring's attention reads of an
+// FP8 block).
+Row bench_kv_dequantize(int64_t s) {
+  constexpr int kKvHeads = 32, kD = 128;
+  const int64_t elems = s * kKvHeads * kD;
+  const int64_t row_bytes = burst::kernels::kv_fp8_row_bytes(kKvHeads, kD);
+  Buffer values(elems * 2), pool(s * row_bytes);
+  fill(values.ptr, elems, 8);
+  CUDA_CHECK(burst::kernels::quantize_kv_cuda(values.ptr, DType::kBF16, s, kKvHeads, kD, nullptr,
+                                              pool.ptr, nullptr));
+  int runs = 0;
+  const double ms = median_ms(
+      [&] {
+        CUDA_CHECK(burst::kernels::dequantize_kv_cuda(pool.ptr, s, kKvHeads, kD, values.ptr,
+                                                      DType::kBF16, nullptr));
+      },
+      &runs);
+  const double bytes = double(elems) * 2 + double(s) * double(row_bytes);
+  return {"kv_dequantize", "-", s, kKvHeads, kKvHeads, kD, runs, ms, 0.0,
+          bytes / (ms * 1e-3) / 1e9};
+}
+
 // The decode rows: the copy bandwidth, decode attention, the decode GEMMs and layer chains.
 void bench_decode_side(const Options& o, std::vector<Row>* rows) {
   rows->push_back(bench_copy());
   for (bool aligned : {true, false}) rows->push_back(bench_kv_quantize(131072, aligned));
+  rows->push_back(bench_kv_dequantize(131072));
   // Each shape with 16-bit K/V, then with the FP8 KV cache's rows.
   for (bool fp8 : {false, true}) {
     for (int64_t s : o.decode_sizes) rows->push_back(bench_decode(s, 1, 8, fp8));
@@ -579,7 +602,7 @@ void print_rows(const cudaDeviceProp& prop, const std::vector<Row>& rows) {
   }
   for (const Row& r : rows) {
     if ((r.op.rfind("decode", 0) == 0 || r.op.rfind("gemv", 0) == 0 ||
-         r.op.rfind("kv_quantize", 0) == 0 ||
+         r.op.rfind("kv_", 0) == 0 ||
          r.op.rfind("gemm", 0) == 0 || r.op.rfind("layers", 0) == 0) &&
         copy_gbps > 0) {
       std::printf("%s %s S=%lld: %.0f GB/s = %.1f%% of copy (%.0f GB/s)\n", r.op.c_str(),

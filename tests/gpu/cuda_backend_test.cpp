@@ -295,11 +295,11 @@ TEST_F(CudaBackendTest, QuantizeAndDequantizeKvMatchCpu) {
     int kv_heads, head_dim;
   };
   // head_dim 64 and 128 aligned: 16 values a lane (301 x 1 x 128 ends in a part warp);
-  // otherwise one warp an item: 32-256 4 values a lane (a lane idle, or looping over a head of
-  // 256), 6 one value a lane (4 a lane needs a multiple of 4). The GPU dequantizer takes
-  // multiples of 8 only, so that shape checks the bytes alone.
-  for (const Shape s :
-       {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}, Shape{3, 32}, Shape{2, 256}, Shape{2, 6}}) {
+  // otherwise one warp an item: 32-256 and 40 4 values a lane (a lane idle, or looping over a
+  // head of 256), 6 one value a lane (4 a lane needs a multiple of 4). The GPU dequantizer
+  // takes multiples of 8 only, so head_dim 6 checks the bytes alone.
+  for (const Shape s : {Shape{8, 128}, Shape{4, 64}, Shape{1, 128}, Shape{3, 32}, Shape{2, 256},
+                        Shape{3, 40}, Shape{2, 6}}) {
     SCOPED_TRACE(std::to_string(s.kv_heads) + " heads x " + std::to_string(s.head_dim));
     const int64_t rows = 301, width = int64_t{s.kv_heads} * s.head_dim;
     const int64_t row_bytes = kernels::kv_fp8_row_bytes(s.kv_heads, s.head_dim);
