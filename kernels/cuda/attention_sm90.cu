@@ -657,11 +657,25 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // were permuted to match when it was written (attention_fp8.cu: vt_key).
   constexpr int kPvSlices = kBlockN * int(sizeof(T)) / 32;
   uint64_t dv[kPvSlices];
-  auto pv_descs = [&](int i) {
+  // The descriptors of stage 0's K and V tiles; stage st's are these plus st times a stage's
+  // bytes >> 4 in the address field (shared addresses stay below 2^18, so the field never
+  // carries), and a slice's a constant more: added, not encoded again each block. That took
+  // ~30 instructions out of a block's ~450 and ran 0.4-2.5 % faster at head_dim 128 and
+  // 5-6 % at 64 in bf16, 1.5 % in fp8 at 64 (4K-16K on an H200); fp8 at head_dim 128 ran
+  // 0.7-2 % slower with it (ptxas scheduled that kernel's block differently), so it encodes
+  // each descriptor as before.
+  constexpr bool kAddDescs = !(kFp8 && kD == 128);
+  const uint64_t k_desc0 = k_major_desc<kQKRowBytes>(k_tile(0));
+  const uint64_t v_desc0 = kFp8 ? k_major_desc(v_tile(0)) : mn_major_desc(v_tile(0));
+  auto stage_desc = [](int st) { return uint64_t(st) * (kStageBytes >> 4); };
+  auto pv_descs = [&](int st) {
 #pragma unroll
     for (int kk = 0; kk < kPvSlices; ++kk) {
-      dv[kk] = kFp8 ? k_major_desc(v_tile(stage_of(i)) + kk * 32)
-                    : mn_major_desc(v_tile(stage_of(i)) + kk * 16 * kRowBytes);
+      if constexpr (kAddDescs) {
+        dv[kk] = v_desc0 + stage_desc(st) + (kFp8 ? kk * 32 : kk * 16 * kRowBytes) / 16;
+      } else {
+        dv[kk] = k_major_desc(v_tile(st) + kk * 32);
+      }
     }
     desc_fence(dv);
   };
@@ -677,18 +691,19 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
     wgmma_commit();
   };
-  // S = Q.K^T for block i into s (issued, committed, not waited for): kD / 16 k16 slices of
+  // S = Q.K^T for the block in stage st into s (issued, committed, not waited for): kD / 16 k16 slices of
   // head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row (the
   // hardware applies the swizzle to the advanced address).
   float s[64];
   constexpr int kSSlices = kD * int(sizeof(T)) / 32;  // 32 bytes of head_dim a slice
-  auto issue_s = [&](int i) {
+  auto issue_s = [&](int st) {
     uint64_t dq[kSSlices], dk[kSSlices];
 #pragma unroll
     for (int ks = 0; ks < kSSlices; ++ks) {
       const uint32_t off = (ks & 3) * 32;
       dq[ks] = k_major_desc<kQKRowBytes>(q_addr + (ks >> 2) * kQHalfBytes + off);
-      dk[ks] = k_major_desc<kQKRowBytes>(k_tile(stage_of(i)) + (ks >> 2) * kHalfBytes + off);
+      dk[ks] = kAddDescs ? k_desc0 + stage_desc(st) + ((ks >> 2) * kHalfBytes + off) / 16
+                         : k_major_desc<kQKRowBytes>(k_tile(st) + (ks >> 2) * kHalfBytes + off);
     }
     desc_fence(dq);
     desc_fence(dk);
@@ -705,8 +720,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // fp8: this warpgroup's query scale (per tile) and block i's key scale (read at the start of
   // its step, ahead of the wait for its S, so the load is off the softmax's path).
   float q_scale = 1.f, k_scale = 1.f;
+  const float* k_scales = nullptr;  // the tile's key block 0's scale (set per tile)
   auto load_k_scale = [&](int i) {
-    if constexpr (kFp8) k_scale = __ldg(a.k_scale + int64_t{g} * a.k_blocks + key_block(i));
+    if constexpr (kFp8) k_scale = __ldg(k_scales + key_block(i));
   };
   // The fp8 softmax of a masked block in s: P as e4m3 codes made by FFMAs, without exp2
   // (kernels/attention.h: kFp8PCodeRound). The block's scores in log2 units are s x c; row_max
@@ -832,7 +848,19 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   };
 
   // Waits until block i's K and V have arrived.
-  auto wait_full = [&](int i) { mbar_wait(bar_full(stage_of(i)), fill_of(i) & 1); };
+  // The consumers' place in the ring of stages: the block they take now lies in stage cur_stage
+  // on a fill of parity cur_parity (set from `done` at each tile's start, then counted on a
+  // block at a time: (done + i) % kStages each block had cost a division's dozen uniform
+  // instructions twice over).
+  int cur_stage = 0, cur_parity = 0;
+  auto next_stage = [&] {
+    if (++cur_stage == kStages) {
+      cur_stage = 0;
+      cur_parity ^= 1;
+    }
+  };
+  // Waits until the K and V of the block in stage st, fill parity `parity`, have arrived.
+  auto wait_full = [&](int st, int parity) { mbar_wait(bar_full(st), parity); };
   // Ping-pong (kPingPong): before issuing its MMAs of a block a warpgroup waits on its named
   // barrier (1 + wg) for the other's arrival, which comes once the other has issued its own;
   // then it arrives on the other's. Both warpgroups issue the same number of times (they share
@@ -846,8 +874,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   };
   // After this warp's wgmmas that read block i have completed: release the stage (the producer
   // refills it with block i + kStages once all consumer warps have).
-  auto release = [&](int i) {
-    if (lane == 0) mbar_arrive(bar_empty(stage_of(i)));
+  auto release = [&](int st) {
+    if (lane == 0) mbar_arrive(bar_empty(st));
   };
 
   // After this warp's last S of the tile (the last read of Q): the producer may load the next
@@ -860,10 +888,12 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   // block i's softmax writes p_next; then O is rescaled to block i's row max.
   auto step = [&](int i, uint32_t(&p_prev)[kPRegs], uint32_t(&p_next)[kPRegs]) {
     load_k_scale(i);
-    wait_full(i);
-    pv_descs(i - 1);
+    const int prev_stage = cur_stage;  // block i - 1's
+    next_stage();
+    wait_full(cur_stage, cur_parity);
+    pv_descs(prev_stage);
     turn_wait();
-    issue_s(i);
+    issue_s(cur_stage);
     issue_pv(p_prev);
     turn_pass();
     wgmma_wait<1>();  // groups complete in order: S is done, P.V may still run
@@ -890,12 +920,12 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e >> 1) & 1];
     if constexpr (kFp8) fold_sums(corr);
-    release(i - 1);
+    release(prev_stage);
     if constexpr (!Tl::kTwoP) pack_s(p_next);
   };
   // The last block's P.V (its tiles arrived before its S).
   auto last_pv = [&](uint32_t(&p)[kPRegs]) {
-    pv_descs(n_blocks - 1);
+    pv_descs(cur_stage);
     reg_fence(o);
     if constexpr (kFp8) reg_fence(osum);
     wgmma_fence();
@@ -922,6 +952,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
       // boundaries). A warpgroup with no rows (idle) may lie before the first group: it reads
       // the first, and uses nothing.
       q_scale = __ldg(a.q_scale + int64_t{h} * a.q_groups + max(0, (m0 + a.q_pad) / 64 + wg));
+      k_scales = a.k_scale + int64_t{g} * a.k_blocks;
     }
 #pragma unroll
     for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
@@ -938,8 +969,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     if (n_blocks > 0 && idle) {
       mbar_wait(bar_q, q_loads & 1);
       for (int i = 0; i < n_blocks; ++i) {
-        wait_full(i);
-        release(i);
+        wait_full(stage_of(i), fill_of(i) & 1);
+        release(stage_of(i));
       }
       release_q();
       done += n_blocks;
@@ -947,10 +978,12 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     } else if (n_blocks > 0) {
       mbar_wait(bar_q, q_loads & 1);
       // Block 0: nothing accumulated yet, so nothing to overlap or rescale.
+      cur_stage = stage_of(0);
+      cur_parity = fill_of(0) & 1;
       load_k_scale(0);
-      wait_full(0);
+      wait_full(cur_stage, cur_parity);
       turn_wait();
-      issue_s(0);
+      issue_s(cur_stage);
       turn_pass();
       wgmma_wait<0>();
       reg_fence(s);
@@ -974,7 +1007,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
         for (int i = 1; i < n_blocks; ++i) step(i, pa, pa);
         last_pv(pa);
       }
-      release(n_blocks - 1);
+      release(cur_stage);  // block n_blocks - 1's
       done += n_blocks;
       ++q_loads;
     }
