@@ -691,9 +691,9 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
     wgmma_commit();
   };
-  // S = Q.K^T for the block in stage st into s (issued, committed, not waited for): kD / 16 k16 slices of
-  // head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row (the
-  // hardware applies the swizzle to the advanced address).
+  // S = Q.K^T for the block in stage st into s (issued, committed, not waited for): kD / 16
+  // k16 slices of head_dim; slice ks is half ks / 4, bytes 32 * (ks % 4) into each 128-byte row
+  // (the hardware applies the swizzle to the advanced address).
   float s[64];
   constexpr int kSSlices = kD * int(sizeof(T)) / 32;  // 32 bytes of head_dim a slice
   auto issue_s = [&](int st) {
@@ -847,7 +847,6 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     }
   };
 
-  // Waits until block i's K and V have arrived.
   // The consumers' place in the ring of stages: the block they take now lies in stage cur_stage
   // on a fill of parity cur_parity (set from `done` at each tile's start, then counted on a
   // block at a time: (done + i) % kStages each block had cost a division's dozen uniform
@@ -872,8 +871,8 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
   auto turn_pass = [&] {
     if constexpr (kPingPong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
   };
-  // After this warp's wgmmas that read block i have completed: release the stage (the producer
-  // refills it with block i + kStages once all consumer warps have).
+  // After this warp's wgmmas that read the block in stage st have completed: release the stage
+  // (the producer refills it with the block kStages later once all consumer warps have).
   auto release = [&](int st) {
     if (lane == 0) mbar_arrive(bar_empty(st));
   };
@@ -904,7 +903,7 @@ __global__ void __launch_bounds__(Sm90Tile<kD, kWG>::kThreads, 1)
     // still compute the P.V of block i - 1. ptxas places a wgmma wait at the top of its basic
     // block, ahead of the softmax, whatever the source order; a branch it cannot resolve (n_q
     // is never negative) keeps the wait below. The softmax's codes are fenced first so that it
-    // cannot sink them past the branch. Measured on an H200: fp8 1.1-2.1 % faster at 4K-16K
+    // cannot sink them past the branch. Measured on an H200: fp8 1.5-2.2 % faster at 4K-16K
     // (head_dim 128 and 64); bf16 unchanged at head_dim 128 16K and 0.95-0.97x at 64K, so it
     // keeps its schedule (docs/kernel-notes.md, "FP8: the softmax beside P.V").
     if constexpr (kFp8) {
