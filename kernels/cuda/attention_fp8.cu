@@ -24,6 +24,7 @@
 
 #include "attention_common.cuh"
 #include "kernels/attention_cuda.h"
+#include "kernels/cuda_chunks.cuh"
 #include "kernels/cuda_dispatch.cuh"
 
 namespace burst::kernels {
@@ -72,43 +73,6 @@ Layout layout_of(const AttnParams& p) {
   l.v_scale = take(sizeof(float) * p.kv_heads * d);
   l.end = at;
   return l;
-}
-
-// The value of a bf16 or f16 element held as its 16 bits.
-template <typename T>
-__device__ __forceinline__ float bits_to_float(uint16_t bits) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __uint_as_float(uint32_t{bits} << 16);
-  } else {
-    return __half2float(__ushort_as_half(bits));
-  }
-}
-
-// kN = 2 or 4 consecutive values of a row (4 or 8 bytes, aligned: strides are multiples of 8
-// elements).
-template <typename T, int kN>
-__device__ __forceinline__ void load_n(const T* src, float (&x)[kN]) {
-  static_assert(kN == 2 || kN == 4, "2 or 4 values");
-  uint32_t w[kN / 2];
-  if constexpr (kN == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(src);
-    w[0] = raw.x;
-    w[1] = raw.y;
-  } else {
-    w[0] = *reinterpret_cast<const uint32_t*>(src);
-  }
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    x[2 * i] = bits_to_float<T>(w[i] & 0xFFFFu);
-    x[2 * i + 1] = bits_to_float<T>(w[i] >> 16);
-  }
-}
-
-__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-}
-__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
-  return e4m3x2(a, b) | (e4m3x2(c, d) << 16);
 }
 
 // kN values of a row a lane (kD = 32 kN: head_dim 128 or 64), x k, as e4m3 stored at dst.
@@ -183,7 +147,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = first + i;
     if (row >= 0 && row < rows) {
-      load_n<T, kN>(x + int64_t{row} * row_stride + int64_t{h} * head_stride + kN * lane, v[i]);
+      load_n<kN>(x + int64_t{row} * row_stride + int64_t{h} * head_stride + kN * lane, v[i]);
     } else {
 #pragma unroll
       for (int e = 0; e < kN; ++e) v[i][e] = 0.f;
@@ -223,7 +187,7 @@ __global__ void __launch_bounds__(128)
   const int end = min(n_kv, (blockIdx.x + 1) * 256);
   for (int row = blockIdx.x * 256 + warp; row < end; row += 4) {
     float x[kN];
-    load_n<T, kN>(v + int64_t{row} * row_stride + int64_t{g} * head_stride + kN * lane, x);
+    load_n<kN>(v + int64_t{row} * row_stride + int64_t{g} * head_stride + kN * lane, x);
 #pragma unroll
     for (int e = 0; e < kN; ++e) m[e] = fmaxf(m[e], fabsf(x[e]));
   }

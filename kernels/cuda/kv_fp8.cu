@@ -69,11 +69,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if constexpr (kVec4) {
       for (int c = 4 * lane; c < head_dim; c += 128) {
         const float4 v = load4_f32(x + c);  // again: from L1, this warp read it just now
-        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * inverse, v.y * inverse),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * inverse, v.w * inverse),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        *reinterpret_cast<uint32_t*>(row + int64_t{g} * head_dim + c) = lo | (hi << 16);
+        *reinterpret_cast<uint32_t*>(row + int64_t{g} * head_dim + c) =
+            e4m3x4(v.x * inverse, v.y * inverse, v.z * inverse, v.w * inverse);
       }
     } else {
       for (int c = lane; c < head_dim; c += 32) {
@@ -133,11 +130,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     uint32_t w[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const uint32_t lo = __nv_cvt_float2_to_fp8x2(
-          make_float2(x[4 * q] * inverse, x[4 * q + 1] * inverse), __NV_SATFINITE, __NV_E4M3);
-      const uint32_t hi = __nv_cvt_float2_to_fp8x2(
-          make_float2(x[4 * q + 2] * inverse, x[4 * q + 3] * inverse), __NV_SATFINITE, __NV_E4M3);
-      w[q] = lo | (hi << 16);
+      w[q] = e4m3x4(x[4 * q] * inverse, x[4 * q + 1] * inverse, x[4 * q + 2] * inverse,
+                    x[4 * q + 3] * inverse);
     }
     uint8_t* row = dst + to * row_bytes;
     *reinterpret_cast<uint4*>(row + g * kHeadDim + 16 * part) = make_uint4(w[0], w[1], w[2], w[3]);
