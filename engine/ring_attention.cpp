@@ -351,6 +351,16 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const void* k, c
   p.o_dtype = DType::kF32;  // partials merge in fp32, never rounded between hops
   p.beside_transfer = beside_transfer_;
   p.qkv_fp8 = attention_fp8_;
+  if (direct_out_ != nullptr) {  // the only contribution: straight into the output
+    if (!direct || direct_written_) {
+      return Status::error("ring attention: a second contribution to a one-call prefill");
+    }
+    direct_written_ = true;
+    p.o_dtype = direct_out_->dtype;
+    p.o = at(*direct_out_, qs.row * qw);
+    p.lse = lse_acc + qs.row;
+    return backend_.attention(p);
+  }
   // The first contribution to these rows goes straight into the accumulator (same layout);
   // later ones merge into it, in the kernel where the backend's does that (one pass over the
   // accumulator), else through a partial and a merge.
@@ -407,9 +417,20 @@ Status RingAttention::prefill(int layer, const SeqRows& sr, const Tensor& q, con
                               const Tensor& v, Tensor& out) {
   PrefillBlocks b;
   BURST_RETURN_IF_ERROR(prefill_buffers(sr, b));
-  BURST_RETURN_IF_ERROR(pass_q(b) ? prefill_pass_q(layer, sr, b, q, k, v)
-                                  : prefill_pass_kv(layer, sr, b, q, k, v));
-  BURST_RETURN_IF_ERROR(backend_.convert(o_acc_, out));
+  // One rank, nothing cached before the chunk and one segment of all its rows: the attention is
+  // one kernel call, which writes `out` itself (7B, 128K on one H200: the conversion pass took
+  // 24 ms of the prefill, and the fp32 rows written twice the bytes).
+  const std::vector<Segment> segs = sr.plan.segments(comm_.rank());
+  const bool by_q = pass_q(b);
+  const bool one_call = by_q && comm_.world_size() == 1 && b.prefix[0] == 0 && segs.size() == 1 &&
+                        segs[0].len == b.rows && segs[0].row == 0 && b.rows > 0;
+  direct_out_ = one_call ? &out : nullptr;
+  direct_written_ = false;
+  const Status st = by_q ? prefill_pass_q(layer, sr, b, q, k, v)
+                         : prefill_pass_kv(layer, sr, b, q, k, v);
+  direct_out_ = nullptr;
+  BURST_RETURN_IF_ERROR(st);
+  if (!direct_written_) BURST_RETURN_IF_ERROR(backend_.convert(o_acc_, out));
   return cache_chunk(layer, sr, b, k, v);
 }
 

@@ -228,6 +228,11 @@ class RingAttention final : public AttentionContext {
   // Set while a ring step's transfer is in flight: its attention launches say so
   // (AttnParams::beside_transfer).
   bool beside_transfer_ = false;
+  // Set while the prefill's attention is one kernel call over all its rows (one rank, no
+  // prefix, one segment): that call writes the layer's output, in its dtype, instead of the fp32
+  // accumulator (no conversion pass after it).
+  Tensor* direct_out_ = nullptr;
+  bool direct_written_ = false;  // that call has run (any other contribution is an error)
   bool attention_fp8_ = false;  // AttentionDtype::kFp8: prefill launches set qkv_fp8
   RingStats stats_;
 };
