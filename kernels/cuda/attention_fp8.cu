@@ -306,9 +306,9 @@ cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool had
       v, p.v_row_stride, p.v_head_stride, p.n_kv, amax);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   const dim3 vt_grid(static_cast<unsigned>(l.vt_keys / kVtKeys), p.kv_heads);
-  vt_kernel<T, kD><<<vt_grid, kVtThreads, 0, stream>>>(v, p.v_row_stride, p.v_head_stride, p.n_kv,
-                                                 l.vt_keys, amax, ws + l.vt8,
-                                                 reinterpret_cast<float*>(ws + l.v_scale));
+  vt_kernel<T, kD><<<vt_grid, kVtThreads, 0, stream>>>(
+      v, p.v_row_stride, p.v_head_stride, p.n_kv, l.vt_keys, amax, ws + l.vt8,
+      reinterpret_cast<float*>(ws + l.v_scale));
   return cudaGetLastError();
 }
 
