@@ -585,7 +585,9 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
   // Every rank holds as many chunk rows (padding included), so blocks have one size. A
   // partial is o [rows, qw] then lse [heads, rows], fp32, one buffer for one transfer.
   const int64_t o_len = b.rows * qw, part = o_len + shape_.heads * b.rows;
-  for (int i = 0; i < 2; ++i) {
+  // One rank has no step 1: no query block arrives and no partial travels (at 128K rows these
+  // buffers would be ~10 GB of a 7B's GPU memory).
+  for (int i = 0; i < 2 && world > 1; ++i) {
     BURST_RETURN_IF_ERROR(ensure(q_block_[i], {b.rows, qw}, dt));
     BURST_RETURN_IF_ERROR(ensure(part_out_[i], {part}, DType::kF32));
     BURST_RETURN_IF_ERROR(ensure(part_in_[i], {part}, DType::kF32));
