@@ -73,12 +73,8 @@ Status forward_logits(models::LlamaModel& m, const std::vector<int32_t>& ids,
 }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// The source tree (models, fixtures): BURST_SOURCE_DIR from the environment when set (a test
-// binary built here and run from a copy of the tree on the GPU machine), else the build's.
-const std::string kRoot = [] {
-  const char* env = std::getenv("BURST_SOURCE_DIR");
-  return std::string(env != nullptr && *env != '\0' ? env : BURST_SOURCE_DIR);
-}();
+// The source tree (models, fixtures).
+const std::string kRoot = testing::source_root();
 
 using testing::have_gpu;
 

@@ -6,7 +6,6 @@
 // `bible` command, or $BURST_KJV_DIR), and, for FP8 attention, off Hopper.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "engine/backend.h"
@@ -20,13 +19,6 @@ namespace {
 
 using testing::fp8_cost::check_costs;
 using testing::fp8_cost::Numerics;
-
-// The source tree: BURST_SOURCE_DIR from the environment when set (a copy of the tree on the
-// GPU machine), else the build's.
-std::string source_root() {
-  const char* env = std::getenv("BURST_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : BURST_SOURCE_DIR;
-}
 
 // The CUDA backend on GPU 0, or a skip.
 std::unique_ptr<engine::Backend> cuda_or_skip(std::string& why) {
@@ -43,7 +35,7 @@ TEST(GpuFp8Model, KvCacheKjvTinyPerplexityAndGreedyAgreement) {
   std::string why;
   auto gpu = cuda_or_skip(why);
   if (!gpu) GTEST_SKIP() << "skipping the GPU FP8 model test: " << why;
-  check_costs(*gpu, source_root(), "gpu, fp8 KV cache",
+  check_costs(*gpu, testing::source_root(), "gpu, fp8 KV cache",
               Numerics{engine::KvCacheDtype::kFp8, engine::AttentionDtype::kAuto}, 0.12);
 }
 
@@ -56,7 +48,7 @@ TEST(GpuFp8Model, AttentionKjvTinyPerplexityAndGreedyAgreement) {
   if (!kernels::attention_fp8_supported(probe)) {
     GTEST_SKIP() << "skipping: FP8 attention needs a Hopper GPU (compute capability 9.0)";
   }
-  check_costs(*gpu, source_root(), "gpu, fp8 attention",
+  check_costs(*gpu, testing::source_root(), "gpu, fp8 attention",
               Numerics{engine::KvCacheDtype::kAuto, engine::AttentionDtype::kFp8}, 0.15);
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,6 +40,13 @@ inline bool have_gpu(std::string& why) {
     return false;
   }
   return true;
+}
+
+// The source tree (models, fixtures): BURST_SOURCE_DIR from the environment when set (a test
+// binary built here and run from a copy of the tree on the GPU machine), else the build's.
+inline std::string source_root() {
+  const char* env = std::getenv("BURST_SOURCE_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : BURST_SOURCE_DIR);
 }
 
 // Device memory that frees itself.
