@@ -8,8 +8,8 @@
 //   cuts its tiles from the end of the rows). K: one scale per KV head and 128 keys (a
 //   pipeline stage). Both fold into the score's scale, one multiply a block.
 // - Before quantizing, each row of Q and of K (head_dim 128 or 64 values) is multiplied by the
-//   same orthogonal matrix H = Hadamard x diag(random signs) / sqrt(head_dim) (a fast
-//   Walsh-Hadamard transform in registers): (qH).(kH) = q.k, but an outlier channel, which would
+//   same orthogonal matrix H = diag(random signs) x Hadamard / sqrt(head_dim) (by tensor cores,
+//   see rotate_tile): (qH).(kH) = q.k, but an outlier channel, which would
 //   set the scale of its whole block, is spread over the whole row (Fp8AttnOptions::hadamard;
 //   on by default).
 // - V: one scale per KV head and column (O's column d is (P.v8)[d] x scale[d], applied in the
@@ -34,10 +34,6 @@ constexpr int kQGroupRows = 64;     // query rows a scale
 constexpr int kKBlockRows = 128;    // keys a scale (kBlockN of the kernel)
 constexpr float kE4m3Max = 448.f;
 constexpr float kMinAmax = 1e-6f;
-// Rows each warp of the quantizer holds in registers: with 8 (more warps a group; 63 registers a
-// thread, 48 % occupancy) and the butterflies as one FFMA each, 16K x 32 heads of Q took 130 us
-// and of K 137 us on an H200, against 174 and 209 us with 16 (83-98 registers, 24-30 %).
-constexpr int kRowsPerWarp = 8;
 constexpr int kVtKeys = 128;        // keys a CTA of the V transpose writes
 constexpr int kVtThreads = 256;     // its threads
 constexpr size_t kAlign = 256;
@@ -76,107 +72,176 @@ Layout layout_of(const AttnParams& p) {
   return l;
 }
 
-// kN values of a row a lane (kD = 32 kN: head_dim 128 or 64), x k, as e4m3 stored at dst.
-template <int kN>
-__device__ __forceinline__ void store_e4m3(uint8_t* dst, const float (&x)[kN], float k) {
-  if constexpr (kN == 4) {
-    *reinterpret_cast<uint32_t*>(dst) = e4m3x4(x[0] * k, x[1] * k, x[2] * k, x[3] * k);
-  } else {
-    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(e4m3x2(x[0] * k, x[1] * k));
-  }
-}
+// The rotation by tensor cores. A warp holds 16 rows (one m16n8k16 A tile) and computes
+// x.diag(signs).W, W the 128 x 128 (or 64 x 64) Walsh-Hadamard matrix, W[c][n] = (-1)^popc(c & n).
+// Its lane (g = lane / 4, t = lane % 4) loads the 16-byte chunks of columns 32 a + 8 t .. + 7 of
+// rows g and g + 8 (a < kD / 32): a load instruction reads 64 contiguous bytes of each row.
+// Read as A fragments, chunk a's words 0..3 are slices kb = 2 a, 2 a + 1 of the reduction: the
+// column c held at w (0..15) of slice kb is c = 32 (kb / 2) + 8 t_w + 4 (kb % 2) + 2 (w / 8) +
+// w % 2, with t_w = (w / 2) % 4. Outputs are numbered the same way from an n-tile index
+// (ntl < kD / 16, h < 2) and its column nn (0..7): n = 32 (ntl / 2) + 8 (nn / 2) + 4 (ntl % 2) +
+// 2 h + nn % 2. Then popc(c & n) splits into popc(kb & ntl) + h (w / 8) + popc((w % 8) & nn), so
+//   x.W[:, n] = sum_kb (-1)^popc(kb & ntl) Z[kb][h],   Z[kb][h] = A[kb].B_h(kb),
+// B_h(kb)[w][nn] = signs[c] (-1)^(h (w / 8) + popc((w % 8) & nn)): kD / 16 x 2 mma.sync with
+// +-1 operands (exact products, fp32 sums), then a Walsh-Hadamard butterfly over kb in fp32.
+// Where the C fragment leaves output n (rows g, g + 8; nn = 2 t + 0, 1) is again columns
+// 32 a + 8 t .. + 7: the rotated row lands in the natural order (the CPU emulation's), stored
+// 8 bytes a lane, 32 contiguous bytes of a row a store instruction. (The shuffle butterflies
+// this replaces took ~144 instructions a row a warp, 20 of them shuffles: 128K rows x 32 heads
+// of Q in 1.10 ms on an H200, against 0.34 ms for its bytes.)
+constexpr int kTileRows = 16;  // rows a warp: one m16n8k16 A tile
 
-// The lane's sign bits of H's random signs (a fixed function of the column, the same for q and
-// k): bit 31 of signs[i] set where column kN lane + i is negated.
-template <int kN>
-struct HadamardSigns {
-  uint32_t signs[kN];
-  __device__ __forceinline__ explicit HadamardSigns(int lane) {
+// A row half's values: y[a][j] = rotated (or plain) column 32 a + 8 t + j of the lane's row.
+template <int kD>
+using RowValues = float[kD / 32][8];
+
+// The lane's B fragments of B_0(kb) (b[kb][f]: reduction rows w = 2 t, 2 t + 1, + 8 f; column
+// nn = g) as T's +-1; B_1(kb) is B_0(kb) with its f = 1 register negated.
+template <typename T, int kD>
+struct RotationB {
+  uint32_t b[kD / 16][2];
+  __device__ __forceinline__ RotationB(int g, int t) {
+    const uint32_t one = std::is_same_v<T, __nv_bfloat16> ? 0x3F80u : 0x3C00u;
 #pragma unroll
-    for (int i = 0; i < kN; ++i) signs[i] = fp8_rotation_negates(kN * lane + i) ? 0x80000000u : 0u;
+    for (int kb = 0; kb < kD / 16; ++kb) {
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t c = 32 * (kb / 2) + 8 * t + 4 * (kb % 2) + 2 * f + e;
+          const bool neg = fp8_rotation_negates(c) != ((__popc((2 * t + e) & g) & 1) != 0);
+          word |= (one | (neg ? 0x8000u : 0u)) << (16 * e);
+        }
+        b[kb][f] = word;
+      }
+    }
   }
 };
 
-// x (a row's values kN lane .. kN lane + kN - 1, over the warp's 32 lanes: head_dim 32 kN)
-// times H: the random signs (an XOR of the sign bit), then the Walsh-Hadamard butterflies
-// (strides below kN within the lane, kN .. 16 kN across lanes: a lane with bit m set takes
-// other - x, the other x + other, one FFMA by +-1), then 1 / sqrt(32 kN).
-template <int kN>
-__device__ __forceinline__ void hadamard(float (&x)[kN], int lane, const HadamardSigns<kN>& h) {
+// Rows g and g + 8 of the tile, loaded as raw[r][a] (chunk a of row g + 8 r), rotated into
+// y[r] (unnormalised: times sqrt(kD)).
+template <typename T, int kD>
+__device__ __forceinline__ void rotate_tile(const uint4 (&raw)[2][kD / 32],
+                                            const RotationB<T, kD>& rb, RowValues<kD> (&y)[2]) {
+  constexpr int kSlices = kD / 16;
+  float z[kSlices][2][4];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) x[i] = __uint_as_float(__float_as_uint(x[i]) ^ h.signs[i]);
+  for (int kb = 0; kb < kSlices; ++kb) {
+    const uint4& lo = raw[0][kb / 2];
+    const uint4& hi = raw[1][kb / 2];
+    const uint32_t a[4] = {kb % 2 ? lo.z : lo.x, kb % 2 ? hi.z : hi.x, kb % 2 ? lo.w : lo.y,
+                           kb % 2 ? hi.w : hi.y};
 #pragma unroll
-  for (int m = 1; m < kN; m <<= 1) {
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      if ((i & m) == 0) {
-        const float a = x[i], b = x[i + m];
-        x[i] = a + b;
-        x[i + m] = a - b;
+      for (int i = 0; i < 4; ++i) z[kb][h][i] = 0.f;
+      detail::mma_16816<T>(z[kb][h], a, rb.b[kb][0], h ? rb.b[kb][1] ^ 0x80008000u : rb.b[kb][1]);
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < kSlices; m <<= 1) {
+#pragma unroll
+    for (int kb = 0; kb < kSlices; ++kb) {
+      if (kb & m) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float u = z[kb][h][i], v = z[kb | m][h][i];
+          z[kb][h][i] = u + v;
+          z[kb | m][h][i] = u - v;
+        }
       }
     }
   }
 #pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    const float self = (lane & m) ? -1.f : 1.f;
+  for (int ntl = 0; ntl < kSlices; ++ntl) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) x[i] = fmaf(self, x[i], __shfl_xor_sync(0xffffffffu, x[i], m));
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) y[r][ntl / 2][4 * (ntl % 2) + 2 * h + e] = z[ntl][h][2 * r + e];
+      }
+    }
   }
-  // 1 / sqrt(head_dim) rounded to fp32, as the CPU emulation's 1 / std::sqrt(d).
-  constexpr float norm = kN == 4 ? 0.08838834764831845f : 0.125f;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) x[i] *= norm;
 }
 
-// Rows [first, first + group_rows) of head blockIdx.y (rows outside [0, rows) read as zero and
+// Rows [first, first + kWarps * 16) of head blockIdx.y (rows outside [0, rows) read as zero and
 // are not written) into out [rows][heads][kD] e4m3, with one scale for the group:
-// scale[head * gridDim.x + blockIdx.x]. Each warp holds 16 rows in registers, kD / 32 values of
-// each a lane.
+// scale[head * gridDim.x + blockIdx.x]. first = blockIdx.x * kWarps * 16 - pad.
 template <typename T, int kWarps, int kD>
 __global__ void __launch_bounds__(kWarps * 32)
     quantize_rows_kernel(const T* __restrict__ x, int64_t row_stride, int64_t head_stride,
                          int rows, int pad, int heads, int hadamard_on, uint8_t* __restrict__ out,
                          float* __restrict__ scale) {
-  constexpr int kGroupRows = kWarps * kRowsPerWarp, kN = kD / 32;
+  constexpr int kChunks = kD / 32;
   __shared__ float warp_max[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = blockIdx.y;
-  const int first = blockIdx.x * kGroupRows - pad + warp * kRowsPerWarp;
-  const HadamardSigns<kN> signs(lane);
-  float v[kRowsPerWarp][kN];
-  float amax = 0.f;
-  // Every row's load first, then the rotations: loaded beside them, a row's load was issued
-  // only after the rotation before it (the SASS showed one load in flight a warp), and 128K
-  // rows x 32 heads of Q took 1.18 ms (1.4 TB/s) on an H200.
+  const int g = lane >> 2, t = lane & 3;
+  const int first = blockIdx.x * kWarps * kTileRows - pad + warp * kTileRows + g;
+  uint4 raw[2][kChunks];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int row = first + i;
-    if (row >= 0 && row < rows) {
-      load_n<kN>(x + int64_t{row} * row_stride + int64_t{h} * head_stride + kN * lane, v[i]);
-    } else {
+  for (int r = 0; r < 2; ++r) {
+    const int row = first + 8 * r;
+    const bool in = row >= 0 && row < rows;
+    const T* src = x + int64_t{row} * row_stride + int64_t{h} * head_stride + 8 * t;
 #pragma unroll
-      for (int e = 0; e < kN; ++e) v[i][e] = 0.f;
+    for (int a = 0; a < kChunks; ++a) {
+      raw[r][a] = in ? *reinterpret_cast<const uint4*>(src + 32 * a) : make_uint4(0, 0, 0, 0);
     }
   }
+  RowValues<kD> y[2];
+  float norm = 1.f;
+  if (hadamard_on) {
+    rotate_tile<T, kD>(raw, RotationB<T, kD>(g, t), y);
+    // 1 / sqrt(head_dim) rounded to fp32, as the CPU emulation's 1 / std::sqrt(d).
+    norm = kD == 128 ? 0.08838834764831845f : 0.125f;
+  } else {
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    if (hadamard_on) hadamard<kN>(v[i], lane, signs);
+    for (int r = 0; r < 2; ++r) {
 #pragma unroll
-    for (int e = 0; e < kN; ++e) amax = fmaxf(amax, fabsf(v[i][e]));
+      for (int a = 0; a < kChunks; ++a) {
+        const uint32_t w[4] = {raw[r][a].x, raw[r][a].y, raw[r][a].z, raw[r][a].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          y[r][a][j] = bits_to_float<T>(static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2))));
+        }
+      }
+    }
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int a = 0; a < kChunks; ++a) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(y[r][a][j]));
+    }
   }
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if (lane == 0) warp_max[warp] = amax;
   __syncthreads();  // every warp's max is in shared memory before any reads them
-  amax = kMinAmax;
+  amax = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax / kE4m3Max, inv = kE4m3Max / amax;
-  if (threadIdx.x == 0) scale[int64_t{h} * gridDim.x + blockIdx.x] = s;
+  amax = fmaxf(amax * norm, kMinAmax);  // the max of the normalised rows
+  if (threadIdx.x == 0) scale[int64_t{h} * gridDim.x + blockIdx.x] = amax / kE4m3Max;
+  const float k = norm * (kE4m3Max / amax);
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int row = first + i;
+  for (int r = 0; r < 2; ++r) {
+    const int row = first + 8 * r;
     if (row < 0 || row >= rows) continue;
-    store_e4m3<kN>(out + (int64_t{row} * heads + h) * kD + kN * lane, v[i], inv);
+    uint8_t* dst = out + (int64_t{row} * heads + h) * kD + 8 * t;
+#pragma unroll
+    for (int a = 0; a < kChunks; ++a) {
+      const float(&v)[8] = y[r][a];
+      *reinterpret_cast<uint2*>(dst + 32 * a) =
+          make_uint2(e4m3x4(v[0] * k, v[1] * k, v[2] * k, v[3] * k),
+                     e4m3x4(v[4] * k, v[5] * k, v[6] * k, v[7] * k));
+    }
   }
 }
 
@@ -287,14 +352,14 @@ template <typename T, int kD>
 cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool hadamard,
                      cudaStream_t stream) {
   const T* q = static_cast<const T*>(p.q);
-  quantize_rows_kernel<T, kQGroupRows / kRowsPerWarp, kD>
-      <<<dim3(l.q_groups, p.heads), kQGroupRows / kRowsPerWarp * 32, 0, stream>>>(
+  quantize_rows_kernel<T, kQGroupRows / kTileRows, kD>
+      <<<dim3(l.q_groups, p.heads), kQGroupRows / kTileRows * 32, 0, stream>>>(
           q, p.q_row_stride, p.q_head_stride, p.n_q, l.q_pad, p.heads, hadamard ? 1 : 0,
           ws + l.q8, reinterpret_cast<float*>(ws + l.q_scale));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.n_kv == 0) return err;
-  quantize_rows_kernel<T, kKBlockRows / kRowsPerWarp, kD>
-      <<<dim3(l.k_blocks, p.kv_heads), kKBlockRows / kRowsPerWarp * 32, 0, stream>>>(
+  quantize_rows_kernel<T, kKBlockRows / kTileRows, kD>
+      <<<dim3(l.k_blocks, p.kv_heads), kKBlockRows / kTileRows * 32, 0, stream>>>(
           static_cast<const T*>(p.k), p.k_row_stride, p.k_head_stride, p.n_kv, 0, p.kv_heads,
           hadamard ? 1 : 0, ws + l.k8, reinterpret_cast<float*>(ws + l.k_scale));
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
