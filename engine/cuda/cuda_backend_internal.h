@@ -175,7 +175,8 @@ class CudaBackend final : public Backend {
 
   // The prefill kernels (not the decode kernel: one row, or per-row K/V), fp32 o.
   bool attention_merges(const kernels::AttnParams& p) const override {
-    return p.n_q != 1 && !p.row_kv_len && !p.kv_pages && kernels::attention_merges_into_o(p);
+    return p.n_q != 1 && !p.row_kv_len && (!p.kv_pages || p.qkv_fp8) &&
+           kernels::attention_merges_into_o(p);
   }
   std::string attention_fp8_refusal(int head_dim) const override;
 

@@ -349,9 +349,10 @@ Status CudaBackend::attention(const kernels::AttnParams& p) {
   const std::string bad = kernels::validate(p);
   if (!bad.empty()) return op_error("attention", bad);
   BURST_RETURN_IF_ERROR(use_device("attention"));
-  if ((p.kv_pages || p.kv_fp8) && p.n_q != 1 && !p.row_kv_len) {
-    return op_error("attention", "paged K/V and FP8 KV rows are read by the decode kernel only "
-                                 "(n_q 1, or per-row K/V), got " + describe(p));
+  if ((p.kv_pages || p.kv_fp8) && p.n_q != 1 && !p.row_kv_len && !p.qkv_fp8) {
+    return op_error("attention", "paged K/V and FP8 KV rows are read by the decode kernel and "
+                                 "by FP8 attention only (n_q 1, per-row K/V, or qkv_fp8), got " +
+                                     describe(p));
   }
   if (p.merge_into_o && !attention_merges(p)) {
     return op_error("attention", "merging into o needs a prefill launch with an fp32 o, got " +

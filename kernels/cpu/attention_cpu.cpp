@@ -292,6 +292,33 @@ std::vector<float> fp8_columns(const float* x, int64_t row_stride, int64_t head_
 // AttnParams::qkv_fp8 on the CPU: the roundings of attention_fp8_cuda, then the fp32 recurrence
 // with P rounded. The rotation needs a power-of-two head_dim; others are quantized unrotated.
 void attention_fp8_cpu(const AttnParams& p) {
+  if (p.kv_pages || p.kv_fp8) {
+    // K and V where they lie (paged, or FP8 KV rows): their fp32 values in one block first, as
+    // the CUDA quantizer reads them.
+    const int d = p.head_dim;
+    const int64_t kvw = int64_t{p.kv_heads} * d;
+    std::vector<float> k(static_cast<size_t>(p.n_kv * kvw)), v(k.size());
+    const KvRows kr{p.k, p.k_row_stride, p.k_head_stride, p.kv_fp8, p.kv_heads, d};
+    const KvRows vr{p.v, p.v_row_stride, p.v_head_stride, p.kv_fp8, p.kv_heads, d};
+    std::vector<float> buf(static_cast<size_t>(d));
+    for (int64_t j = 0; j < p.n_kv; ++j) {
+      const int64_t r = kv_row(p.kv_pages, p.page_size, j);
+      for (int g = 0; g < p.kv_heads; ++g) {
+        std::copy_n(kr.row(r, g, buf.data()), d, &k[static_cast<size_t>(j * kvw + g * d)]);
+        std::copy_n(vr.row(r, g, buf.data()), d, &v[static_cast<size_t>(j * kvw + g * d)]);
+      }
+    }
+    AttnParams c = p;
+    c.kv_pages = nullptr;
+    c.page_size = 0;
+    c.kv_fp8 = false;
+    c.k = k.data();
+    c.v = v.data();
+    c.k_row_stride = c.v_row_stride = kvw;
+    c.k_head_stride = c.v_head_stride = d;
+    attention_fp8_cpu(c);
+    return;
+  }
   const int d = p.head_dim;
   const bool rotated = (d & (d - 1)) == 0;
   const int q_tiles = (p.n_q + kFp8QTile - 1) / kFp8QTile;
@@ -315,9 +342,9 @@ void attention_fp8_cpu(const AttnParams& p) {
 }  // namespace
 
 void attention_cpu(const AttnParams& p) {
-  // FP8 attention applies to contiguous K/V (prefill); paged and FP8-row launches (decode) run
-  // as they are.
-  if (p.qkv_fp8 && !p.kv_pages && !p.kv_fp8 && p.n_q > 0) {
+  // FP8 attention applies to prefill launches (K and V contiguous, paged or FP8 KV rows);
+  // batched decode launches (per-row K/V) run as they are.
+  if (p.qkv_fp8 && !p.row_kv_len && p.n_q > 0) {
     attention_fp8_cpu(p);
     return;
   }

@@ -18,6 +18,11 @@
 //   fp8 wgmma reads its B operand K-major only: vt8[g][d][key].
 // - Scales are max |x| / 448 (e4m3's largest finite value), never below 1e-6 / 448, so that a
 //   zero block gives zeros and no product of scales underflows to 0 (a 0 x -inf score is NaN).
+// - K and V may be paged (AttnParams::kv_pages) and may be FP8 KV rows (kv_fp8, the FP8 KV
+//   cache's format): the quantizer reads them where they lie, each value rounded to q's dtype
+//   as dequantize_kv_cuda rounds it, so the result is bit for bit that of dequantizing the rows
+//   into one block first (KvSource). A later chunk of a prompt thus reads its cached prefix
+//   from the pool in place: no gather and no dequantized copy.
 #include <cuda_fp8.h>
 
 #include <cmath>
@@ -26,6 +31,7 @@
 #include "kernels/attention_cuda.h"
 #include "kernels/cuda_chunks.cuh"
 #include "kernels/cuda_dispatch.cuh"
+#include "kernels/kv_fp8.h"
 
 namespace burst::kernels {
 namespace {
@@ -173,14 +179,92 @@ __device__ __forceinline__ void rotate_tile(const uint4 (&raw)[2][kD / 32],
   }
 }
 
+// K or V as the quantizer reads it: key j is row kv_row(pages, page_size, j) of rows of T
+// (kFp8Rows false: strides in elements), or of FP8 KV rows (kFp8Rows: row_stride in bytes,
+// head g's e4m3 values at byte g * head_dim, its scale at scale_offset + 4 g; each value is
+// e4m3 x scale rounded to T, as dequantize_kv_cuda writes it).
+template <typename T, bool kFp8Rows>
+struct KvSource {
+  const uint8_t* base = nullptr;
+  int64_t row_stride = 0, head_stride = 0;  // elements of T, or (FP8 rows) bytes
+  int64_t scale_offset = 0;                 // FP8 rows: where a row's scales start
+  const int32_t* pages = nullptr;
+  int page_size = 0;
+
+  __device__ __forceinline__ const uint8_t* row(int64_t j) const {
+    const int64_t r = pages ? int64_t{pages[j / page_size]} * page_size + j % page_size : j;
+    return base + r * row_stride * (kFp8Rows ? 1 : int64_t{sizeof(T)});
+  }
+  // Columns col .. col + 7 of head h of key j as a 16-byte chunk of T (col a multiple of 8).
+  __device__ __forceinline__ uint4 chunk(int64_t j, int h, int col) const {
+    const uint8_t* r = row(j);
+    if constexpr (!kFp8Rows) {
+      return *reinterpret_cast<const uint4*>(r + (h * head_stride + col) * int64_t{sizeof(T)});
+    } else {
+      float f[8];
+      fp8_values8(*reinterpret_cast<const uint2*>(r + h * head_stride + col),
+                  *reinterpret_cast<const float*>(r + scale_offset + 4 * h), f);
+      uint4 out;
+      T* e = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) store_f32(e + i, f[i]);
+      return out;
+    }
+  }
+  // Columns col .. col + kN - 1 of head h of key j in fp32 (kN 2 or 4, col a multiple of kN).
+  template <int kN>
+  __device__ __forceinline__ void values(int64_t j, int h, int col, float (&x)[kN]) const {
+    const uint8_t* r = row(j);
+    if constexpr (!kFp8Rows) {
+      load_n<kN>(reinterpret_cast<const T*>(r) + h * head_stride + col, x);
+    } else {
+      static_assert(kN == 2 || kN == 4, "2 or 4 bytes of a row");
+      const uint8_t* b = r + h * head_stride + col;
+      const uint2 bytes = make_uint2(
+          kN == 4 ? *reinterpret_cast<const uint32_t*>(b) : *reinterpret_cast<const uint16_t*>(b),
+          0u);
+      float f[8];
+      fp8_values8(bytes, *reinterpret_cast<const float*>(r + scale_offset + 4 * h), f);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        T rounded;
+        store_f32(&rounded, f[i]);
+        x[i] = load_f32(&rounded);
+      }
+    }
+  }
+};
+
+template <typename T>
+KvSource<T, false> rows_of(const void* x, int64_t row_stride, int64_t head_stride) {
+  KvSource<T, false> s;
+  s.base = static_cast<const uint8_t*>(x);
+  s.row_stride = row_stride;
+  s.head_stride = head_stride;
+  return s;
+}
+
+// K (or V) of p as the quantizer reads it.
+template <typename T, bool kFp8Rows>
+KvSource<T, kFp8Rows> kv_source(const AttnParams& p, const void* x, int64_t row_stride,
+                                int64_t head_stride) {
+  KvSource<T, kFp8Rows> s;
+  s.base = static_cast<const uint8_t*>(x);
+  s.row_stride = row_stride;
+  s.head_stride = kFp8Rows ? p.head_dim : head_stride;
+  s.scale_offset = kv_fp8_scale_offset(p.kv_heads, p.head_dim);
+  s.pages = p.kv_pages;
+  s.page_size = p.page_size;
+  return s;
+}
+
 // Rows [first, first + kWarps * 16) of head blockIdx.y (rows outside [0, rows) read as zero and
 // are not written) into out [rows][heads][kD] e4m3, with one scale for the group:
 // scale[head * gridDim.x + blockIdx.x]. first = blockIdx.x * kWarps * 16 - pad.
-template <typename T, int kWarps, int kD>
+template <typename T, bool kFp8Rows, int kWarps, int kD>
 __global__ void __launch_bounds__(kWarps * 32, kQuantizeWarpsPerSm / kWarps)
-    quantize_rows_kernel(const T* __restrict__ x, int64_t row_stride, int64_t head_stride,
-                         int rows, int pad, int heads, int hadamard_on, uint8_t* __restrict__ out,
-                         float* __restrict__ scale) {
+    quantize_rows_kernel(const KvSource<T, kFp8Rows> x, int rows, int pad, int heads,
+                         int hadamard_on, uint8_t* __restrict__ out, float* __restrict__ scale) {
   constexpr int kChunks = kD / 32;
   __shared__ float warp_max[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = blockIdx.y;
@@ -191,10 +275,9 @@ __global__ void __launch_bounds__(kWarps * 32, kQuantizeWarpsPerSm / kWarps)
   for (int r = 0; r < 2; ++r) {
     const int row = first + 8 * r;
     const bool in = row >= 0 && row < rows;
-    const T* src = x + int64_t{row} * row_stride + int64_t{h} * head_stride + 8 * t;
 #pragma unroll
     for (int a = 0; a < kChunks; ++a) {
-      raw[r][a] = in ? *reinterpret_cast<const uint4*>(src + 32 * a) : make_uint4(0, 0, 0, 0);
+      raw[r][a] = in ? x.chunk(row, h, 32 * a + 8 * t) : make_uint4(0, 0, 0, 0);
     }
   }
   RowValues<kD> y[2];
@@ -253,10 +336,9 @@ __global__ void __launch_bounds__(kWarps * 32, kQuantizeWarpsPerSm / kWarps)
 // Column maxima of |v| for kv head blockIdx.y over keys [blockIdx.x * 256, + 256): atomicMax
 // on the bits of non-negative floats (which order as their bits do) into amax[g][kD], zeroed
 // before.
-template <typename T, int kD>
+template <typename T, bool kFp8Rows, int kD>
 __global__ void __launch_bounds__(128)
-    v_amax_kernel(const T* __restrict__ v, int64_t row_stride, int64_t head_stride, int n_kv,
-                  float* __restrict__ amax) {
+    v_amax_kernel(const KvSource<T, kFp8Rows> v, int n_kv, float* __restrict__ amax) {
   constexpr int kN = kD / 32;
   __shared__ float part[4][kD];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = blockIdx.y;
@@ -264,7 +346,7 @@ __global__ void __launch_bounds__(128)
   const int end = min(n_kv, (blockIdx.x + 1) * 256);
   for (int row = blockIdx.x * 256 + warp; row < end; row += 4) {
     float x[kN];
-    load_n<kN>(v + int64_t{row} * row_stride + int64_t{g} * head_stride + kN * lane, x);
+    v.template values<kN>(row, g, kN * lane, x);
 #pragma unroll
     for (int e = 0; e < kN; ++e) m[e] = fmaxf(m[e], fabsf(x[e]));
   }
@@ -288,10 +370,10 @@ __device__ __forceinline__ int vt_key(int q) {
 // V^T of keys [blockIdx.x * 128, + 128) of kv head blockIdx.y: vt8[g][d][position] = v[key][g][d]
 // / v_scale[g][d] in e4m3, keys at their vt_key positions, keys past n_kv zero. Block (0, g)
 // writes v_scale[g].
-template <typename T, int kD>
+template <typename T, bool kFp8Rows, int kD>
 __global__ void __launch_bounds__(kVtThreads)
-    vt_kernel(const T* __restrict__ v, int64_t row_stride, int64_t head_stride, int n_kv,
-              int64_t vt_keys, const float* __restrict__ amax, uint8_t* __restrict__ vt8,
+    vt_kernel(const KvSource<T, kFp8Rows> v, int n_kv, int64_t vt_keys,
+              const float* __restrict__ amax, uint8_t* __restrict__ vt8,
               float* __restrict__ v_scale) {
   // The tile as 32-bit words, two 16-bit values each: a key's row is kD / 2 + 1 words (odd, so
   // rows step one bank) and each 32-key group is skewed by 0, 1, 8, 9 words, so the 32 keys a
@@ -311,10 +393,7 @@ __global__ void __launch_bounds__(kVtThreads)
   for (int i = 0; i < kChunks; ++i) {
     const int c = threadIdx.x + i * kVtThreads, key = c / (kD / 8), col = (c % (kD / 8)) * 8;
     raw[i] = make_uint4(0, 0, 0, 0);
-    if (key0 + key < n_kv) {
-      raw[i] = *reinterpret_cast<const uint4*>(v + int64_t{key0 + key} * row_stride +
-                                               int64_t{g} * head_stride + col);
-    }
+    if (key0 + key < n_kv) raw[i] = v.chunk(key0 + key, g, col);
   }
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
@@ -362,33 +441,60 @@ __global__ void __launch_bounds__(kVtThreads)
   }
 }
 
-template <typename T, int kD>
+template <typename T, bool kFp8Rows, int kD>
 cudaError_t quantize(const AttnParams& p, const Layout& l, uint8_t* ws, bool hadamard,
                      cudaStream_t stream) {
-  const T* q = static_cast<const T*>(p.q);
-  quantize_rows_kernel<T, kQGroupRows / kTileRows, kD>
+  quantize_rows_kernel<T, false, kQGroupRows / kTileRows, kD>
       <<<dim3(l.q_groups, p.heads), kQGroupRows / kTileRows * 32, 0, stream>>>(
-          q, p.q_row_stride, p.q_head_stride, p.n_q, l.q_pad, p.heads, hadamard ? 1 : 0,
-          ws + l.q8, reinterpret_cast<float*>(ws + l.q_scale));
+          rows_of<T>(p.q, p.q_row_stride, p.q_head_stride), p.n_q, l.q_pad, p.heads,
+          hadamard ? 1 : 0, ws + l.q8, reinterpret_cast<float*>(ws + l.q_scale));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.n_kv == 0) return err;
-  quantize_rows_kernel<T, kKBlockRows / kTileRows, kD>
+  quantize_rows_kernel<T, kFp8Rows, kKBlockRows / kTileRows, kD>
       <<<dim3(l.k_blocks, p.kv_heads), kKBlockRows / kTileRows * 32, 0, stream>>>(
-          static_cast<const T*>(p.k), p.k_row_stride, p.k_head_stride, p.n_kv, 0, p.kv_heads,
-          hadamard ? 1 : 0, ws + l.k8, reinterpret_cast<float*>(ws + l.k_scale));
+          kv_source<T, kFp8Rows>(p, p.k, p.k_row_stride, p.k_head_stride), p.n_kv, 0,
+          p.kv_heads, hadamard ? 1 : 0, ws + l.k8, reinterpret_cast<float*>(ws + l.k_scale));
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   float* amax = reinterpret_cast<float*>(ws + l.v_amax);
   err = cudaMemsetAsync(amax, 0, sizeof(float) * p.kv_heads * kD, stream);
   if (err != cudaSuccess) return err;
-  const T* v = static_cast<const T*>(p.v);
-  v_amax_kernel<T, kD><<<dim3((p.n_kv + 255) / 256, p.kv_heads), 128, 0, stream>>>(
-      v, p.v_row_stride, p.v_head_stride, p.n_kv, amax);
+  const auto v = kv_source<T, kFp8Rows>(p, p.v, p.v_row_stride, p.v_head_stride);
+  v_amax_kernel<T, kFp8Rows, kD><<<dim3((p.n_kv + 255) / 256, p.kv_heads), 128, 0, stream>>>(
+      v, p.n_kv, amax);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   const dim3 vt_grid(static_cast<unsigned>(l.vt_keys / kVtKeys), p.kv_heads);
-  vt_kernel<T, kD><<<vt_grid, kVtThreads, 0, stream>>>(
-      v, p.v_row_stride, p.v_head_stride, p.n_kv, l.vt_keys, amax, ws + l.vt8,
-      reinterpret_cast<float*>(ws + l.v_scale));
+  vt_kernel<T, kFp8Rows, kD><<<vt_grid, kVtThreads, 0, stream>>>(
+      v, p.n_kv, l.vt_keys, amax, ws + l.vt8, reinterpret_cast<float*>(ws + l.v_scale));
   return cudaGetLastError();
+}
+
+// quantize() for q's dtype, K and V's form and the head_dim.
+template <typename T, bool kFp8Rows>
+cudaError_t quantize_as(const AttnParams& p, const Layout& l, uint8_t* ws, bool hadamard,
+                        cudaStream_t stream) {
+  return p.head_dim == 128 ? quantize<T, kFp8Rows, 128>(p, l, ws, hadamard, stream)
+                           : quantize<T, kFp8Rows, 64>(p, l, ws, hadamard, stream);
+}
+
+// p as the prefill checks know it, with K and V read as contiguous rows of values: paged K/V
+// and FP8 KV rows are read by the quantizer alone (the kernel reads the workspace). FP8 rows
+// need row strides of at least a row's bytes, in 16-byte multiples.
+bool fp8_params_ok(const AttnParams& p) {
+  if (!validate(p).empty() || p.row_kv_len) return false;
+  AttnParams plain = p;
+  plain.kv_pages = nullptr;
+  plain.page_size = 0;
+  plain.kv_fp8 = false;
+  if (p.kv_fp8) {
+    const int64_t need = kv_fp8_row_bytes(p.kv_heads, p.head_dim);
+    if (p.k_row_stride < need || p.v_row_stride < need || p.k_row_stride % 16 != 0 ||
+        p.v_row_stride % 16 != 0) {
+      return false;
+    }
+    plain.k_row_stride = plain.v_row_stride = int64_t{p.kv_heads} * p.head_dim;
+    plain.k_head_stride = plain.v_head_stride = p.head_dim;
+  }
+  return detail::prefill_params_ok(plain);
 }
 
 }  // namespace
@@ -406,7 +512,7 @@ size_t attention_fp8_workspace_bytes(const AttnParams& p) {
 
 cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, const Fp8AttnOptions& options) {
-  if (!detail::prefill_params_ok(p) || p.row_kv_len) return cudaErrorInvalidValue;
+  if (!fp8_params_ok(p)) return cudaErrorInvalidValue;
   if (!attention_fp8_head_dim(p.head_dim)) return cudaErrorInvalidValue;
   if (options.pingpong && p.head_dim != 128) return cudaErrorInvalidValue;  // measured at 128 only
   if (options.rows != 0 && options.rows != 128 && !(options.rows == 192 && p.head_dim == 64)) {
@@ -423,10 +529,10 @@ cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t work
   auto* ws = static_cast<uint8_t*>(workspace);
   const bool bf16 = p.dtype == DType::kBF16, h = options.hadamard;
   const cudaError_t err =
-      p.head_dim == 128 ? (bf16 ? quantize<__nv_bfloat16, 128>(p, l, ws, h, stream)
-                                : quantize<__half, 128>(p, l, ws, h, stream))
-                        : (bf16 ? quantize<__nv_bfloat16, 64>(p, l, ws, h, stream)
-                                : quantize<__half, 64>(p, l, ws, h, stream));
+      p.kv_fp8 ? (bf16 ? quantize_as<__nv_bfloat16, true>(p, l, ws, h, stream)
+                       : quantize_as<__half, true>(p, l, ws, h, stream))
+               : (bf16 ? quantize_as<__nv_bfloat16, false>(p, l, ws, h, stream)
+                       : quantize_as<__half, false>(p, l, ws, h, stream));
   if (err != cudaSuccess) return err;
   detail::Fp8Operands f{};
   f.q8 = ws + l.q8;
@@ -441,7 +547,11 @@ cudaError_t attention_fp8_cuda(const AttnParams& p, void* workspace, size_t work
   f.vt_keys = l.vt_keys;
   f.pingpong = options.pingpong;
   f.rows = options.rows;
-  return detail::attention_sm90_fp8(p, f, stream);
+  AttnParams launch = p;  // the kernel reads the workspace, never K and V where they lie
+  launch.kv_pages = nullptr;
+  launch.page_size = 0;
+  launch.kv_fp8 = false;
+  return detail::attention_sm90_fp8(launch, f, stream);
 }
 
 }  // namespace burst::kernels

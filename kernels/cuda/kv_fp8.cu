@@ -159,17 +159,11 @@ __global__ void dequantize_kv_kernel(const uint8_t* src, int64_t rows, int kv_he
     const int c8 = static_cast<int>(idx % per_row) * 8;  // the first value's column
     const uint8_t* row = src + i * row_bytes;
     const float scale = *reinterpret_cast<const float*>(row + scales + 4 * (c8 / head_dim));
-    const uint2 bytes = *reinterpret_cast<const uint2*>(row + c8);
-    const auto* b = reinterpret_cast<const __nv_fp8_storage_t*>(&bytes);
+    float f[8];
+    fp8_values8(*reinterpret_cast<const uint2*>(row + c8), scale, f);
     T out[8];
 #pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      const __half2 h = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(b[e] | (b[e + 1] << 8)), __NV_E4M3);
-      const float2 f = __half22float2(h);
-      store_f32(out + e, f.x * scale);
-      store_f32(out + e + 1, f.y * scale);
-    }
+    for (int e = 0; e < 8; ++e) store_f32(out + e, f[e]);
     T* to = dst + i * kv_heads * head_dim + c8;
     if constexpr (sizeof(T) == 2) {
       *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(out);

@@ -15,10 +15,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "../fp8_attention_reference.h"
@@ -26,6 +28,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
 #include "kernels/kv_fp8.h"
+#include "kernels/ops_cuda.h"
 
 namespace burst::kernels {
 namespace {
@@ -267,6 +270,99 @@ TEST_F(GpuAttentionFp8, MergeIntoOEqualsOneLaunch) {
   }
 }
 
+// FP8 attention over the FP8 KV cache's rows where they lie (kv_fp8; paged, the pages out of
+// order; and contiguous) equals, bit for bit, FP8 attention over those rows dequantized into one
+// bf16 block (dequantize_kv_cuda), the path it replaces; its error against fp64 over the rows'
+// values stays within twice the naive FP8 attention's.
+TEST_F(GpuAttentionFp8, Fp8KvRowsInPlaceEqualTheirDequantizedBlock) {
+  constexpr int kPage = 16;
+  for (int d : {kD, kD64}) {
+    for (const ref::Shape& c : {ref::Shape{300, 997, 8, 2, d, MaskKind::kNone, 997, 0},
+                                ref::Shape{333, 833, 6, 3, d, MaskKind::kCausal, 500, 0}}) {
+      SCOPED_TRACE("head_dim " + std::to_string(d) + ", " + std::to_string(c.n_q) + " x " +
+                   std::to_string(c.n_kv));
+      ref::Inputs in = ref::draw_inputs(c, false, 61 + d, to_bf16);
+      Device dev;
+      to_device(c, in, DType::kF32, dev);
+      if (HasFatalFailure()) return;
+      const int64_t row_bytes = kv_fp8_row_bytes(c.kv_heads, d);
+      const int pages = (c.n_kv + kPage - 1) / kPage;
+      // Logical page i at physical page perm[i] of a pool with two spare pages.
+      std::vector<int32_t> perm(static_cast<size_t>(pages)), dst_rows(static_cast<size_t>(c.n_kv));
+      for (int i = 0; i < pages; ++i) perm[static_cast<size_t>(i)] = i;
+      std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+      for (int i = 0; i < pages; ++i) perm[static_cast<size_t>(i)] += 2;
+      for (int j = 0; j < c.n_kv; ++j) {
+        dst_rows[static_cast<size_t>(j)] = perm[static_cast<size_t>(j / kPage)] * kPage + j % kPage;
+      }
+      DevBuf table, rows_d, k8, v8, pk8, pv8, kb, vb, o_ref, lse_ref;
+      const size_t pool = size_t(pages + 2) * kPage * row_bytes, flat = size_t(c.n_kv) * row_bytes;
+      const size_t values = size_t(c.n_kv) * c.kv_heads * d * 2;
+      for (DevBuf* b : {&k8, &v8}) ASSERT_EQ(cudaMalloc(&b->ptr, flat), cudaSuccess);
+      for (DevBuf* b : {&pk8, &pv8}) ASSERT_EQ(cudaMalloc(&b->ptr, pool), cudaSuccess);
+      for (DevBuf* b : {&kb, &vb}) ASSERT_EQ(cudaMalloc(&b->ptr, values), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&table.ptr, perm.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&rows_d.ptr, dst_rows.size() * 4), cudaSuccess);
+      CUDA_ASSERT(cudaMemcpy(table.ptr, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_ASSERT(cudaMemcpy(rows_d.ptr, dst_rows.data(), dst_rows.size() * 4,
+                             cudaMemcpyHostToDevice));
+      const auto* dst = static_cast<const int32_t*>(rows_d.ptr);
+      for (auto [src, flat_rows, paged] : {std::tuple{dev.k.ptr, k8.ptr, pk8.ptr},
+                                           std::tuple{dev.v.ptr, v8.ptr, pv8.ptr}}) {
+        CUDA_ASSERT(cudaMemset(paged, 0x7f, pool));  // unused rows: NaN bytes, never read
+        CUDA_ASSERT(quantize_kv_cuda(src, DType::kBF16, c.n_kv, c.kv_heads, d, nullptr,
+                                     flat_rows, nullptr));
+        CUDA_ASSERT(quantize_kv_cuda(src, DType::kBF16, c.n_kv, c.kv_heads, d, dst, paged,
+                                     nullptr));
+      }
+      CUDA_ASSERT(dequantize_kv_cuda(k8.ptr, c.n_kv, c.kv_heads, d, kb.ptr, DType::kBF16,
+                                     nullptr));
+      CUDA_ASSERT(dequantize_kv_cuda(v8.ptr, c.n_kv, c.kv_heads, d, vb.ptr, DType::kBF16,
+                                     nullptr));
+      AttnParams block = params_of(c, DType::kF32, dev);
+      block.k = kb.ptr;
+      block.v = vb.ptr;
+      const size_t ws = attention_fp8_workspace_bytes(block);
+      ASSERT_EQ(cudaMalloc(&dev.ws.ptr, ws), cudaSuccess);
+      CUDA_ASSERT(attention_fp8_cuda(block, dev.ws.ptr, ws, nullptr));
+      ref::Result want;
+      fetch(c, DType::kF32, dev, want);
+      // The reference: fp64 over the rows' values (what the block holds).
+      auto host = [&](const DevBuf& b) {
+        std::vector<uint8_t> h(values);
+        EXPECT_EQ(cudaMemcpy(h.data(), b.ptr, values, cudaMemcpyDeviceToHost), cudaSuccess);
+        return decode(DType::kBF16, h);
+      };
+      const std::vector<float> kv_k = host(kb), kv_v = host(vb);
+      const ref::Inputs seen{in.q, kv_k, kv_v};
+      const ref::Errors e = ref::errors(c, want, ref::attend(c, seen, false));
+      const ref::Errors en = ref::errors(c, ref::naive_fp8(c, seen), ref::attend(c, seen, false));
+      expect_sound(e, "over the dequantized block");
+      EXPECT_LE(e.o_rmse, 2 * en.o_rmse + 1e-6);
+      for (bool paged : {true, false}) {
+        AttnParams rows = block;
+        rows.kv_fp8 = true;
+        rows.k = paged ? pk8.ptr : k8.ptr;
+        rows.v = paged ? pv8.ptr : v8.ptr;
+        rows.k_row_stride = rows.v_row_stride = row_bytes;
+        rows.kv_pages = paged ? static_cast<const int32_t*>(table.ptr) : nullptr;
+        rows.page_size = paged ? kPage : 0;
+        CUDA_ASSERT(cudaMemset(dev.o.ptr, 0x7f, size_t(c.n_q) * c.heads * d * 4));
+        CUDA_ASSERT(attention_fp8_cuda(rows, dev.ws.ptr, ws, nullptr));
+        ref::Result got;
+        fetch(c, DType::kF32, dev, got);
+        EXPECT_EQ(std::memcmp(got.o.data(), want.o.data(), got.o.size() * 4), 0)
+            << (paged ? "paged " : "") << "FP8 rows: O differs from the dequantized block's";
+        EXPECT_EQ(std::memcmp(got.lse.data(), want.lse.data(), got.lse.size() * 4), 0)
+            << (paged ? "paged " : "") << "FP8 rows: LSE differs from the dequantized block's";
+      }
+      std::printf("[fp8 attention] FP8 KV rows in place, head_dim %d, %d x %d: equal to the "
+                  "dequantized block; O RMSE %.3e (naive %.3e)\n", d, c.n_q, c.n_kv, e.o_rmse,
+                  en.o_rmse);
+    }
+  }
+}
+
 TEST_F(GpuAttentionFp8, RefusesWhatItCannotRun) {
   const ref::Shape c{64, 64, 2, 2, kD, MaskKind::kCausal};
   const ref::Inputs in = ref::draw_inputs(c, false, 51, to_bf16);
@@ -301,6 +397,11 @@ TEST_F(GpuAttentionFp8, RefusesWhatItCannotRun) {
       << "192-row tiles at head_dim 128";
   EXPECT_EQ(attention_fp8_cuda(pp64, dev.ws.ptr, ws, nullptr, rows100), cudaErrorInvalidValue)
       << "100-row tiles";
+  AttnParams short_rows = p;  // FP8 KV rows narrower than a row of this shape
+  short_rows.kv_fp8 = true;
+  short_rows.k_row_stride = short_rows.v_row_stride = kv_fp8_row_bytes(c.kv_heads, kD) - 16;
+  EXPECT_EQ(attention_fp8_cuda(short_rows, dev.ws.ptr, ws, nullptr), cudaErrorInvalidValue)
+      << "FP8 KV rows with a stride below a row's bytes";
   AttnParams merge_bf16 = p;
   merge_bf16.merge_into_o = true;
   EXPECT_EQ(attention_fp8_cuda(merge_bf16, dev.ws.ptr, ws, nullptr), cudaErrorInvalidValue)

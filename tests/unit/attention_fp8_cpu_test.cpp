@@ -6,13 +6,16 @@
 // merges, and the golden models' head_dim 16 beside LLaMA's 128.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../fp8_attention_reference.h"
 #include "kernels/attention.h"
+#include "kernels/kv_fp8.h"
 
 namespace burst::kernels {
 namespace {
@@ -58,6 +61,66 @@ TEST(AttentionFp8Cpu, OutlierChannelsBeatPerTensor) {
 TEST(AttentionFp8Cpu, GoldenHeadDimAndMerge) {
   check("head_dim 16", {77, 77, 6, 2, 16, MaskKind::kCausal}, false, 6);
   check("merged halves", {120, 300, 4, 2, 128, MaskKind::kCausal, 180, 0}, false, 7, 130);
+}
+
+// K and V as FP8 KV rows (kernels/kv_fp8.h), paged with the pages out of order: the same bits
+// as FP8 attention over their values in one contiguous fp32 block (what the engine dequantized
+// them into before), with the rows that no page holds poisoned.
+TEST(AttentionFp8Cpu, Fp8KvRowsPagedEqualTheirValues) {
+  const ref::Shape s{70, 203, 4, 2, 32, MaskKind::kCausal, 150, 0};
+  const ref::Inputs in = ref::draw_inputs(s, false, 8, [](float x) { return x; });
+  constexpr int kPage = 8;
+  const int pages = (s.n_kv + kPage - 1) / kPage;
+  std::vector<int32_t> table(static_cast<size_t>(pages)), dst(static_cast<size_t>(s.n_kv));
+  for (int i = 0; i < pages; ++i) table[static_cast<size_t>(i)] = (7 * i + 3) % (pages + 1);
+  for (int j = 0; j < s.n_kv; ++j) {
+    dst[static_cast<size_t>(j)] = table[static_cast<size_t>(j / kPage)] * kPage + j % kPage;
+  }
+  const int64_t row_bytes = kv_fp8_row_bytes(s.kv_heads, s.head_dim);
+  const size_t pool = static_cast<size_t>((pages + 1) * kPage * row_bytes);
+  std::vector<uint8_t> k8(pool, 0x7f), v8(pool, 0x7f);  // 0x7f: e4m3 NaN where no key lies
+  quantize_kv_cpu(in.k.data(), s.n_kv, s.kv_heads, s.head_dim, dst.data(), k8.data());
+  quantize_kv_cpu(in.v.data(), s.n_kv, s.kv_heads, s.head_dim, dst.data(), v8.data());
+  // The values the rows hold, in key order.
+  ref::Inputs seen = in;
+  for (auto [rows, out] : {std::pair{&k8, &seen.k}, std::pair{&v8, &seen.v}}) {
+    std::vector<uint8_t> ordered(static_cast<size_t>(s.n_kv * row_bytes));
+    for (int j = 0; j < s.n_kv; ++j) {
+      std::copy_n(rows->data() + dst[static_cast<size_t>(j)] * row_bytes, row_bytes,
+                  ordered.data() + j * row_bytes);
+    }
+    dequantize_kv_cpu(ordered.data(), s.n_kv, s.kv_heads, s.head_dim, out->data());
+  }
+  const ref::Result want = ref::attention_cpu_of(s, seen, true);
+  ref::Result got;
+  got.o.assign(want.o.size(), 0.f);
+  got.lse.assign(want.lse.size(), 0.f);
+  AttnParams p;
+  p.q = in.q.data();
+  p.k = k8.data();
+  p.v = v8.data();
+  p.o = got.o.data();
+  p.lse = got.lse.data();
+  p.n_q = s.n_q;
+  p.n_kv = s.n_kv;
+  p.heads = s.heads;
+  p.kv_heads = s.kv_heads;
+  p.head_dim = s.head_dim;
+  p.q_start = s.q_start;
+  p.mask = s.mask;
+  p.scale = 1.f / std::sqrt(float(s.head_dim));
+  p.qkv_fp8 = true;
+  set_packed_strides(p);
+  p.kv_fp8 = true;
+  p.k_row_stride = p.v_row_stride = row_bytes;
+  p.kv_pages = table.data();
+  p.page_size = kPage;
+  attention_cpu(p);
+  EXPECT_EQ(got.o, want.o);
+  EXPECT_EQ(got.lse, want.lse);
+  // And it is FP8 attention: not the exact attention over those values.
+  const ref::Result exact = ref::attention_cpu_of(s, seen, false);
+  EXPECT_NE(got.o, exact.o);
 }
 
 }  // namespace

@@ -142,40 +142,56 @@ class RingAttention final : public AttentionContext {
                          const Tensor& k, const Tensor& v);
   Status prefill_pass_q(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& q,
                         const Tensor& k, const Tensor& v);
+  // Keys and values as an attention launch reads them: row 0 of k and v, rows of the compute
+  // dtype or (fp8_rows) FP8 KV rows, contiguous or (pages) paged by a device page table of the
+  // cache's page size. Only FP8 attention reads FP8 rows and pages in prefill (its quantizer
+  // does): for it a prefix is read in the pool and a block as it travels, never dequantized.
+  struct KvView {
+    const void* k = nullptr;
+    const void* v = nullptr;
+    bool fp8_rows = false;
+    const int32_t* pages = nullptr;
+  };
   // Block 0 (the first hop's): this rank's prefix from the pages, then its chunk's k and v
   // (quantized under fp8).
   Status load_own_block(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
                         const Tensor& v);
+  // This rank's chunk k and v ([n, kvw]) into block rows row.. (K) and block_rows + row.. (V),
+  // quantized under fp8.
+  Status own_rows(const Tensor& k, const Tensor& v, Tensor& block, int64_t row,
+                  int64_t block_rows);
   bool fp8() const { return cache_->dtype() == KvCacheDtype::kFp8; }
   // t becomes a block of rows K rows then rows V rows, of the pool's dtype and row bytes.
   Status ensure_block(Tensor& t, int64_t rows);
-  // Under fp8: the values of the FP8 block `block` ([2 * block_rows, row bytes]: K rows, then V
-  // rows) into kv_values_, where *k and *v then point (K and V row 0).
-  Status block_values(const Tensor& block, int64_t block_rows, const void** k, const void** v);
+  // The keys and values of `block` ([2 * block_rows, row bytes]: K rows, then V rows) as a
+  // launch reads them: the block itself, or under fp8 with bf16 attention its values
+  // dequantized into kv_values_.
+  Status block_values(const Tensor& block, int64_t block_rows, KvView* kv);
   // The first n cached rows of s in this layer, copied from the pages into k and v ([n, kvw]).
   Status gather_prefix(int layer, const SeqRows& s, int64_t n, Tensor& k, Tensor& v);
   // Row 0 of this rank's first n cached rows of s (K and V): the pool rows themselves when the
   // pages follow each other, else a copy gathered into block_[0].
   Status local_prefix(int layer, const SeqRows& s, int64_t n, const void** k, const void** v);
   // Attention of the query rows qs of q ([rows, qw], positions from qs.pos) against the key
-  // rows ks of k and v (positions from ks.pos) under mask, merged into the accumulator o_acc
-  // [rows, qw] and lse_acc [heads, rows] (fp32), or written there in place when `direct`.
-  Status attend_merge(int64_t rows, const void* q, const void* k, const void* v,
-                      const Segment& qs, const Segment& ks, kernels::MaskKind mask, float* o_acc,
-                      float* lse_acc, bool direct);
+  // rows ks of kv (positions from ks.pos; a paged view from row 0 only) under mask, merged into
+  // the accumulator o_acc [rows, qw] and lse_acc [heads, rows] (fp32), or written there in
+  // place when `direct`.
+  Status attend_merge(int64_t rows, const void* q, const KvView& kv, const Segment& qs,
+                      const Segment& ks, kernels::MaskKind mask, float* o_acc, float* lse_acc,
+                      bool direct);
   // (o_b, lse_b) merged into (o_a, lse_a) in fp32: `rows` rows of o [rows, qw], lse [heads,
   // lse_stride]; with `out` ([rows, qw], any dtype) the merged o goes there instead of o_a.
   Status merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int64_t rows,
                int64_t lse_stride, Tensor* out = nullptr);
-  // One ring step: the query segments q_segs of q against n_prefix prefix rows at (pk, pv)
-  // (all before every query: kNone) and the chunk segments k_segs of (k, v), found at rows
+  // One ring step: the query segments q_segs of q against n_prefix prefix rows of `prefix`
+  // (all before every query: kNone) and the chunk segments k_segs of `own`, found at rows
   // k_row0 + ks.row (each pair skipped, full or causal by positions), into (o, lse). `fresh`:
   // what (o, lse) hold is ignored: a row's first contribution is written in place (no merge),
   // rows no key reaches become o 0, lse -inf; otherwise every contribution is merged.
   Status attend_keys(int64_t rows, const void* q, const std::vector<Segment>& q_segs,
-                     const void* pk, const void* pv, int64_t n_prefix, const void* k,
-                     const void* v, const std::vector<Segment>& k_segs, int64_t k_row0,
-                     Tensor& o, Tensor& lse, bool fresh);
+                     const KvView& prefix, int64_t n_prefix, const KvView& own,
+                     const std::vector<Segment>& k_segs, int64_t k_row0, Tensor& o, Tensor& lse,
+                     bool fresh);
   // Adds a ring step's host times (compute t0..t1, then the wait up to now) to the stats.
   void count_step(std::chrono::steady_clock::time_point t0,
                   std::chrono::steady_clock::time_point t1);

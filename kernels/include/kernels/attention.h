@@ -52,8 +52,9 @@ struct AttnParams {
   std::optional<DType> o_dtype;
   // Paged K/V (a sequence's shard in a paged KV cache): when kv_pages is set, key j and value j
   // are row kv_pages[j / page_size] * page_size + j % page_size of k and v (strides as above);
-  // null means row j. attention_cpu and the CUDA decode kernel (n_q == 1) read pages; the CUDA
-  // prefill kernels refuse them (the ring gathers a sequence's pages into one block first).
+  // null means row j. attention_cpu, the CUDA decode kernel (n_q == 1) and FP8 attention
+  // (qkv_fp8: its quantizer) read pages; the other CUDA prefill kernels refuse them (the ring
+  // gathers a sequence's pages into one block first).
   const int32_t* kv_pages = nullptr;
   int32_t page_size = 0;
   // Per-row K/V (batched decode: several sequences in one launch): when row_kv_len is set, query
@@ -66,8 +67,9 @@ struct AttnParams {
   // head), the paged KV cache's rows under --kv-cache-dtype fp8: k_row_stride and v_row_stride
   // are the row's bytes, head g's values start at byte g * head_dim and its scale at byte
   // kv_heads * head_dim + 4 g (the head strides are not read). Key j of head g is its e4m3
-  // values times its scale, in fp32. attention_cpu and the CUDA decode kernel read them; the
-  // CUDA prefill kernels refuse them (the ring dequantizes a block first).
+  // values times its scale, in fp32. attention_cpu, the CUDA decode kernel and FP8 attention
+  // (qkv_fp8: its quantizer, which rounds each value to dtype as dequantize_kv_cuda does) read
+  // them; the other CUDA prefill kernels refuse them (the ring dequantizes a block first).
   bool kv_fp8 = false;
   // Other work (the ring's transfer of the next block: NCCL kernels) runs beside this launch on
   // some multiprocessors. The Hopper prefill kernel then hands its tiles out one CTA a tile,

@@ -92,7 +92,9 @@ cudaError_t attention_cuda(const AttnParams& p, cudaStream_t stream,
 // attention_fp8.cu says how: a scale per 64 query rows and per 128 keys and head, a scale per
 // V column, Q and K rotated by a Hadamard transform), with P rounded to e4m3 for P.V and fp32
 // accumulation. The workspace (256-byte aligned) must hold attention_fp8_workspace_bytes(p):
-// about (n_q x heads + 2 x n_kv x kv_heads) x head_dim bytes. Not paged, not kv_fp8 rows.
+// about (n_q x heads + 2 x n_kv x kv_heads) x head_dim bytes. K and V may be paged (kv_pages)
+// and FP8 KV rows (kv_fp8, row strides in bytes, multiples of 16): read where they lie, with
+// the result of dequantize_kv_cuda into one block first, bit for bit.
 // cudaErrorInvalidDeviceFunction off Hopper.
 struct Fp8AttnOptions {
   bool hadamard = true;  // rotate Q and K (incoherent processing); false: quantize as they are

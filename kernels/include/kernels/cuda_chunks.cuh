@@ -88,6 +88,19 @@ __device__ __forceinline__ void store_n(T* p, const float (&f)[kCount]) {
   }
 }
 
+// Eight e4m3 values (the first in the lowest byte) times scale, in fp32: an FP8 KV row's
+// values (kernels/kv_fp8.h; the e4m3 to fp32 step is exact).
+__device__ __forceinline__ void fp8_values8(uint2 bytes, float scale, float (&f)[8]) {
+  const uint32_t w[2] = {bytes.x, bytes.y};
+#pragma unroll
+  for (int e = 0; e < 8; e += 2) {
+    const auto two = static_cast<__nv_fp8x2_storage_t>(w[e / 4] >> (8 * (e % 4)));
+    const float2 x = __half22float2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
+    f[e] = x.x * scale;
+    f[e + 1] = x.y * scale;
+  }
+}
+
 // Two and four fp32 values as e4m3 (round to nearest even, saturating to +-448), the first in
 // the lowest byte.
 __device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
