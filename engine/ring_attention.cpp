@@ -550,25 +550,31 @@ void RingAttention::count_step(std::chrono::steady_clock::time_point t0,
   ++stats_.steps;
 }
 
-Status RingAttention::local_prefix(int layer, const SeqRows& sr, int64_t n, const void** k,
-                                   const void** v) {
-  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
+RingAttention::KvView RingAttention::pool_prefix(int layer, const SeqRows& sr, int64_t n) const {
+  const Tensor& kp = cache_->k_pool(layer);
+  const Tensor& vp = cache_->v_pool(layer);
   const std::vector<int32_t>& pages = cache_->pages(sr.seq);
   const int64_t ps = cache_->page_size();
   bool runs = true;
   for (int64_t i = 1; i < (n + ps - 1) / ps && runs; ++i) {
     runs = pages[static_cast<size_t>(i)] == pages[0] + i;
   }
-  if (runs) {  // the pool rows in place: no copy
-    *k = at(cache_->k_pool(layer), int64_t{pages[0]} * ps * kvw);
-    *v = at(cache_->v_pool(layer), int64_t{pages[0]} * ps * kvw);
-    return {};
+  if (runs) {  // from their first row: no page table to read (a 128K prefix of a 7B in 8K chunks
+               // on one H200 read through it: +0.9 % time to first token)
+    const int64_t first = int64_t{pages[0]} * ps * kp.dim(1);
+    return KvView{at(kp, first), at(vp, first), fp8()};
   }
+  return KvView{kp.data, vp.data, fp8(), at<int32_t>(tables_, prefill_table_.at(sr.seq))};
+}
+
+Status RingAttention::local_prefix(int layer, const SeqRows& sr, int64_t n, KvView* kv) {
+  *kv = pool_prefix(layer, sr, n);
+  if (!kv->pages) return {};  // the pool rows in place: no copy
+  const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   BURST_RETURN_IF_ERROR(ensure(block_[0], {2 * n, kvw}, backend_.compute_dtype()));
   Tensor pk = block_[0].rows(0, n), pv = block_[0].rows(n, n);
   BURST_RETURN_IF_ERROR(gather_prefix(layer, sr, n, pk, pv));
-  *k = pk.data;
-  *v = pv.data;
+  *kv = KvView{pk.data, pv.data};
   return {};
 }
 
@@ -586,10 +592,7 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
   if (attention_fp8_) {
     // FP8 attention's quantizer reads the cached prefix in its pages, as the pool holds it;
     // under fp8 the chunk's rows are rounded as the cache rounds them.
-    if (own_prefix > 0) {
-      prefix = KvView{cache_->k_pool(layer).data, cache_->v_pool(layer).data, fp8(),
-                      at<int32_t>(tables_, prefill_table_.at(sr.seq))};
-    }
+    if (own_prefix > 0) prefix = pool_prefix(layer, sr, own_prefix);
     if (fp8()) {
       BURST_RETURN_IF_ERROR(ensure_block(block_[0], b.rows));
       BURST_RETURN_IF_ERROR(own_rows(k, v, block_[0], 0, b.rows));
@@ -602,7 +605,7 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
     own = prefix;
     own_row0 = own_prefix;
   } else if (own_prefix > 0) {
-    BURST_RETURN_IF_ERROR(local_prefix(layer, sr, own_prefix, &prefix.k, &prefix.v));
+    BURST_RETURN_IF_ERROR(local_prefix(layer, sr, own_prefix, &prefix));
   }
   const std::vector<Segment> own_segs = plan.segments(rank);
   // Every rank holds as many chunk rows (padding included), so blocks have one size. A

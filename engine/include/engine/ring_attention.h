@@ -169,9 +169,12 @@ class RingAttention final : public AttentionContext {
   Status block_values(const Tensor& block, int64_t block_rows, KvView* kv);
   // The first n cached rows of s in this layer, copied from the pages into k and v ([n, kvw]).
   Status gather_prefix(int layer, const SeqRows& s, int64_t n, Tensor& k, Tensor& v);
-  // Row 0 of this rank's first n cached rows of s (K and V): the pool rows themselves when the
-  // pages follow each other, else a copy gathered into block_[0].
-  Status local_prefix(int layer, const SeqRows& s, int64_t n, const void** k, const void** v);
+  // This rank's first n cached rows of s in this layer where the pool holds them: from their
+  // first row when their pages follow each other, else through the step's page table.
+  KvView pool_prefix(int layer, const SeqRows& s, int64_t n) const;
+  // The same for a launch that reads no pages: the pool rows themselves, or a copy gathered
+  // into block_[0].
+  Status local_prefix(int layer, const SeqRows& s, int64_t n, KvView* kv);
   // Attention of the query rows qs of q ([rows, qw], positions from qs.pos) against the key
   // rows ks of kv (positions from ks.pos; a paged view from row 0 only) under mask, merged into
   // the accumulator o_acc [rows, qw] and lse_acc [heads, rows] (fp32), or written there in
