@@ -559,8 +559,7 @@ RingAttention::KvView RingAttention::pool_prefix(int layer, const SeqRows& sr, i
   for (int64_t i = 1; i < (n + ps - 1) / ps && runs; ++i) {
     runs = pages[static_cast<size_t>(i)] == pages[0] + i;
   }
-  if (runs) {  // from their first row: no page table to read (a 128K prefix of a 7B in 8K chunks
-               // on one H200 read through it: +0.9 % time to first token)
+  if (runs) {  // from their first row: no page table for the launch to read
     const int64_t first = int64_t{pages[0]} * ps * kp.dim(1);
     return KvView{at(kp, first), at(vp, first), fp8()};
   }
@@ -585,7 +584,8 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   const DType dt = backend_.compute_dtype();
   // This rank's keys: its cached prefix, then its chunk's k and v as the forward made them.
-  // Under fp8 both are the values of one block of FP8 rows, as pass-KV would send it.
+  // Under fp8 both are FP8 rows, as pass-KV would send them: FP8 attention reads the prefix in
+  // the pool and the chunk's rows as quantized; bf16 attention reads one block's values.
   const int64_t own_prefix = b.prefix[static_cast<size_t>(rank)];
   KvView prefix, own{k.data, v.data};
   int64_t own_row0 = 0;  // the chunk's first row in `own`

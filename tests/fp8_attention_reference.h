@@ -134,18 +134,16 @@ inline Result attend(const Shape& s, const Inputs& in, bool naive_fp8) {
   return r;
 }
 
-// attention_cpu over in (fp32), with AttnParams::qkv_fp8 = fp8 (the emulation of the FP8
-// kernel). merge_split > 0: keys [0, split) first, then the rest merged into O (merge_into_o).
-inline Result attention_cpu_of(const Shape& s, const Inputs& in, bool fp8, int merge_split = 0) {
-  Result r;
-  r.o.assign(size_t(s.n_q) * s.heads * s.head_dim, 0.f);
-  r.lse.assign(size_t(s.heads) * s.n_q, 0.f);
+// The launch of shape s over packed q, k, v and o ([rows][heads][head_dim]), lse [heads][n_q],
+// scale 1 / sqrt(head_dim); dtype left fp32 (the caller sets another).
+inline kernels::AttnParams params_of(const Shape& s, const void* q, const void* k, const void* v,
+                                     void* o, float* lse) {
   kernels::AttnParams p;
-  p.q = in.q.data();
-  p.k = in.k.data();
-  p.v = in.v.data();
-  p.o = r.o.data();
-  p.lse = r.lse.data();
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
   p.n_q = s.n_q;
   p.n_kv = s.n_kv;
   p.heads = s.heads;
@@ -155,8 +153,19 @@ inline Result attention_cpu_of(const Shape& s, const Inputs& in, bool fp8, int m
   p.kv_start = s.kv_start;
   p.mask = s.mask;
   p.scale = 1.f / std::sqrt(float(s.head_dim));
-  p.qkv_fp8 = fp8;
   kernels::set_packed_strides(p);
+  return p;
+}
+
+// attention_cpu over in (fp32), with AttnParams::qkv_fp8 = fp8 (the emulation of the FP8
+// kernel). merge_split > 0: keys [0, split) first, then the rest merged into O (merge_into_o).
+inline Result attention_cpu_of(const Shape& s, const Inputs& in, bool fp8, int merge_split = 0) {
+  Result r;
+  r.o.assign(size_t(s.n_q) * s.heads * s.head_dim, 0.f);
+  r.lse.assign(size_t(s.heads) * s.n_q, 0.f);
+  kernels::AttnParams p =
+      params_of(s, in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data());
+  p.qkv_fp8 = fp8;
   if (merge_split == 0) {
     kernels::attention_cpu(p);
     return r;

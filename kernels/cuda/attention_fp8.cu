@@ -198,16 +198,10 @@ struct KvSource {
   // Columns a 16-byte load of a row holds: 8 values of T, or 16 bytes of an FP8 row.
   static constexpr int kUnitCols = kFp8Rows ? 16 : 8;
 
-  // Columns col .. col + 7 of head h of key j as a 16-byte chunk of T (col a multiple of 8).
+  // Rows of T: columns col .. col + 7 of head h of key j, a 16-byte chunk (col a multiple of 8).
   __device__ __forceinline__ uint4 chunk(int64_t j, int h, int col) const {
-    const uint8_t* r = row(j);
-    if constexpr (!kFp8Rows) {
-      return *reinterpret_cast<const uint4*>(r + (h * head_stride + col) * int64_t{sizeof(T)});
-    } else {
-      float f[8];
-      fp8_values8(*reinterpret_cast<const uint2*>(r + h * head_stride + col), scale_of(r, h), f);
-      return to_t8(f);
-    }
+    static_assert(!kFp8Rows, "FP8 rows are read a unit at a time");
+    return *reinterpret_cast<const uint4*>(row(j) + (h * head_stride + col) * int64_t{sizeof(T)});
   }
   // Columns col .. col + kUnitCols - 1 (col a multiple of kUnitCols) of head h of key j, one
   // 16-byte load, as chunks of 8 values of T.
@@ -328,11 +322,11 @@ __global__ void __launch_bounds__(kWarps * 32, kQuantizeWarpsPerSm / kWarps)
     }
   } else {
     // FP8 rows: a lane's pieces of a row are 8 bytes (32 a + 8 t), a quarter of a sector; read
-    // so, a row took kD / 32 requests and the pass ran at under half the bandwidth of bf16
-    // rows (228 against ~157 ms of a 7B 128K prefill in 8K chunks on an H200). The warp loads
-    // its 16 rows whole instead, 16 bytes a lane (every load issued before any store), into
-    // shared memory, and each lane takes its pieces from there. Rows of kD + 32 bytes: the 8
-    // bytes the lanes of a half-warp read (rows g 0..3 or 4..7, pieces t) fall in 32 banks.
+    // so, one request each, the K passes of a 7B 128K prefill in 8K chunks took 228 ms on an
+    // H200 (~157 ms over bf16 rows). The warp loads its 16 rows whole instead, 16 bytes a lane
+    // (every load issued before any store), into shared memory, and each lane takes its pieces
+    // from there: 180 ms. Rows of kD + 32 bytes: the 8 bytes the lanes of a half-warp read
+    // (rows g 0..3 or 4..7, pieces t) fall in 32 banks.
     constexpr int kRowBytes = kD + 32, kUnits = kD / 16, kLoads = kTileRows * kUnits / 32;
     __shared__ __align__(16) uint8_t stage[kWarps][kTileRows][kRowBytes];
     const int tile0 = first - g;

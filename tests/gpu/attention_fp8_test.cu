@@ -80,24 +80,10 @@ struct Device {
 };
 
 AttnParams params_of(const ref::Shape& c, DType o_dtype, Device& dev) {
-  AttnParams p;
-  p.q = dev.q.ptr;
-  p.k = dev.k.ptr;
-  p.v = dev.v.ptr;
-  p.o = dev.o.ptr;
-  p.lse = static_cast<float*>(dev.lse.ptr);
-  p.n_q = c.n_q;
-  p.n_kv = c.n_kv;
-  p.heads = c.heads;
-  p.kv_heads = c.kv_heads;
-  p.head_dim = c.head_dim;
-  p.q_start = c.q_start;
-  p.kv_start = c.kv_start;
-  p.mask = c.mask;
-  p.scale = 1.f / std::sqrt(float(c.head_dim));
+  AttnParams p = ref::params_of(c, dev.q.ptr, dev.k.ptr, dev.v.ptr, dev.o.ptr,
+                                static_cast<float*>(dev.lse.ptr));
   p.dtype = DType::kBF16;
   p.o_dtype = o_dtype;
-  set_packed_strides(p);
   return p;
 }
 

@@ -95,22 +95,9 @@ TEST(AttentionFp8Cpu, Fp8KvRowsPagedEqualTheirValues) {
   ref::Result got;
   got.o.assign(want.o.size(), 0.f);
   got.lse.assign(want.lse.size(), 0.f);
-  AttnParams p;
-  p.q = in.q.data();
-  p.k = k8.data();
-  p.v = v8.data();
-  p.o = got.o.data();
-  p.lse = got.lse.data();
-  p.n_q = s.n_q;
-  p.n_kv = s.n_kv;
-  p.heads = s.heads;
-  p.kv_heads = s.kv_heads;
-  p.head_dim = s.head_dim;
-  p.q_start = s.q_start;
-  p.mask = s.mask;
-  p.scale = 1.f / std::sqrt(float(s.head_dim));
+  AttnParams p = ref::params_of(s, in.q.data(), k8.data(), v8.data(), got.o.data(),
+                                got.lse.data());
   p.qkv_fp8 = true;
-  set_packed_strides(p);
   p.kv_fp8 = true;
   p.k_row_stride = p.v_row_stride = row_bytes;
   p.kv_pages = table.data();
