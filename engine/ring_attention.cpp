@@ -19,12 +19,6 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// Element `i` of a tensor's storage, whatever its dtype.
-template <typename T = void>
-T* at(const Tensor& t, int64_t i) {
-  return reinterpret_cast<T*>(static_cast<char*>(t.data) + i * dtype_size(t.dtype));
-}
-
 // Posts a send of `bytes` from `send` to rank `to` and a receive into `recv` from rank `from`;
 // *h holds the transfer until it is waited on.
 Status start_exchange(Communicator& comm, const void* send, int to, void* recv, int from,
@@ -41,7 +35,7 @@ void partial_views(const Tensor& part, int64_t rows, int64_t qw, int heads, Tens
   *o = part;
   o->shape = {rows, qw};
   *lse = part;
-  lse->data = at(part, rows * qw);
+  lse->data = part.at(rows * qw);
   lse->shape = {heads * rows};
 }
 
@@ -315,20 +309,20 @@ Status RingAttention::block_values(const Tensor& block, int64_t block_rows, KvVi
   // FP8 attention's quantizer reads FP8 rows as they are (7B, 128K in 8K chunks with both FP8
   // settings on one H200: the dequantized copies took 236 ms and the prefix's gathers 158 ms).
   if (!fp8() || attention_fp8_) {
-    *kv = KvView{block.data, at(block, block_rows * block.dim(1)), fp8()};
+    *kv = KvView{block.data, block.at(block_rows * block.dim(1)), fp8()};
     return {};
   }
   const int64_t kvw = int64_t{shape_.kv_heads} * shape_.head_dim;
   BURST_RETURN_IF_ERROR(ensure(kv_values_, {2 * block_rows, kvw}, backend_.compute_dtype()));
   Tensor rows = block.rows(0, 2 * block_rows);
   BURST_RETURN_IF_ERROR(backend_.dequantize_kv(rows, shape_.kv_heads, kv_values_));
-  *kv = KvView{kv_values_.data, at(kv_values_, block_rows * kvw)};
+  *kv = KvView{kv_values_.data, kv_values_.at(block_rows * kvw)};
   return {};
 }
 
 Status RingAttention::gather_prefix(int layer, const SeqRows& sr, int64_t n, Tensor& k,
                                     Tensor& v) {
-  const int32_t* pages = at<int32_t>(tables_, prefill_table_.at(sr.seq));
+  const int32_t* pages = tables_.at<int32_t>(prefill_table_.at(sr.seq));
   const int64_t ps = cache_->page_size();
   BURST_RETURN_IF_ERROR(backend_.gather_rows(cache_->k_pool(layer), pages, ps, n, k));
   return backend_.gather_rows(cache_->v_pool(layer), pages, ps, n, v);
@@ -378,7 +372,7 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const KvView& kv
     }
     direct_written_ = true;
     p.o_dtype = direct_out_->dtype;
-    p.o = at(*direct_out_, qs.row * qw);
+    p.o = direct_out_->at(qs.row * qw);
     p.lse = lse_acc + qs.row;
     return backend_.attention(p);
   }
@@ -391,12 +385,12 @@ Status RingAttention::attend_merge(int64_t rows, const void* q, const KvView& kv
     BURST_RETURN_IF_ERROR(ensure(o_part_, {rows, qw}, DType::kF32));
     BURST_RETURN_IF_ERROR(ensure(lse_part_, {shape_.heads * rows}, DType::kF32));
   }
-  p.o = in_place ? static_cast<void*>(o_acc + qs.row * qw) : at(o_part_, qs.row * qw);
-  p.lse = in_place ? lse_acc + qs.row : at<float>(lse_part_, qs.row);
+  p.o = in_place ? static_cast<void*>(o_acc + qs.row * qw) : o_part_.at(qs.row * qw);
+  p.lse = in_place ? lse_acc + qs.row : lse_part_.at<float>(qs.row);
   BURST_RETURN_IF_ERROR(backend_.attention(p));
   if (in_place) return {};
-  return merge(o_acc + qs.row * qw, lse_acc + qs.row, at<float>(o_part_, qs.row * qw),
-               at<float>(lse_part_, qs.row), qs.len, rows);
+  return merge(o_acc + qs.row * qw, lse_acc + qs.row, o_part_.at<float>(qs.row * qw),
+               lse_part_.at<float>(qs.row), qs.len, rows);
 }
 
 Status RingAttention::merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b,
@@ -561,9 +555,9 @@ RingAttention::KvView RingAttention::pool_prefix(int layer, const SeqRows& sr, i
   }
   if (runs) {  // from their first row: no page table for the launch to read
     const int64_t first = int64_t{pages[0]} * ps * kp.dim(1);
-    return KvView{at(kp, first), at(vp, first), fp8()};
+    return KvView{kp.at(first), vp.at(first), fp8()};
   }
-  return KvView{kp.data, vp.data, fp8(), at<int32_t>(tables_, prefill_table_.at(sr.seq))};
+  return KvView{kp.data, vp.data, fp8(), tables_.at<int32_t>(prefill_table_.at(sr.seq))};
 }
 
 Status RingAttention::local_prefix(int layer, const SeqRows& sr, int64_t n, KvView* kv) {
@@ -577,36 +571,43 @@ Status RingAttention::local_prefix(int layer, const SeqRows& sr, int64_t n, KvVi
   return {};
 }
 
+Status RingAttention::pass_q_keys(int layer, const SeqRows& sr, const PrefillBlocks& b,
+                                  const Tensor& k, const Tensor& v, KvView* prefix, KvView* own,
+                                  int64_t* own_row0) {
+  const int64_t own_prefix = b.prefix[static_cast<size_t>(comm_.rank())];
+  *prefix = KvView{};
+  *own = KvView{k.data, v.data};
+  *own_row0 = 0;
+  if (attention_fp8_) {
+    // FP8 attention's quantizer reads the cached prefix in its pages, as the pool holds it;
+    // under fp8 the chunk's rows are rounded as the cache rounds them.
+    if (own_prefix > 0) *prefix = pool_prefix(layer, sr, own_prefix);
+    if (!fp8()) return {};
+    BURST_RETURN_IF_ERROR(ensure_block(block_[0], b.rows));
+    BURST_RETURN_IF_ERROR(own_rows(k, v, block_[0], 0, b.rows));
+    return block_values(block_[0], b.rows, own);
+  }
+  if (fp8()) {  // one block of FP8 rows, prefix then chunk, read as its values
+    BURST_RETURN_IF_ERROR(ensure_block(block_[0], b.block_rows));
+    BURST_RETURN_IF_ERROR(load_own_block(layer, sr, b, k, v));
+    BURST_RETURN_IF_ERROR(block_values(block_[0], b.block_rows, prefix));
+    *own = *prefix;
+    *own_row0 = own_prefix;
+    return {};
+  }
+  return own_prefix > 0 ? local_prefix(layer, sr, own_prefix, prefix) : Status{};
+}
+
 Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const PrefillBlocks& b,
                                      const Tensor& q, const Tensor& k, const Tensor& v) {
   const int world = comm_.world_size(), rank = comm_.rank();
   const ShardPlan& plan = sr.plan;
   const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
   const DType dt = backend_.compute_dtype();
-  // This rank's keys: its cached prefix, then its chunk's k and v as the forward made them.
-  // Under fp8 both are FP8 rows, as pass-KV would send them: FP8 attention reads the prefix in
-  // the pool and the chunk's rows as quantized; bf16 attention reads one block's values.
   const int64_t own_prefix = b.prefix[static_cast<size_t>(rank)];
-  KvView prefix, own{k.data, v.data};
-  int64_t own_row0 = 0;  // the chunk's first row in `own`
-  if (attention_fp8_) {
-    // FP8 attention's quantizer reads the cached prefix in its pages, as the pool holds it;
-    // under fp8 the chunk's rows are rounded as the cache rounds them.
-    if (own_prefix > 0) prefix = pool_prefix(layer, sr, own_prefix);
-    if (fp8()) {
-      BURST_RETURN_IF_ERROR(ensure_block(block_[0], b.rows));
-      BURST_RETURN_IF_ERROR(own_rows(k, v, block_[0], 0, b.rows));
-      BURST_RETURN_IF_ERROR(block_values(block_[0], b.rows, &own));
-    }
-  } else if (fp8()) {
-    BURST_RETURN_IF_ERROR(ensure_block(block_[0], b.block_rows));
-    BURST_RETURN_IF_ERROR(load_own_block(layer, sr, b, k, v));
-    BURST_RETURN_IF_ERROR(block_values(block_[0], b.block_rows, &prefix));
-    own = prefix;
-    own_row0 = own_prefix;
-  } else if (own_prefix > 0) {
-    BURST_RETURN_IF_ERROR(local_prefix(layer, sr, own_prefix, &prefix));
-  }
+  KvView prefix, own;
+  int64_t own_row0 = 0;
+  BURST_RETURN_IF_ERROR(pass_q_keys(layer, sr, b, k, v, &prefix, &own, &own_row0));
   const std::vector<Segment> own_segs = plan.segments(rank);
   // Every rank holds as many chunk rows (padding included), so blocks have one size. A
   // partial is o [rows, qw] then lse [heads, rows], fp32, one buffer for one transfer.
@@ -663,154 +664,6 @@ Status RingAttention::prefill_pass_q(int layer, const SeqRows& sr, const Prefill
   }
   // The last partials, in the order they were sent.
   for (int s = std::max(1, world - 2); s < world; ++s) BURST_RETURN_IF_ERROR(merge_back(s % 2));
-  return {};
-}
-
-kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t n,
-                                                 const Tensor& q, int64_t q_row) {
-  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  kernels::AttnParams p;
-  p.heads = shape_.heads;
-  p.kv_heads = shape_.kv_heads;
-  p.head_dim = shape_.head_dim;
-  p.n_q = static_cast<int32_t>(n_q);
-  kernels::set_packed_strides(p);
-  p.lse_head_stride = n;  // the batch's lse is [heads, n]
-  p.q = at(q, q_row * qw);
-  p.k = cache_->k_pool(layer).data;
-  p.v = cache_->v_pool(layer).data;
-  p.page_size = cache_->page_size();
-  if (fp8()) {  // the pool's FP8 rows, read as they lie
-    p.kv_fp8 = true;
-    p.k_row_stride = p.v_row_stride = kv_row_bytes(backend_, shape_, cache_->dtype());
-  }
-  p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
-  p.scale = shape_.logit_scale / std::sqrt(static_cast<float>(shape_.head_dim));
-  p.dtype = backend_.compute_dtype();
-  p.o_dtype = DType::kF32;
-  return p;
-}
-
-Status RingAttention::decode_each(int layer, const std::vector<const SeqRows*>& batch,
-                                  const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const DecodeOut& o) {
-  const int world = comm_.world_size(), rank = comm_.rank();
-  const auto n = static_cast<int64_t>(batch.size());
-  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  for (int64_t b = 0; b < n; ++b) {
-    const SeqRows& s = *batch[static_cast<size_t>(b)];
-    // Round robin by position, so no shard grows faster than another.
-    const int64_t len = cache_->length(s.seq);
-    const bool mine = s.pos % world == rank;
-    if (mine) {
-      BURST_RETURN_IF_ERROR(
-          cache_->write(s.seq, layer, len, k.rows(s.row, 1), v.rows(s.row, 1)));
-    }
-    kernels::AttnParams p = decode_params(layer, 1, n, q, s.row);
-    p.n_kv = static_cast<int32_t>(len + (mine ? 1 : 0));
-    p.kv_pages = at<int32_t>(tables_, table_offset_[static_cast<size_t>(b)]);
-    p.o = static_cast<char*>(o.data) + b * qw * dtype_size(o.dtype);
-    p.o_dtype = o.dtype;
-    p.lse = at<float>(pairs_, n * qw + b);
-    BURST_RETURN_IF_ERROR(backend_.attention(p));  // an empty shard gives lse -inf, o 0
-  }
-  return {};
-}
-
-Status RingAttention::decode_batched(int layer, const std::vector<const SeqRows*>& batch,
-                                     const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const DecodeOut& o) {
-  const auto n = static_cast<int64_t>(batch.size());
-  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  // Every decode token's k/v into its page (or nowhere, on the other ranks): one launch each.
-  const int32_t* dst = at<int32_t>(tables_, decode_dst_);
-  Tensor kp = cache_->k_pool(layer), vp = cache_->v_pool(layer);
-  if (fp8()) {
-    BURST_RETURN_IF_ERROR(backend_.quantize_kv(k.rows(batch[0]->row, n), shape_.kv_heads, dst, kp));
-    BURST_RETURN_IF_ERROR(backend_.quantize_kv(v.rows(batch[0]->row, n), shape_.kv_heads, dst, vp));
-  } else {
-    BURST_RETURN_IF_ERROR(backend_.scatter_rows_pair(k.rows(batch[0]->row, n),
-                                                     v.rows(batch[0]->row, n), dst, kp, vp));
-  }
-  kernels::AttnParams p = decode_params(layer, n, n, q, batch[0]->row);
-  p.n_kv = decode_max_kv_;  // the longest row_kv_len of the step (begin_step)
-  p.kv_pages = at<int32_t>(tables_, 0);
-  p.row_kv_len = at<int32_t>(tables_, decode_meta_);
-  p.row_page_offset = at<int32_t>(tables_, decode_meta_ + n);
-  p.o = o.data;
-  p.o_dtype = o.dtype;
-  p.lse = at<float>(pairs_, n * qw);
-  return backend_.attention(p);
-}
-
-Status RingAttention::decode(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const std::vector<int64_t>& positions, Tensor& out) {
-  const int world = comm_.world_size();
-  std::vector<const SeqRows*> batch;
-  for (const SeqRows& s : step_) {
-    if (s.decode) batch.push_back(&s);
-  }
-  if (batch.empty()) return {};
-  const auto n = static_cast<int64_t>(batch.size());
-  const int64_t qw = int64_t{shape_.heads} * shape_.head_dim;
-  for (const SeqRows* s : batch) {
-    if (positions[static_cast<size_t>(s->row)] != s->pos) {
-      return Status::error("ring decode: the token of sequence " + std::to_string(s->seq) +
-                           " is at position " +
-                           std::to_string(positions[static_cast<size_t>(s->row)]) +
-                           ", the step says " + std::to_string(s->pos));
-    }
-  }
-  // This rank's partials of the whole batch, o [n, qw] then lse [heads, n], fp32: one
-  // all-gather per layer moves them all.
-  const int64_t part = n * qw + int64_t{shape_.heads} * n;
-  BURST_RETURN_IF_ERROR(ensure(pairs_, {part}, DType::kF32));
-  if (world > 1) BURST_RETURN_IF_ERROR(ensure(gathered_, {world, part}, DType::kF32));
-  // Decode tokens on consecutive rows (the scheduler puts them first) attend in ONE launch:
-  // per-row K/V, each row with its own sequence's length and page table.
-  bool in_order = true;
-  for (int64_t b = 1; b < n && in_order; ++b) {
-    in_order = batch[static_cast<size_t>(b)]->row == batch[0]->row + b;
-  }
-  // One rank with the batch's rows in order: the kernel writes the output itself (its
-  // partials are the answer); else fp32 partials for the gather and the merge.
-  const bool direct = world == 1 && in_order;
-  Tensor dst_all;  // the batch's output rows, when they follow each other
-  if (in_order) dst_all = out.rows(batch[0]->row, n);
-  const DecodeOut o = direct ? DecodeOut{dst_all.data, dst_all.dtype}
-                             : DecodeOut{pairs_.data, DType::kF32};
-  BURST_RETURN_IF_ERROR(n > 1 && in_order ? decode_batched(layer, batch, q, k, v, o)
-                                          : decode_each(layer, batch, q, k, v, o));
-  if (direct) return {};
-  // One rank, rows out of order: its partials are the answer, converted below.
-  const Tensor& merged_all = world == 1 ? pairs_ : gathered_;
-  if (world > 1) {
-    BURST_RETURN_IF_ERROR(
-        comm_.all_gather(pairs_.data, gathered_.data, static_cast<size_t>(part) * 4));
-  }
-  // Merge in rank order on every rank: the same operations in the same order give the same
-  // bits everywhere, so the replicated decode never drifts between ranks. When the batch's rows
-  // follow each other, the last merge writes the output (converted) itself.
-  for (int r = 1; r < world; ++r) {
-    const bool last = r == world - 1 && in_order;
-    BURST_RETURN_IF_ERROR(merge(at<float>(gathered_, 0), at<float>(gathered_, n * qw),
-                                at<float>(gathered_, r * part),
-                                at<float>(gathered_, r * part + n * qw), n, n,
-                                last ? &dst_all : nullptr));
-    if (last) return {};
-  }
-  for (int64_t b = 0; b < n;) {
-    // Consecutive batch rows convert in one call.
-    const int64_t first = batch[static_cast<size_t>(b)]->row;
-    int64_t e = b + 1;
-    while (e < n && batch[static_cast<size_t>(e)]->row == first + (e - b)) ++e;
-    Tensor merged = merged_all;  // fp32 on this device; data and shape set here
-    merged.data = at(merged_all, b * qw);
-    merged.shape = {e - b, qw};
-    Tensor dst = out.rows(first, e - b);
-    BURST_RETURN_IF_ERROR(backend_.convert(merged, dst));
-    b = e;
-  }
   return {};
 }
 

@@ -152,6 +152,12 @@ class RingAttention final : public AttentionContext {
     bool fp8_rows = false;
     const int32_t* pages = nullptr;
   };
+  // This rank's keys for pass-Q: its cached prefix (`prefix`) and its chunk's rows (`own`, from
+  // row *own_row0), k and v as the forward made them. Under fp8 both are FP8 rows, as pass-KV
+  // would send them: FP8 attention reads the prefix in the pool and the chunk's rows as
+  // quantized, bf16 attention one block's values.
+  Status pass_q_keys(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,
+                     const Tensor& v, KvView* prefix, KvView* own, int64_t* own_row0);
   // Block 0 (the first hop's): this rank's prefix from the pages, then its chunk's k and v
   // (quantized under fp8).
   Status load_own_block(int layer, const SeqRows& s, const PrefillBlocks& b, const Tensor& k,

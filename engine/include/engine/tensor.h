@@ -38,6 +38,11 @@ struct Tensor {
   bool empty() const { return data == nullptr; }
   template <typename T>
   T* as() const { return static_cast<T*>(data); }
+  // Element i of the storage, whatever the dtype, as a T*.
+  template <typename T = void>
+  T* at(int64_t i) const {
+    return reinterpret_cast<T*>(static_cast<char*>(data) + i * dtype_size(dtype));
+  }
   // Rows [begin, begin + count) of a tensor whose first dimension is rows.
   Tensor rows(int64_t begin, int64_t count) const;
   std::string describe() const;
