@@ -65,8 +65,7 @@ std::vector<float> through_fp8(const std::vector<float>& x, int kv_heads, int he
 struct Problem {
   Shape s;
   int64_t padded;
-  // o_fp8: the same rows by one monolithic FP8 attention (qkv_fp8, the CPU emulation).
-  std::vector<float> q, k, v, seen_k, seen_v, o_ref, lse_ref, o_fp8;
+  std::vector<float> q, k, v, seen_k, seen_v, o_ref, lse_ref;
   Problem(Shape shape, int64_t padded_len, bool fp8 = false, uint32_t seed = 1)
       : s(shape), padded(padded_len) {
     const int64_t qw = int64_t{s.heads} * s.head_dim, kvw = int64_t{s.kv_heads} * s.head_dim;
@@ -80,12 +79,15 @@ struct Problem {
     kernels::AttnParams p = params(q.data(), seen_k.data(), seen_v.data(), o_ref.data(),
                                    lse_ref.data(), s.n, s.n, 0, 0, kernels::MaskKind::kCausal);
     kernels::attention_cpu(p);
-    o_fp8.resize(o_ref.size());
-    std::vector<float> lse(lse_ref.size());
-    p.o = o_fp8.data();
-    p.lse = lse.data();
+  }
+  // The rows of o_ref by one monolithic FP8 attention (qkv_fp8, the CPU emulation).
+  std::vector<float> o_fp8() const {
+    std::vector<float> o(o_ref.size()), lse(lse_ref.size());
+    kernels::AttnParams p = params(q.data(), seen_k.data(), seen_v.data(), o.data(), lse.data(),
+                                   s.n, s.n, 0, 0, kernels::MaskKind::kCausal);
     p.qkv_fp8 = true;
     kernels::attention_cpu(p);
+    return o;
   }
   kernels::AttnParams params(const float* qp, const float* kp, const float* vp, float* op,
                              float* lsep, int64_t n_q, int64_t n_kv, int64_t q_start,
@@ -307,11 +309,16 @@ int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLa
   RingAttention& ra = *ring.value();
   ra.set_pass(pass);
   // FP8 attention: squared errors against exact attention of this rank's rows, chunked and
-  // monolithic (Problem::o_fp8), summed over every chunk of every sequence.
+  // monolithic (Problem::o_fp8, once a sequence), summed over every chunk of every sequence.
   const bool fp8_att = att == AttentionDtype::kFp8;
+  std::vector<std::vector<float>> whole_fp8;
+  for (const Problem& pr : problems) {
+    whole_fp8.push_back(fp8_att ? pr.o_fp8() : std::vector<float>{});
+  }
   double err_chunked = 0, err_whole = 0;
   int64_t n_err = 0;
-  auto add_errors = [&](const Problem& pr, const Rows& in, const ShardPlan& plan, int64_t end) {
+  auto add_errors = [&](const Problem& pr, const std::vector<float>& o_fp8, const Rows& in,
+                        const ShardPlan& plan, int64_t end) {
     const int64_t qw = int64_t{s.heads} * s.head_dim;
     for (const auto& sg : plan.segments(rank)) {
       for (int64_t i = 0; i < sg.len && sg.position(i) < end; ++i) {
@@ -319,7 +326,7 @@ int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLa
           const size_t at = static_cast<size_t>(sg.position(i) * qw + c);
           const double want = pr.o_ref[at];
           err_chunked += std::pow(in.o.as<float>()[(sg.row + i) * qw + c] - want, 2);
-          err_whole += std::pow(pr.o_fp8[at] - want, 2);
+          err_whole += std::pow(o_fp8[at] - want, 2);
           ++n_err;
         }
       }
@@ -342,7 +349,7 @@ int chunked_rank(int rank, int world, const std::string& store, Shape s, ShardLa
       return 12;
     }
     if (fp8_att) {
-      add_errors(pr, in, sr.plan, start + len);
+      add_errors(pr, whole_fp8[seq - 1], in, sr.plan, start + len);
       return 0;
     }
     return in.mismatches(pr, sr.plan, rank, start + len) ? 13 : 0;
