@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/dtype_convert.h"
+#include "kernels/ops.h"
 
 namespace burst::engine {
 
@@ -102,6 +103,15 @@ Status Communicator::all_reduce_add(void* partial, void* x, int64_t count, DType
     store_f32(x, i, load_f32(x, i, dtype) + load_f32(partial, i, dtype), dtype);
   }
   return {};
+}
+
+Result<bool> Communicator::all_reduce_add_norm(void* partial, void* x, DType dtype,
+                                               const NormAfter& norm) {
+  if (dtype != DType::kF32 || norm.rows < 0 || norm.dim <= 0) return false;
+  BURST_RETURN_IF_ERROR(all_reduce_add(partial, x, norm.rows * norm.dim, dtype));
+  kernels::rms_norm_cpu(static_cast<const float*>(x), static_cast<const float*>(norm.w),
+                        static_cast<float*>(norm.h), norm.rows, norm.dim, norm.eps);
+  return true;
 }
 
 Status Communicator::all_reduce_sum(void* data, int64_t count, DType dtype) {

@@ -347,20 +347,22 @@ Status LlamaModel::rope_runs(const std::vector<int64_t>& positions,
 
 Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
                          const std::vector<int64_t>& positions, engine::AttentionContext& attn,
-                         int64_t rows) {
+                         int64_t rows, bool& normed) {
   const LayerWeights& L = layers_[static_cast<size_t>(l)];
   Tensor x = x_.rows(0, rows), h = h_.rows(0, rows), q = q_.rows(0, rows);
   Tensor k = k_.rows(0, rows), v = v_.rows(0, rows), a = attn_out_.rows(0, rows);
   const engine::AttentionShape shape = attention_shape();
   const int heads = shape.heads, kv_heads = shape.kv_heads, hd = shape.head_dim;
   const float eps = config_.rms_norm_eps;
+  const engine::Backend::Norm attn_norm{L.attn_norm, eps, h, normed};
+  normed = false;
   if (runs.size() == 1) {  // rope_runs tiles the rows: one run covers them all
     BURST_RETURN_IF_ERROR(backend_.norm_project_rope(
-        x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}},
+        x, attn_norm, {{L.wq, q}, {L.wk, k}, {L.wv, v}},
         {heads, kv_heads, hd, runs[0].positions, runs[0].inv_freq}));
   } else {
     BURST_RETURN_IF_ERROR(
-        backend_.norm_project(x, {L.attn_norm, eps, h}, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
+        backend_.norm_project(x, attn_norm, {{L.wq, q}, {L.wk, k}, {L.wv, v}}));
     for (const RopeRun& r : runs) {
       Tensor qr = q.rows(r.row, r.rows), kr = k.rows(r.row, r.rows);
       BURST_RETURN_IF_ERROR(
@@ -368,27 +370,45 @@ Status LlamaModel::layer(int64_t l, const std::vector<RopeRun>& runs,
     }
   }
   BURST_RETURN_IF_ERROR(attn.attend(static_cast<int>(l), q, k, v, positions, a));
-  BURST_RETURN_IF_ERROR(row_parallel(a, L.wo, x, h));  // x += o_proj(a)
   // The MLP is token-local: chunks bound the [rows, intermediate] activations of long
-  // prefills without changing any result.
+  // prefills without changing any result. In one chunk (a decode step), each row-parallel sum
+  // may norm x for the RMSNorm that follows it.
+  const bool one_chunk = rows <= mlp_chunk_rows_;
+  engine::Backend::Norm mlp_norm{L.mlp_norm, eps, h};
+  BURST_RETURN_IF_ERROR(row_parallel(a, L.wo, x, h, one_chunk ? &mlp_norm : nullptr));
   for (int64_t r0 = 0; r0 < rows; r0 += mlp_chunk_rows_) {
     const int64_t n = std::min(mlp_chunk_rows_, rows - r0);
     Tensor xc = x.rows(r0, n), hc = h.rows(r0, n);
     Tensor gate = gate_.rows(0, n), up = up_.rows(0, n);
-    BURST_RETURN_IF_ERROR(
-        backend_.norm_swiglu(xc, {L.mlp_norm, eps, hc}, L.w_gate, L.w_up, gate, up));
-    BURST_RETURN_IF_ERROR(row_parallel(gate, L.w_down, xc, hc));  // xc += down(gate)
+    BURST_RETURN_IF_ERROR(backend_.norm_swiglu(xc, {L.mlp_norm, eps, hc, mlp_norm.ready},
+                                               L.w_gate, L.w_up, gate, up));
+    if (one_chunk && l + 1 < config_.num_layers) {  // the next layer's attention norm
+      engine::Backend::Norm next{layers_[static_cast<size_t>(l + 1)].attn_norm, eps, h};
+      BURST_RETURN_IF_ERROR(row_parallel(gate, L.w_down, xc, hc, &next));
+      normed = next.ready;
+    } else {
+      BURST_RETURN_IF_ERROR(row_parallel(gate, L.w_down, xc, hc));  // xc += down(gate)
+    }
   }
   return {};
 }
 
-Status LlamaModel::row_parallel(const Tensor& in, const Tensor& w, Tensor& x, Tensor& scratch) {
+Status LlamaModel::row_parallel(const Tensor& in, const Tensor& w, Tensor& x, Tensor& scratch,
+                                engine::Backend::Norm* next) {
   if (tp_.size == 1) return backend_.gemm(in, w, x, /*accumulate=*/true);
   if (tp_comm_ == nullptr) {
     return Status::error("forward: tensor parallelism " + std::to_string(tp_.size) +
                          " without its communicator (set_tensor_parallel_comm)");
   }
   BURST_RETURN_IF_ERROR(backend_.gemm(in, w, scratch, /*accumulate=*/false));
+  if (next != nullptr) {
+    const engine::Communicator::NormAfter norm{next->w.data, next->eps, next->h.data,
+                                               x.dim(0), x.dim(1)};
+    auto fused = tp_comm_->all_reduce_add_norm(scratch.data, x.data, scratch.dtype, norm);
+    if (!fused.ok()) return fused.status();
+    next->ready = fused.value();
+    if (next->ready) return {};
+  }
   return tp_comm_->all_reduce_add(scratch.data, x.data, scratch.numel(), scratch.dtype);
 }
 
@@ -464,8 +484,9 @@ Status LlamaModel::forward(const ForwardBatch& batch, engine::AttentionContext& 
   BURST_RETURN_IF_ERROR(ensure_scratch(rows));
   Tensor x = x_.rows(0, rows);
   BURST_RETURN_IF_ERROR(backend_.embedding(embed_, ids, batch.drawn, x));
+  bool normed = false;  // h holds the next layer's attention norm of x (layer)
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    BURST_RETURN_IF_ERROR(layer(l, runs, positions, attn, rows));
+    BURST_RETURN_IF_ERROR(layer(l, runs, positions, attn, rows, normed));
     if (after_layer) BURST_RETURN_IF_ERROR(after_layer(l + 1));
   }
   if (head_rows.empty()) return backend_.synchronize();

@@ -5,8 +5,8 @@
 # 128) tokens alone, RUNS (default 2) times after one warm-up request; prints tok/s and the
 # mean inter-token time. PACK is a tar.xz of a .devpack (bench/gpu/pack.sh BUILD burst-server
 # burst-worker libburst_spm.so, then tar -cJf X.tar.xz .devpack) carried in a git-ignored
-# folder. From the repository root on the GPU machine; WORKERS (default 2) GPUs, 7B preset
-# (random weights); extra server flags in SERVER_FLAGS; ENV_B, if set, is exported for the
+# folder. From the repository root on the GPU machine; WORKERS (default 2) GPUs, PRESET (default
+# 7b; random weights); extra server flags in SERVER_FLAGS (e.g. "--tp 2"); ENV_B, if set, is exported for the
 # second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), ENV_C for the third, and
 # FLAGS_B are server flags for the second only (e.g. FLAGS_B="--prefill-chunk 4096").
 # PREFILLS (e.g. "32768 65536"): after the decode runs, the client's time to first token of
@@ -39,7 +39,8 @@ for round in 1 2; do
       flags_b=""
       if [ "$v" = 2 ]; then flags_b=${FLAGS_B:-}; fi
       pf=/tmp/ab_ports_$v.json; rm -f "$pf"
-      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset 7b --random-weights 0 \
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((workers - 1))) burst-server --preset "${PRESET:-7b}" \
+        --random-weights 0 \
         --tokenizer models/kjv-tiny/tokenizer.model --device cuda --workers "$workers" \
         --max-context $((longest + out + 1024)) --kv-capacity 0 \
         --http-port 0 --grpc-port -1 --port-file "$pf" ${SERVER_FLAGS:-} $flags_b > "/tmp/ab_server_$v.log" 2>&1 &

@@ -256,8 +256,18 @@ Status CudaBackend::copy(const Tensor& src, Tensor& dst) {
   }
   BURST_RETURN_IF_ERROR(use_device("copy"));
   if (src.numel() == 0) return {};
+  const int64_t bytes = src.bytes();
+  // Small aligned copies (a decode token's k and v into its page) as a chained kernel, which
+  // keeps the step's chain of launches unbroken; large ones by the copy engines.
+  constexpr int64_t kChainedCopyBytes = int64_t{1} << 20;
+  const auto addresses =
+      reinterpret_cast<uintptr_t>(src.data) | reinterpret_cast<uintptr_t>(dst.data);
+  if (bytes <= kChainedCopyBytes && bytes % 16 == 0 && (addresses & 15u) == 0) {
+    return launched("copy", kernels::copy_chained_cuda(dst.data, src.data, bytes, compute_),
+                    src.describe());
+  }
   BURST_CUDA_TRY(device_, "copy",
-                 cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()),
+                 cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(bytes),
                                  cudaMemcpyDeviceToDevice, compute_));
   return {};
 }

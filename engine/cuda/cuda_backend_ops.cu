@@ -140,7 +140,7 @@ Status CudaBackend::norm_project_rope(const Tensor& x, const Norm& norm,
 Status CudaBackend::project_fused(const Tensor& x, const Norm& norm,
                                   std::initializer_list<Projection> projections,
                                   const RopeQk* rope) {
-  BURST_RETURN_IF_ERROR(rms_norm(x, norm.w, norm.eps, norm.h));
+  BURST_RETURN_IF_ERROR(apply_norm(x, norm));
   const Tensor& h = norm.h;
   kernels::GemvOut outs[kernels::kGemvMaxOuts];
   int count = 0;
@@ -170,7 +170,7 @@ Status CudaBackend::project_fused(const Tensor& x, const Norm& norm,
 
 Status CudaBackend::norm_swiglu(const Tensor& x, const Norm& norm, const Tensor& w_gate,
                                 const Tensor& w_up, Tensor& gate, Tensor& up) {
-  BURST_RETURN_IF_ERROR(rms_norm(x, norm.w, norm.eps, norm.h));
+  BURST_RETURN_IF_ERROR(apply_norm(x, norm));
   const Tensor& h = norm.h;
   BURST_RETURN_IF_ERROR(check_gemm("gemm", h, w_gate, gate));
   BURST_RETURN_IF_ERROR(check_gemm("gemm", h, w_up, up));

@@ -309,6 +309,22 @@ class NcclCommunicator final : public Communicator {
     return reduce(partial, x, count, dtype, /*accumulate=*/true);
   }
 
+  // On the one-shot path, the sum and the norm are one kernel (peer_all_reduce_norm_cuda).
+  Result<bool> all_reduce_add_norm(void* partial, void* x, DType dtype,
+                                   const NormAfter& norm) override {
+    if (!peer_gather_ || opt_.world_size == 1 || !is_device(partial) || !is_device(x) ||
+        !is_device(norm.h) || !is_device(norm.w) ||
+        norm.rows * norm.dim * dtype_size(dtype) > kPeerSlotBytes ||
+        !kernels::peer_all_reduce_norm_applies(pg_, partial, x, norm.w, norm.h, norm.rows,
+                                               norm.dim, dtype)) {
+      return false;
+    }
+    CUDA_TRY(kernels::peer_all_reduce_norm_cuda(pg_, partial, x, norm.w, norm.h, norm.rows,
+                                                norm.dim, norm.eps, dtype, ++peer_epoch_,
+                                                opt_.compute_stream));
+    return true;
+  }
+
   Status barrier() override {
     int32_t token = 0;
     return broadcast(&token, sizeof token, 0);

@@ -12,29 +12,12 @@
 
 #include "kernels/cuda_chunks.cuh"
 #include "kernels/cuda_dispatch.cuh"
+#include "kernels/cuda_norm.cuh"
 #include "kernels/ops_cuda.h"
 #include "kernels/random.h"
 
 namespace burst::kernels {
 namespace {
-
-constexpr int kNormThreads = 256;
-static_assert(kNormThreads % 32 == 0 && kNormThreads <= 1024, "whole warps per block");
-
-// 1 / sqrt(mean of squares + eps) of a row from each thread's partial sum of squares: warp
-// trees, then the warps' sums in order (one block of kNormThreads per row; every thread gets it).
-__device__ __forceinline__ float rms_inverse(float ss, int64_t dim, float eps) {
-  __shared__ float warp_sums[kNormThreads / 32];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  // The per-warp sums written above are read by every thread below.
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
-  return rsqrtf(total / static_cast<float>(dim) + eps);
-}
 
 // One block per row: fp32 sum of squares (per-thread partials, then warp and block tree),
 // then a second pass over the row (in L1/L2 by then) that scales and stores.
@@ -61,8 +44,6 @@ __global__ void __launch_bounds__(kNormThreads)
 // runs it between two GEMVs, where nothing overlaps it: the 32-layer GEMV chain of the 7B
 // (burst-bench-kernels "layers_fused") went from 82.5-83.7 % to 85.5-86.9 % of copy on an H100.
 // Same formula and rounding per element; the sum of squares is added in another order.
-constexpr int kNormVecChunks = 4;  // dim <= 8192 (16-bit) or 4096 (fp32) at 256 threads
-
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_vec_kernel(const T* x, const T* w, T* out, int64_t dim, float eps) {
@@ -83,30 +64,7 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int i = 0; i < kNormVecChunks; ++i) {
     if (mine(i)) xv[i] = xr[threadIdx.x + i * kNormThreads];
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormVecChunks; ++i) {
-    if (mine(i)) {
-      float f[kPer];
-      unpack_chunk<T>(xv[i], f);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) ss = fmaf(f[j], f[j], ss);
-    }
-  }
-  const float inv = rms_inverse(ss, dim, eps);
-#pragma unroll
-  for (int i = 0; i < kNormVecChunks; ++i) {
-    if (mine(i)) {
-      float fx[kPer], fw[kPer];
-      unpack_chunk<T>(xv[i], fx);
-      unpack_chunk<T>(wv[i], fw);
-      uint4 o;
-      T* oe = reinterpret_cast<T*>(&o);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) store_f32(oe + j, fw[j] * (fx[j] * inv));
-      outr[threadIdx.x + i * kNormThreads] = o;
-    }
-  }
+  rms_norm_held<T>(xv, wv, chunks, dim, eps, outr);
 }
 
 // One thread per rotated pair (row, head, d < half) of x0 (heads0 heads), then of x1 (heads1:
@@ -290,9 +248,7 @@ cudaError_t rms_norm_cuda(const void* x, const void* w, void* out, int64_t rows,
   if (!x || !w || !out) return cudaErrorInvalidValue;
   return with_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const int64_t per = kPerChunk<T>;
-    const bool vec = dim % per == 0 && dim <= per * kNormVecChunks * kNormThreads &&
-                     aligned16(x) && aligned16(w) && aligned16(out);
+    const bool vec = norm_row_held<T>(dim) && aligned16(x) && aligned16(w) && aligned16(out);
     if (vec) {
       return launch_chained<rms_norm_vec_kernel<T>>(
           dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream,
@@ -396,6 +352,28 @@ cudaError_t scatter_rows_pair_cuda(const void* src0, void* pool0, const void* sr
 cudaError_t scatter_rows_cuda(const void* src, const int32_t* dst_rows, int64_t rows,
                               int64_t row_bytes, void* pool, cudaStream_t stream) {
   return scatter_rows_pair_cuda(src, pool, nullptr, nullptr, dst_rows, rows, row_bytes, stream);
+}
+
+namespace {
+__global__ void copy_kernel(const uint4* src, uint4* dst, int64_t vecs) {
+  pdl_begin();  // launched chained (cuda_dispatch.cuh)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < vecs;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+}  // namespace
+
+cudaError_t copy_chained_cuda(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
+  if (bytes < 0 || bytes % 16 != 0) return cudaErrorInvalidValue;
+  if (bytes == 0) return cudaSuccess;
+  if (!src || !dst || (reinterpret_cast<uintptr_t>(src) & 15u) ||
+      (reinterpret_cast<uintptr_t>(dst) & 15u)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_chained<copy_kernel>(dim3(grid_for(bytes / 16)), dim3(kThreads), 0, stream,
+                                     static_cast<const uint4*>(src), static_cast<uint4*>(dst),
+                                     bytes / 16);
 }
 
 cudaError_t gather_rows_cuda(const void* pool, const int32_t* pages, int64_t page_size,

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "kernels/cuda_dispatch.cuh"
+#include "kernels/cuda_norm.cuh"
 #include "kernels/ops_cuda.h"
 
 namespace burst::kernels {
@@ -99,8 +100,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The same exchange, then out = (out when accumulating) + the blocks summed in rank order, in
-// fp32, rounded once: every rank gets the same bits.
+// Chunk i of the sum: (out[i] when accumulating) + every rank's chunk i in rank order, in fp32,
+// rounded once: every rank gets the same bits.
+template <typename T>
+__device__ __forceinline__ uint4 sum_chunk(const PeerGather& g, const uint4* in, uint4 o,
+                                           int64_t i, int parity, bool accumulate) {
+  constexpr int kPer = 16 / sizeof(T);
+  float acc[kPer];
+  const T* ov = reinterpret_cast<const T*>(&o);
+  for (int j = 0; j < kPer; ++j) acc[j] = accumulate ? load_f32(ov + j) : 0.f;
+  for (int src = 0; src < g.world; ++src) {
+    const uint4 v = block_of(g, in, src, parity)[i];
+    const T* vv = reinterpret_cast<const T*>(&v);
+    for (int j = 0; j < kPer; ++j) acc[j] += load_f32(vv + j);
+  }
+  T* w = reinterpret_cast<T*>(&o);
+  for (int j = 0; j < kPer; ++j) store_f32(w + j, acc[j]);
+  return o;
+}
+
+// The same exchange, then out = (out when accumulating) + the blocks summed (sum_chunk).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     peer_all_reduce_kernel(PeerGather g, const uint4* in, uint4* out, int64_t vecs,
@@ -111,21 +130,38 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t lo = blockIdx.x * per;
   const int64_t hi = lo + per < vecs ? lo + per : vecs;
   exchange(g, in, lo, hi, parity, epoch);
-  constexpr int kPer = 16 / sizeof(T);
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    float acc[kPer];
-    uint4 o = out[i];
-    const T* ov = reinterpret_cast<const T*>(&o);
-    for (int j = 0; j < kPer; ++j) acc[j] = accumulate ? load_f32(ov + j) : 0.f;
-    for (int src = 0; src < g.world; ++src) {
-      const uint4 v = block_of(g, in, src, parity)[i];
-      const T* vv = reinterpret_cast<const T*>(&v);
-      for (int j = 0; j < kPer; ++j) acc[j] += load_f32(vv + j);
-    }
-    T* w = reinterpret_cast<T*>(&o);
-    for (int j = 0; j < kPer; ++j) store_f32(w + j, acc[j]);
-    out[i] = o;
+    out[i] = sum_chunk<T>(g, in, out[i], i, parity, accumulate);
   }
+}
+
+// A decode step's row-parallel sum into the residual and the next RMSNorm in one launch: block
+// r exchanges row r (its chunks taken as rms_norm_held holds them), x += the sum (sum_chunk),
+// then h = rms_norm(x) * w, the norm kernel's bits. `in` may be h: a thread reads its chunks
+// of `in` (stored to the peers, then summed) before it writes the same chunks of h.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+    peer_all_reduce_norm_kernel(PeerGather g, const uint4* in, uint4* x, const uint4* w,
+                                uint4* h, int row_vecs, int64_t dim, float eps, uint32_t epoch) {
+  const int t = static_cast<int>(threadIdx.x);
+  uint4 wv[kNormVecChunks], xv[kNormVecChunks];
+#pragma unroll
+  for (int i = 0; i < kNormVecChunks; ++i) {  // the weights before the wait, as the norm does
+    if (t + i * kNormThreads < row_vecs) wv[i] = __ldg(w + t + i * kNormThreads);
+  }
+  pdl_wait();  // as peer_all_gather_kernel
+  const int parity = static_cast<int>(epoch & 1u);
+  const int64_t lo = int64_t{blockIdx.x} * row_vecs;
+  exchange(g, in, lo, lo + row_vecs, parity, epoch);
+#pragma unroll
+  for (int i = 0; i < kNormVecChunks; ++i) {
+    const int64_t c = lo + t + i * kNormThreads;
+    if (t + i * kNormThreads < row_vecs) {
+      xv[i] = sum_chunk<T>(g, in, x[c], c, parity, /*accumulate=*/true);
+      x[c] = xv[i];
+    }
+  }
+  rms_norm_held<T>(xv, wv, row_vecs, dim, eps, h + lo);
 }
 
 // The launch both share; 0 when the arguments are valid, with the grid's block count.
@@ -171,6 +207,34 @@ cudaError_t peer_all_reduce_cuda(const PeerGather& g, const void* in, void* out,
         dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, g,
         static_cast<const uint4*>(in), static_cast<uint4*>(out), bytes / 16, epoch, accumulate);
   });
+}
+
+cudaError_t peer_all_reduce_norm_cuda(const PeerGather& g, const void* in, void* x,
+                                      const void* w, void* h, int64_t rows, int64_t dim,
+                                      float eps, DType dtype, uint32_t epoch,
+                                      cudaStream_t stream) {
+  if (!peer_all_reduce_norm_applies(g, in, x, w, h, rows, dim, dtype) || !(eps >= 0.f)) {
+    return cudaErrorInvalidValue;
+  }
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto row_vecs = static_cast<int>(dim / kPerChunk<T>);
+    return launch_chained<peer_all_reduce_norm_kernel<T>>(
+        dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream, g,
+        static_cast<const uint4*>(in), static_cast<uint4*>(x), static_cast<const uint4*>(w),
+        static_cast<uint4*>(h), row_vecs, dim, eps, epoch);
+  });
+}
+
+bool peer_all_reduce_norm_applies(const PeerGather& g, const void* in, const void* x,
+                                  const void* w, const void* h, int64_t rows, int64_t dim,
+                                  DType dtype) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) return false;
+  const int64_t size = dtype == DType::kF32 ? 4 : 2;
+  const bool held = dtype == DType::kF32 ? norm_row_held<float>(dim) : norm_row_held<__half>(dim);
+  if (!held || rows < 1 || rows > kPeerGatherMaxBlocks) return false;
+  auto aligned = [](const void* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return aligned(w) && aligned(h) && exchange_blocks(g, in, x, rows * dim * size) > 0;
 }
 
 }  // namespace burst::kernels

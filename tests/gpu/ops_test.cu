@@ -648,6 +648,29 @@ TEST_F(GpuOps, GemvWithRopeEqualsGemvThenRopeBitForBit) {
 // add -> ...) queued back to back gives the bits of the same chain with the stream synchronised
 // after every launch (where no overlap is possible). A kernel that read its input before its
 // predecessor finished would see the previous iteration's values.
+// The chained copy (CudaBackend::copy's small copies) moves every byte, from one 16-byte vector
+// to a MiB; a size or address off 16 bytes is refused.
+TEST_F(GpuOps, CopyChainedMovesEveryByte) {
+  std::mt19937 rng(45);
+  for (const int64_t bytes : {int64_t{16}, int64_t{1040}, int64_t{1} << 20}) {
+    std::vector<uint8_t> src(static_cast<size_t>(bytes)), got(src.size());
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    DevBuf dsrc, ddst;
+    CUDA_ASSERT(cudaMalloc(&dsrc.ptr, src.size()));
+    CUDA_ASSERT(cudaMalloc(&ddst.ptr, src.size()));
+    CUDA_ASSERT(cudaMemcpy(dsrc.ptr, src.data(), src.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemset(ddst.ptr, 0x5a, src.size()));
+    CUDA_ASSERT(copy_chained_cuda(ddst.ptr, dsrc.ptr, bytes, nullptr));
+    CUDA_ASSERT(cudaMemcpy(got.data(), ddst.ptr, got.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, src) << bytes << " bytes";
+  }
+  alignas(16) static uint8_t buf[64] = {};
+  EXPECT_EQ(copy_chained_cuda(buf, buf + 16, 24, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(copy_chained_cuda(buf + 8, buf + 32, 16, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(copy_chained_cuda(buf, buf, 0, nullptr), cudaSuccess);
+  CUDA_ASSERT(cudaGetLastError());
+}
+
 TEST_F(GpuOps, ChainedLaunchesSeeTheirPredecessorsWrites) {
   std::mt19937 rng(44);
   const DType t = DType::kBF16;
@@ -663,9 +686,9 @@ TEST_F(GpuOps, ChainedLaunchesSeeTheirPredecessorsWrites) {
   const auto x0 = random_values(size_t(d), -1.f, 1.f, t, rng);
   std::vector<uint8_t> result[2];
   for (int synced = 0; synced < 2; ++synced) {
-    DevBuf x, h, q, g;
+    DevBuf x, h, q, q2, g;
     upload(x, t, x0);
-    for (DevBuf* b : {&h, &q}) CUDA_ASSERT(cudaMalloc(&b->ptr, size_t(d) * 2));
+    for (DevBuf* b : {&h, &q, &q2}) CUDA_ASSERT(cudaMalloc(&b->ptr, size_t(d) * 2));
     CUDA_ASSERT(cudaMalloc(&g.ptr, size_t(f) * 2));
     auto step = [&](cudaError_t err) {
       CUDA_ASSERT(err);
@@ -674,7 +697,8 @@ TEST_F(GpuOps, ChainedLaunchesSeeTheirPredecessorsWrites) {
     for (int layer = 0; layer < 24; ++layer) {
       step(rms_norm_cuda(x.ptr, norm_w.ptr, h.ptr, 1, d, 1e-5f, t, stream));
       step(gemv_cuda(h.ptr, wq.ptr, q.ptr, 1, d, d, t, false, stream));
-      step(add_cuda(x.ptr, q.ptr, d, t, stream));
+      step(copy_chained_cuda(q2.ptr, q.ptr, d * 2, stream));  // as a decode token's k and v
+      step(add_cuda(x.ptr, q2.ptr, d, t, stream));
       step(rms_norm_cuda(x.ptr, norm_w.ptr, h.ptr, 1, d, 1e-5f, t, stream));
       step(gemv_swiglu_cuda(h.ptr, wg.ptr, wu.ptr, g.ptr, 1, f, d, t, stream));
       step(gemv_cuda(g.ptr, wd.ptr, x.ptr, 1, d, f, t, true, stream));

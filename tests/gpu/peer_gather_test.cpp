@@ -5,7 +5,8 @@
 // and a size past the slot through NCCL between them; and when one rank declines
 // (BURST_PEER_GATHER=0) all take NCCL. Each rank is this binary run again (a process that
 // initialised CUDA cannot fork one that uses it); fewer than 2 GPUs, or GPUs without peer
-// access: skipped, saying why. Each rank also checks NCCL's all_reduce_sum (all_reduce_check).
+// access: skipped, saying why. Each rank also checks NCCL's all_reduce_sum (all_reduce_check)
+// and the sum with the RMSNorm after it (all_reduce_norm_check).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,6 +98,104 @@ int all_reduce_check(engine::Communicator& comm, int rank, int world, cudaStream
   return 0;
 }
 
+// all_reduce_add_norm (a decode step's row-parallel sum and the RMSNorm after it, one launch
+// on the peer path): x and h bit for bit all_reduce_add then rms_norm_cuda, in place (h the
+// partial) and apart, for row counts 1-32 and dims of 4104 (a thread holding 3 chunks) to 8192;
+// h within bf16 rounding of the norm of x computed in fp64. 33 rows (more than the path takes),
+// or the path declined (`peer` false): refused with nothing written.
+int all_reduce_norm_check(engine::Communicator& comm, int rank, cudaStream_t stream, bool peer) {
+  struct Case {
+    int64_t rows, dim;
+    bool in_place;
+  };
+  const float eps = 1e-5f;
+  int call = 500;
+  for (const Case c : {Case{1, 8192, true}, Case{3, 4104, false}, Case{32, 8192, true},
+                       Case{5, 4096, false}, Case{33, 4096, true}}) {
+    const int64_t n = c.rows * c.dim;
+    auto bf16_of = [](uint32_t w, float scale, float shift) {
+      return engine::f32_to_bf16(static_cast<float>(static_cast<int32_t>(w % 2001) - 1000) /
+                                     1000.f * scale + shift);
+    };
+    std::vector<uint16_t> part(n), x(n), w(c.dim);
+    for (int64_t i = 0; i < n; ++i) {
+      part[size_t(i)] = bf16_of(word_of(rank, call, size_t(i)), 2.f, 0.01f);
+      x[size_t(i)] = bf16_of(word_of(99, call, size_t(i)), 1.f, 0.003f);  // the same on every rank
+    }
+    for (int64_t i = 0; i < c.dim; ++i) {
+      w[size_t(i)] = bf16_of(word_of(98, call, size_t(i)), 0.5f, 1.f);
+    }
+    ++call;
+    void *dp = nullptr, *dx = nullptr, *dh = nullptr, *dw = nullptr, *rp = nullptr, *rx = nullptr,
+         *rh = nullptr;
+    for (void** b : {&dp, &dx, &dh, &rp, &rx, &rh}) {
+      if (cudaMalloc(b, n * 2) != cudaSuccess) return 30;
+    }
+    if (cudaMalloc(&dw, c.dim * 2) != cudaSuccess) return 30;
+    for (void* b : {dp, rp}) cudaMemcpy(b, part.data(), n * 2, cudaMemcpyHostToDevice);
+    for (void* b : {dx, rx}) cudaMemcpy(b, x.data(), n * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, w.data(), c.dim * 2, cudaMemcpyHostToDevice);
+    cudaMemset(dh, 0x7f, n * 2);
+    cudaDeviceSynchronize();
+    void* h = c.in_place ? dp : dh;
+    const engine::Communicator::NormAfter norm{dw, eps, h, c.rows, c.dim};
+    auto fused = comm.all_reduce_add_norm(dp, dx, engine::DType::kBF16, norm);
+    if (!fused.ok()) {
+      std::fprintf(stderr, "rank %d: all_reduce_add_norm: %s\n", rank, fused.message().c_str());
+      return 31;
+    }
+    const bool want = peer && c.rows <= kernels::kPeerGatherMaxBlocks;
+    if (fused.value() != want) {
+      std::fprintf(stderr, "rank %d: all_reduce_add_norm %lld x %lld: %s, expected %s\n", rank,
+                   (long long)c.rows, (long long)c.dim, fused.value() ? "fused" : "declined",
+                   want ? "fused" : "declined");
+      return 32;
+    }
+    std::vector<uint16_t> gx(n), gh(n), ex(n), eh(n);
+    if (!want) {  // nothing written: x as it was
+      cudaMemcpy(gx.data(), dx, n * 2, cudaMemcpyDeviceToHost);
+      if (gx != x) return 33;
+    } else {
+      Status st = comm.all_reduce_add(rp, rx, n, engine::DType::kBF16);
+      if (!st.ok() || kernels::rms_norm_cuda(rx, dw, rh, c.rows, c.dim, eps, engine::DType::kBF16,
+                                             stream) != cudaSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess) {
+        return 34;
+      }
+      cudaMemcpy(gx.data(), dx, n * 2, cudaMemcpyDeviceToHost);
+      cudaMemcpy(gh.data(), h, n * 2, cudaMemcpyDeviceToHost);
+      cudaMemcpy(ex.data(), rx, n * 2, cudaMemcpyDeviceToHost);
+      cudaMemcpy(eh.data(), rh, n * 2, cudaMemcpyDeviceToHost);
+      if (gx != ex || gh != eh) {
+        std::fprintf(stderr, "rank %d: all_reduce_add_norm %lld x %lld: x %s, h %s the two "
+                     "launches'\n", rank, (long long)c.rows, (long long)c.dim,
+                     gx == ex ? "equals" : "differs from", gh == eh ? "equals" : "differs from");
+        return 35;
+      }
+      for (int64_t r = 0; r < c.rows; ++r) {  // h against the fp64 norm of the x it got
+        double ss = 0.0;
+        for (int64_t i = 0; i < c.dim; ++i) {
+          const double v = engine::bf16_to_f32(gx[size_t(r * c.dim + i)]);
+          ss += v * v;
+        }
+        const double inv = 1.0 / std::sqrt(ss / double(c.dim) + eps);
+        for (int64_t i = 0; i < c.dim; ++i) {
+          const size_t k = size_t(r * c.dim + i);
+          const double exact = engine::bf16_to_f32(w[size_t(i)]) * engine::bf16_to_f32(gx[k]) * inv;
+          const double got = engine::bf16_to_f32(gh[k]);
+          if (std::fabs(got - exact) > std::ldexp(std::fabs(exact), -8) + 1e-6) {
+            std::fprintf(stderr, "rank %d: h[%lld][%lld] %g, exact %g\n", rank, (long long)r,
+                         (long long)i, got, exact);
+            return 36;
+          }
+        }
+      }
+    }
+    for (void* b : {dp, dx, dh, dw, rp, rx, rh}) cudaFree(b);
+  }
+  return 0;
+}
+
 // One rank: 0 when every gather was right, kNoPeerPath when the communicator chose NCCL for
 // them, else a code naming the failure (stderr says more).
 int rank_main(int rank, int world, const std::string& store, int declined_by) {
@@ -181,7 +280,7 @@ int rank_main(int rank, int world, const std::string& store, int declined_by) {
       return code;
     }
   }
-  return 0;
+  return all_reduce_norm_check(*comm.value(), rank, stream, declined_by < 0);
 }
 
 TEST(PeerGather, Rank) {

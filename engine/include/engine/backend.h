@@ -101,24 +101,31 @@ class Backend {
   // and v. norm_swiglu: the same h, then gate = silu(h w_gate^T) * (h w_up^T). The defaults run
   // rms_norm into norm.h, one gemm per product and silu_mul into gate; a backend may run the
   // products in fewer launches (the CUDA one does for a decode step's few rows), bit for bit
-  // the defaults' results, leaving the scratch up untouched.
+  // the defaults' results, leaving the scratch up untouched. With norm.ready, h already holds
+  // rms_norm(x) * w (a tensor-parallel sum normed it: Communicator::all_reduce_add_norm) and
+  // only the products run.
   struct Norm {
     const Tensor& w;
     float eps;
     Tensor& h;  // [rows, k], scratch
+    bool ready = false;
   };
   struct Projection {
     const Tensor& w;
     Tensor& out;
   };
+  // norm.h = rms_norm(x) * norm.w, unless norm.ready.
+  Status apply_norm(const Tensor& x, const Norm& norm) {
+    return norm.ready ? Status{} : rms_norm(x, norm.w, norm.eps, norm.h);
+  }
   virtual Status norm_project(const Tensor& x, const Norm& norm,
                               std::initializer_list<Projection> projections) {
-    Status s = rms_norm(x, norm.w, norm.eps, norm.h);
+    Status s = apply_norm(x, norm);
     return s.ok() ? project_each(norm.h, projections) : s;
   }
   virtual Status norm_swiglu(const Tensor& x, const Norm& norm, const Tensor& w_gate,
                              const Tensor& w_up, Tensor& gate, Tensor& up) {
-    Status s = rms_norm(x, norm.w, norm.eps, norm.h);
+    Status s = apply_norm(x, norm);
     return s.ok() ? swiglu_apart(norm.h, w_gate, w_up, gate, up) : s;
   }
   // Rotate-half RoPE in place on x [rows, heads * head_dim], positions absolute (one per row),

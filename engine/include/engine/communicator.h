@@ -64,6 +64,20 @@ class Communicator {
   // one-shot path: one kernel sums the gathered partials into x). The same bits on every rank
   // that holds the same x. The default, for host memory: all_reduce_sum, then the add in fp32.
   virtual Status all_reduce_add(void* partial, void* x, int64_t count, DType dtype);
+  // The RMSNorm a row-parallel sum feeds: h = rms_norm(x) * w (eps) over rows of w.dim
+  // elements, the Backend's rms_norm bit for bit.
+  struct NormAfter {
+    const void* w;
+    float eps;
+    void* h;  // [rows, dim]; may be the partial
+    int64_t rows, dim;
+  };
+  // all_reduce_add (count = rows * dim), then the norm, where this communicator does both: true
+  // when it did; false having done nothing, and the caller runs the two. NCCL's one-shot path
+  // does them in one kernel (a decode step's rows). The default, for host memory: fp32 only,
+  // all_reduce_add then the CPU backend's RMSNorm (kernels::rms_norm_cpu).
+  virtual Result<bool> all_reduce_add_norm(void* partial, void* x, DType dtype,
+                                           const NormAfter& norm);
   virtual Status barrier() = 0;
   // How this communicator moves data, for the logs ("gloo (tcp)", "nccl; ...").
   virtual std::string transport() const { return "unnamed"; }

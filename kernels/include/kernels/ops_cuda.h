@@ -54,6 +54,11 @@ cudaError_t silu_mul_cuda(const void* gate, const void* up, void* out, int64_t n
 cudaError_t embedding_cuda(const void* table, const int32_t* ids, const int32_t* drawn, void* out,
                            int64_t rows, int64_t dim, DType dtype, cudaStream_t stream);
 
+// dst = src ([bytes], a multiple of 16; both 16-byte aligned) by a kernel launched chained with
+// the step's others (launch_chained): a cudaMemcpyAsync between two chained kernels waits for
+// the one before to end and holds back the launch of the one after.
+cudaError_t copy_chained_cuda(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
+
 // Paged row gather, the twin of gather_rows_cpu: dst row i = pool row pages[i / page_size] *
 // page_size + i % page_size; row_bytes a multiple of 16, pool and dst 16-byte aligned; pages
 // is a device array. One launch for every row (the ring gathers a sequence's cached prefix).
@@ -170,5 +175,16 @@ cudaError_t peer_all_gather_cuda(const PeerGather& g, const void* in, void* out,
 cudaError_t peer_all_reduce_cuda(const PeerGather& g, const void* in, void* out, int64_t bytes,
                                  DType dtype, bool accumulate, uint32_t epoch,
                                  cudaStream_t stream);
+// A decode step's row-parallel sum and the RMSNorm after it, in one launch: x ([rows, dim]) +=
+// every rank's `in` summed as peer_all_reduce_cuda sums them (the same bits), then
+// h = rms_norm(x) * w (eps) with rms_norm_cuda's bits. `in` may be h. Only where
+// peer_all_reduce_norm_applies (rows <= kPeerGatherMaxBlocks, a row whole 16-byte chunks held
+// by one block, 16-byte aligned, within a slot); the caller runs the two otherwise.
+cudaError_t peer_all_reduce_norm_cuda(const PeerGather& g, const void* in, void* x,
+                                      const void* w, void* h, int64_t rows, int64_t dim,
+                                      float eps, DType dtype, uint32_t epoch, cudaStream_t stream);
+bool peer_all_reduce_norm_applies(const PeerGather& g, const void* in, const void* x,
+                                  const void* w, const void* h, int64_t rows, int64_t dim,
+                                  DType dtype);
 
 }  // namespace burst::kernels

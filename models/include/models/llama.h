@@ -87,8 +87,10 @@ class LlamaModel final : public Model {
                                                     TensorParallel tp);
   // out (a scratch [rows, hidden]) = the row-parallel partial product of this rank; summed over
   // the group, then added to x. Without tensor parallelism: x += the product, in the GEMM.
+  // `next`, when given, is the RMSNorm that reads x next: where the group's sum can norm x in
+  // the same pass (Communicator::all_reduce_add_norm) it does, and next->ready says so.
   Status row_parallel(const engine::Tensor& in, const engine::Tensor& w, engine::Tensor& x,
-                      engine::Tensor& scratch);
+                      engine::Tensor& scratch, engine::Backend::Norm* next = nullptr);
   // Allocates each weight and runs fill(weight, index) on it, in order, reporting progress.
   Status fill_weights(const LoadProgress& on_progress,
                       const std::function<Status(const WeightSpec&, uint64_t)>& fill);
@@ -103,8 +105,9 @@ class LlamaModel final : public Model {
   Status rope_runs(const std::vector<int64_t>& positions, const std::vector<RopeSpan>& spans,
                    std::vector<RopeRun>& runs) const;
   // Decoder layer l over the first `rows` rows of the activation scratch (x_ in and out).
+  // normed: in, h_ already holds layer l's attention norm of x; out, it holds layer l + 1's.
   Status layer(int64_t l, const std::vector<RopeRun>& runs, const std::vector<int64_t>& positions,
-               engine::AttentionContext& attn, int64_t rows);
+               engine::AttentionContext& attn, int64_t rows, bool& normed);
   // Final norm and LM head of head_rows (logit rows first, then the sampled rows): the first
   // n_logits rows' logits to the host, the rest drawn by the backend into `sampled`.
   Status lm_head(int64_t rows, const std::vector<int64_t>& head_rows, int64_t n_logits,
