@@ -173,10 +173,9 @@ class CudaBackend final : public Backend {
   Status add(Tensor& x, const Tensor& y) override;
   Status attention(const kernels::AttnParams& p) override;
 
-  // The prefill kernels (not the decode kernel: one row, or per-row K/V), fp32 o.
+  // The prefill kernels (not the decode kernel), fp32 o.
   bool attention_merges(const kernels::AttnParams& p) const override {
-    return p.n_q != 1 && !p.row_kv_len && (!p.kv_pages || p.qkv_fp8) &&
-           kernels::attention_merges_into_o(p);
+    return !kernels::attention_is_decode(p) && kernels::attention_merges_into_o(p);
   }
   std::string attention_fp8_refusal(int head_dim) const override;
 

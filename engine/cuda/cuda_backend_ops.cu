@@ -349,7 +349,7 @@ Status CudaBackend::attention(const kernels::AttnParams& p) {
   const std::string bad = kernels::validate(p);
   if (!bad.empty()) return op_error("attention", bad);
   BURST_RETURN_IF_ERROR(use_device("attention"));
-  if ((p.kv_pages || p.kv_fp8) && p.n_q != 1 && !p.row_kv_len && !p.qkv_fp8) {
+  if (!kernels::attention_is_decode(p) && !kernels::prefill_reads_kv(p)) {
     return op_error("attention", "paged K/V and FP8 KV rows are read by the decode kernel and "
                                  "by FP8 attention only (n_q 1, per-row K/V, or qkv_fp8), got " +
                                      describe(p));
@@ -358,7 +358,7 @@ Status CudaBackend::attention(const kernels::AttnParams& p) {
     return op_error("attention", "merging into o needs a prefill launch with an fp32 o, got " +
                                      describe(p));
   }
-  if (p.n_q == 1 || p.row_kv_len) {
+  if (kernels::attention_is_decode(p)) {
     // Decode: one query row against a long KV; split-KV keeps every multiprocessor busy.
     const size_t ws = kernels::attention_decode_workspace_bytes(p);
     if (ws == 0) return op_error("attention", "no decode plan for " + describe(p));

@@ -36,9 +36,7 @@ bool attention_sm90_supported(const AttnParams& p) {
 }
 
 bool attention_merges_into_o(const AttnParams& p) {
-  // FP8 KV rows: only FP8 attention reads them in prefill (its quantizer does, the kernel
-  // reads the workspace).
-  return output_dtype(p) == DType::kF32 && (!p.kv_fp8 || p.qkv_fp8) &&
+  return output_dtype(p) == DType::kF32 && prefill_reads_kv(p) &&
          (p.head_dim == 64 || p.head_dim == 128) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }

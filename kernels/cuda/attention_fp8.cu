@@ -233,15 +233,15 @@ struct KvSource {
     } else {
       const uint4 b = *reinterpret_cast<const uint4*>(r + h * head_stride + col);
       const float scale = scale_of(r, h);
-      const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+      // e4m3 sign bits cleared: |x| = |e4m3| x scale (scales are positive).
+      constexpr uint32_t kMag = 0x7f7f7f7fu;
+      float lo[8], hi[8];
+      fp8_values8(make_uint2(b.x & kMag, b.y & kMag), scale, lo);
+      fp8_values8(make_uint2(b.z & kMag, b.w & kMag), scale, hi);
 #pragma unroll
-      for (int i = 0; i < 16; i += 2) {
-        // e4m3 sign bits cleared: |x| = |e4m3| x scale (scales are positive).
-        const uint32_t mag = w[i / 4] & 0x7f7f7f7fu;
-        const auto two = static_cast<__nv_fp8x2_storage_t>(mag >> (8 * (i % 4)));
-        const float2 f = __half22float2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
-        x[i] = f.x * scale;
-        x[i + 1] = f.y * scale;
+      for (int i = 0; i < 8; ++i) {
+        x[i] = lo[i];
+        x[8 + i] = hi[i];
       }
     }
   }
@@ -326,28 +326,32 @@ __global__ void __launch_bounds__(kWarps * 32, kQuantizeWarpsPerSm / kWarps)
     // H200 (~157 ms over bf16 rows). The warp loads its 16 rows whole instead, 16 bytes a lane
     // (every load issued before any store), into shared memory, and each lane takes its pieces
     // from there: 180 ms. Rows of kD + 32 bytes: the 8 bytes the lanes of a half-warp read
-    // (rows g 0..3 or 4..7, pieces t) fall in 32 banks.
+    // (rows g 0..3 or 4..7, pieces t) fall in 32 banks. The lane that loads a row's first unit
+    // also loads its scale, into the row's padding (one page lookup a row and load).
     constexpr int kRowBytes = kD + 32, kUnits = kD / 16, kLoads = kTileRows * kUnits / 32;
     __shared__ __align__(16) uint8_t stage[kWarps][kTileRows][kRowBytes];
     const int tile0 = first - g;
     uint4 unit[kLoads];
+    float unit_scale[kLoads];
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int i = (k * 32 + lane) / kUnits, u = lane % kUnits, row = tile0 + i;
-      unit[k] = row >= 0 && row < rows
-                    ? *reinterpret_cast<const uint4*>(x.row(row) + h * x.head_stride + 16 * u)
-                    : make_uint4(0, 0, 0, 0);
+      const bool in = row >= 0 && row < rows;
+      const uint8_t* r = in ? x.row(row) : nullptr;
+      unit[k] = in ? *reinterpret_cast<const uint4*>(r + h * x.head_stride + 16 * u)
+                   : make_uint4(0, 0, 0, 0);
+      unit_scale[k] = in && u == 0 ? x.scale_of(r, h) : 0.f;
     }
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int i = (k * 32 + lane) / kUnits, u = lane % kUnits;
       *reinterpret_cast<uint4*>(&stage[warp][i][16 * u]) = unit[k];
+      if (u == 0) *reinterpret_cast<float*>(&stage[warp][i][kD]) = unit_scale[k];
     }
     __syncwarp();  // the warp's rows are in shared memory before its lanes read across them
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = first + 8 * r;
-      const float sc = row >= 0 && row < rows ? x.scale_of(x.row(row), h) : 0.f;
+      const float sc = *reinterpret_cast<const float*>(&stage[warp][g + 8 * r][kD]);
 #pragma unroll
       for (int a = 0; a < kChunks; ++a) {
         float f[8];

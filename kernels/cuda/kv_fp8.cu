@@ -16,19 +16,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// Four consecutive values of a float, bf16 or fp16 tensor as fp32 (exact); p aligned to 4
-// elements.
-template <typename T>
-__device__ __forceinline__ float4 load4_f32(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return *reinterpret_cast<const float4*>(p);
-  } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    const T* v = reinterpret_cast<const T*>(&raw);
-    return make_float4(load_f32(v), load_f32(v + 1), load_f32(v + 2), load_f32(v + 3));
-  }
-}
-
 // One warp per (row, kv head), the warps striding over them: max |x| over the head's values by
 // shuffles, then each lane rounds its values (e4m3, ties to even, saturating) and stores the
 // bytes; lane 0 the scale. The warp of head 0 also zeroes the row's padding. kVec4: head_dim is
@@ -55,8 +42,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     float amax = 0.f;
     if constexpr (kVec4) {
       for (int c = 4 * lane; c < head_dim; c += 128) {
-        const float4 v = load4_f32(x + c);
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        float v[4];
+        load_n<4>(x + c, v);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
       }
     } else {
       for (int c = lane; c < head_dim; c += 32) amax = fmaxf(amax, fabsf(load_f32(x + c)));
@@ -68,9 +56,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const float inverse = kv_fp8_inverse(amax);
     if constexpr (kVec4) {
       for (int c = 4 * lane; c < head_dim; c += 128) {
-        const float4 v = load4_f32(x + c);  // again: from L1, this warp read it just now
+        float v[4];
+        load_n<4>(x + c, v);  // again: from L1, this warp read it just now
         *reinterpret_cast<uint32_t*>(row + int64_t{g} * head_dim + c) =
-            e4m3x4(v.x * inverse, v.y * inverse, v.z * inverse, v.w * inverse);
+            e4m3x4(v[0] * inverse, v[1] * inverse, v[2] * inverse, v[3] * inverse);
       }
     } else {
       for (int c = lane; c < head_dim; c += 32) {

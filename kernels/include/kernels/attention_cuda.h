@@ -75,8 +75,20 @@ Sm90Schedule attention_sm90_schedule(const AttnParams& p, AttnKernel kernel, int
 // at least 1.5x the keys of the first and whose CTA slots each get a short share of the work.
 // Either order gives the same bits. For tests.
 bool attention_sm80_heads_first(const AttnParams& p, int sms);
+// Which launch reads p: the decode kernel (attention_decode_cuda) for one query row or per-row
+// K/V, a prefill kernel otherwise.
+inline bool attention_is_decode(const AttnParams& p) {
+  return p.n_q == 1 || p.row_kv_len != nullptr;
+}
+// Whether a prefill launch reads p's K and V as they lie: contiguous rows of q's dtype always;
+// paged K/V (kv_pages) and FP8 KV rows (kv_fp8) only under FP8 attention (qkv_fp8), whose
+// quantizer reads them. The decode kernel reads all three.
+inline bool prefill_reads_kv(const AttnParams& p) {
+  return p.qkv_fp8 || (!p.kv_pages && !p.kv_fp8);
+}
 // Whether attention_cuda takes p with merge_into_o set: an fp32 o (both prefill kernels merge
-// in their epilogue); attention_decode_cuda refuses it (cudaErrorInvalidValue).
+// in their epilogue) and K/V it reads (prefill_reads_kv); attention_decode_cuda refuses it
+// (cudaErrorInvalidValue).
 bool attention_merges_into_o(const AttnParams& p);
 
 // One ring step of prefill: flash attention (tensor cores) of q against k/v under p.mask,
