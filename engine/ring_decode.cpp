@@ -28,6 +28,7 @@ kernels::AttnParams RingAttention::decode_params(int layer, int64_t n_q, int64_t
     p.k_row_stride = p.v_row_stride = kv_row_bytes(backend_, shape_, cache_->dtype());
   }
   p.mask = kernels::MaskKind::kNone;  // every cached key precedes (or is) the new token
+  p.kv_settled = true;  // the pool: this step writes only each row's new (last) key
   p.scale = shape_.logit_scale / std::sqrt(static_cast<float>(shape_.head_dim));
   p.dtype = backend_.compute_dtype();
   p.o_dtype = DType::kF32;

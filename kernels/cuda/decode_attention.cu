@@ -190,6 +190,7 @@ struct DecodeArgs {
   int64_t v_row_stride, v_head_stride;
   int64_t delta;  // q_start - kv_start
   int32_t n_q, n_kv, heads, group, causal;
+  int32_t kv_settled;      // AttnParams::kv_settled
   int32_t keys_per_split;  // a multiple of kBlockN
   float scale_log2;
   const int32_t* pages;  // paged K/V (AttnParams::kv_pages), or null
@@ -258,44 +259,6 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm<kFp8>)
   const int kb = split * a.keys_per_split;
   const int ke = min(n_kv, kb + a.keys_per_split);
   const int n_stages = ke > kb ? (ke - kb + kBlockN - 1) / kBlockN : 0;
-  // The merge kernel may start now: it reads nothing of ours before griddepcontrol.wait, which
-  // waits for this whole grid. (Earliest is best: its CTAs then sit resident, launched, while
-  // ours stream; they take few registers and little shared memory beside ours.)
-  pdl_launch_dependents();
-  // Launched chained itself: q and this step's K/V rows are the kernels before's.
-  pdl_wait();
-
-  // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r; rows past
-  // rows_total are zero (and masked below). FP8: each k16 slice in the K bytes' order, in fp16
-  // times 2^q_exp (above).
-  auto q_at = [&](int idx) -> float {
-    const int r = idx / kD, d = idx % kD, rr = row0 + r;
-    if (rr >= rows_total) return 0.f;
-    const int i = rr / a.group, h = kvh * a.group + rr % a.group;
-    const int from = kFp8 ? (d & ~15) | fp8_slice_source(d & 15) : d;
-    return static_cast<float>(a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + from]);
-  };
-  int q_exp = 0;
-  if constexpr (kFp8) {
-    __shared__ float s_qmax[Tl::kWarps];
-    float amax = 0.f;
-    for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) amax = fmaxf(amax, fabsf(q_at(idx)));
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    }
-    if (lane == 0) s_qmax[warp] = amax;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < Tl::kWarps; ++w) amax = fmaxf(amax, s_qmax[w]);
-    q_exp = exponent_to(amax, 15);
-  }
-  const float q_mul = pow2(q_exp), scale_log2 = a.scale_log2 * pow2(-q_exp);
-  for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
-    const int r = idx / kD, d = idx % kD;
-    s_q[swz<kD>(r, d / 8) + d % 8] = static_cast<TM>(q_at(idx) * q_mul);
-  }
-
   // K and V rows [t0, t0 + kBlockN) of the split into stage buffer `buf`; rows at or past ke
   // are zero-filled (their P is 0, and 0 * V must not meet stale NaN bits). Thread tid copies
   // chunk tid % kChunks of rows tid / kChunks + j * kRowStep.
@@ -363,11 +326,58 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm<kFp8>)
       load_stage16(stage, buf);
     }
   };
+  auto first_stages = [&] {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_stages) load_stage(s, s);
-    cp_async_commit();  // empty groups keep the wait counts uniform
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_stages) load_stage(s, s);
+      cp_async_commit();  // empty groups keep the wait counts uniform
+    }
+  };
+  // Settled K/V (the pool in decode): the first stages' keys, none of them this step's new
+  // (last) key, were written by earlier steps, so their loads go out before the wait and
+  // overlap the kernels before this one.
+  const bool early =
+      a.kv_settled && min(ke, kb + (kStages - 1) * kBlockN) <= n_kv - 1 && n_stages > 0;
+  if (early) first_stages();
+  // The merge kernel may start now: it reads nothing of ours before griddepcontrol.wait, which
+  // waits for this whole grid. (Earliest is best: its CTAs then sit resident, launched, while
+  // ours stream; they take few registers and little shared memory beside ours.)
+  pdl_launch_dependents();
+  // Launched chained itself: q and this step's K/V rows are the kernels before's.
+  pdl_wait();
+
+  // Row r is query i = R / group of head kvh * group + R % group, R = row0 + r; rows past
+  // rows_total are zero (and masked below). FP8: each k16 slice in the K bytes' order, in fp16
+  // times 2^q_exp (above).
+  auto q_at = [&](int idx) -> float {
+    const int r = idx / kD, d = idx % kD, rr = row0 + r;
+    if (rr >= rows_total) return 0.f;
+    const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+    const int from = kFp8 ? (d & ~15) | fp8_slice_source(d & 15) : d;
+    return static_cast<float>(a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + from]);
+  };
+  int q_exp = 0;
+  if constexpr (kFp8) {
+    __shared__ float s_qmax[Tl::kWarps];
+    float amax = 0.f;
+    for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) amax = fmaxf(amax, fabsf(q_at(idx)));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    }
+    if (lane == 0) s_qmax[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < Tl::kWarps; ++w) amax = fmaxf(amax, s_qmax[w]);
+    q_exp = exponent_to(amax, 15);
   }
+  const float q_mul = pow2(q_exp), scale_log2 = a.scale_log2 * pow2(-q_exp);
+  for (int idx = tid; idx < kRows * kD; idx += Tl::kThreads) {
+    const int r = idx / kD, d = idx % kD;
+    s_q[swz<kD>(r, d / 8) + d % 8] = static_cast<TM>(q_at(idx) * q_mul);
+  }
+
+  if (!early) first_stages();
 
   // This thread's rows: lane / 4 and lane / 4 + 8 of the atom. limit is the last key the row
   // may see (-1: none; rows past rows_total see none).
@@ -837,6 +847,7 @@ cudaError_t launch(const AttnParams& p, const DecodePlan& plan, void* workspace,
   a.lse_part = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.o_part_bytes);
   a.heads = p.heads;
   a.keys_per_split = plan.keys_per_split;
+  a.kv_settled = p.kv_settled ? 1 : 0;
   a.pages = p.kv_pages;
   a.page_size = p.page_size;
   a.row_kv_len = p.row_kv_len;
