@@ -335,9 +335,11 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm<kFp8>)
   };
   // Settled K/V (the pool in decode): the first stages' keys, none of them this step's new
   // (last) key, were written by earlier steps, so their loads go out before the wait and
-  // overlap the kernels before this one.
-  const bool early =
-      a.kv_settled && min(ke, kb + (kStages - 1) * kBlockN) <= n_kv - 1 && n_stages > 0;
+  // overlap the kernels before this one. 16-bit rows only: over FP8 rows (3 CTAs a
+  // multiprocessor) a 7B step at 128K on an H200 was 0.6-1.3 % slower with them, at 32K 0.4 %
+  // faster (benchmarks/2026-11-29.md).
+  const bool early = !kFp8 && a.kv_settled &&
+                     min(ke, kb + (kStages - 1) * kBlockN) <= n_kv - 1 && n_stages > 0;
   if (early) first_stages();
   // The merge kernel may start now: it reads nothing of ours before griddepcontrol.wait, which
   // waits for this whole grid. (Earliest is best: its CTAs then sit resident, launched, while
