@@ -312,9 +312,9 @@ class NcclCommunicator final : public Communicator {
   // On the one-shot path, the sum and the norm are one kernel (peer_all_reduce_norm_cuda).
   Result<bool> all_reduce_add_norm(void* partial, void* x, DType dtype,
                                    const NormAfter& norm) override {
+    // applies: rows that one launch takes, within a peer slot (pg_.slot_bytes).
     if (!peer_gather_ || opt_.world_size == 1 || !is_device(partial) || !is_device(x) ||
         !is_device(norm.h) || !is_device(norm.w) ||
-        norm.rows * norm.dim * dtype_size(dtype) > kPeerSlotBytes ||
         !kernels::peer_all_reduce_norm_applies(pg_, partial, x, norm.w, norm.h, norm.rows,
                                                norm.dim, dtype)) {
       return false;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,19 @@ inline std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
     }
   }
   return out;
+}
+
+// n values uniform in [lo, hi], rounded to t, never zero (a zero is drawn again).
+inline std::vector<float> random_values(size_t n, float lo, float hi, DType t,
+                                        std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> x(n);
+  for (auto& v : x) {
+    do {
+      v = round_to(t, u(rng));
+    } while (v == 0.f);
+  }
+  return x;
 }
 
 }  // namespace burst::testing

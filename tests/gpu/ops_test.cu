@@ -35,23 +35,13 @@ class GpuOps : public ::testing::Test {
 using testing::decode;
 using testing::DevBuf;
 using testing::encode;
+using testing::random_values;
 using testing::round_to;
 
 constexpr DType kDtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
 
 const char* name(DType t) {
   return t == DType::kBF16 ? "bf16" : t == DType::kF16 ? "fp16" : "fp32";
-}
-// Uniform in [lo, hi] away from zero by a random sign flip when symmetric; rounded to t.
-std::vector<float> random_values(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> x(n);
-  for (auto& v : x) {
-    do {
-      v = round_to(t, u(rng));
-    } while (v == 0.f);
-  }
-  return x;
 }
 
 void upload(DevBuf& d, const void* data, size_t bytes) {

@@ -23,7 +23,7 @@ namespace {
 using testing::decode;
 using testing::DevBuf;
 using testing::encode;
-using testing::round_to;
+using testing::random_values;
 
 class PeerReduceOneGpu : public ::testing::Test {
  protected:
@@ -32,17 +32,6 @@ class PeerReduceOneGpu : public ::testing::Test {
     if (!testing::have_gpu(why)) GTEST_SKIP() << "skipping the peer all-reduce test: " << why;
   }
 };
-
-std::vector<float> random_row(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> x(n);
-  for (auto& v : x) {
-    do {
-      v = round_to(t, u(rng));
-    } while (v == 0.f);
-  }
-  return x;
-}
 
 void upload(DevBuf& d, const std::vector<uint8_t>& bytes) {
   CUDA_ASSERT(cudaMalloc(&d.ptr, bytes.size()));
@@ -84,10 +73,10 @@ TEST_F(PeerReduceOneGpu, SumAndNormInOneLaunchEqualTheTwoLaunches) {
       CUDA_ASSERT(cudaMemset(regions[r].ptr, 0, size_t(rb)));
       CUDA_ASSERT(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
     }
-    upload(w, encode(c.t, random_row(size_t(c.dim), 0.5f, 1.5f, c.t, rng)));
-    const std::vector<float> x0 = random_row(size_t(n), -1.f, 1.f, c.t, rng);
+    upload(w, encode(c.t, random_values(size_t(c.dim), 0.5f, 1.5f, c.t, rng)));
+    const std::vector<float> x0 = random_values(size_t(n), -1.f, 1.f, c.t, rng);
     std::vector<std::vector<float>> parts;
-    for (int r = 0; r < c.world; ++r) parts.push_back(random_row(size_t(n), -2.f, 2.f, c.t, rng));
+    for (int r = 0; r < c.world; ++r) parts.push_back(random_values(size_t(n), -2.f, 2.f, c.t, rng));
     auto rank_view = [&](int r) {
       PeerGather g{r, c.world, {}, kSlot, uint64_t{10} * 1000 * 1000 * 1000};
       for (int q = 0; q < c.world; ++q) g.region[q] = regions[q].ptr;
