@@ -356,7 +356,8 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads, kMinCtasPerSm<kFp8>)
     if (rr >= rows_total) return 0.f;
     const int i = rr / a.group, h = kvh * a.group + rr % a.group;
     const int from = kFp8 ? (d & ~15) | fp8_slice_source(d & 15) : d;
-    return static_cast<float>(a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + from]);
+    return static_cast<float>(
+        a.q[int64_t{i} * a.q_row_stride + int64_t{h} * a.q_head_stride + from]);
   };
   int q_exp = 0;
   if constexpr (kFp8) {

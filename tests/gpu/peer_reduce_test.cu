@@ -76,7 +76,9 @@ TEST_F(PeerReduceOneGpu, SumAndNormInOneLaunchEqualTheTwoLaunches) {
     upload(w, encode(c.t, random_values(size_t(c.dim), 0.5f, 1.5f, c.t, rng)));
     const std::vector<float> x0 = random_values(size_t(n), -1.f, 1.f, c.t, rng);
     std::vector<std::vector<float>> parts;
-    for (int r = 0; r < c.world; ++r) parts.push_back(random_values(size_t(n), -2.f, 2.f, c.t, rng));
+    for (int r = 0; r < c.world; ++r) {
+      parts.push_back(random_values(size_t(n), -2.f, 2.f, c.t, rng));
+    }
     auto rank_view = [&](int r) {
       PeerGather g{r, c.world, {}, kSlot, uint64_t{10} * 1000 * 1000 * 1000};
       for (int q = 0; q < c.world; ++q) g.region[q] = regions[q].ptr;
