@@ -81,9 +81,9 @@ struct AttnParams {
   bool beside_transfer = false;
   // Decode (attention_is_decode): every key but each row's last was written before the kernels
   // still running (the KV pool as earlier steps left it; this step writes only the new token's
-  // row). The CUDA decode kernel then starts loading a split's first keys before it waits for
-  // the kernels before it, overlapping their end. Leave false where K/V were written by this
-  // step's kernels (a ring block, a gathered prefix).
+  // row). The CUDA decode kernel then starts loading a split's first keys (16-bit rows) before
+  // it waits for the kernels before it, overlapping their end. Leave false where K/V were
+  // written by this step's kernels (a ring block, a gathered prefix).
   bool kv_settled = false;
   // o (fp32) and lse already hold a normalised partial result of these rows (against other
   // keys): the launch merges its own into them, as merge_cuda with (o_a, lse_a) = (o, lse)
