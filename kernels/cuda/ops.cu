@@ -52,18 +52,11 @@ __global__ void __launch_bounds__(kNormThreads)
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4* outr = reinterpret_cast<uint4*>(out + int64_t{blockIdx.x} * dim);
   const int chunks = static_cast<int>(dim / kPer);
-  auto mine = [&](int i) { return static_cast<int>(threadIdx.x) + i * kNormThreads < chunks; };
   uint4 wv[kNormVecChunks], xv[kNormVecChunks];
   // The weights before the wait (no kernel writes them: cuda_dispatch.cuh), x after it.
-#pragma unroll
-  for (int i = 0; i < kNormVecChunks; ++i) {
-    if (mine(i)) wv[i] = __ldg(wr + threadIdx.x + i * kNormThreads);
-  }
+  load_held<true>(wr, chunks, wv);
   pdl_begin();  // launched chained (cuda_dispatch.cuh)
-#pragma unroll
-  for (int i = 0; i < kNormVecChunks; ++i) {
-    if (mine(i)) xv[i] = xr[threadIdx.x + i * kNormThreads];
-  }
+  load_held<false>(xr, chunks, xv);
   rms_norm_held<T>(xv, wv, chunks, dim, eps, outr);
 }
 

@@ -143,20 +143,16 @@ template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     peer_all_reduce_norm_kernel(PeerGather g, const uint4* in, uint4* x, const uint4* w,
                                 uint4* h, int row_vecs, int64_t dim, float eps, uint32_t epoch) {
-  const int t = static_cast<int>(threadIdx.x);
   uint4 wv[kNormVecChunks], xv[kNormVecChunks];
-#pragma unroll
-  for (int i = 0; i < kNormVecChunks; ++i) {  // the weights before the wait, as the norm does
-    if (t + i * kNormThreads < row_vecs) wv[i] = __ldg(w + t + i * kNormThreads);
-  }
+  load_held<true>(w, row_vecs, wv);  // the weights before the wait, as the norm does
   pdl_wait();  // as peer_all_gather_kernel
   const int parity = static_cast<int>(epoch & 1u);
   const int64_t lo = int64_t{blockIdx.x} * row_vecs;
   exchange(g, in, lo, lo + row_vecs, parity, epoch);
 #pragma unroll
   for (int i = 0; i < kNormVecChunks; ++i) {
-    const int64_t c = lo + t + i * kNormThreads;
-    if (t + i * kNormThreads < row_vecs) {
+    const int64_t c = lo + threadIdx.x + i * kNormThreads;
+    if (holds_chunk(i, row_vecs)) {
       xv[i] = sum_chunk<T>(g, in, x[c], c, parity, /*accumulate=*/true);
       x[c] = xv[i];
     }

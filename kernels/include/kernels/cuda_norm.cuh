@@ -32,6 +32,25 @@ __device__ __forceinline__ float rms_inverse(float ss, int64_t dim, float eps) {
   return rsqrtf(total / static_cast<float>(dim) + eps);
 }
 
+// Whether this thread holds chunk threadIdx.x + i * kNormThreads of a row of `chunks` chunks.
+__device__ __forceinline__ bool holds_chunk(int i, int chunks) {
+  return static_cast<int>(threadIdx.x) + i * kNormThreads < chunks;
+}
+
+// The chunks of p this thread holds (holds_chunk), read through the read-only cache when
+// kReadOnly (the norm's weights, loaded before a chained kernel's wait).
+template <bool kReadOnly>
+__device__ __forceinline__ void load_held(const uint4* p, int chunks,
+                                          uint4 (&v)[kNormVecChunks]) {
+#pragma unroll
+  for (int i = 0; i < kNormVecChunks; ++i) {
+    if (holds_chunk(i, chunks)) {
+      const uint4* c = p + threadIdx.x + i * kNormThreads;
+      v[i] = kReadOnly ? __ldg(c) : *c;
+    }
+  }
+}
+
 // The norm of a row this block holds in registers: xv[i] and wv[i] are the row's and the
 // weights' chunk threadIdx.x + i * kNormThreads, for those below `chunks` (dim / kPerChunk<T>);
 // out[c] = w * (x * inv) for the same chunks. Every thread of the block must call it.
@@ -40,11 +59,10 @@ __device__ __forceinline__ void rms_norm_held(const uint4 (&xv)[kNormVecChunks],
                                               const uint4 (&wv)[kNormVecChunks], int chunks,
                                               int64_t dim, float eps, uint4* out) {
   constexpr int kPer = kPerChunk<T>;
-  auto mine = [&](int i) { return static_cast<int>(threadIdx.x) + i * kNormThreads < chunks; };
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < kNormVecChunks; ++i) {
-    if (mine(i)) {
+    if (holds_chunk(i, chunks)) {
       float f[kPer];
       unpack_chunk<T>(xv[i], f);
 #pragma unroll
@@ -54,7 +72,7 @@ __device__ __forceinline__ void rms_norm_held(const uint4 (&xv)[kNormVecChunks],
   const float inv = rms_inverse(ss, dim, eps);
 #pragma unroll
   for (int i = 0; i < kNormVecChunks; ++i) {
-    if (mine(i)) {
+    if (holds_chunk(i, chunks)) {
       float fx[kPer], fw[kPer];
       unpack_chunk<T>(xv[i], fx);
       unpack_chunk<T>(wv[i], fw);
