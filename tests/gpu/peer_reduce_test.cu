@@ -86,6 +86,17 @@ TEST_F(PeerReduceOneGpu, SumAndNormInOneLaunchEqualTheTwoLaunches) {
     };
     ASSERT_TRUE(peer_all_reduce_norm_applies(rank_view(0), w.ptr, w.ptr, w.ptr, w.ptr, c.rows,
                                              c.dim, c.t));
+    // The norm kernel runs once alone first. CUDA loads a kernel at its first launch (lazy
+    // loading, the default), and the load waits for the work on the device. Launched first
+    // behind rank 0's exchange below, it would wait for that exchange, which spins until rank
+    // 1's is launched: after this launch returns (the exchange's timeout ends it).
+    {
+      DevBuf x1, h1;
+      upload(x1, encode(c.t, x0));
+      CUDA_ASSERT(cudaMalloc(&h1.ptr, bytes));
+      CUDA_ASSERT(rms_norm_cuda(x1.ptr, w.ptr, h1.ptr, c.rows, c.dim, kEps, c.t, streams[0]));
+      CUDA_ASSERT(cudaStreamSynchronize(streams[0]));
+    }
     // [0]: the one launch; [1]: the sum into x, then the norm.
     std::vector<uint8_t> got_x[2][kPeerGatherMaxRanks], got_h[2][kPeerGatherMaxRanks];
     for (int way = 0; way < 2; ++way) {
