@@ -44,15 +44,10 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-// The exchange both kernels share: this CTA's chunk [lo, hi) of `in` stored into every peer's
-// inbox, its flags published, then the same chunk of every peer awaited in this rank's inbox.
-__device__ __forceinline__ void exchange(const PeerGather& g, const uint4* in, int64_t lo,
-                                         int64_t hi, int parity, uint32_t epoch) {
-  for (int dst = 0; dst < g.world; ++dst) {
-    if (dst == g.rank) continue;
-    uint4* d = data_at(g.region[dst], parity, g.rank, g.world, g.slot_bytes);
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = in[i];
-  }
+// This CTA's flag to every peer, published once its stores into the peers' inboxes are done,
+// then the same CTA's flag of every peer awaited in this rank's inbox.
+__device__ __forceinline__ void publish_and_wait(const PeerGather& g, int parity,
+                                                 uint32_t epoch) {
   __syncthreads();
   const int t = static_cast<int>(threadIdx.x);
   if (t < g.world && t != g.rank) {
@@ -72,6 +67,18 @@ __device__ __forceinline__ void exchange(const PeerGather& g, const uint4* in, i
     }
   }
   __syncthreads();
+}
+
+// The exchange of the gather and the plain sum: this CTA's chunk [lo, hi) of `in` stored into
+// every peer's inbox, then publish_and_wait.
+__device__ __forceinline__ void exchange(const PeerGather& g, const uint4* in, int64_t lo,
+                                         int64_t hi, int parity, uint32_t epoch) {
+  for (int dst = 0; dst < g.world; ++dst) {
+    if (dst == g.rank) continue;
+    uint4* d = data_at(g.region[dst], parity, g.rank, g.world, g.slot_bytes);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = in[i];
+  }
+  publish_and_wait(g, parity, epoch);
 }
 
 __device__ __forceinline__ const uint4* block_of(const PeerGather& g, const uint4* in, int src,
@@ -100,17 +107,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Chunk i of the sum: (out[i] when accumulating) + every rank's chunk i in rank order, in fp32,
-// rounded once: every rank gets the same bits.
+// Chunk i of the sum: (o, out[i], when accumulating) + every rank's chunk i in rank order, in
+// fp32, rounded once: every rank gets the same bits. `own` is this rank's chunk i.
 template <typename T>
-__device__ __forceinline__ uint4 sum_chunk(const PeerGather& g, const uint4* in, uint4 o,
-                                           int64_t i, int parity, bool accumulate) {
+__device__ __forceinline__ uint4 sum_chunk(const PeerGather& g, uint4 own, uint4 o, int64_t i,
+                                           int parity, bool accumulate) {
   constexpr int kPer = 16 / sizeof(T);
   float acc[kPer];
   const T* ov = reinterpret_cast<const T*>(&o);
   for (int j = 0; j < kPer; ++j) acc[j] = accumulate ? load_f32(ov + j) : 0.f;
   for (int src = 0; src < g.world; ++src) {
-    const uint4 v = block_of(g, in, src, parity)[i];
+    const uint4 v =
+        src == g.rank ? own : data_at(g.region[g.rank], parity, src, g.world, g.slot_bytes)[i];
     const T* vv = reinterpret_cast<const T*>(&v);
     for (int j = 0; j < kPer; ++j) acc[j] += load_f32(vv + j);
   }
@@ -131,31 +139,43 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t hi = lo + per < vecs ? lo + per : vecs;
   exchange(g, in, lo, hi, parity, epoch);
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    out[i] = sum_chunk<T>(g, in, out[i], i, parity, accumulate);
+    out[i] = sum_chunk<T>(g, in[i], out[i], i, parity, accumulate);
   }
 }
 
 // A decode step's row-parallel sum into the residual and the next RMSNorm in one launch: block
-// r exchanges row r (its chunks taken as rms_norm_held holds them), x += the sum (sum_chunk),
-// then h = rms_norm(x) * w, the norm kernel's bits. `in` may be h: a thread reads its chunks
-// of `in` (stored to the peers, then summed) before it writes the same chunks of h.
+// r takes row r in registers, as rms_norm_held holds it. Its chunks of `in` and of x are loaded
+// at once (one round trip, not one a chunk), stored from registers into every peer's inbox;
+// once the peers' are in, x += the sum (sum_chunk) and h = rms_norm(x) * w, the norm kernel's
+// bits. `in` may be h: it is read whole before h is written.
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     peer_all_reduce_norm_kernel(PeerGather g, const uint4* in, uint4* x, const uint4* w,
                                 uint4* h, int row_vecs, int64_t dim, float eps, uint32_t epoch) {
-  uint4 wv[kNormVecChunks], xv[kNormVecChunks];
+  uint4 wv[kNormVecChunks], xv[kNormVecChunks], mine[kNormVecChunks];
   load_held<true>(w, row_vecs, wv);  // the weights before the wait, as the norm does
   pdl_wait();  // as peer_all_gather_kernel
   const int parity = static_cast<int>(epoch & 1u);
   const int64_t lo = int64_t{blockIdx.x} * row_vecs;
-  exchange(g, in, lo, lo + row_vecs, parity, epoch);
+  load_held<false>(in + lo, row_vecs, mine);
+  load_held<false>(x + lo, row_vecs, xv);
+  for (int dst = 0; dst < g.world; ++dst) {
+    if (dst == g.rank) continue;
+    uint4* d = data_at(g.region[dst], parity, g.rank, g.world, g.slot_bytes) + lo;
+#pragma unroll
+    for (int i = 0; i < kNormVecChunks; ++i) {
+      if (holds_chunk(i, row_vecs)) d[threadIdx.x + i * kNormThreads] = mine[i];
+    }
+  }
+  publish_and_wait(g, parity, epoch);
 #pragma unroll
   for (int i = 0; i < kNormVecChunks; ++i) {
     const int64_t c = lo + threadIdx.x + i * kNormThreads;
-    if (holds_chunk(i, row_vecs)) {
-      xv[i] = sum_chunk<T>(g, in, x[c], c, parity, /*accumulate=*/true);
-      x[c] = xv[i];
-    }
+    if (holds_chunk(i, row_vecs)) xv[i] = sum_chunk<T>(g, mine[i], xv[i], c, parity, true);
+  }
+#pragma unroll
+  for (int i = 0; i < kNormVecChunks; ++i) {
+    if (holds_chunk(i, row_vecs)) x[lo + threadIdx.x + i * kNormThreads] = xv[i];
   }
   rms_norm_held<T>(xv, wv, row_vecs, dim, eps, h + lo);
 }
