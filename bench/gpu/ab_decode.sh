@@ -9,10 +9,11 @@
 # 7b; random weights); extra server flags in SERVER_FLAGS (e.g. "--tp 2"); ENV_B, if set, is exported for the
 # second pack only (e.g. ENV_B=BURST_PDL=0 with the same pack twice), ENV_C for the third, and
 # FLAGS_B are server flags for the second only (e.g. FLAGS_B="--prefill-chunk 4096").
+# CONC (default 1) sequences decode at once (one batch: the client's tok/s is their sum).
 # PREFILLS (e.g. "32768 65536"): after the decode runs, the client's time to first token of
 # one streamed request per length, twice (bench/gpu/server_ttft.py), per server start.
 set -u
-[ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,15p' "$0" >&2; exit 2; }
 workers=${WORKERS:-2}
 prompts=${PROMPTS:-2048}
 # TOKENS, or OUT as earlier commands gave it when it is a number (the device tool's $OUT is a
@@ -54,7 +55,7 @@ for round in 1 2; do
         for r in $(seq "$runs"); do
           # The client's rate counts streamed chunks (a token whose text is empty sends none);
           # the server's own line counts every token: both are printed.
-          timeout 300 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc 1 \
+          timeout 300 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc "${CONC:-1}" \
             | python3 -c "import json,sys;d=json.load(sys.stdin);print('$name round $round prompt $p run $r: %.1f tok/s, ITL %.3f ms'%(d['total_decode_tok_s'],d['mean_itl_ms']),d['errors'] or '',end='; ')"
           grep -o 'decode [0-9.]* ms for [0-9]* tokens' "/tmp/ab_server_$v.log" | tail -1 \
             | awk '{printf "server: %s ms / %s tokens = TPOT %.3f ms\n", $2, $5, $2 / ($5 - 1)}'
@@ -71,7 +72,8 @@ for round in 1 2; do
         -d '{"prompt": "In the beginning God created", "max_tokens": 48, "temperature": 0}' \
         | python3 -c "import json,sys;print(json.load(sys.stdin)['choices'][0]['text'])" \
         > "/tmp/ab_text_${v}_$round.txt"
-      kill "$sp"; wait "$sp" ) || echo "$name round $round: failed (server log /tmp/ab_server_$v.log)"
+      kill "$sp"; wait "$sp" ) || { echo "$name round $round: failed; the server log's end:"
+                                      tail -n 15 "/tmp/ab_server_$v.log"; }
   done
 done
 # The greedy text of each setting (pack, with its flags and environment) across its two starts,
