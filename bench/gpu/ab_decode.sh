@@ -55,7 +55,8 @@ for round in 1 2; do
         for r in $(seq "$runs"); do
           # The client's rate counts streamed chunks (a token whose text is empty sends none);
           # the server's own line counts every token: both are printed.
-          timeout 300 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt "$p" --out "$out" --conc "${CONC:-1}" \
+          timeout 300 python3 bench/gpu/hol.py --port-file "$pf" decode --prompt "$p" \
+            --out "$out" --conc "${CONC:-1}" \
             | python3 -c "import json,sys;d=json.load(sys.stdin);print('$name round $round prompt $p run $r: %.1f tok/s, ITL %.3f ms'%(d['total_decode_tok_s'],d['mean_itl_ms']),d['errors'] or '',end='; ')"
           grep -o 'decode [0-9.]* ms for [0-9]* tokens' "/tmp/ab_server_$v.log" | tail -1 \
             | awk '{printf "server: %s ms / %s tokens = TPOT %.3f ms\n", $2, $5, $2 / ($5 - 1)}'
